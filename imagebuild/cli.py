@@ -1,0 +1,135 @@
+"""Command line: `python build.py [SUBCOMMAND] ...`. Parses arguments, calls one module per
+stage, turns ImagebuildError into one message and its exit code (DESIGN.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import REPO_ROOT
+from .errors import ImagebuildError, UserError
+
+SUBCOMMANDS = ("plan", "render", "lock", "check", "build", "release")
+
+
+def _common(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
+    p.add_argument("--matrix", type=Path, default=None,
+                   help="matrix.yaml to read (default: the repository's)")
+    p.add_argument("--tag", required=tag_required,
+                   help="DATE-NAME, e.g. 2026-06-18-dflashfix (NAME: an engine patch set)")
+    p.add_argument("--target", default=None, help="gb10 or cpu (default: detected)")
+    p.add_argument("--only", default=None, metavar="GLOB",
+                   help="only cells whose id (target/image) or image matches GLOB")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="build.py",
+        description="matrix.yaml -> tested, tagged, rollback-able vLLM serving images.")
+    sub = ap.add_subparsers(dest="command")
+    p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
+    _common(p)
+    p.add_argument("--format", choices=("table", "json", "github"), default="table")
+    p = sub.add_parser("render", help="render Dockerfiles (base, engine, serve per cell)")
+    _common(p, tag_required=False)
+    p.add_argument("--out", type=Path, default=None, help="output dir (default: rendered/)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when the committed rendered files are stale")
+    return ap
+
+
+def _context(args: argparse.Namespace):
+    from . import matrix as mx
+    from .lockfile import read_lock
+    from .plan import detect_target
+    from .tags import parse_tag
+
+    lm = mx.load(args.matrix.resolve() if args.matrix else None)
+    cells = mx.expand(lm)
+    tag = parse_tag(args.tag, lm.engines_versions()) if args.tag else None
+    if args.target:
+        if args.target not in lm.matrix.targets:
+            raise UserError(f"unknown target {args.target!r}",
+                            fix=f"use one of: {', '.join(lm.matrix.targets)}")
+        target, why = args.target, "--target"
+    else:
+        target, why = detect_target()
+    selected = mx.select(cells, engine=tag.name if tag else None, target=target,
+                         only=args.only)
+    if not selected:
+        raise UserError(
+            f"no cell matches (target {target}"
+            + (f", engine {tag.name}" if tag else "")
+            + (f", --only {args.only}" if args.only else "") + ")",
+            fix="check --target/--only against `build.py plan --format json`")
+    return lm, selected, tag, target, why, read_lock(lm.root)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import format_json, format_table, github_matrix, plan_rows
+
+    lm, cells, tag, target, why, lock = _context(args)
+    rows = plan_rows(cells, lm, tag, lock)
+    if args.format == "github":
+        print(json.dumps(github_matrix(rows), separators=(",", ":")))
+    elif args.format == "json":
+        print(format_json(rows, {"tag": str(tag), "target": target, "target_reason": why}))
+    else:
+        print(format_table(rows, f"release {tag} · target {target} ({why}) · "
+                                 f"{len(rows)} cell(s)"))
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from . import matrix as mx
+    from .lockfile import read_lock
+    from .render import render_all, stale, write
+
+    lm = mx.load(args.matrix.resolve() if args.matrix else None)
+    cells = mx.expand(lm)
+    if args.tag:
+        _, cells, _, _, _, _ = _context(args)
+    elif args.target or args.only:
+        cells = mx.select(cells, target=args.target, only=args.only)
+    out_dir = args.out or lm.root / "rendered"
+    rendered, skipped = render_all(lm, cells, read_lock(lm.root))
+    for exc in skipped:
+        print(f"skipped: {exc.message} ({exc.fix})", file=sys.stderr)
+    if args.check:
+        bad = stale(rendered, out_dir)
+        if bad:
+            print("stale rendered files (run `python build.py render` and commit):",
+                  file=sys.stderr)
+            for path in bad:
+                print(f"  {out_dir / path}", file=sys.stderr)
+            return 1
+        print(f"{len(rendered)} rendered file(s) up to date in {out_dir}")
+        return 0
+    write(rendered, out_dir)
+    print(f"rendered {len(rendered)} file(s) into {out_dir}")
+    return 0
+
+
+COMMANDS = {"plan": cmd_plan, "render": cmd_render}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.command is None:
+        ap.print_help()
+        return 2
+    try:
+        return COMMANDS[args.command](args)
+    except ImagebuildError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+_ = REPO_ROOT

@@ -1,0 +1,241 @@
+"""Cross-references in matrix.yaml, and expansion of image families into cells.
+
+Expansion follows GitHub Actions `strategy.matrix` semantics: the product of the axes,
+minus every combination matching an `exclude` entry, then each `include` entry either
+matches existing combinations (and changes nothing, since our entries only name axes) or
+adds a new combination, which must then name every axis.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import REPO_ROOT
+from .config import (
+    Drafter,
+    Engine,
+    EngineRealization,
+    ImageFamily,
+    Include,
+    Matrix,
+    Model,
+    Profile,
+    Target,
+    Waiver,
+    load_matrix,
+)
+from .errors import UserError
+from .yamlpos import Located
+
+AXES = ("engine", "model", "drafter", "profile")
+NAME_FIELDS = re.compile(r"{([^{}]*)}")
+IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One image to build: a family's combination of engine x model x drafter x profile."""
+
+    family: str
+    image: str  # repository name of the serve image
+    target_name: str
+    target: Target
+    engine_name: str
+    engine: Engine
+    realization: EngineRealization
+    model_name: str
+    model: Model
+    drafter_name: str
+    drafter: Drafter
+    profile_name: str
+    profile: Profile
+    waivers: tuple[Waiver, ...]
+
+    @property
+    def id(self) -> str:
+        return f"{self.target_name}/{self.image}"
+
+
+@dataclass(frozen=True)
+class LoadedMatrix:
+    matrix: Matrix
+    located: Located
+    root: Path  # paths in matrix.yaml are relative to this
+
+    def engines_versions(self) -> dict[str, str]:
+        return {name: e.vllm_version for name, e in self.matrix.engines.items()}
+
+
+def _err(located: Located, path: tuple, message: str, fix: str) -> UserError:
+    return UserError(message, fix=fix, where=located.where(path))
+
+
+def _check_refs(lm: LoadedMatrix) -> None:
+    m, loc = lm.matrix, lm.located
+    seen_names: dict[str, str] = {}
+    for mname, model in m.models.items():
+        for i, served in enumerate(model.served_names):
+            if served in seen_names:
+                raise _err(loc, ("models", mname, "served_names", i),
+                           f"served name {served!r} of model {mname!r} is already used by "
+                           f"model {seen_names[served]!r}",
+                           "give each served name to one model only")
+            seen_names[served] = mname
+        for i, t in enumerate(model.targets):
+            if t not in m.targets:
+                raise _err(loc, ("models", mname, "targets", i), f"unknown target {t!r}",
+                           f"use one of: {', '.join(m.targets)}")
+        if model.generate and not (lm.root / model.generate.script).is_file():
+            raise _err(loc, ("models", mname, "generate", "script"),
+                       f"generator script {model.generate.script!r} does not exist",
+                       "point `script` at a file in the repository")
+    for dname, drafter in m.drafters.items():
+        for i, t in enumerate(drafter.targets):
+            if t not in m.targets:
+                raise _err(loc, ("drafters", dname, "targets", i), f"unknown target {t!r}",
+                           f"use one of: {', '.join(m.targets)}")
+    for pname, prof in m.profiles.items():
+        if prof.target not in m.targets:
+            raise _err(loc, ("profiles", pname, "target"), f"unknown target {prof.target!r}",
+                       f"use one of: {', '.join(m.targets)}")
+    for ename, engine in m.engines.items():
+        for tname, real in engine.realize.items():
+            if tname not in m.targets:
+                raise _err(loc, ("engines", ename, "realize", tname),
+                           f"engine {ename!r} is realized for unknown target {tname!r}",
+                           f"use one of: {', '.join(m.targets)}")
+            origin = m.targets[tname].engine_from
+            if (origin == "source") != (real.source is not None):
+                raise _err(loc, ("engines", ename, "realize", tname),
+                           f"target {tname!r} builds engines from {origin} but this "
+                           f"realization gives {'a source pin' if real.source else 'a wheel'}",
+                           f"give `{origin}:` for target {tname!r}")
+            for i, patch in enumerate(real.patches):
+                if not (lm.root / "patches" / patch).is_file():
+                    raise _err(loc, ("engines", ename, "realize", tname, "patches", i),
+                               f"patch {patch!r} not found under patches/",
+                               "add the file to patches/ or correct the name")
+            if real.wheel and not (lm.root / real.wheel.requirements).is_file():
+                raise _err(loc, ("engines", ename, "realize", tname, "wheel", "requirements"),
+                           f"requirements file {real.wheel.requirements!r} does not exist",
+                           "point `requirements` at the pinned requirement set in the repo")
+
+
+def _matches(combo: dict[str, str], entry: Include) -> bool:
+    return all(getattr(entry, a) in (None, combo[a]) for a in AXES)
+
+
+def _expand_family(lm: LoadedMatrix, fname: str, fam: ImageFamily) -> list[Cell]:
+    m, loc = lm.matrix, lm.located
+    base = ("images", fname)
+    if fam.target not in m.targets:
+        raise _err(loc, base + ("target",), f"unknown target {fam.target!r}",
+                   f"use one of: {', '.join(m.targets)}")
+    pools = {"engine": m.engines, "model": m.models, "drafter": m.drafters, "profile": m.profiles}
+    for axis in AXES:
+        for i, value in enumerate(getattr(fam.matrix, axis)):
+            if value not in pools[axis]:
+                raise _err(loc, base + ("matrix", axis, i),
+                           f"axis {axis} names {value!r}, which is not defined under "
+                           f"`{axis}s:`", f"define it or use one of: {', '.join(pools[axis])}")
+    for kind in ("include", "exclude"):
+        for i, entry in enumerate(getattr(fam.matrix, kind)):
+            for axis in AXES:
+                value = getattr(entry, axis)
+                if value is not None and value not in pools[axis]:
+                    raise _err(loc, base + ("matrix", kind, i, axis),
+                               f"{kind} names {axis} {value!r}, which is not defined",
+                               f"use one of: {', '.join(pools[axis])}")
+    combos = [dict(zip(AXES, values, strict=True)) for values in
+              itertools.product(*(getattr(fam.matrix, a) for a in AXES))]
+    combos = [c for c in combos if not any(_matches(c, e) for e in fam.matrix.exclude)]
+    for i, entry in enumerate(fam.matrix.include):
+        if any(_matches(c, entry) for c in combos):
+            continue
+        missing = [a for a in AXES if getattr(entry, a) is None]
+        if missing:
+            raise _err(loc, base + ("matrix", "include", i),
+                       f"include entry matches no combination and leaves {', '.join(missing)} "
+                       "unset", "name every axis in an include that adds a new combination")
+        combos.append({a: getattr(entry, a) for a in AXES})
+
+    fields = set(NAME_FIELDS.findall(fam.name))
+    allowed = {"family", *AXES}
+    if fields - allowed:
+        raise _err(loc, base + ("name",),
+                   f"image name template uses unknown variable(s) "
+                   f"{', '.join(sorted(fields - allowed))}",
+                   f"use only {{{'}, {'.join(sorted(allowed))}}}")
+    cells = []
+    for combo in combos:
+        ctx = {"family": fname, **combo}
+        where = f"{fname} {combo}"
+        engine, model = m.engines[combo["engine"]], m.models[combo["model"]]
+        drafter, profile = m.drafters[combo["drafter"]], m.profiles[combo["profile"]]
+        checks = [
+            (fam.target in engine.realize, "engine", f"engine {combo['engine']} has no "
+             f"realization for target {fam.target}"),
+            (fam.target in model.targets, "model", f"model {combo['model']} is not built for "
+             f"target {fam.target}"),
+            (fam.target in drafter.targets, "drafter", f"drafter {combo['drafter']} is not "
+             f"built for target {fam.target}"),
+            (profile.target == fam.target, "profile", f"profile {combo['profile']} is for "
+             f"target {profile.target}, not {fam.target}"),
+            (drafter.method in profile.methods, "profile", f"profile {combo['profile']} "
+             f"serves {', '.join(profile.methods)}, not {drafter.method}"),
+        ]
+        for ok, axis, message in checks:
+            if not ok:
+                raise _err(loc, base + ("matrix", axis),
+                           f"combination {where}: {message}",
+                           "exclude this combination or change the axis values")
+        image = fam.name.format(**ctx)
+        if not IMAGE_NAME.match(image):
+            raise _err(loc, base + ("name",), f"image name {image!r} is not a valid "
+                       "repository name", "use lowercase letters, digits and separators")
+        cells.append(Cell(
+            family=fname, image=image, target_name=fam.target, target=m.targets[fam.target],
+            engine_name=combo["engine"], engine=engine,
+            realization=engine.realize[fam.target], model_name=combo["model"], model=model,
+            drafter_name=combo["drafter"], drafter=drafter, profile_name=combo["profile"],
+            profile=profile, waivers=tuple(fam.waivers)))
+    return cells
+
+
+def expand(lm: LoadedMatrix) -> list[Cell]:
+    """Every cell of every family, in matrix.yaml order; duplicate images are an error."""
+    _check_refs(lm)
+    cells: list[Cell] = []
+    seen: dict[tuple[str, str], str] = {}
+    for fname, fam in lm.matrix.images.items():
+        for cell in _expand_family(lm, fname, fam):
+            key = (cell.engine_name, cell.image)
+            if key in seen:
+                raise _err(lm.located, ("images", fname, "name"),
+                           f"two cells of engine {cell.engine_name} are named image "
+                           f"{cell.image!r} ({seen[key]} and {fname})",
+                           "make `name` include every axis that varies, e.g. "
+                           "{family}-{model}-{drafter}-{profile}")
+            seen[key] = fname
+            cells.append(cell)
+    return cells
+
+
+def select(cells: list[Cell], *, engine: str | None = None, target: str | None = None,
+           only: str | None = None) -> list[Cell]:
+    out = [c for c in cells
+           if (engine is None or c.engine_name == engine)
+           and (target is None or c.target_name == target)
+           and (only is None or fnmatch.fnmatch(c.id, only) or fnmatch.fnmatch(c.image, only))]
+    return out
+
+
+def load(path: Path | None = None) -> LoadedMatrix:
+    path = path or REPO_ROOT / "matrix.yaml"
+    display = path.name if path.parent.resolve() == Path.cwd().resolve() else str(path)
+    matrix, located = load_matrix(path, display)
+    return LoadedMatrix(matrix=matrix, located=located, root=path.parent.resolve())

@@ -1,0 +1,158 @@
+"""`plan`: the cells a tag builds, each with image references, tags and every pin."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .lockfile import Lock
+from .matrix import Cell, LoadedMatrix
+from .servecmd import serve_command
+from .tags import ReleaseTag
+
+UNRESOLVED = "UNRESOLVED"
+
+
+@dataclass(frozen=True)
+class Registry:
+    host: str
+    namespace: str
+
+    def repo(self, image: str) -> str:
+        return f"{self.host}/{self.namespace}/{image}"
+
+
+def registry_for(lm: LoadedMatrix) -> Registry:
+    pub = lm.matrix.publish
+    return Registry(host=os.environ.get("IMAGEBUILD_REGISTRY", pub.registry),
+                    namespace=os.environ.get("IMAGEBUILD_NAMESPACE", pub.namespace))
+
+
+def detect_target() -> tuple[str, str]:
+    """(target, why) when --target is not given: gb10 on a GB10 host, else cpu."""
+    forced = os.environ.get("IMAGEBUILD_TARGET")
+    if forced:
+        return forced, f"IMAGEBUILD_TARGET={forced}"
+    if platform.machine() in ("aarch64", "arm64"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        if "GB10" in out:
+            return "gb10", f"this host has a GB10 GPU ({out.strip().splitlines()[0]})"
+        return "cpu", "arm64 host without a GB10 GPU (nvidia-smi shows none)"
+    return "cpu", f"this host is {platform.machine()} without a GB10 GPU"
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _hub_pin(lock: Lock | None, kind: str, name: str, repository: str | None,
+             revision: str | None, track: str | None) -> dict[str, Any] | None:
+    if not repository:
+        return None
+    sha = lock.hub_sha(kind, name) if lock else None
+    if revision and not sha and len(revision) == 40:
+        sha = revision
+    return {"repository": repository, "revision": sha or UNRESOLVED,
+            "requested": revision or f"track:{track}"}
+
+
+def cell_pins(cell: Cell, lm: LoadedMatrix, lock: Lock | None) -> dict[str, Any]:
+    real = cell.realization
+    engine: dict[str, Any] = {"name": cell.engine_name, "vllm": cell.engine.vllm_version}
+    if real.source:
+        engine["source"] = {"repository": real.source.repository, "commit": real.source.commit}
+    if real.wheel:
+        engine["wheel"] = f"{real.wheel.package}=={real.wheel.version}"
+    engine["patches"] = [{"file": p, "sha256": file_sha256(lm.root / "patches" / p)}
+                         for p in real.patches]
+    m, d = cell.model, cell.drafter
+    model = _hub_pin(lock, "models", cell.model_name, m.repository, m.revision, m.track)
+    if model is None and m.generate:
+        model = {"generated": m.generate.script, "seed": m.generate.seed}
+    return {
+        "engine": engine,
+        "model": model,
+        "drafter": _hub_pin(lock, "drafters", cell.drafter_name, d.repository, d.revision,
+                            d.track) or {"method": d.method},
+    }
+
+
+def plan_rows(cells: list[Cell], lm: LoadedMatrix, tag: ReleaseTag,
+              lock: Lock | None) -> list[dict[str, Any]]:
+    reg = registry_for(lm)
+    rows = []
+    for cell in cells:
+        repo = reg.repo(cell.image)
+        cmd = serve_command(cell)
+        rows.append({
+            "cell": cell.id,
+            "family": cell.family,
+            "target": cell.target_name,
+            "platform": cell.target.platform,
+            "runner": list(cell.target.runner),
+            "image": cell.image,
+            "repository": repo,
+            "release_tag": str(tag),
+            "refs": [f"{repo}:{tag}", f"{repo}:latest"],
+            "engine": cell.engine_name,
+            "model": cell.model_name,
+            "drafter": cell.drafter_name,
+            "method": cell.drafter.method,
+            "profile": cell.profile_name,
+            "pins": cell_pins(cell, lm, lock),
+            "serve": list(cmd.argv),
+        })
+    return rows
+
+
+def github_matrix(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The object a workflow feeds to `strategy.matrix` via fromJSON."""
+    return {"include": [{
+        "cell": r["cell"], "image": r["image"], "target": r["target"],
+        "platform": r["platform"], "runner": r["runner"], "release_tag": r["release_tag"],
+    } for r in rows]}
+
+
+def _pin_text(pin: dict[str, Any] | None) -> str:
+    if not pin:
+        return "-"
+    if "repository" in pin:
+        rev = pin["revision"]
+        rev = rev[:12] if rev != UNRESOLVED else f"{UNRESOLVED} ({pin['requested']})"
+        return f"{pin['repository']}@{rev}"
+    if "generated" in pin:
+        return f"generated by {pin['generated']} seed {pin['seed']}"
+    return pin.get("method", "-")
+
+
+def format_table(rows: list[dict[str, Any]], header: str) -> str:
+    out = [header]
+    for r in rows:
+        e = r["pins"]["engine"]
+        origin = (f"{e['source']['repository']}@{e['source']['commit'][:12]}" if "source" in e
+                  else e["wheel"])
+        patches = ", ".join(p["file"] for p in e["patches"]) or "no patches"
+        out += [
+            f"{r['cell']}  [{r['platform']}; runs on {', '.join(r['runner'])}]",
+            f"  refs     {r['refs'][0]}",
+            f"           {r['refs'][1]} (moved last, after smoke)",
+            f"  engine   {r['engine']} vLLM {e['vllm']}: {origin} + {patches}",
+            f"  model    {r['model']}: {_pin_text(r['pins']['model'])}",
+            f"  drafter  {r['drafter']} ({r['method']}): {_pin_text(r['pins']['drafter'])}",
+            f"  profile  {r['profile']}",
+        ]
+    return "\n".join(out)
+
+
+def format_json(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    return json.dumps({**meta, "cells": rows}, indent=2)
