@@ -37,6 +37,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="output dir (default: rendered/)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when the committed rendered files are stale")
+    p = sub.add_parser("build", help="build base, engine and serve images per cell (BuildKit)")
+    _common(p)
+    p.add_argument("--out", type=Path, default=None,
+                   help="where logs, contexts and build records go (default: build/)")
+    p = sub.add_parser("lock", help="resolve every pin into matrix.lock.json")
+    p.add_argument("--matrix", type=Path, default=None)
+    p.add_argument("--update", action="append", default=[], metavar="NAME",
+                   help="re-resolve NAME (a model, drafter or target), moving a tracked branch")
+    p.add_argument("--check", action="store_true",
+                   help="exit 2 when the lock disagrees with matrix.yaml; resolve nothing")
     return ap
 
 
@@ -112,7 +122,51 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"plan": cmd_plan, "render": cmd_render}
+def cmd_build(args: argparse.Namespace) -> int:
+    from .builder import build_cells
+    from .lock import verify_cells
+    from .plan import plan_rows
+
+    lm, cells, tag, target, why, lock = _context(args)
+    verify_cells(lm, cells, lock)
+    assert lock is not None and tag is not None
+    rows = plan_rows(cells, lm, tag, lock)
+    refs = {r["cell"]: r["refs"][0] for r in rows}
+    print(f"building {len(cells)} cell(s) of {tag} for target {target} ({why})")
+    records = build_cells(lm, lock, cells, refs, out_dir=args.out or lm.root / "build")
+    for rec in records:
+        how = ("reused (same inputs)" if rec.avoided else
+               f"{rec.wall_s:.1f}s, {rec.steps_run} run / {rec.steps_cached} cached")
+        size = f"{rec.size_bytes / 1e6:.0f} MB"
+        print(f"  {rec.kind:6} {rec.ref}  {rec.image_id[:19]}  {size}  {how}")
+    return 0
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from . import matrix as mx
+    from .lock import build_lock, dumps, verify_cells, write_lock
+    from .lockfile import LOCK_NAME, read_lock
+
+    lm = mx.load(args.matrix.resolve() if args.matrix else None)
+    cells = mx.expand(lm)
+    if args.check:
+        verify_cells(lm, cells, read_lock(lm.root), allow_unresolved=True)
+        print(f"{LOCK_NAME} agrees with matrix.yaml")
+        return 0
+    from .hub import HubClient
+
+    print(f"locking {lm.located.file}")
+    data = build_lock(lm, HubClient(), update=set(args.update))
+    path = write_lock(lm, data)
+    unresolved = [f"{kind}/{name}" for kind in ("models", "drafters", "bases")
+                  for name, e in data[kind].items() if e.get("status") != "resolved"]
+    print(f"wrote {path.name} ({len(dumps(data))} bytes)")
+    if unresolved:
+        print(f"unresolved (cells using them refuse to build): {', '.join(unresolved)}")
+    return 0
+
+
+COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": cmd_build}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -51,6 +52,7 @@ def detect_target() -> tuple[str, str]:
     return "cpu", f"this host is {platform.machine()} without a GB10 GPU"
 
 
+@functools.lru_cache(maxsize=256)
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -7,6 +7,7 @@ weight files grouped into layers), and values put in shell lines go through `sh`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shlex
@@ -39,6 +40,7 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(", ", ": ") if isinstance(value, list) else (",", ":"))
 
 
+@functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(REPO_ROOT)),
@@ -106,9 +108,14 @@ def _hub_source(cell: Cell, kind: str, name: str, lock: Lock | None, dest: str) 
 
 
 def _patchset_digest(lm: LoadedMatrix, patches: list[str]) -> str:
+    return _patchset_digest_of(lm.root, tuple(patches))
+
+
+@functools.lru_cache(maxsize=256)
+def _patchset_digest_of(root: Path, patches: tuple[str, ...]) -> str:
     h = hashlib.sha256()
     for p in patches:
-        h.update(p.encode() + b"\0" + (lm.root / "patches" / p).read_bytes() + b"\0")
+        h.update(p.encode() + b"\0" + (root / "patches" / p).read_bytes() + b"\0")
     return h.hexdigest()
 
 

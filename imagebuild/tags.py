@@ -14,7 +14,8 @@ from packaging.version import InvalidVersion, Version
 from .errors import UserError
 
 SHORT = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-(?P<name>[a-z0-9][a-z0-9._-]*)$")
-FULL = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-v(?P<version>\d[^-]*)-(?P<name>[a-z0-9][a-z0-9._-]*)$")
+FULL = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-v(?P<version>\d[^-]*)"
+                  r"-(?P<name>[a-z0-9][a-z0-9._-]*)$")
 
 
 @dataclass(frozen=True, order=False)

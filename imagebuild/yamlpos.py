@@ -73,7 +73,8 @@ def load_located(path: Path, display: str | None = None) -> Located:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as exc:
-        raise UserError(f"{file} not found", fix="run from the repository root or pass --matrix") from exc
+        raise UserError(f"{file} not found",
+                        fix="run from the repository root or pass --matrix") from exc
     try:
         root = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:

@@ -50,7 +50,8 @@ CASES = [
      "    targets: [cpux]\n\ndrafters:", "unknown target 'cpux'", "[cpux]"),
     ("bad-platform", "    platform: linux/amd64", "    platform: linux/s390x",
      "linux/arm64", "linux/s390x"),
-    ("dflash-without-model", "    repository: AEON-7/AEON-DFlash-Qwen3.6-35B-A3B\n    track: main\n",
+    ("dflash-without-model",
+     "    repository: AEON-7/AEON-DFlash-Qwen3.6-35B-A3B\n    track: main\n",
      "", "needs a drafter `repository`", "  aeon:"),
     ("image-names-collide", "      drafter: [zlab, mtp]\n", "      drafter: [zlab, mtp]\n",
      "named image", None),  # made to collide below by dropping {drafter} from the name

