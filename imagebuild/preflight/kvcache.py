@@ -224,9 +224,9 @@ def predict(
         method, text, drafter_config, flags, block, kv_dtype, cache_window, len(layer_types))
 
     specs = target_layers + drafter_layers
-    unify_needed = _needs_unify(specs)
+    unify_needed = needs_unify(specs)
     if unify_needed:
-        outcome, message, finals = _unify(specs, pad_mamba)
+        outcome, message, finals = simulate_unify(specs, pad_mamba)
     else:
         outcome, message = "ok", ""
         finals = [FinalLayer(s.name, s.block_size, s.page_bytes) for s in specs]
@@ -278,7 +278,7 @@ def layout_for_oracle(prediction: KVPrediction) -> dict:
 
 # --- unification (v1/core/kv_cache_utils.py) ------------------------------------------------
 
-def _needs_unify(specs: list[LayerSpec]) -> bool:
+def needs_unify(specs: list[LayerSpec] | tuple[LayerSpec, ...]) -> bool:
     """get_kv_cache_groups skips unify when all layers are one type with one block size."""
     if len({s.block_size for s in specs}) > 1:
         return True
@@ -290,8 +290,14 @@ def _needs_unify(specs: list[LayerSpec]) -> bool:
     return True
 
 
-def _unify(specs: list[LayerSpec], pad_mamba: bool) -> tuple[str, str, list[FinalLayer]]:
-    """unify_kv_cache_spec_page_size, plus the dflashfix mamba padding when pad_mamba."""
+def simulate_unify(
+    specs: list[LayerSpec] | tuple[LayerSpec, ...], pad_mamba: bool = False
+) -> tuple[str, str, list[FinalLayer]]:
+    """unify_kv_cache_spec_page_size, plus the dflashfix mamba padding when pad_mamba.
+
+    Returns (outcome, vLLM's exception text, final layers). dflashfix is modelled as: a mamba
+    page smaller than the largest is padded up to it before the divisibility check.
+    """
     pages = {s.page_bytes for s in specs}
     if len(pages) <= 1:
         return "ok", "", [FinalLayer(s.name, s.block_size, s.page_bytes) for s in specs]
