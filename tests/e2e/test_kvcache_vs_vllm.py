@@ -30,7 +30,7 @@ from imagebuild.preflight.kvcache import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-ORACLE = REPO / "tests" / "vllm_oracle" / "unify.py"
+ORACLE = Path(os.environ.get("IMAGEBUILD_VLLM_ORACLE", REPO / "tests" / "vllm_oracle" / "unify.py"))
 VLLM_PY = Path(os.environ.get("IMAGEBUILD_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 N_CASES = 240
 SEED = 20260618
@@ -162,7 +162,7 @@ def test_unify_matches_vllm(cases):
     _need(ORACLE, "vLLM oracle script")
     payload = {"kv_cache_utils_path": None,
                "cases": [{"id": cid, **layout_for_oracle(p)} for cid, p, _, _ in cases]}
-    results = {r["id"]: r for r in json.loads(_run([str(ORACLE)], payload))["results"]}
+    results = {r["id"]: r for r in _oracle_json(_run([str(ORACLE)], payload))["results"]}
     mismatches = []
     for cid, p, _, _ in cases:
         # The oracle calls unify directly, also for layouts where get_kv_cache_groups would
@@ -212,6 +212,14 @@ for case in json.load(sys.stdin):
                        "pages": {n: s.page_size_bytes for n, s in specs.items()}}
 print("@@RESULT@@" + json.dumps(out))
 """
+
+
+def _oracle_json(stdout: str) -> dict:
+    # The protocol says stdout is JSON; vLLM may still log lines to stdout before it.
+    try:
+        return json.loads(stdout)
+    except json.JSONDecodeError:
+        return json.loads([x for x in stdout.splitlines() if x.strip()][-1])
 
 
 def _result(stdout: str) -> dict:
@@ -321,7 +329,7 @@ def test_dflashfix_padding_matches_patched_vllm(cases, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     payload = {"kv_cache_utils_path": str(tree / "kv_cache_utils.py"),
                "cases": [{"id": cid, **layout_for_oracle(p)} for cid, p, _, _ in cases]}
-    results = {r["id"]: r for r in json.loads(_run([str(ORACLE)], payload))["results"]}
+    results = {r["id"]: r for r in _oracle_json(_run([str(ORACLE)], payload))["results"]}
     bad = []
     for cid, p, _, _ in cases:
         outcome, _, finals = simulate_unify(p.layers, pad_mamba=True)
