@@ -21,7 +21,7 @@ ENV HOME=/home/vllm \
     HF_HUB_OFFLINE="1" \
     VLLM_CPU_KVCACHE_SPACE="1" \
     VLLM_NO_USAGE_STATS="1"
-USER vllm
+USER 1000:1000
 EXPOSE 8000
 HEALTHCHECK --interval=5s --timeout=4s --start-period=300s --retries=3 \
     CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=3)"]
