@@ -5,6 +5,7 @@ build avoidance: an unchanged re-run runs zero build steps."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -21,10 +22,16 @@ TAG = "2026-06-18-dflashfix"
 REF_TAG = "2026-06-18-v0.23.0-dflashfix"
 
 
-def _build(out: Path) -> subprocess.CompletedProcess[str]:
+# Secret values the build receives (as BuildKit secrets only); none may leak anywhere.
+HF_TOKEN_MARKER = "hf_imagebuildLeakCanary7f3a9c"
+CA_MARKER = "imagebuild-ca-leak-canary-51d2e8"
+
+
+def _build(out: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "build.py", "build", "--tag", TAG, "--target", "cpu",
-         "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=3000)
+         "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=3000,
+        env={**os.environ, **(env or {})})
 
 
 def _free_port() -> int:
@@ -36,10 +43,13 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def built(docker_engine, tmp_path_factory):
     out = tmp_path_factory.mktemp("build")
-    proc = _build(out)
+    bundle = out / "ca-bundle.pem"  # the host bundle plus a canary line PEM readers skip
+    bundle.write_text(Path("/etc/ssl/certs/ca-certificates.crt").read_text()
+                      + f"\n# {CA_MARKER}\n")
+    proc = _build(out, {"HF_TOKEN": HF_TOKEN_MARKER, "IMAGEBUILD_CA_BUNDLE": str(bundle)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ref = f"127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:{REF_TAG}"
-    return out, ref, proc.stdout
+    return out, ref, proc.stdout + proc.stderr
 
 
 def test_build_writes_records_and_logs(built):
@@ -112,3 +122,33 @@ def test_unchanged_rebuild_runs_nothing(built, tmp_path):
     records = [json.loads(p.read_text()) for p in (tmp_path / "records").rglob("*.json")]
     assert records and all(r["avoided"] and r["steps_run"] == 0 for r in records), records
     assert wall < 10, f"unchanged re-run took {wall:.1f}s"
+
+
+def test_no_secret_reaches_any_layer_label_history_dockerfile_or_log(built):
+    """HF token and CA bundle went in as BuildKit secrets: no trace in the exported image
+    (every layer, the config with labels and env, the history), the rendered
+    Dockerfiles, the build contexts, the build logs or the command's own output."""
+    out, ref, output = built
+    markers = [HF_TOKEN_MARKER.encode(), CA_MARKER.encode()]
+    save = subprocess.Popen(["/usr/bin/docker", "save", ref], stdout=subprocess.PIPE)
+    assert save.stdout
+    tail = b""
+    total = 0
+    while chunk := save.stdout.read(16 * 2**20):
+        window = tail + chunk
+        for m in markers:
+            assert m not in window, f"{m!r} found in the exported image {ref}"
+        tail = window[-64:]
+        total += len(chunk)
+    assert save.wait() == 0 and total > 10**8  # the whole image (engine layers included)
+    history = subprocess.run(["/usr/bin/docker", "history", "--no-trunc", ref],
+                             capture_output=True, text=True, check=True).stdout
+    inspect = subprocess.run(["/usr/bin/docker", "image", "inspect", ref],
+                             capture_output=True, text=True, check=True).stdout
+    texts = {"history": history, "inspect": inspect, "output": output}
+    for path in [*out.rglob("*"), *(REPO_ROOT / "rendered").rglob("*")]:
+        if path.is_file() and path.name != "ca-bundle.pem":
+            texts[str(path)] = path.read_text(errors="replace")
+    for name, text in texts.items():
+        for m in markers:
+            assert m.decode() not in text, f"{m!r} leaked into {name}"
