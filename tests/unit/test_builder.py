@@ -1,0 +1,121 @@
+"""Builder logic without a daemon: one-line failures, step counting, inputs digests."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from imagebuild import builder
+from imagebuild.errors import OperationFailed
+from imagebuild.render import Rendered
+
+FAKE_DOCKER = """#!/bin/sh
+case "$1" in
+  info) {info} ;;
+  buildx) exit 1 ;;
+esac
+"""
+
+
+def _fake_docker(tmp_path: Path, info: str) -> str:
+    path = tmp_path / "docker"
+    path.write_text(FAKE_DOCKER.format(info=info))
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_missing_engine_is_one_line_with_fix(tmp_path, monkeypatch):
+    monkeypatch.setattr(builder, "DOCKER", _fake_docker(
+        tmp_path, "echo 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock' >&2;"
+                  " exit 1"))
+    with pytest.raises(OperationFailed) as info:
+        builder.preflight_engine("cpu")
+    assert "no Docker engine answers" in info.value.message
+    assert "scripts/setup.sh" in info.value.fix
+
+
+def test_old_engine_without_buildkit(tmp_path, monkeypatch):
+    monkeypatch.setattr(builder, "DOCKER", _fake_docker(
+        tmp_path, "echo '{\"ServerVersion\": \"17.06.0\", \"DockerRootDir\": \"/\"}'"))
+    with pytest.raises(OperationFailed, match="has no usable BuildKit"):
+        builder.preflight_engine("cpu")
+
+
+def test_not_enough_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(builder, "DOCKER", _fake_docker(
+        tmp_path, f"echo '{{\"ServerVersion\": \"20.10.24\", \"DockerRootDir\": \"{tmp_path}\"}}'"))
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(builder.shutil, "disk_usage",
+                        lambda _: usage._replace(free=3 * 2**30))
+    with pytest.raises(OperationFailed) as info:
+        builder.preflight_engine("cpu")
+    assert "only 3.0 GiB free" in info.value.message and "prune" in info.value.fix
+
+
+def test_buildkit_flavour_without_buildx(tmp_path, monkeypatch):
+    monkeypatch.setattr(builder, "DOCKER", _fake_docker(
+        tmp_path, f"echo '{{\"ServerVersion\": \"20.10.24\", \"DockerRootDir\": \"{tmp_path}\"}}'"))
+    monkeypatch.setattr(builder, "MIN_FREE_BYTES", {"cpu": 1})
+    assert builder.preflight_engine("cpu") == "buildkit"
+
+
+PLAIN_PROGRESS = """#1 [internal] load build definition from Dockerfile
+#1 DONE 0.0s
+#4 [1/4] FROM docker.io/library/base
+#4 CACHED
+#5 [2/4] COPY files/requirements.txt /opt/imagebuild/requirements.txt
+#5 CACHED
+#6 [3/4] RUN pip install -r /opt/imagebuild/requirements.txt
+#6 0.512 Collecting x
+#6 DONE 12.3s
+#7 [stage-1 4/4] RUN chmod 0755 /usr/local/bin/vllm
+#7 DONE 0.4s
+#8 exporting to image
+#8 DONE 0.1s
+"""
+
+
+def test_step_counting_from_plain_progress(tmp_path):
+    sample = tmp_path / "progress.txt"
+    sample.write_text(PLAIN_PROGRESS)
+    b = builder.Builder.__new__(builder.Builder)
+    b.log = lambda _: None
+    run, cached, tail = b._stream(["cat", str(sample)], {}, tmp_path / "log.txt", "engine")
+    assert (run, cached) == (2, 2)
+    assert (tmp_path / "log.txt").read_text() == PLAIN_PROGRESS
+    assert "exporting to image" in tail
+
+
+def test_inputs_digest_tracks_every_input(tmp_path):
+    ctx = tmp_path / "ctx"
+    (ctx / "files").mkdir(parents=True)
+    (ctx / "files" / "a.txt").write_text("one")
+    r = Rendered("engine", "x.Dockerfile", "FROM base\n", ())
+    base = builder.inputs_digest(r, ctx, {"A": "1"}, "parent", [{"k": 1}])
+    assert base == builder.inputs_digest(r, ctx, {"A": "1"}, "parent", [{"k": 1}])
+    (ctx / "files" / "a.txt").write_text("two")
+    changed_file = builder.inputs_digest(r, ctx, {"A": "1"}, "parent", [{"k": 1}])
+    assert changed_file != base
+    assert builder.inputs_digest(r, ctx, {"A": "2"}, "parent", [{"k": 1}]) != changed_file
+    assert builder.inputs_digest(r, ctx, {"A": "1"}, "other", [{"k": 1}]) != changed_file
+    assert builder.inputs_digest(r, ctx, {"A": "1"}, "parent", [{"k": 2}]) != changed_file
+    r2 = Rendered("engine", "x.Dockerfile", "FROM base\nRUN true\n", ())
+    assert builder.inputs_digest(r2, ctx, {"A": "1"}, "parent", [{"k": 1}]) != changed_file
+
+
+def test_build_command_without_engine_exits_1(tmp_path, monkeypatch, capsys):
+    from imagebuild.cli import main
+    monkeypatch.setattr(builder, "DOCKER", _fake_docker(tmp_path, "exit 1"))
+    monkeypatch.setattr(builder, "_find_by_inputs", lambda digest: None)
+    import imagebuild.bootstrap as bootstrap
+    monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")
+    monkeypatch.setattr(builder, "_docker", lambda *a, **k: type(
+        "P", (), {"stdout": "", "returncode": 1, "stderr": "no daemon"})())
+    code = main(["build", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "no Docker engine answers" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "records").exists()
