@@ -1,0 +1,129 @@
+"""Preflight results: named rules, the findings they produce, waivers, table and JSON output.
+
+A finding is one line of `build.py check`: cell, rule id, severity, message, fix. Errors
+block plan/build (exit 2) unless the cell's image family waives the rule with a written
+reason; the waiver stays visible in the output.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+SEVERITIES = ("error", "warning", "info")
+MATRIX = "matrix"  # the `cell` of findings that concern no single cell
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A named check. `targets`/`methods` None means it applies to every target/method."""
+
+    id: str
+    severity: str
+    why: str  # the measured fact behind the rule (DOMAIN.md)
+    fix: str
+    targets: tuple[str, ...] | None = None
+    methods: tuple[str, ...] | None = None  # speculative methods (drafter.method)
+    waivable: bool = True
+
+    def applies(self, target: str, method: str) -> bool:
+        return ((self.targets is None or target in self.targets)
+                and (self.methods is None or method in self.methods))
+
+    def finding(self, cell: str, message: str, *, fix: str | None = None,
+                where: str | None = None, severity: str | None = None) -> Finding:
+        return Finding(cell=cell, rule=self.id, severity=severity or self.severity,
+                       message=message, fix=fix if fix is not None else self.fix, where=where)
+
+
+@dataclass(frozen=True)
+class Finding:
+    cell: str  # cell id (target/image), or MATRIX
+    rule: str
+    severity: str  # error | warning | info
+    message: str
+    fix: str | None = None
+    where: str | None = None  # file:line:col in matrix.yaml when the cause sits there
+    waived: str | None = None  # the family's written reason, when the rule is waived
+
+    @property
+    def blocking(self) -> bool:
+        return self.severity == "error" and self.waived is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def registry(*groups: Iterable[Rule]) -> dict[str, Rule]:
+    out: dict[str, Rule] = {}
+    for rule in (r for g in groups for r in g):
+        assert rule.id not in out, f"duplicate rule id {rule.id}"
+        assert rule.severity in SEVERITIES, rule
+        out[rule.id] = rule
+    return out
+
+
+def has_errors(findings: Iterable[Finding]) -> bool:
+    return any(f.blocking for f in findings)
+
+
+def counts(findings: Iterable[Finding]) -> dict[str, int]:
+    out = {"error": 0, "warning": 0, "info": 0, "waived": 0}
+    for f in findings:
+        out["waived" if f.waived else f.severity] += 1
+    return out
+
+
+def waive(findings: list[Finding], waivers: dict[str, dict[str, str]],
+          rules: dict[str, Rule]) -> list[Finding]:
+    """Mark findings whose cell waives their rule. waivers: cell id -> {rule id: reason}."""
+    out = []
+    for f in findings:
+        reason = waivers.get(f.cell, {}).get(f.rule)
+        rule = rules.get(f.rule)
+        if reason and rule is not None and rule.waivable and f.severity != "info":
+            f = replace(f, waived=reason)
+        out.append(f)
+    return out
+
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def sort_key(f: Finding) -> tuple:
+    return (f.cell == MATRIX, f.cell, f.waived is not None, SEVERITY_ORDER[f.severity], f.rule)
+
+
+def format_table(findings: list[Finding], *, show_info: bool = True) -> str:
+    """One line per finding: cell, severity, rule id, message (where), fix; then a summary."""
+    shown = [f for f in findings if show_info or f.severity != "info"]
+    lines = []
+    if shown:
+        wc = max(len(f.cell) for f in shown)
+        wr = max(len(f.rule) for f in shown)
+        for f in shown:
+            sev = f"waived {f.severity}" if f.waived else f.severity
+            text = f.message + (f" [{f.where}]" if f.where else "")
+            if f.waived:
+                text += f" -- waived: {f.waived}"
+            elif f.fix:
+                text += f" -- fix: {f.fix}"
+            lines.append(f"{f.cell:<{wc}}  {sev:<14}  {f.rule:<{wr}}  {text}")
+    n = counts(findings)
+    lines.append(f"{n['error']} error(s), {n['warning']} warning(s), {n['waived']} waived, "
+                 f"{n['info']} info" + (" -- check FAILED" if n["error"] else " -- check passed"))
+    return "\n".join(lines)
+
+
+def format_json(findings: list[Finding], meta: dict[str, Any] | None = None,
+                rules: dict[str, Rule] | None = None) -> str:
+    doc: dict[str, Any] = dict(meta or {})
+    doc["ok"] = not has_errors(findings)
+    doc["counts"] = counts(findings)
+    doc["findings"] = [f.to_dict() for f in findings]
+    if rules is not None:
+        used = {f.rule for f in findings}
+        doc["rules"] = {rid: asdict(r) for rid, r in rules.items() if rid in used}
+    return json.dumps(doc, indent=2)

@@ -1,0 +1,337 @@
+"""Serve-flag rules: the measured GB10 traps of DOMAIN.md ("do not undo"), one named rule
+each, applied to a cell's resolved command line (servecmd.serve_command) and environment.
+
+Rules read the argv the image will run, not matrix.yaml fields, so a trap is caught however
+it got in (profile args, model fields, drafter options). The value vLLM uses is the last
+occurrence of a flag (argparse), so that is the one checked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..matrix import Cell, LoadedMatrix
+from ..servecmd import ServeCommand
+from .findings import Finding, Rule
+
+GB10 = ("gb10",)  # DGX Spark: unified memory, the target the traps were measured on
+AEON_DRAFTER_PREFIX = "AEON-7/AEON-DFlash-"
+MAX_BATCHED_TOKENS = 32768  # torch.compile range ceiling on GB10 (16384 is right)
+MAX_GPU_MEM_UTIL = 0.88  # unified memory: 0.85 alone, 0.70 when shared
+VLLM_DEFAULT_GPU_MEM_UTIL = 0.9
+DFLASH_SPEC_TOKENS = 11  # ~11 measured best; 15 wastes draft compute
+DFLASH_SPEC_TOKENS_SLACK = 1
+AEON_MAX_NUM_SEQS = 16
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+PIP_INSTALL = re.compile(r"\b(?:pip3?|uv\s+pip|python3?\s+-m\s+pip)\s+install\b")
+
+
+# --- reading a resolved command line -------------------------------------------------------
+
+def flag_value(argv: tuple[str, ...], name: str) -> str | bool | None:
+    """Value of the last `--name` (True for a bare flag), None when absent."""
+    key, found = f"--{name}", None
+    for i, arg in enumerate(argv):
+        if arg == key:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            found = True if nxt is None or nxt.startswith("--") else nxt
+        elif arg.startswith(key + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def flag_values(argv: tuple[str, ...], name: str) -> list[str]:
+    """All values after the last `--name` (nargs='+' flags such as --served-model-name)."""
+    key = f"--{name}"
+    starts = [i for i, a in enumerate(argv) if a == key]
+    if not starts:
+        return []
+    out = []
+    for arg in argv[starts[-1] + 1:]:
+        if arg.startswith("--"):
+            break
+        out.append(arg)
+    return out
+
+
+def speculative(argv: tuple[str, ...]) -> dict:
+    raw = flag_value(argv, "speculative-config")
+    if not isinstance(raw, str):
+        return {}
+    try:
+        spec = json.loads(raw)
+    except json.JSONDecodeError:
+        return {}
+    return spec if isinstance(spec, dict) else {}
+
+
+@dataclass(frozen=True)
+class CellView:
+    """What the rules read about one cell."""
+
+    lm: LoadedMatrix
+    cell: Cell
+    cmd: ServeCommand
+    vision: bool | None = None  # checkpoint ships a vision tower (None: metadata unknown)
+    label: str = ""  # how findings name the cell (cell.id, plus @engine when ambiguous)
+    env: dict[str, str] = field(init=False)
+    spec: dict = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", dict(self.cmd.env))
+        object.__setattr__(self, "spec", speculative(self.cmd.argv))
+        if not self.label:
+            object.__setattr__(self, "label", self.cell.id)
+
+    @property
+    def method(self) -> str:
+        return str(self.spec.get("method") or "none")
+
+    def flag(self, name: str) -> str | bool | None:
+        return flag_value(self.cmd.argv, name)
+
+    def where(self, flag: str | None = None, env: str | None = None) -> str:
+        """matrix.yaml position of what produced a flag or env var (deepest known key)."""
+        c = self.cell
+        if env is not None:
+            path: tuple = ("profiles", c.profile_name, "env", env)
+        elif flag in c.profile.args:
+            path = ("profiles", c.profile_name, "args", flag)
+        elif flag == "quantization":
+            path = ("models", c.model_name, "quantization")
+        elif flag == "served-model-name":
+            path = ("models", c.model_name, "served_names")
+        elif flag == "limit-mm-per-prompt":
+            path = ("models", c.model_name, "multimodal")
+        elif flag == "speculative-config":
+            path = ("drafters", c.drafter_name)
+        else:
+            path = ("profiles", c.profile_name, "args")
+        return self.lm.located.where(path)
+
+
+def as_float(value: str | bool | None) -> float | None:
+    try:
+        return float(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def as_int(value: str | bool | None) -> int | None:
+    try:
+        return int(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+# --- the rules ------------------------------------------------------------------------------
+
+RULES = (
+    Rule("no-force-fp8-marlin", "error",
+         "VLLM_TEST_FORCE_FP8_MARLIN forces the Marlin MoE path; CUTLASS NVFP4 MoE is faster "
+         "for 256x8 experts on GB10",
+         "remove VLLM_TEST_FORCE_FP8_MARLIN from the profile env", targets=GB10),
+    Rule("max-batched-tokens-ceiling", "error",
+         f"--max-num-batched-tokens above {MAX_BATCHED_TOKENS} exceeds the compile-range "
+         "ceiling on GB10",
+         "set max-num-batched-tokens: 16384", targets=GB10),
+    Rule("gpu-mem-util-unified", "error",
+         f"GB10 shares 128 GB between CPU and GPU: --gpu-memory-utilization above "
+         f"{MAX_GPU_MEM_UTIL} (vLLM's default is {VLLM_DEFAULT_GPU_MEM_UTIL}) starves the host",
+         "set gpu-memory-utilization: 0.85 (0.70 when the Spark is shared)", targets=GB10),
+    Rule("no-mamba-block-size", "error",
+         "--mamba-block-size breaks hybrid GDN models on vLLM 0.23",
+         "remove mamba-block-size from the profile args"),
+    Rule("dflash-no-kv-cache-dtype", "error",
+         "with DFlash, a --kv-cache-dtype other than auto collapses acceptance toward 0% "
+         "(~6x slower)",
+         "remove kv-cache-dtype from the profile args", methods=("dflash",)),
+    Rule("dflash-no-attention-backend-in-spec-config", "error",
+         "attention_backend inside --speculative-config collapses DFlash acceptance toward 0% "
+         "(~6x slower)",
+         "remove attention_backend from the drafter's options; set the profile's "
+         "attention-backend instead", methods=("dflash",)),
+    Rule("dflash-spec-tokens", "error",
+         f"DFlash is measured best at ~{DFLASH_SPEC_TOKENS} speculative tokens; 15 wastes "
+         "draft compute",
+         f"set num_speculative_tokens: {DFLASH_SPEC_TOKENS}", methods=("dflash",)),
+    Rule("keep-vision-on", "error",
+         "the Qwen3.6 targets are multimodal; serving them without "
+         "--limit-mm-per-prompt '{\"image\":4,\"video\":2}' drops image input (applies where "
+         "the checkpoint has a vision tower, and on gb10 when its metadata is not locked)",
+         "set the model's multimodal: {image: 4, video: 2}"),
+    Rule("attention-backend-flash-attn", "error",
+         "DFlash KV sharing is only tested with the flash_attn backend on GB10",
+         "set attention-backend: flash_attn in the profile args", targets=GB10,
+         methods=("dflash",)),
+    Rule("aeon-max-num-seqs", "error",
+         f"the AEON drafter on the Spark's unified memory needs --max-num-seqs <= "
+         f"{AEON_MAX_NUM_SEQS} (vLLM's default is {VLLM_DEFAULT_MAX_NUM_SEQS})",
+         f"use a profile with max-num-seqs: {AEON_MAX_NUM_SEQS} for AEON drafter cells",
+         targets=GB10, methods=("dflash",)),
+    Rule("no-pip-install-in-image", "error",
+         "a pip install into a built image changes what was tested and is lost on restart; "
+         "rebuild instead",
+         "remove the pip install; pin the package in the engine's requirements and rebuild"),
+)
+BY_ID = {r.id: r for r in RULES}
+
+
+def _force_marlin(r: Rule, v: CellView) -> list[Finding]:
+    key = "VLLM_TEST_FORCE_FP8_MARLIN"
+    if key in v.env and v.env[key].strip().lower() not in ("", "0", "false", "no", "off"):
+        return [r.finding(v.label, f"env {key}={v.env[key]} forces the Marlin MoE kernels",
+                          where=v.where(env=key))]
+    return []
+
+
+def _batched_tokens(r: Rule, v: CellView) -> list[Finding]:
+    raw = v.flag("max-num-batched-tokens")
+    n = as_int(raw)
+    if raw is not None and n is None:
+        return [r.finding(v.label, f"--max-num-batched-tokens {raw!r} is not an integer",
+                          where=v.where("max-num-batched-tokens"))]
+    if n is not None and n > MAX_BATCHED_TOKENS:
+        return [r.finding(v.label, f"--max-num-batched-tokens {n} > {MAX_BATCHED_TOKENS}",
+                          where=v.where("max-num-batched-tokens"))]
+    return []
+
+
+def _gpu_mem(r: Rule, v: CellView) -> list[Finding]:
+    raw = v.flag("gpu-memory-utilization")
+    value = VLLM_DEFAULT_GPU_MEM_UTIL if raw is None else as_float(raw)
+    if value is None:
+        return [r.finding(v.label, f"--gpu-memory-utilization {raw!r} is not a number",
+                          where=v.where("gpu-memory-utilization"))]
+    if value > MAX_GPU_MEM_UTIL:
+        said = "unset, so vLLM's default" if raw is None else "--gpu-memory-utilization"
+        return [r.finding(v.label, f"{said} {value} > {MAX_GPU_MEM_UTIL} on unified memory",
+                          where=v.where("gpu-memory-utilization"))]
+    return []
+
+
+def _mamba_block(r: Rule, v: CellView) -> list[Finding]:
+    if v.cell.engine.vllm_version.startswith("0.23.") and v.flag("mamba-block-size") is not None:
+        return [r.finding(v.label, f"--mamba-block-size is set on vLLM "
+                                     f"{v.cell.engine.vllm_version}",
+                          where=v.where("mamba-block-size"))]
+    return []
+
+
+def _kv_dtype(r: Rule, v: CellView) -> list[Finding]:
+    raw = v.flag("kv-cache-dtype")
+    if raw is not None and str(raw).lower() != "auto":
+        return [r.finding(v.label, f"--kv-cache-dtype {raw} with DFlash speculative decoding",
+                          where=v.where("kv-cache-dtype"))]
+    return []
+
+
+def _spec_backend(r: Rule, v: CellView) -> list[Finding]:
+    if "attention_backend" in v.spec:
+        return [r.finding(v.label, f"--speculative-config sets attention_backend="
+                                     f"{v.spec['attention_backend']}",
+                          where=v.where("speculative-config"))]
+    return []
+
+
+def _spec_tokens(r: Rule, v: CellView) -> list[Finding]:
+    n = v.spec.get("num_speculative_tokens")
+    where = v.lm.located.where(("drafters", v.cell.drafter_name, "num_speculative_tokens"))
+    if not isinstance(n, int):
+        return [r.finding(v.label, "--speculative-config has no num_speculative_tokens",
+                          where=where)]
+    if n > DFLASH_SPEC_TOKENS + DFLASH_SPEC_TOKENS_SLACK:
+        return [r.finding(v.label, f"num_speculative_tokens {n} wastes draft compute "
+                                     f"(~{DFLASH_SPEC_TOKENS} is measured best)", where=where)]
+    if n < DFLASH_SPEC_TOKENS - DFLASH_SPEC_TOKENS_SLACK:
+        return [r.finding(v.label, f"num_speculative_tokens {n} is below the measured best "
+                                     f"(~{DFLASH_SPEC_TOKENS}) for DFlash", where=where,
+                          severity="warning")]
+    return []
+
+
+def _vision(r: Rule, v: CellView) -> list[Finding]:
+    expected = v.vision if v.vision is not None else v.cell.target_name in GB10
+    if not expected:
+        return []
+    if v.flag("language-model-only") is not None:
+        return [r.finding(v.label, "--language-model-only turns the vision tower off",
+                          where=v.where("language-model-only"))]
+    raw = v.flag("limit-mm-per-prompt")
+    if not isinstance(raw, str):
+        why = "the checkpoint has a vision tower" if v.vision else "gb10 targets are multimodal"
+        return [r.finding(v.label, f"no --limit-mm-per-prompt, but {why}",
+                          where=v.where("limit-mm-per-prompt"))]
+    try:
+        limits = json.loads(raw)
+    except json.JSONDecodeError:
+        limits = None
+    if not isinstance(limits, dict):
+        return [r.finding(v.label, f"--limit-mm-per-prompt {raw!r} is not a JSON object",
+                          where=v.where("limit-mm-per-prompt"))]
+    if not isinstance(limits.get("image"), int) or limits["image"] < 1:
+        return [r.finding(v.label, f"--limit-mm-per-prompt {raw} allows no images",
+                          where=v.where("limit-mm-per-prompt"))]
+    return []
+
+
+def _flash_attn(r: Rule, v: CellView) -> list[Finding]:
+    raw = v.flag("attention-backend")
+    backend = raw if isinstance(raw, str) else v.env.get("VLLM_ATTENTION_BACKEND")
+    if backend is None:
+        return [r.finding(v.label, "no --attention-backend: vLLM picks its own for DFlash",
+                          where=v.where("attention-backend"))]
+    if backend.lower() != "flash_attn":
+        return [r.finding(v.label, f"attention backend {backend} with DFlash",
+                          where=v.where("attention-backend"))]
+    return []
+
+
+def _aeon_seqs(r: Rule, v: CellView) -> list[Finding]:
+    if not (v.cell.drafter.repository or "").startswith(AEON_DRAFTER_PREFIX):
+        return []
+    raw = v.flag("max-num-seqs")
+    n = VLLM_DEFAULT_MAX_NUM_SEQS if raw is None else as_int(raw)
+    if n is None or n > AEON_MAX_NUM_SEQS:
+        said = "unset (vLLM default 256)" if raw is None else str(raw)
+        return [r.finding(v.label, f"--max-num-seqs {said} with the AEON drafter "
+                                     f"(> {AEON_MAX_NUM_SEQS})", where=v.where("max-num-seqs"))]
+    return []
+
+
+def _pip(r: Rule, v: CellView) -> list[Finding]:
+    out = []
+    for arg in v.cmd.argv:
+        if PIP_INSTALL.search(arg):
+            out.append(r.finding(v.label, f"the serve command runs {arg!r}", where=v.where()))
+    for key, value in v.env.items():
+        if PIP_INSTALL.search(value):
+            out.append(r.finding(v.label, f"env {key} runs {value!r}", where=v.where(env=key)))
+    return out
+
+
+CHECKS: dict[str, Callable[[Rule, CellView], list[Finding]]] = {
+    "no-force-fp8-marlin": _force_marlin,
+    "max-batched-tokens-ceiling": _batched_tokens,
+    "gpu-mem-util-unified": _gpu_mem,
+    "no-mamba-block-size": _mamba_block,
+    "dflash-no-kv-cache-dtype": _kv_dtype,
+    "dflash-no-attention-backend-in-spec-config": _spec_backend,
+    "dflash-spec-tokens": _spec_tokens,
+    "keep-vision-on": _vision,
+    "attention-backend-flash-attn": _flash_attn,
+    "aeon-max-num-seqs": _aeon_seqs,
+    "no-pip-install-in-image": _pip,
+}
+assert set(CHECKS) == set(BY_ID)
+
+
+def check_cell(v: CellView) -> list[Finding]:
+    out: list[Finding] = []
+    for rule in RULES:
+        if rule.applies(v.cell.target_name, v.method):
+            out += CHECKS[rule.id](rule, v)
+    return out

@@ -1,0 +1,177 @@
+"""`build.py check`: every preflight rule over the selected cells, as a list of findings.
+
+Order of work per cell: its resolved serve command (servecmd), its model's and drafter's
+locked metadata (checkpoint.MetadataStore), then the flag, checkpoint and KV-cache rules;
+across cells: pins and served-name collisions; last, the families' waivers.
+"""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from ..lockfile import Lock
+from ..matrix import Cell, LoadedMatrix
+from ..servecmd import serve_command
+from . import checkpoint, flags, pins
+from .findings import (
+    MATRIX,
+    SEVERITY_ORDER,
+    Finding,
+    Rule,
+    format_json,
+    format_table,
+    registry,
+    waive,
+)
+from .flags import CellView, as_int, flag_value
+from .kvcache import KVFlags, predict
+
+# The dflashfix patch that pads GDN state pages instead of asserting (patches/).
+PAD_MAMBA_PATCH = "kv-page-size-pad-mamba.patch"
+
+KV_RULES = (
+    Rule("kv-page-unify", "error",
+         "vLLM 0.23 keeps every layer's cache in pages of one size; a drafter page larger "
+         "than a hybrid target's fixed GDN state page fails unify_kv_cache_spec_page_size at "
+         "engine start, ten minutes into a boot",
+         "pin a drafter revision whose KV bytes per token do not exceed the target's and "
+         "divide it, or build the dflashfix patch set"),
+    Rule("kv-page-padding", "warning",
+         "the dflashfix patch set serves an oversized drafter page by padding every GDN "
+         "state page to it, which costs cache memory per request",
+         "pin a drafter revision whose KV bytes per token do not exceed the target's"),
+    Rule("kv-layout", "info", "the KV page layout vLLM will choose, printed for review", ""),
+)
+WAIVER_RULES = (
+    Rule("waiver-invalid", "error",
+         "a waiver must name an existing, waivable rule",
+         "correct the rule id under the family's waivers (see `check --format json` rules)",
+         waivable=False),
+    Rule("waiver-unused", "warning",
+         "a waiver that waives nothing would silently license the trap coming back",
+         "remove the waiver", waivable=False),
+)
+RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
+                                  WAIVER_RULES)
+
+
+def kv_flags(v: CellView) -> KVFlags:
+    """The serve flags that shape the KV cache, read from the resolved command line."""
+    argv = v.cmd.argv
+
+    def text(name: str, default: str | None) -> str | None:
+        value = flag_value(argv, name)
+        return value if isinstance(value, str) else default
+
+    method = None if v.method == "none" else v.method
+    backend = text("attention-backend", v.env.get("VLLM_ATTENTION_BACKEND"))
+    return KVFlags(
+        tensor_parallel_size=as_int(flag_value(argv, "tensor-parallel-size")) or 1,
+        kv_cache_dtype=text("kv-cache-dtype", "auto") or "auto",
+        mamba_cache_dtype=text("mamba-cache-dtype", "auto") or "auto",
+        mamba_ssm_cache_dtype=text("mamba-ssm-cache-dtype", "auto") or "auto",
+        block_size=as_int(flag_value(argv, "block-size")),
+        num_speculative_tokens=int(v.spec.get("num_speculative_tokens") or 0) if method else 0,
+        speculative_method=method,
+        attention_backend=backend.lower() if backend else None,
+        model_dtype=text("dtype", None),
+        # CUDA platforms start attention blocks at 16 tokens, vLLM's CPU platform at 128
+        default_block_size=16 if v.cell.target.gpu else 128,
+        enable_prefix_caching=flag_value(argv, "no-enable-prefix-caching") is None,
+        max_model_len=checkpoint.parse_len(text("max-model-len", "") or ""),
+    )
+
+
+def kv_findings(v: CellView, model: checkpoint.Checkpoint,
+                drafter: checkpoint.Checkpoint | None) -> list[Finding]:
+    if model.config is None:
+        return []
+    needs_drafter = v.method in ("dflash", "eagle", "eagle3")
+    if needs_drafter and (drafter is None or drafter.config is None):
+        return []  # metadata-missing already says the KV layout cannot be checked
+    pad = PAD_MAMBA_PATCH in v.cell.realization.patches
+    unify, padding, layout = (RULES[r] for r in ("kv-page-unify", "kv-page-padding",
+                                                 "kv-layout"))
+    try:
+        p = predict(model.config, drafter.config if needs_drafter and drafter else None,
+                    kv_flags(v), pad_mamba=pad)
+    except UserError as exc:
+        unmodelled = "not modelled" in exc.message
+        return [unify.finding(v.label, f"cannot predict the KV layout: {exc.message}",
+                              fix=exc.fix, severity="warning" if unmodelled else None)]
+    where = v.where("speculative-config")
+    shape = (f"attention block size {p.attention_block_size}"
+             + (f", GDN state page {p.mamba_page_bytes} B padded {p.mamba_padding_pct:.2f}%"
+                if p.hybrid else ""))
+    if not p.ok:
+        return [unify.finding(v.label, f"vLLM {v.cell.engine.vllm_version} will fail at "
+                                         f"engine start with {p.outcome}: {p.cause}",
+                              fix=p.fix or unify.fix, where=where)]
+    if p.padded_by_dflashfix:
+        mib = p.extra_bytes_per_request / 2**20
+        return [padding.finding(v.label, f"{shape}; {p.cause}; {mib:.0f} MiB extra cache "
+                                           "per request", fix=p.fix or padding.fix,
+                                where=where)]
+    return [layout.finding(v.label, f"{shape}; unify ok", fix="")]
+
+
+def _waivers(lm: LoadedMatrix, cells: list[Cell], findings: list[Finding]
+             ) -> tuple[dict[str, dict[str, str]], list[Finding]]:
+    by_cell: dict[str, dict[str, str]] = {}
+    problems: list[Finding] = []
+    fired = {(f.cell, f.rule) for f in findings}
+    labelled = list(zip(cells, cell_labels(cells), strict=True))
+    for family in dict.fromkeys(c.family for c in cells):
+        fam_cells = [label for c, label in labelled if c.family == family]
+        waivers = next(c.waivers for c in cells if c.family == family)
+        for i, w in enumerate(waivers):
+            where = lm.located.where(("images", family, "waivers", i, "rule"))
+            rule = RULES.get(w.rule)
+            if rule is None or not rule.waivable or rule.severity == "info":
+                why = "no such rule" if rule is None else "this rule cannot be waived"
+                problems.append(RULES["waiver-invalid"].finding(
+                    MATRIX, f"family {family} waives {w.rule!r}: {why}", where=where))
+                continue
+            for label in fam_cells:
+                by_cell.setdefault(label, {})[w.rule] = w.reason
+            if not any((label, w.rule) in fired for label in fam_cells):
+                problems.append(RULES["waiver-unused"].finding(
+                    MATRIX, f"family {family} waives {w.rule} but no checked cell of it "
+                            "trips that rule", where=where))
+    return by_cell, problems
+
+
+def cell_labels(cells: list[Cell]) -> list[str]:
+    """cell.id names a cell within one engine (one release tag); add @engine otherwise."""
+    many = len({c.engine_name for c in cells}) > 1
+    return [f"{c.id}@{c.engine_name}" if many else c.id for c in cells]
+
+
+def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None) -> list[Finding]:
+    """Every finding for `cells`, errors first within each cell (waived ones marked)."""
+    store = checkpoint.MetadataStore(lm.root, lock)
+    labels = cell_labels(cells)
+    findings: list[Finding] = pins.check(lm, cells, lock, labels)
+    views = []
+    for cell, label in zip(cells, labels, strict=True):
+        model = store.get("models", cell.model_name, cell.model.repository)
+        drafter = (store.get("drafters", cell.drafter_name, cell.drafter.repository)
+                   if cell.drafter.repository else None)
+        v = CellView(lm=lm, cell=cell, cmd=serve_command(cell),
+                     vision=checkpoint.has_vision(model), label=label)
+        views.append(v)
+        findings += flags.check_cell(v)
+        findings += checkpoint.check_cell(v, model, drafter)
+        findings += kv_findings(v, model, drafter)
+    findings += checkpoint.served_name_collisions(views)
+    waivers, problems = _waivers(lm, cells, findings)
+    findings = waive(findings, waivers, RULES) + problems
+    order = {label: i for i, label in enumerate(labels)}
+    return sorted(findings, key=lambda f: (order.get(f.cell, len(order)), f.waived is not None,
+                                           SEVERITY_ORDER[f.severity], f.rule))
+
+
+def render(findings: list[Finding], fmt: str = "table", meta: dict | None = None) -> str:
+    """`check` output: "table" (one line per finding) or "json" (with the rules used)."""
+    if fmt == "json":
+        return format_json(findings, meta, RULES)
+    return format_table(findings)

@@ -1,0 +1,200 @@
+"""Every measured GB10 serve-flag trap (DOMAIN.md "do not undo", 1-11): a copy of the real
+matrix.yaml edited to bring the trap back is refused with the matching rule id, and nothing
+else; the unedited matrix passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imagebuild.preflight import flags
+from imagebuild.preflight.run import RULES
+from tests.fixtures.preflight.fixture_hub import (
+    blocking_rules,
+    check,
+    copy_lock,
+    copy_matrix,
+    edit,
+    lock_matrix,
+)
+
+ENV_AFTER_DFLASH = ("      attention-backend: flash_attn\n    acceptance_floor: 0.2\n"
+                    "  spark-dflash-aeon:")
+
+
+@pytest.fixture(scope="module")
+def locked_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = copy_matrix(tmp_path_factory.mktemp("locked"))
+    lock_matrix(root)
+    return root
+
+
+@pytest.fixture
+def locked(matrix_dir: Path, locked_template: Path) -> Path:
+    copy_lock(locked_template, matrix_dir)
+    return matrix_dir
+
+
+def refused(root: Path, rule: str, *, target: str = "gb10", engine: str = "dflashfix"
+            ) -> list:
+    findings = check(root, target=target, engine=engine)
+    assert blocking_rules(findings) == {rule}, [f for f in findings if f.blocking]
+    return [f for f in findings if f.rule == rule and f.blocking]
+
+
+@pytest.mark.parametrize("target", ["gb10", "cpu"])
+@pytest.mark.parametrize("engine", ["dflashfix", "pr41703"])
+def test_the_real_matrix_passes(locked: Path, target: str, engine: str) -> None:
+    findings = check(locked, target=target, engine=engine)
+    assert not blocking_rules(findings), [f for f in findings if f.blocking]
+    # every DFlash/MTP cell reports the attention block size it will get
+    layouts = [f for f in findings if f.rule == "kv-layout"]
+    assert len(layouts) == len({f.cell for f in findings if f.rule == "kv-layout"}) > 0
+
+
+def test_every_trap_has_a_rule_with_why_fix_and_scope() -> None:
+    ids = {r.id for r in flags.RULES} | {"quantization-matches-checkpoint"}
+    assert ids == {
+        "no-force-fp8-marlin", "quantization-matches-checkpoint", "max-batched-tokens-ceiling",
+        "gpu-mem-util-unified", "no-mamba-block-size", "dflash-no-kv-cache-dtype",
+        "dflash-no-attention-backend-in-spec-config", "dflash-spec-tokens", "keep-vision-on",
+        "attention-backend-flash-attn", "aeon-max-num-seqs", "no-pip-install-in-image"}
+    for rid in ids:
+        rule = RULES[rid]
+        assert rule.why and rule.fix and rule.severity == "error", rule
+    assert RULES["attention-backend-flash-attn"].applies("gb10", "dflash")
+    assert not RULES["attention-backend-flash-attn"].applies("gb10", "mtp")
+    assert not RULES["gpu-mem-util-unified"].applies("cpu", "ngram")
+
+
+# 1
+def test_force_fp8_marlin_is_refused(locked: Path) -> None:
+    edit(locked, ENV_AFTER_DFLASH, ENV_AFTER_DFLASH.replace(
+        "    acceptance_floor", "    env:\n      VLLM_TEST_FORCE_FP8_MARLIN: \"1\"\n"
+        "    acceptance_floor"))
+    (f, *_) = refused(locked, "no-force-fp8-marlin")
+    assert "VLLM_TEST_FORCE_FP8_MARLIN=1" in f.message
+    assert f.where and f.where.startswith(f"{locked}/matrix.yaml:")
+
+
+# 2
+def test_quantization_not_matching_the_checkpoint_is_refused(locked: Path) -> None:
+    edit(locked, "quantization: modelopt", "quantization: compressed-tensors")
+    found = refused(locked, "quantization-matches-checkpoint")
+    assert {f.cell for f in found} == {"gb10/spark-nvfp4-zlab", "gb10/spark-nvfp4-mtp"}
+    assert "says modelopt" in found[0].message and found[0].fix == "set quantization: modelopt"
+
+
+# 3
+def test_batched_tokens_above_the_compile_ceiling_are_refused(locked: Path) -> None:
+    edit(locked, "max-num-batched-tokens: 16384", "max-num-batched-tokens: 65536")
+    found = refused(locked, "max-batched-tokens-ceiling")
+    assert {f.cell for f in found} == {"gb10/spark-heretic-zlab", "gb10/spark-nvfp4-zlab",
+                                       "gb10/spark-ornith-zlab"}  # the spark-dflash profile
+
+
+# 4
+def test_gpu_memory_utilization_above_088_is_refused(locked: Path) -> None:
+    edit(locked, "gpu-memory-utilization: 0.85", "gpu-memory-utilization: 0.95", count=3)
+    found = refused(locked, "gpu-mem-util-unified")
+    assert len(found) == 7 and "0.95 > 0.88" in found[0].message
+
+
+def test_unset_gpu_memory_utilization_means_vllms_090_and_is_refused(locked: Path) -> None:
+    edit(locked, "      gpu-memory-utilization: 0.85\n", "", count=3)
+    found = refused(locked, "gpu-mem-util-unified")
+    assert "default 0.9 > 0.88" in found[0].message
+
+
+# 5
+def test_mamba_block_size_is_refused(locked: Path) -> None:
+    edit(locked, "      max-num-seqs: 64\n",
+         "      max-num-seqs: 64\n      mamba-block-size: 256\n")
+    found = refused(locked, "no-mamba-block-size")
+    assert "0.23.0" in found[0].message
+
+
+# 6
+def test_kv_cache_dtype_with_dflash_is_refused(locked: Path) -> None:
+    edit(locked, "      attention-backend: flash_attn\n",
+         "      attention-backend: flash_attn\n      kv-cache-dtype: fp8\n")
+    found = refused(locked, "dflash-no-kv-cache-dtype")
+    assert {f.cell for f in found} == {"gb10/spark-heretic-zlab", "gb10/spark-nvfp4-zlab",
+                                       "gb10/spark-ornith-zlab"}
+
+
+def test_attention_backend_inside_speculative_config_is_refused(locked: Path) -> None:
+    edit(locked, "    num_speculative_tokens: 11\n    targets: [gb10]\n  aeon:",
+         "    num_speculative_tokens: 11\n    options: {attention_backend: flash_attn}\n"
+         "    targets: [gb10]\n  aeon:")
+    found = refused(locked, "dflash-no-attention-backend-in-spec-config")
+    assert "attention_backend=flash_attn" in found[0].message
+
+
+# 7
+def test_fifteen_dflash_speculative_tokens_are_refused(locked: Path) -> None:
+    edit(locked, "num_speculative_tokens: 11", "num_speculative_tokens: 15", count=2)
+    found = refused(locked, "dflash-spec-tokens")
+    assert len(found) == 4 and "15 wastes draft compute" in found[0].message
+
+
+def test_few_dflash_speculative_tokens_only_warn(locked: Path) -> None:
+    edit(locked, "num_speculative_tokens: 11", "num_speculative_tokens: 6")
+    findings = check(locked, target="gb10", engine="dflashfix")
+    assert not blocking_rules(findings)
+    assert {f.severity for f in findings if f.rule == "dflash-spec-tokens"} == {"warning"}
+
+
+# 8
+def test_vision_off_is_refused(locked: Path) -> None:
+    edit(locked, "    quantization: compressed-tensors\n    served_names: [qwen36-35b-heretic, "
+         "qwen36-fast, qwen36-deep]\n    multimodal: {image: 4, video: 2}\n",
+         "    quantization: compressed-tensors\n    served_names: [qwen36-35b-heretic, "
+         "qwen36-fast, qwen36-deep]\n")
+    found = refused(locked, "keep-vision-on")
+    assert {f.cell for f in found} == {"gb10/spark-heretic-zlab", "gb10/spark-heretic-mtp",
+                                       "gb10/spark-heretic-aeon"}
+    assert "vision tower" in found[0].message  # known from the locked config.json
+
+
+def test_zero_images_is_refused(locked: Path) -> None:
+    edit(locked, "multimodal: {image: 4, video: 2}", "multimodal: {image: 0, video: 2}")
+    refused(locked, "keep-vision-on")
+
+
+# 9
+def test_dflash_on_another_attention_backend_is_refused(locked: Path) -> None:
+    edit(locked, "attention-backend: flash_attn", "attention-backend: flashinfer")
+    found = refused(locked, "attention-backend-flash-attn")
+    assert "flashinfer" in found[0].message
+
+
+def test_dflash_without_attention_backend_is_refused(locked: Path) -> None:
+    edit(locked, "      attention-backend: flash_attn\n", "", count=2)
+    assert len(refused(locked, "attention-backend-flash-attn")) == 4
+
+
+# 10
+def test_aeon_drafter_with_the_64_seq_profile_is_refused(locked: Path) -> None:
+    edit(locked, "drafter: aeon, profile: spark-dflash-aeon}", "drafter: aeon, profile: "
+         "spark-dflash}", count=2)
+    (f,) = refused(locked, "aeon-max-num-seqs")
+    assert f.cell == "gb10/spark-heretic-aeon" and "--max-num-seqs 64" in f.message
+
+
+# 11
+def test_pip_install_in_the_serve_environment_is_refused(locked: Path) -> None:
+    edit(locked, '      VLLM_CPU_KVCACHE_SPACE: "1"\n',
+         '      VLLM_CPU_KVCACHE_SPACE: "1"\n      PRESTART: "pip install -U transformers"\n')
+    (f,) = refused(locked, "no-pip-install-in-image", target="cpu")
+    assert "PRESTART" in f.message
+
+
+def test_flag_reading_takes_the_last_occurrence() -> None:
+    argv = ("vllm", "serve", "/model", "--served-model-name", "a", "b", "--quantization", "x",
+            "--enforce-eager", "--quantization=y", "--served-model-name", "c")
+    assert flags.flag_value(argv, "quantization") == "y"
+    assert flags.flag_value(argv, "enforce-eager") is True
+    assert flags.flag_value(argv, "dtype") is None
+    assert flags.flag_values(argv, "served-model-name") == ["c"]

@@ -1,0 +1,113 @@
+"""Waivers (a written reason in matrix.yaml, visible in the output) and the table/JSON
+output of `check`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from imagebuild.errors import UserError
+from imagebuild.preflight.findings import Finding, format_table, has_errors
+from imagebuild.preflight.run import render
+from tests.fixtures.preflight.fixture_hub import (
+    blocking_rules,
+    check,
+    copy_lock,
+    copy_matrix,
+    edit,
+    lock_matrix,
+)
+
+SPARK = ("  spark:\n    description: Qwen3.6-35B-A3B NVFP4 targets with DFlash or MTP on "
+         "DGX Spark\n")
+REASON = "shared Spark measured at 0.90 with nothing else running"
+
+
+@pytest.fixture(scope="module")
+def locked_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = copy_matrix(tmp_path_factory.mktemp("locked"))
+    lock_matrix(root)
+    return root
+
+
+@pytest.fixture
+def locked(matrix_dir: Path, locked_template: Path) -> Path:
+    copy_lock(locked_template, matrix_dir)
+    return matrix_dir
+
+
+def waive(root: Path, rule: str, reason: str = REASON) -> None:
+    edit(root, SPARK, SPARK + f"    waivers:\n      - rule: {rule}\n        reason: {reason}\n")
+
+
+def test_a_waived_rule_does_not_block_and_shows_its_reason(locked: Path) -> None:
+    edit(locked, "gpu-memory-utilization: 0.85", "gpu-memory-utilization: 0.9", count=3)
+    assert blocking_rules(check(locked, target="gb10", engine="dflashfix")) == {
+        "gpu-mem-util-unified"}
+    waive(locked, "gpu-mem-util-unified")
+    findings = check(locked, target="gb10", engine="dflashfix")
+    assert not has_errors(findings)
+    waived = [f for f in findings if f.rule == "gpu-mem-util-unified"]
+    assert len(waived) == 7 and all(f.waived == REASON for f in waived)
+    table = render(findings)
+    assert "waived error    gpu-mem-util-unified" in table
+    assert f"-- waived: {REASON}" in table
+    assert json.loads(render(findings, "json"))["counts"]["waived"] == 7
+
+
+def test_a_waiver_applies_only_to_its_own_family(locked: Path) -> None:
+    waive(locked, "no-pip-install-in-image", "the cpu image is rebuilt nightly anyway")
+    edit(locked, '      VLLM_CPU_KVCACHE_SPACE: "1"\n',
+         '      VLLM_CPU_KVCACHE_SPACE: "1"\n      PRESTART: "pip install -U transformers"\n')
+    findings = check(locked, target="cpu", engine="dflashfix")
+    assert blocking_rules(findings) == {"no-pip-install-in-image"}
+
+
+def test_a_waiver_for_an_unknown_rule_is_refused(locked: Path) -> None:
+    waive(locked, "gpu-mem-util")
+    findings = check(locked, target="gb10", engine="dflashfix")
+    assert blocking_rules(findings) == {"waiver-invalid"}
+    (f,) = [f for f in findings if f.rule == "waiver-invalid"]
+    assert "no such rule" in f.message and f.where and "matrix.yaml:" in f.where
+
+
+def test_a_waiver_that_waives_nothing_warns(locked: Path) -> None:
+    waive(locked, "aeon-max-num-seqs")
+    findings = check(locked, target="gb10", engine="dflashfix")
+    assert not has_errors(findings)
+    assert [f.severity for f in findings if f.rule == "waiver-unused"] == ["warning"]
+
+
+def test_a_waiver_needs_a_written_reason(locked: Path) -> None:
+    waive(locked, "gpu-mem-util-unified", reason="ok")
+    with pytest.raises(UserError) as exc:
+        check(locked, target="gb10", engine="dflashfix")
+    assert "waivers" in exc.value.message
+
+
+def test_table_has_one_line_per_finding_with_cell_rule_severity_message_fix() -> None:
+    findings = [
+        Finding("gb10/a", "rule-one", "error", "broken", fix="mend it", where="m.yaml:3:5"),
+        Finding("gb10/a-longer", "r2", "warning", "odd", fix=None),
+        Finding("matrix", "r3", "info", "fyi"),
+    ]
+    lines = format_table(findings).splitlines()
+    assert lines[0] == ("gb10/a         error           rule-one  broken [m.yaml:3:5] "
+                        "-- fix: mend it")
+    assert lines[1] == "gb10/a-longer  warning         r2        odd"
+    assert lines[3] == "1 error(s), 1 warning(s), 0 waived, 1 info -- check FAILED"
+    assert "fyi" not in format_table(findings, show_info=False)
+
+
+def test_json_lists_findings_counts_and_the_rules_used(locked: Path) -> None:
+    edit(locked, "attention-backend: flash_attn", "attention-backend: flashinfer")
+    doc = json.loads(render(check(locked, target="gb10", engine="dflashfix"), "json",
+                            {"tag": "2026-06-18-dflashfix"}))
+    assert doc["tag"] == "2026-06-18-dflashfix" and doc["ok"] is False
+    assert doc["counts"]["error"] == 3  # the spark-dflash profile's three cells
+    rule = doc["rules"]["attention-backend-flash-attn"]
+    assert rule["targets"] == ["gb10"] and rule["methods"] == ["dflash"] and rule["why"]
+    first = doc["findings"][0]
+    assert set(first) == {"cell", "rule", "severity", "message", "fix", "where", "waived"}

@@ -1,0 +1,97 @@
+"""Pin rules: every pin a full SHA in matrix.lock.json, and the lock agreeing with
+matrix.yaml (decided by lock.verify_cells, the code build itself runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.preflight.fixture_hub import (
+    FixtureHub,
+    blocking_rules,
+    check,
+    copy_lock,
+    copy_matrix,
+    edit,
+    lock_matrix,
+)
+
+AEON = "AEON-7/AEON-DFlash-Qwen3.6-35B-A3B"
+
+
+@pytest.fixture(scope="module")
+def locked_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = copy_matrix(tmp_path_factory.mktemp("locked"))
+    lock_matrix(root)
+    return root
+
+
+@pytest.fixture
+def locked(matrix_dir: Path, locked_template: Path) -> Path:
+    copy_lock(locked_template, matrix_dir)
+    return matrix_dir
+
+
+def of(findings: list, rule: str) -> list:
+    return [f for f in findings if f.rule == rule]
+
+
+def test_no_lock_is_an_error(matrix_dir: Path) -> None:
+    findings = check(matrix_dir, target="cpu", engine="dflashfix")
+    (f,) = of(findings, "pin-lock-agrees")
+    assert f.blocking and f.cell == "matrix" and "no matrix.lock.json" in f.message
+
+
+def test_a_pin_moved_in_matrix_yaml_but_not_in_the_lock_is_refused(locked: Path) -> None:
+    edit(locked, "revision: 31977fbe13a86e8b961774f773058175676d89b8",
+         "revision: f98dc5c2908b")
+    findings = check(locked, target="gb10", engine="dflashfix")
+    assert blocking_rules(findings) == {"pin-lock-agrees"}
+    (f, *_) = of(findings, "pin-lock-agrees")
+    assert "not revision 'f98dc5c2908b'" in f.message
+    assert f.fix == "run `python build.py lock --update zlab`"
+    assert f.where and ":" in f.where
+
+
+def test_a_changed_patch_is_refused(locked: Path) -> None:
+    patch = locked / "patches" / "cpu-ngram-fp64-gumbel.patch"
+    patch.write_text(patch.read_text() + "\n")
+    findings = check(locked, target="cpu", engine="pr41703")
+    assert blocking_rules(findings) == {"pin-lock-agrees"}
+    assert "changed since it was locked" in of(findings, "pin-lock-agrees")[0].message
+
+
+def test_unresolved_pins_warn_once_per_pin(matrix_dir: Path) -> None:
+    lock_matrix(matrix_dir, FixtureHub(offline=(AEON,)))
+    findings = check(matrix_dir, target="gb10", engine="dflashfix")
+    assert not blocking_rules(findings)
+    aeon = [f for f in of(findings, "pin-unresolved") if "drafter aeon" in f.message]
+    assert len(aeon) == 1 and aeon[0].severity == "warning"
+    assert "missing: sha, files, metadata" in aeon[0].message
+    assert "lock --update aeon" in (aeon[0].fix or "")
+
+
+def test_a_lock_entry_with_a_short_sha_is_refused(locked: Path) -> None:
+    path = locked / "matrix.lock.json"
+    data = json.loads(path.read_text())
+    entry = data["drafters"]["aeon"]
+    entry["sha"] = entry["sha"][:12]  # a hand-edited lock; the track pin still "agrees"
+    path.write_text(json.dumps(data))
+    findings = check(locked, target="gb10", engine="dflashfix")
+    assert "pin-full-sha" in blocking_rules(findings)
+    (f,) = of(findings, "pin-full-sha")
+    assert f.cell == "gb10/spark-heretic-aeon"
+
+
+def test_pin_rules_cannot_be_waived(locked: Path) -> None:
+    edit(locked, "revision: 31977fbe13a86e8b961774f773058175676d89b8",
+         "revision: f98dc5c2908b")
+    edit(locked, "  spark:\n    description: Qwen3.6-35B-A3B NVFP4 targets with DFlash or MTP on "
+                 "DGX Spark\n",
+         "  spark:\n    description: Qwen3.6-35B-A3B NVFP4 targets with DFlash or MTP on "
+         "DGX Spark\n    waivers:\n      - {rule: pin-lock-agrees, reason: we know what we do}\n")
+    findings = check(locked, target="gb10", engine="dflashfix")
+    assert blocking_rules(findings) == {"pin-lock-agrees", "waiver-invalid"}
+    assert "cannot be waived" in of(findings, "waiver-invalid")[0].message
