@@ -1,0 +1,90 @@
+"""Wait for a container to serve, ending early on anything that means it never will."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import requests
+
+from .container import Container
+from .logwatch import LogState, LogWatcher, excerpt
+
+FATAL_GRACE_S = 1.5  # after a fatal line, keep reading this long for the rest of the trace
+IDLE_CPU_PERCENT = 10.0  # docker stats scale: 100 = one core busy
+POLL_S = 0.25
+
+
+@dataclass
+class BootOutcome:
+    kind: str  # ready | fatal | exited | timeout | stalled
+    message: str
+    phase: str
+    seconds: float
+    excerpt: str = ""
+    fatal_line_s: float | None = None  # when the fatal line arrived, since launch
+    exit_code: int | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.kind == "ready"
+
+
+def _healthy(c: Container) -> bool:
+    try:
+        return requests.get(f"{c.base_url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def is_spawn_hang(state: LogState, now: float, stall_s: float, cpu: Callable[[], float | None]
+                  ) -> bool:
+    """The silent spawn hang of DOMAIN.md: log frozen before weights load, CPU idle."""
+    if state.silent_for(now) < stall_s or not state.could_be_spawn_hang():
+        return False
+    used = cpu()
+    return used is not None and used < IDLE_CPU_PERCENT
+
+
+def wait_ready(c: Container, watcher: LogWatcher, *, timeout_s: float, stall_s: float,
+               tick: Callable[[float, str], None] = lambda elapsed, phase: None) -> BootOutcome:
+    t0 = time.monotonic()
+    next_health = t0
+    while True:
+        watcher.changed.wait(POLL_S)
+        watcher.changed.clear()
+        now = time.monotonic()
+        s = watcher.snapshot()
+        elapsed = now - t0
+        tick(elapsed, s.phase)
+        if s.fatal:
+            deadline = now + FATAL_GRACE_S
+            while time.monotonic() < deadline and watcher.snapshot().ended_at is None:
+                time.sleep(0.1)
+            s = watcher.snapshot()
+            assert s.fatal_at is not None and s.fatal_index is not None
+            return BootOutcome("fatal", f"engine failed at boot: {s.fatal} "
+                               f"(line {s.fatal_index + 1}: {s.lines[s.fatal_index].strip()})",
+                               s.phase, time.monotonic() - t0,
+                               excerpt(s.lines, s.fatal_index, after=15),
+                               fatal_line_s=s.fatal_at - t0)
+        if s.ended_at is not None:
+            code = c.exit_code()
+            return BootOutcome("exited", f"the container exited (code {code}) during boot, "
+                               f"in phase {s.phase}", s.phase, elapsed,
+                               excerpt(s.lines), exit_code=code,
+                               fatal_line_s=(s.ended_at - t0))
+        if now >= next_health:
+            if _healthy(c):
+                return BootOutcome("ready", f"/health 200 after {elapsed:.1f}s", "ready",
+                                   time.monotonic() - t0)
+            next_health = now + 1.0
+        if elapsed >= timeout_s:
+            return BootOutcome("timeout", f"not healthy after {timeout_s:.0f}s (boot timeout); "
+                               f"last phase from the logs: {s.phase}", s.phase, elapsed,
+                               excerpt(s.lines, before=25, after=0))
+        if is_spawn_hang(s, now, stall_s, c.cpu_percent):
+            return BootOutcome("stalled", f"log silent for {s.silent_for(now):.0f}s in phase "
+                               f"{s.phase} with the engine idle: the silent spawn hang",
+                               s.phase, elapsed, excerpt(s.lines, before=15, after=0))

@@ -1,0 +1,114 @@
+"""Run a serve image the way users are told to run an untrusted one (DOMAIN.md, issue 4).
+
+- root filesystem read-only: /model and /drafter are layers of the image, so they are
+  read-only with it; vLLM's caches and temp files go to tmpfs mounts (gone with the
+  container, so no volume outlives it);
+- host network (dockerd runs with --bridge=none), the server forced onto 127.0.0.1 and a
+  free port by rewriting `--host`/`--port` in the image's CMD;
+- no environment beyond the image's own (nothing from this shell, so no credentials),
+  no-new-privileges, every capability dropped, the cell's memory limit (swap included);
+- gb10: `--gpus all --ipc host` (vLLM's workers share memory through /dev/shm).
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import subprocess
+from dataclasses import dataclass
+
+from ..errors import OperationFailed
+from .dockercli import docker
+
+HOST = "127.0.0.1"
+LABEL = "io.imagebuild.smoke"  # every smoke container carries it, for a manual clean-up
+TMPFS = (
+    # vLLM compiles kernels into these; exec is needed, size bounds what a bad image writes
+    ("/tmp", "rw,exec,nosuid,size=2g,mode=1777"),
+    ("/home/vllm/.cache", "rw,exec,nosuid,size=4g,uid=1000,gid=1000,mode=0700"),
+)
+CPU_SHM = "2g"  # vLLM's CPU workers exchange tensors via /dev/shm; Docker's default is 64 MB
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def with_listen(argv: list[str], port: int) -> list[str]:
+    """The serve argv with `--host 127.0.0.1 --port PORT`, whatever it said before."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--host", "--port"):
+            skip = True
+            continue
+        if arg.startswith(("--host=", "--port=")):
+            continue
+        out.append(arg)
+    return out + ["--host", HOST, "--port", str(port)]
+
+
+def run_args(image: str, command: list[str], *, name: str, memory: str, gpu: bool) -> list[str]:
+    args = ["run", "--detach", "--name", name, "--label", f"{LABEL}=1",
+            "--network", "host", "--read-only",
+            "--security-opt", "no-new-privileges", "--cap-drop", "ALL",
+            "--memory", memory, "--memory-swap", memory,
+            "--pids-limit", "4096", "--no-healthcheck"]  # we poll /health on our port
+    for path, opts in TMPFS:
+        args += ["--tmpfs", f"{path}:{opts}"]
+    args += ["--gpus", "all", "--ipc", "host"] if gpu else ["--shm-size", CPU_SHM]
+    return args + [image, *command]
+
+
+@dataclass
+class Container:
+    name: str
+    port: int
+    image: str
+    id: str = ""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def running(self) -> bool:
+        proc = docker("inspect", "--format", "{{.State.Running}}", self.name, check=False)
+        return proc.stdout.strip() == "true"
+
+    def exit_code(self) -> int | None:
+        proc = docker("inspect", "--format", "{{.State.ExitCode}}", self.name, check=False)
+        return int(proc.stdout.strip()) if proc.stdout.strip().lstrip("-").isdigit() else None
+
+    def cpu_percent(self) -> float | None:
+        proc = docker("stats", "--no-stream", "--format", "{{.CPUPerc}}", self.name,
+                      check=False, timeout=30)
+        try:
+            return float(proc.stdout.strip().rstrip("%"))
+        except ValueError:
+            return None
+
+    def remove(self) -> None:
+        """Kill and delete, anonymous volumes included; fine if it is already gone."""
+        docker("rm", "--force", "--volumes", self.name, check=False, timeout=60)
+
+
+def launch(image: str, command: list[str], *, memory: str, gpu: bool) -> Container:
+    port = free_port()
+    name = f"imagebuild-smoke-{secrets.token_hex(4)}"
+    c = Container(name=name, port=port, image=image)
+    proc = docker(*run_args(image, with_listen(command, port), name=name, memory=memory,
+                            gpu=gpu), check=False)
+    if proc.returncode != 0:
+        c.remove()
+        raise OperationFailed(f"docker run {image} failed: {proc.stderr.strip()[-500:]}")
+    c.id = proc.stdout.strip()
+    return c
+
+
+def exec_in(c: Container, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return docker("exec", c.name, *argv, check=False, timeout=timeout)

@@ -1,0 +1,155 @@
+"""What a healthy container of an image must show, as plain JSON-able data.
+
+The expectations come from the cell (matrix.yaml + lock) when it is known, else from the
+image's own labels and CMD: `smoke IMAGE_REF` works on any image this project built.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ..errors import OperationFailed, UserError
+from ..lockfile import Lock, read_lock
+from ..matrix import Cell
+from ..render import LABEL_NS
+from ..servecmd import DRAFTER_DIR, MODEL_DIR, ServeCommand, serve_command
+from .dockercli import DOCKER
+
+SMALL_FILE = 50 * 2**20  # the weight_groups threshold: small files are hashed, shards sized
+# Used when an image's cell is not in matrix.yaml: no floor is known, counters must still move.
+DEFAULT_TARGET = {"gpu": False, "concurrency": [8], "boot_timeout_s": 600, "memory_limit": "8g"}
+
+
+def _files(lock: Lock | None, kind: str, name: str, dest: str) -> dict[str, dict] | None:
+    """path in the container -> expected size and, for small files, hash."""
+    entry = lock.entry(kind, name) if lock else None
+    if not entry or entry.get("files") is None:
+        return None
+    out: dict[str, dict] = {}
+    for f in entry["files"]:
+        want: dict[str, Any] = {"size": f["size"]}
+        if f["size"] < SMALL_FILE:
+            if f.get("sha256"):
+                want["sha256"] = f["sha256"]
+            elif f.get("lfs_sha256"):
+                want["sha256"] = f["lfs_sha256"]
+            elif f.get("blob_id"):  # a plain git file on the Hub: its git blob id
+                want["git_blob"] = f["blob_id"]
+        out[f"{dest}/{f['path']}"] = want
+    return out
+
+
+def _from_command(cmd: ServeCommand) -> dict[str, Any]:
+    """Everything the serve argv itself says about what the server offers."""
+    spec = cmd.flag("speculative-config")
+    mm = cmd.flag("limit-mm-per-prompt")
+    names_at = cmd.argv.index("--served-model-name") if "--served-model-name" in cmd.argv else -1
+    names = []
+    for arg in cmd.argv[names_at + 1:] if names_at >= 0 else ():
+        if arg.startswith("--"):
+            break
+        names.append(arg)
+    tool_parser = cmd.flag("tool-call-parser")
+    reasoning_parser = cmd.flag("reasoning-parser")
+    return {
+        "served_names": names,
+        "tools": cmd.flag("enable-auto-tool-choice") is True and isinstance(tool_parser, str),
+        "tool_parser": tool_parser if isinstance(tool_parser, str) else None,
+        "reasoning": isinstance(reasoning_parser, str),
+        "reasoning_parser": reasoning_parser if isinstance(reasoning_parser, str) else None,
+        "speculative_method": json.loads(spec)["method"] if isinstance(spec, str) else None,
+        "multimodal": json.loads(mm) if isinstance(mm, str) else None,
+        "port": cmd.port,
+        "host": cmd.host,
+    }
+
+
+def expectations_for(cell: Cell, lock: Lock | None) -> dict[str, Any]:
+    """The cell's promises: served names, parsers, speculation, limits, files to verify."""
+    cmd = serve_command(cell)
+    exp = _from_command(cmd)
+    prof, target = cell.profile, cell.target
+    exp.update({
+        "source": "cell",
+        "cell": cell.id,
+        "engine": cell.engine_name,
+        "image": cell.image,
+        "target": cell.target_name,
+        "gpu": target.gpu,
+        "served_names": list(cell.model.served_names),
+        # a profile may switch a parser's check off even when the flag is present
+        "reasoning": exp["reasoning"] and prof.reasoning,
+        "tools": exp["tools"] and prof.tools,
+        "speculative_method": cell.drafter.method,
+        "acceptance_floor": prof.acceptance_floor,
+        "multimodal": cell.model.multimodal,
+        "concurrency": list(target.smoke_concurrency),
+        "boot_timeout_s": target.boot_timeout_s,
+        "memory_limit": target.memory_limit,
+    })
+    model = _files(lock, "models", cell.model_name, MODEL_DIR)
+    drafter = (_files(lock, "drafters", cell.drafter_name, DRAFTER_DIR)
+               if cell.drafter.repository else {})
+    exp["files"] = None if model is None or drafter is None else {**model, **drafter}
+    return exp
+
+
+def inspect_image(image_ref: str) -> dict[str, Any]:
+    proc = subprocess.run([DOCKER, "image", "inspect", image_ref], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise UserError(f"image {image_ref} is not in the local Docker engine",
+                        fix="build it first (`python build.py build --tag ...`) or pull it")
+    try:
+        return json.loads(proc.stdout)[0]
+    except (json.JSONDecodeError, IndexError):
+        raise OperationFailed(f"docker image inspect {image_ref} gave no JSON") from None
+
+
+def expectations_from_labels(image_ref: str, root: Path | None = None,
+                             info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Expectations for an image by reference: its cell (label io.imagebuild.cell) when
+    matrix.yaml still has it, else what its labels and CMD say."""
+    from .. import REPO_ROOT
+    from .. import matrix as mx
+
+    info = info or inspect_image(image_ref)
+    labels = info.get("Config", {}).get("Labels") or {}
+    cell_id = labels.get(f"{LABEL_NS}.cell")
+    engine = labels.get(f"{LABEL_NS}.engine")
+    if not cell_id:
+        raise UserError(f"image {image_ref} has no {LABEL_NS}.cell label",
+                        fix="smoke-test images built by `build.py build`")
+    root = root or REPO_ROOT
+    try:
+        lm = mx.load(root / "matrix.yaml")
+        cells = [c for c in mx.expand(lm) if c.id == cell_id and c.engine_name == engine]
+    except UserError:
+        cells = []
+    if cells:
+        exp = expectations_for(cells[0], read_lock(root))
+    else:
+        cmd = list(info.get("Config", {}).get("Cmd") or [])
+        target_name = cell_id.split("/", 1)[0]
+        exp = _from_command(_argv_command(cmd))
+        exp.update({"source": "labels", "cell": cell_id, "engine": engine,
+                    "image": cell_id.split("/", 1)[-1], "target": target_name,
+                    **{k: v for k, v in DEFAULT_TARGET.items()},
+                    "gpu": target_name != "cpu", "acceptance_floor": 0.0, "files": None})
+    # what the image itself claims; a disagreement with the cell is a finding in itself
+    exp["labels"] = {
+        "served_names": [n for n in labels.get(f"{LABEL_NS}.served-names", "").split(",") if n],
+        "speculative_method": labels.get(f"{LABEL_NS}.speculative.method"),
+    }
+    return exp
+
+
+def _argv_command(argv: list[str]) -> ServeCommand:
+    probe = ServeCommand(argv=tuple(argv), env=(), port=8000, host="127.0.0.1")
+    port, host = probe.flag("port"), probe.flag("host")
+    return ServeCommand(argv=tuple(argv), env=(),
+                        port=int(port) if isinstance(port, str) else 8000,
+                        host=host if isinstance(host, str) else "127.0.0.1")

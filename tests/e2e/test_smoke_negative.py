@@ -1,0 +1,177 @@
+"""The smoke suite against the real cpu serve image and against images broken on purpose.
+
+Each bad image is made cheaply FROM the good one: only its CMD changes (labels, model and
+engine layers are shared), so no engine is rebuilt. Every bad image must be caught with
+the right message, and the container must be gone afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from imagebuild import REPO_ROOT
+from imagebuild.smoke import smoke_ref
+from imagebuild.smoke.container import LABEL
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+TAG = "2026-06-18-dflashfix"
+GOOD = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
+BAD = "imagebuild-smoke-negative"
+
+
+def _leftovers(docker: str) -> list[str]:
+    out = subprocess.run([docker, "ps", "-aq", "--filter", f"label={LABEL}"],
+                         capture_output=True, text=True, check=True).stdout
+    return out.split()
+
+
+@pytest.fixture(scope="module")
+def good(docker_engine: str) -> dict:
+    """The real cpu image, built by the real command (a no-op when it is already built)."""
+    proc = subprocess.run([sys.executable, "build.py", "build", "--tag", TAG, "--target", "cpu",
+                           "--only", "cpu-tiny-ngram"], cwd=REPO_ROOT, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, f"build failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    info = json.loads(subprocess.run([docker_engine, "image", "inspect", GOOD],
+                                     capture_output=True, text=True, check=True).stdout)[0]
+    return {"ref": GOOD, "id": info["Id"], "cmd": info["Config"]["Cmd"]}
+
+
+@pytest.fixture(scope="module")
+def derive(docker_engine: str, good: dict, tmp_path_factory: pytest.TempPathFactory):
+    """derive(name, cmd) -> ref of an image FROM the good one with only another CMD."""
+    made: list[str] = []
+
+    def build(name: str, cmd: list[str]) -> str:
+        ctx = tmp_path_factory.mktemp(name)
+        (ctx / "Dockerfile").write_text(f"FROM {good['ref']}\nCMD {json.dumps(cmd)}\n")
+        ref = f"{BAD}:{name}"
+        proc = subprocess.run([docker_engine, "build", "--network", "host", "-q", "-t", ref,
+                               str(ctx)], capture_output=True, text=True,
+                              env={**os.environ, "DOCKER_BUILDKIT": "1"})
+        assert proc.returncode == 0, proc.stderr
+        made.append(ref)
+        return ref
+
+    yield build
+    if made:
+        subprocess.run([docker_engine, "rmi", "-f", *made], capture_output=True)
+
+
+@pytest.fixture(autouse=True)
+def no_container_left(docker_engine: str):
+    yield
+    assert _leftovers(docker_engine) == [], "a smoke container outlived its run"
+
+
+def _check(verdict: dict, name: str) -> dict:
+    return next(c for c in verdict["checks"] if c["name"].startswith(name))
+
+
+def _without(cmd: list[str], flag: str, values: int = 1) -> list[str]:
+    i = cmd.index(flag)
+    return cmd[:i] + cmd[i + 1 + values:]
+
+
+def test_good_image_passes_every_applicable_check(good: dict, tmp_path: Path):
+    v = smoke_ref(good["ref"], out_dir=tmp_path)
+    assert v["passed"], json.dumps(v["checks"], indent=1)[:4000]
+    assert v["image_id"] == good["id"]
+    outcomes = {c["name"]: c["outcome"] for c in v["checks"]}
+    # the cpu cell is text-only: only the image request is not applicable
+    assert [n for n, o in outcomes.items() if o != "passed"] == ["test_image_request"]
+    for name in ("junit.xml", "summary.md", "verdict.json", "container.log"):
+        assert (tmp_path / name).stat().st_size > 0
+    print(f"\nFIGURE good cpu image: boot {v['timings']['boot_s']}s, checks "
+          f"{v['timings']['checks_s']}s, total {v['timings']['total_s']}s")
+
+
+def test_wrong_served_names(good: dict, derive, tmp_path: Path):
+    cmd = good["cmd"]
+    i = cmd.index("--served-model-name")
+    ref = derive("wrong-names", cmd[:i + 1] + ["wrong-name"] + cmd[i + 3:])
+    v = smoke_ref(ref, out_dir=tmp_path)
+    assert not v["passed"] and v["outcome"] == "checks failed"
+    check = _check(v, "test_models_lists_exactly_the_served_names")
+    assert check["outcome"] == "failed"
+    assert "/v1/models lists ['wrong-name'], the cell serves ['tiny', 'tiny-alias']" in \
+        check["message"]
+
+
+def test_speculative_decoding_off(good: dict, derive, tmp_path: Path):
+    ref = derive("no-spec", _without(good["cmd"], "--speculative-config"))
+    v = smoke_ref(ref, out_dir=tmp_path)
+    assert not v["passed"]
+    check = _check(v, "test_speculative_decoding_fires")
+    assert check["outcome"] == "failed"
+    assert "speculative decoding is off" in check["message"]
+    assert [c["name"] for c in v["checks"] if c["outcome"] == "failed"] == [check["name"]]
+
+
+def test_engine_dying_at_boot_is_judged_within_seconds(good: dict, derive, tmp_path: Path):
+    # one KV block cannot hold a 512-token request: the engine core raises while sizing the
+    # KV cache, long before any health check would give up
+    ref = derive("dies", good["cmd"] + ["--num-gpu-blocks-override", "1"])
+    t0 = time.monotonic()
+    v = smoke_ref(ref, out_dir=tmp_path)
+    wall = time.monotonic() - t0
+    assert v["outcome"] == "boot fatal", v["message"]
+    assert "engine failed at boot: engine init failed" in v["message"]
+    assert v["boot"]["excerpt"] and "Traceback" in v["boot"]["excerpt"]
+    after_fatal = v["timings"]["fatal_to_verdict_s"]
+    assert after_fatal < 10, f"{after_fatal}s from the fatal line to the verdict"
+    assert "Traceback" in (tmp_path / "container.log").read_text()
+    print(f"\nFIGURE dying image: fatal line at {v['boot']['fatal_line_s']:.1f}s after launch, "
+          f"verdict {after_fatal:.1f}s later, wall {wall:.1f}s; boot timeout "
+          f"{v['boot'].get('timeout_s', 300)}s")
+
+
+# Serves /health with 503 forever and logs every probe: up, never healthy.
+UNHEALTHY = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(503); self.end_headers()
+port = int(sys.argv[sys.argv.index('--port') + 1])
+http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()
+"""
+
+
+def test_never_healthy_times_out_with_the_phase(good: dict, derive, tmp_path: Path):
+    ref = derive("unhealthy", ["python3", "-c", UNHEALTHY, "--port", "8000"])
+    v = smoke_ref(ref, out_dir=tmp_path, boot_timeout_s=20, stall_s=600)
+    assert v["outcome"] == "boot timeout"
+    assert "not healthy after 20s (boot timeout)" in v["message"]
+    assert 20 <= v["boot"]["seconds"] < 30
+
+
+def test_silent_spawn_hang_is_relaunched_once(good: dict, derive, tmp_path: Path):
+    ref = derive("hang", ["python3", "-c", "import time; time.sleep(10**6)"])
+    v = smoke_ref(ref, out_dir=tmp_path, stall_s=6)
+    assert v["outcome"] == "boot stalled" and v["relaunched"]
+    assert [a["kind"] for a in v["attempts"]] == ["stalled", "stalled"]
+    assert "silent spawn hang" in v["message"]
+    assert (tmp_path / "container-attempt1.log").exists()
+
+
+def test_ctrl_c_removes_the_container(good: dict, derive, docker_engine: str):
+    ref = derive("hang", ["python3", "-c", "import time; time.sleep(10**6)"])
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from imagebuild.smoke import "
+                             "smoke_ref; smoke_ref(sys.argv[1], stall_s=600)", ref],
+                            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not _leftovers(docker_engine) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _leftovers(docker_engine), "the smoke container never started"
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert _leftovers(docker_engine) == []

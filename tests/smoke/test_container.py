@@ -1,0 +1,66 @@
+"""What is inside the running container: the locked files, no credentials, read-only."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from imagebuild.smoke.dockercli import docker
+from imagebuild.smoke.expect import SMALL_FILE
+
+# Runs inside the container (its python3): size of every file, hashes of the small ones.
+HASHER = f"""
+import hashlib, json, os, sys
+out = {{}}
+for path in sys.argv[1:]:
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        out[path] = {{"error": str(exc)}}
+        continue
+    rec = {{"size": size}}
+    if size < {SMALL_FILE}:
+        data = open(path, "rb").read()
+        rec["sha256"] = hashlib.sha256(data).hexdigest()
+        rec["git_blob"] = hashlib.sha1(b"blob %d\\0" % size + data).hexdigest()
+    out[path] = rec
+print(json.dumps(out))
+"""
+SECRET_NAME = re.compile(r"TOKEN|PASSWORD|PASSWD|SECRET|API_KEY|ACCESS_KEY|CREDENTIAL", re.I)
+
+
+def test_served_files_match_the_lock(smoke, expect):
+    want = expect.get("files")
+    if want is None:
+        pytest.skip("no file list for this cell in matrix.lock.json (run `build.py lock`)")
+    proc = docker("exec", smoke["container"], "python3", "-c", HASHER, *sorted(want),
+                  check=False, timeout=600)
+    assert proc.returncode == 0, f"hashing inside the container failed: {proc.stderr[-500:]}"
+    got = json.loads(proc.stdout)
+    bad = []
+    for path, w in sorted(want.items()):
+        g = got.get(path, {})
+        if "error" in g:
+            bad.append(f"{path}: {g['error']}")
+            continue
+        for key in ("size", "sha256", "git_blob"):
+            if key in w and g.get(key) != w[key]:
+                bad.append(f"{path}: {key} {g.get(key)} in the container, {w[key]} in the lock")
+    assert not bad, f"{len(bad)} served file(s) differ from the lock:\n" + "\n".join(bad[:20])
+
+
+def test_no_credentials_in_the_environment(smoke):
+    env = docker("inspect", "--format", "{{json .Config.Env}}", smoke["container"]).stdout
+    names = [e.split("=", 1)[0] for e in json.loads(env) or []]
+    leaked = [n for n in names if SECRET_NAME.search(n)]
+    assert not leaked, f"credential-like variables in the container environment: {leaked}"
+
+
+def test_model_is_read_only(smoke):
+    proc = docker("exec", smoke["container"], "python3", "-c",
+                  "open('/model/.smoke-write-probe', 'w')", check=False)
+    assert proc.returncode != 0, "the container could write into /model"
+    assert "Read-only file system" in proc.stderr or "Permission denied" in proc.stderr, (
+        proc.stderr[-300:])
