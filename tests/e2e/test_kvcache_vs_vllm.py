@@ -306,7 +306,12 @@ def test_hybrid_block_size_matches_vllm(cases):
 
 
 def _dflashfix_patch() -> Path | None:
-    for patch in sorted((REPO / "patches").glob("*dflashfix*/*.patch")):
+    """The patch of matrix.yaml's `dflashfix` engine that changes kv_cache_utils.py."""
+    from imagebuild import matrix as mx
+
+    real = mx.load(REPO / "matrix.yaml").matrix.engines["dflashfix"].realize["cpu"]
+    for name in real.patches:
+        patch = REPO / "patches" / name
         if "kv_cache_utils.py" in patch.read_text(errors="replace"):
             return patch
     return None
