@@ -125,9 +125,11 @@ def fetch_sdist(pin: SdistPin, cache_dir: Path | None = None) -> Path:
     return target
 
 
-def sdist_tree(version: str = "0.23.0", cache_dir: Path | None = None) -> Path:
+def sdist_tree(
+    version: str = "0.23.0", cache_dir: Path | None = None, index_url: str = DEFAULT_INDEX
+) -> Path:
     """The extracted source root (holds vllm/, csrc/, CMakeLists.txt), reused when present."""
-    pin = sdist_pin(version)
+    pin = sdist_pin(version, index_url)
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     root = cache / f"vllm-{version}"
     marker = root / _COMPLETE

@@ -172,3 +172,83 @@ def test_apply_patches_without_git_uses_patch(tmp_path, fake_tree, make_patch) -
 def test_apply_patches_rejects_a_missing_patch(fake_tree) -> None:
     proc = _run_apply(fake_tree, fake_tree / "nope.patch")
     assert proc.returncode == 2 and "nope.patch" in proc.stderr
+
+
+# --- the sdist fetcher, against a fake index on loopback ------------------------------------
+
+@pytest.fixture
+def fake_index(tmp_path: Path):
+    """A PEP 691 simple index on 127.0.0.1 offering vllm-9.9.9.tar.gz (and a bad copy)."""
+    import http.server
+    import io
+    import json
+    import tarfile
+    import threading
+
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        body = b"VERSION = '9.9.9'\n"
+        info = tarfile.TarInfo("vllm-9.9.9/vllm/__init__.py")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    files = {"/files/vllm-9.9.9.tar.gz": data.getvalue()}
+    sha = hashlib.sha256(data.getvalue()).hexdigest()
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            hits.append(self.path)
+            host = f"http://127.0.0.1:{self.server.server_address[1]}"
+            if self.path == "/simple/vllm/":
+                body = json.dumps({"files": [
+                    {"filename": "vllm-9.9.9.tar.gz", "url": f"{host}/files/vllm-9.9.9.tar.gz",
+                     "hashes": {"sha256": sha}, "size": len(files["/files/vllm-9.9.9.tar.gz"])},
+                    {"filename": "vllm-9.9.8.tar.gz", "url": f"{host}/files/vllm-9.9.9.tar.gz",
+                     "hashes": {"sha256": "0" * 64}},
+                ]}).encode()
+            elif self.path in files:
+                body = files[self.path]
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/simple", sha, hits
+    finally:
+        server.shutdown()
+
+
+def test_sdist_tree_fetches_verifies_and_reuses(fake_index, tmp_path: Path) -> None:
+    from imagebuild.vllm_source import resolve_sdist, sdist_tree
+
+    index, sha, hits = fake_index
+    assert resolve_sdist("9.9.9", index).sha256 == sha
+    root = sdist_tree("9.9.9", tmp_path / "cache", index)
+    assert (root / "vllm" / "__init__.py").read_text() == "VERSION = '9.9.9'\n"
+    downloads = hits.count("/files/vllm-9.9.9.tar.gz")
+    assert downloads == 1
+    assert sdist_tree("9.9.9", tmp_path / "cache", index) == root  # reused, not re-fetched
+    assert hits.count("/files/vllm-9.9.9.tar.gz") == downloads
+
+
+def test_sdist_with_a_wrong_hash_is_refused(fake_index, tmp_path: Path) -> None:
+    from imagebuild.errors import UserError
+    from imagebuild.vllm_source import sdist_tree
+
+    index, _, _ = fake_index
+    with pytest.raises(OperationFailed) as err:  # the index lists 0000... for 9.9.8
+        sdist_tree("9.9.8", tmp_path / "cache", index)
+    assert "sha256" in err.value.message
+    assert not list((tmp_path / "cache").glob("vllm-9.9.8*"))  # nothing half-written kept
+    with pytest.raises(UserError):
+        sdist_tree("1.2.3", tmp_path / "cache", index)
