@@ -12,6 +12,7 @@ Usage: python bench/check.py [--runs 5]
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,17 @@ def timed(fn, runs: int) -> list[float]:
         t = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t)
+    return out
+
+
+def child_cpu(cmd: list[str], runs: int) -> list[float]:
+    """CPU seconds (user + sys) of each run: wall time lies on a shared, loaded machine."""
+    out = []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(cmd, capture_output=True, cwd=REPO)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return out
 
 
@@ -68,12 +80,13 @@ def main() -> int:
             print("build.py check is not wired yet: whole-command timing skipped")
             return 0
         print(f"build.py check exit code {probe.returncode}")
-        show("python build.py check (whole command)",
+        show("python build.py check (whole command), wall",
              timed(lambda: subprocess.run(cmd, capture_output=True, cwd=REPO), args.runs))
+        show("python build.py check (whole command), CPU", child_cpu(cmd, args.runs))
         plan = [sys.executable, str(REPO / "build.py"), "plan", "--tag", TAG, "--target",
                 "gb10", "--matrix", str(root / "matrix.yaml")]
-        show("python build.py plan (same start-up, for reference)",
-             timed(lambda: subprocess.run(plan, capture_output=True, cwd=REPO), args.runs))
+        show("python build.py plan (same start-up, for reference), CPU",
+             child_cpu(plan, args.runs))
     return 0
 
 
