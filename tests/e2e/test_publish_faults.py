@@ -1,0 +1,222 @@
+"""Publish under faults: the real registry behind FaultProxy (500s, 429s, a connection cut
+mid-upload, a registry that dies mid-push), wrong credentials, and the registry process
+killed during promote. After each: latest points at a release that passed, no tag points
+at an untested image, and a re-run completes."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from test_publish import Publisher, assert_safe, raw_tags
+
+from imagebuild.errors import ImagebuildError, OperationFailed
+from imagebuild.registry import AuthError, Credentials, RegistryClient
+from imagebuild.release import LATEST, LEASE_TAG, read_release
+from tests.registry_harness import FaultProxy
+from tests.registry_harness.server import start_registry
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+OLD, NEW = "2026-06-11-v0.23.0-pr41703", "2026-06-18-v0.23.0-dflashfix"
+
+
+def _hooked(proxy: FaultProxy, hook):
+    """Run hook(handler) before FaultProxy handles each request; hook returns True when
+    it has dealt with the request itself (e.g. cut the connection mid-upload)."""
+    base = proxy._server.RequestHandlerClass
+
+    class Hooked(base):  # type: ignore[misc,valid-type]
+        def _handle(self):
+            if not hook(self):
+                super()._handle()
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _handle
+
+    proxy._server.RequestHandlerClass = Hooked
+    return proxy
+
+
+@pytest.fixture(scope="module")
+def reg(docker_engine, tmp_path_factory):
+    import os
+
+    os.environ["IMAGEBUILD_LOCK_DIR"] = str(tmp_path_factory.mktemp("locks"))
+    r = start_registry()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def proxy(reg):
+    with FaultProxy(reg.url) as p:
+        yield p
+
+
+@pytest.fixture
+def direct(reg):
+    return RegistryClient(reg.url, username=reg.user, password=reg.password, backoff=0.05)
+
+
+@pytest.fixture
+def pub(request, reg, proxy, direct):
+    """A repository whose latest is the passed release OLD; the client goes via the proxy,
+    and so does dockerd (the image name carries the proxy's host)."""
+    via = RegistryClient(proxy.url, username=reg.user, password=reg.password, backoff=0.05)
+    p = Publisher(reg, via, f"faults/{request.node.name.replace('_', '-')[:60]}")
+    p.publish(OLD)
+    proxy.clear()
+    yield p
+    p.cleanup()
+
+
+def _latest_tag(client: RegistryClient, repo: str) -> str:
+    rel = read_release(client, repo, LATEST)
+    assert rel is not None
+    return rel.annotations["io.imagebuild.release.tag"]
+
+
+def _after_failure(pub: Publisher, direct: RegistryClient) -> None:
+    assert _latest_tag(direct, pub.repo) == OLD
+    assert_safe(direct, pub.repo, pub.tested())
+
+
+def _rerun_completes(pub: Publisher, proxy: FaultProxy, direct: RegistryClient) -> None:
+    proxy.clear()
+    proxy.revive()
+    res = pub.publish(NEW)
+    assert res.digest == direct.digest(pub.repo, NEW) == direct.digest(pub.repo, LATEST)
+    assert sorted(direct.tags(pub.repo)) == sorted([OLD, NEW, LATEST])
+    assert_safe(direct, pub.repo, pub.tested())
+
+
+def test_500s_and_429s_are_retried_and_the_run_completes(pub, proxy, direct):
+    proxy.fail(500, times=2, method="PUT", path="/manifests/")
+    proxy.fail(429, times=2, method="HEAD", path="/manifests/latest", retry_after="0.1")
+    proxy.fail(503, times=1, method="GET", path="/tags/list")
+    pub.publish(NEW)
+    assert proxy.count(path="/manifests/") and not proxy._rules[0].times  # faults were hit
+    assert all(r.times == 0 for r in proxy._rules)
+    assert _latest_tag(direct, pub.repo) == NEW
+    assert_safe(direct, pub.repo, pub.tested())
+
+
+def test_persistent_500_on_moving_latest_leaves_it_and_a_rerun_finishes(pub, proxy, direct):
+    proxy.fail(500, times=1000, method="PUT", path="/manifests/latest")
+    with pytest.raises(OperationFailed, match="HTTP 500"):
+        pub.publish(NEW)
+    _after_failure(pub, direct)
+    assert read_release(direct, pub.repo, NEW).passed  # the release itself is recorded
+    _rerun_completes(pub, proxy, direct)
+
+
+def test_429_on_the_release_tag_then_rerun(pub, proxy, direct):
+    proxy.fail(429, times=1000, method="PUT", path=f"/manifests/{NEW}", retry_after="0")
+    with pytest.raises(OperationFailed, match="HTTP 429"):
+        pub.publish(NEW)
+    _after_failure(pub, direct)
+    assert NEW not in direct.tags(pub.repo)
+    _rerun_completes(pub, proxy, direct)
+
+
+def test_a_connection_cut_mid_upload(pub, proxy, direct):
+    cuts = {"left": 3}
+
+    def cut(handler) -> bool:
+        if handler.command not in ("PATCH", "PUT") or "/blobs/uploads/" not in handler.path:
+            return False
+        if cuts["left"] <= 0:
+            return False
+        cuts["left"] -= 1
+        length = int(handler.headers.get("Content-Length") or 0)
+        handler.rfile.read(max(1, length // 2) if length else 1024)  # half the upload...
+        proxy._record(handler.command, handler.path, "cut")
+        handler.close_connection = True
+        handler.connection.shutdown(socket.SHUT_RDWR)  # ...then the connection goes
+        return True
+
+    _hooked(proxy, cut)
+    try:
+        pub.publish(NEW)  # dockerd retries uploads itself; if it gives up, we fail cleanly
+    except OperationFailed as exc:
+        assert "docker push" in exc.message
+        _after_failure(pub, direct)
+    assert proxy.count(path="/blobs/uploads/") and cuts["left"] < 3
+    assert_safe(direct, pub.repo, pub.tested())
+    _rerun_completes(pub, proxy, direct)
+
+
+def test_registry_dies_mid_push(pub, proxy, direct):
+    once = {"armed": True}
+
+    def die_on_upload(handler) -> bool:
+        if once["armed"] and handler.command == "POST" and "/blobs/uploads/" in handler.path:
+            once["armed"] = False
+            proxy.die()
+        return False
+
+    _hooked(proxy, die_on_upload)
+    with pytest.raises(OperationFailed, match="docker push"):
+        pub.publish(NEW, push_attempts=1)  # dockerd alone retries for ~30 s
+    assert proxy.dead
+    _after_failure(pub, direct)
+    _rerun_completes(pub, proxy, direct)
+
+
+def test_wrong_credentials(reg, pub, proxy, direct):
+    before = raw_tags(reg.url, pub.repo, reg.user, reg.password)
+    good = pub.client
+    pub.client = RegistryClient(proxy.url, username=reg.user, password="wrong-pw-123")
+    with pytest.raises(AuthError) as err:
+        pub.publish(NEW)
+    assert "wrong-pw-123" not in err.value.render() and reg.password not in err.value.render()
+    assert [s.method for s in proxy.seen] == ["GET"] * len(proxy.seen)  # only the ping
+    # the API credentials work but dockerd's do not: the push fails, nothing moves
+    pub.client, good_creds = good, pub.creds
+    pub.creds = Credentials(reg.user, "wrong-pw-456")
+    with pytest.raises(OperationFailed, match="docker push") as err:
+        pub.publish(NEW)
+    assert "wrong-pw-456" not in err.value.render()
+    assert raw_tags(reg.url, pub.repo, reg.user, reg.password) == before
+    _after_failure(pub, direct)
+    pub.creds = good_creds
+    _rerun_completes(pub, proxy, direct)
+
+
+def test_registry_killed_during_promote(reg, tmp_path):
+    """SIGKILL the registry process right after the release tag is written; restart it on
+    the same storage; latest is still the old release; the re-run finishes the job."""
+    first = start_registry(tmp_path / "reg")
+    second = None
+    try:
+        client = RegistryClient(first.url, username=first.user, password=first.password,
+                                backoff=0.02, retries=1)
+        pub = Publisher(first, client, "faults/killed")
+        pub.publish(OLD)
+        put = client.put_manifest
+
+        def put_then_die(repo, ref, body, media):
+            digest = put(repo, ref, body, media)
+            if ref == NEW:
+                first.process.kill()
+                first.process.wait()
+            return digest
+
+        client.put_manifest = put_then_die  # type: ignore[method-assign]
+        with pytest.raises(ImagebuildError):
+            pub.publish(NEW)
+        second = start_registry(tmp_path / "reg", user=first.user, password=first.password)
+        direct = RegistryClient(second.url, username=first.user, password=first.password)
+        _after_failure(pub, direct)
+        assert LEASE_TAG in direct.tags(pub.repo)  # the killed run's lease is left behind
+        pub.client = RegistryClient(second.url, username=first.user, password=first.password)
+        res = pub.publish(NEW)  # this host's stale lease is taken over
+        assert not res.pushed and res.latest_moved
+        assert sorted(direct.tags(pub.repo)) == sorted([OLD, NEW, LATEST])
+        assert _latest_tag(direct, pub.repo) == NEW
+        assert_safe(direct, pub.repo, pub.tested())
+        pub.cleanup()
+    finally:
+        for r in (second, first):
+            if r is not None:
+                r.stop()
