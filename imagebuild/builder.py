@@ -185,6 +185,9 @@ class Builder:
                build_args: dict[str, str], parent: str | None, lock_entries: list,
                cell: str | None = None) -> BuildRecord:
         digest = inputs_digest(rendered, ctx, build_args, parent, lock_entries)
+        # base/engine refs are named after their inputs: a child's FROM names an immutable,
+        # local tag (an image id in FROM would be read as an image named "sha256")
+        ref = ref.format(inputs=digest[:16])
         log_path = self.out_dir / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         found = _find_by_inputs(digest)
@@ -267,7 +270,7 @@ class Builder:
             base_id = _docker("image", "inspect", "--format", "{{.Id}}", t.base_image,
                               check=False).stdout.strip()
             self._done[base_key] = self._build(
-                "base", rendered, ctx, f"imagebuild/base-{cell.target_name}:local", {},
+                "base", rendered, ctx, f"imagebuild/base-{cell.target_name}:{{inputs}}", {},
                 base_id, [self.lock.entry("bases", cell.target_name)])
             records.append(self._done[base_key])
         base = self._done[base_key]
@@ -275,14 +278,14 @@ class Builder:
         if engine_key not in self._done:
             rendered = render_engine(self.lm, cell.target_name, cell.engine_name)
             ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-engine")
-            args = {"BASE_IMAGE": base.image_id}
+            args = {"BASE_IMAGE": base.ref}
             if cell.realization.source:
                 jobs, threads = choose_parallelism(*host_resources())
                 args["MAX_JOBS"] = str(jobs if t.max_jobs == "auto" else t.max_jobs)
                 args["NVCC_THREADS"] = str(t.nvcc_threads or threads)
             self._done[engine_key] = self._build(
                 "engine", rendered, ctx,
-                f"imagebuild/engine-{cell.target_name}-{cell.engine_name}:local", args,
+                f"imagebuild/engine-{cell.target_name}-{cell.engine_name}:{{inputs}}", args,
                 base.inputs_digest,
                 [(self.lock.entry("engines", cell.engine_name) or {}).get(cell.target_name)])
             records.append(self._done[engine_key])
@@ -291,7 +294,7 @@ class Builder:
         ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-{cell.image}")
         self._serve_extras(cell, ctx)
         serve = self._build(
-            "serve", rendered, ctx, local_ref, {"ENGINE_IMAGE": engine.image_id},
+            "serve", rendered, ctx, local_ref, {"ENGINE_IMAGE": engine.ref},
             engine.inputs_digest,
             [self.lock.entry("models", cell.model_name),
              self.lock.entry("drafters", cell.drafter_name)], cell=cell.id)

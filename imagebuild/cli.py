@@ -37,6 +37,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="output dir (default: rendered/)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when the committed rendered files are stale")
+    p = sub.add_parser("check", help="preflight: KV-cache layout, serve-flag traps, "
+                                     "checkpoint and pin rules (exit 2 on any error)")
+    _common(p)
+    p.add_argument("--format", choices=("table", "json"), default="table")
     p = sub.add_parser("build", help="build base, engine and serve images per cell (BuildKit)")
     _common(p)
     p.add_argument("--out", type=Path, default=None,
@@ -77,10 +81,37 @@ def _context(args: argparse.Namespace):
     return lm, selected, tag, target, why, read_lock(lm.root)
 
 
+def _preflight(lm, cells, lock) -> None:
+    """Errors block (exit 2), warnings print: what plan and build run before anything."""
+    from .preflight.findings import format_table, has_errors
+    from .preflight.run import run_checks
+
+    findings = run_checks(lm, cells, lock)
+    shown = [f for f in findings if f.severity != "info"]
+    if shown:
+        print(format_table(shown, show_info=False), file=sys.stderr)
+    if has_errors(findings):
+        raise UserError("preflight found errors (listed above)",
+                        fix="fix them, or waive a rule in matrix.yaml with a written reason; "
+                            "`python build.py check --tag T` shows the details")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from .preflight.findings import has_errors
+    from .preflight.run import render, run_checks
+
+    lm, cells, tag, target, why, lock = _context(args)
+    findings = run_checks(lm, cells, lock)
+    print(render(findings, args.format, {"tag": str(tag), "target": target,
+                                         "target_reason": why}))
+    return 2 if has_errors(findings) else 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from .plan import format_json, format_table, github_matrix, plan_rows
 
     lm, cells, tag, target, why, lock = _context(args)
+    _preflight(lm, cells, lock)
     rows = plan_rows(cells, lm, tag, lock)
     if args.format == "github":
         print(json.dumps(github_matrix(rows), separators=(",", ":")))
@@ -133,6 +164,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     lm, cells, tag, target, why, lock = _context(args)
     verify_cells(lm, cells, lock)
+    _preflight(lm, cells, lock)
     assert lock is not None and tag is not None
     rows = plan_rows(cells, lm, tag, lock)
     refs = {r["cell"]: r["refs"][0] for r in rows}
@@ -170,7 +202,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": cmd_build}
+COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": cmd_build,
+            "check": cmd_check}
 
 
 def main(argv: list[str] | None = None) -> int:

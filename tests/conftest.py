@@ -17,7 +17,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 # files matrix.yaml refers to; copied so a test can edit its own matrix in isolation
-MATRIX_FILES = ("matrix.yaml", "patches", "images/engine/cpu", "scripts/make_tiny_model.py")
+MATRIX_FILES = ("matrix.yaml", "matrix.lock.json", "locked", "patches", "images/engine/cpu",
+                "scripts/make_tiny_model.py")
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ def of(findings: list, rule: str) -> list:
 
 
 def test_no_lock_is_an_error(matrix_dir: Path) -> None:
+    (matrix_dir / "matrix.lock.json").unlink()
     findings = check(matrix_dir, target="cpu", engine="dflashfix")
     (f,) = of(findings, "pin-lock-agrees")
     assert f.blocking and f.cell == "matrix" and "no matrix.lock.json" in f.message
