@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import json
 import os
 import re
@@ -432,6 +433,53 @@ def set_latest(client: RegistryClient, repo: str, to: str, *, mode: str = "rollb
     move.bytes = client.bytes.total - sent0
     log(move.line())
     return move
+
+
+def set_latest_many(client: RegistryClient, repos: list[str], to: str, *,
+                    mode: str = "rollback", dry_run: bool = False, log: Log = print,
+                    settle: float | None = None) -> list[Move]:
+    """`rollback --all`: every repo that has a passed release `to` moves; repos without
+    it are left alone (and said so); none having it is an error. All targets are checked
+    before the first move, so a refusal moves nothing."""
+    ready = []
+    for repo in repos:
+        try:
+            tag = resolve_tag(client, repo, to)
+            _passing(client, repo, tag)
+        except UserError as exc:
+            log(f"{repo}: left alone ({exc.message})")
+            continue
+        ready.append((repo, tag))
+    if not ready:
+        raise UserError(f"no repository has a passed release {to}",
+                        fix="list them with `build.py releases`")
+    return [set_latest(client, repo, tag, mode=mode, dry_run=dry_run, log=log, settle=settle)
+            for repo, tag in ready]
+
+
+def split_repository(ref: str) -> tuple[str, str]:
+    """'127.0.0.1:5000/vllm-spark/img' (plan's `repository`) -> ('127.0.0.1:5000',
+    'vllm-spark/img')."""
+    host, _, path = ref.partition("/")
+    if not path or not ("." in host or ":" in host or host == "localhost"):
+        raise UserError(f"{ref!r} does not start with a registry host",
+                        fix="use host[:port]/namespace/image")
+    return host, path
+
+
+def match_repositories(repos: list[str], pattern: str | None) -> list[str]:
+    """Repos whose path, or image name (last component), matches a glob or equals it."""
+    if not pattern:
+        return sorted(repos)
+    return sorted(r for r in repos if fnmatch.fnmatchcase(r, pattern)
+                  or fnmatch.fnmatchcase(r.rsplit("/", 1)[-1], pattern))
+
+
+def catalog_repositories(client: RegistryClient, namespace: str) -> list[str]:
+    """Repositories under namespace per the registry catalog (for `releases` on a machine
+    without the matrix; ghcr.io and Docker Hub do not serve a catalog)."""
+    prefix = namespace.strip("/") + "/"
+    return sorted(r for r in client.catalog() if r.startswith(prefix))
 
 
 # ----------------------------------------------------------------------------- prune

@@ -32,6 +32,7 @@ from imagebuild.release import (
     prune,
     read_release,
     set_latest,
+    set_latest_many,
 )
 from tests.registry_harness import FaultProxy, push_tiny_image, running_registry
 
@@ -356,3 +357,20 @@ def test_prune_keeps_newest_latest_and_rollback_target(reg, client, pub):
     assert set_latest(client, pub.repo, "2026-06-01-dflashfix", log=pub.log.append).moved
     with pytest.raises(UserError, match="at least 1"):
         prune(client, pub.repo, keep=0)
+
+
+def test_rollback_all_moves_every_repo_that_has_the_release(reg, client, pub):
+    for tag in (R1, R3):
+        pub.publish(tag)
+    other = Publisher(reg, client, pub.repo + "-other")
+    try:
+        other.publish(R3)  # has no R1: left alone
+        moves = set_latest_many(client, [pub.repo, other.repo], "2026-06-04-base",
+                                log=pub.log.append)
+        assert [(m.repo, m.target) for m in moves] == [(pub.repo, R1)]
+        assert any("left alone" in line and other.repo in line for line in pub.log)
+        assert client.digest(other.repo, LATEST) == client.digest(other.repo, R3)
+        with pytest.raises(UserError, match="no repository has"):
+            set_latest_many(client, [other.repo], "2026-06-04-base", log=pub.log.append)
+    finally:
+        other.cleanup()

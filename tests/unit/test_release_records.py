@@ -97,3 +97,18 @@ def test_pins_and_move_lines():
                            f"-> {TAG} (aaaaaaaaaaaa) in 0.50 s, 4,000 bytes")
     move.dry_run = True
     assert move.line().startswith("ns/img: would move latest")
+
+
+def test_repository_selection():
+    from imagebuild.errors import UserError
+    from imagebuild.release import match_repositories, split_repository
+
+    assert split_repository("127.0.0.1:5000/vllm-spark/qwen36-cpu") == (
+        "127.0.0.1:5000", "vllm-spark/qwen36-cpu")
+    with pytest.raises(UserError):
+        split_repository("vllm-spark/qwen36-cpu")
+    repos = ["ns/qwen36-gb10-dflash", "ns/qwen36-gb10-mtp", "ns/tiny-cpu"]
+    assert match_repositories(repos, "qwen36-*") == repos[:2]
+    assert match_repositories(repos, "ns/tiny-cpu") == ["ns/tiny-cpu"]
+    assert match_repositories(repos, None) == repos
+    assert match_repositories(repos, "nothing*") == []
