@@ -9,6 +9,7 @@ Usage: python bench/plan_render.py [--runs 5] [--cells 1000]
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -23,7 +24,7 @@ TAG = "2026-06-18-dflashfix"
 
 def generated_matrix(dest: Path, side: int) -> Path:
     """The real matrix plus one cpu family of side^3 cells (models x drafters x profiles)."""
-    for rel in ("patches", "images/engine/cpu", "scripts/make_tiny_model.py"):
+    for rel in ("patches", "images/engine/cpu", "scripts/make_tiny_model.py", "locked"):
         src = REPO / rel
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest / rel)
@@ -54,6 +55,12 @@ def generated_matrix(dest: Path, side: int) -> Path:
                 .replace("\nprofiles:\n", "\nprofiles:\n" + profiles)
                 .replace("\nimages:\n", "\nimages:\n" + family))
     (dest / "matrix.yaml").write_text(text)
+    # lock it (offline: the generated cells need no Hub), as a user would before planning
+    proc = subprocess.run([sys.executable, "build.py", "lock", "--matrix",
+                           str(dest / "matrix.yaml")], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode != 0:
+        sys.exit(f"lock of the generated matrix failed:\n{proc.stderr}")
     return dest / "matrix.yaml"
 
 
