@@ -45,6 +45,30 @@ def parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--out", type=Path, default=None,
                    help="where logs, contexts and build records go (default: build/)")
+    p = sub.add_parser("publish", help="push cells that passed smoke by digest, verify, "
+                                       "tag the release and move latest")
+    _common(p)
+    p.add_argument("--dry-run", action="store_true", help="say what would be written")
+    p.add_argument("--no-latest", action="store_true", help="push and tag, keep latest")
+    p = sub.add_parser("promote", help="move latest to an already pushed release")
+    _common(p)
+    p.add_argument("--dry-run", action="store_true")
+    for name, helptext in (("rollback", "move latest back to an older release (server-side)"),
+                           ("releases", "list releases in the registry, newest first"),
+                           ("prune", "delete old releases (never latest or its rollback)")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--matrix", type=Path, default=None)
+        p.add_argument("--image", default=None, metavar="GLOB",
+                       help="image name or repository glob (default: every image)")
+        if name == "rollback":
+            p.add_argument("--to", required=True, help="release tag, full or DATE-NAME")
+            p.add_argument("--all", action="store_true", help="every image (the default)")
+        if name == "prune":
+            p.add_argument("--keep", type=int, required=True, help="newest N releases to keep")
+        if name != "releases":
+            p.add_argument("--dry-run", action="store_true")
+        else:
+            p.add_argument("--format", choices=("table", "json"), default="table")
     p = sub.add_parser("lock", help="resolve every pin into matrix.lock.json")
     p.add_argument("--matrix", type=Path, default=None)
     p.add_argument("--update", action="append", default=[], metavar="NAME",
@@ -202,8 +226,110 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
+def _client(lm):
+    from .plan import registry_for
+    from .registry import RegistryClient
+
+    reg = registry_for(lm)
+    return reg, RegistryClient(reg.host)
+
+
+def _repositories(lm, client, reg, pattern: str | None) -> list[str]:
+    """Repositories to act on: the registry's catalog under our namespace where it serves
+    one (so any machine can roll back), else the images matrix.yaml knows."""
+    from . import matrix as mx
+    from .errors import OperationFailed
+    from .release import catalog_repositories, match_repositories
+
+    try:
+        repos = catalog_repositories(client, reg.namespace)
+    except (UserError, OperationFailed):
+        repos = sorted({f"{reg.namespace}/{c.image}" for c in mx.expand(lm)})
+    chosen = match_repositories(repos, pattern)
+    if not chosen:
+        raise UserError(f"no repository under {reg.host}/{reg.namespace} matches "
+                        f"{pattern or '*'}", fix="check --image against `build.py releases`")
+    return chosen
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from .plan import plan_rows
+    from .publish import load_verdict, publish
+    from .release import split_repository
+    from .smoke.paths import verdict_path
+
+    lm, cells, tag, target, why, lock = _context(args)
+    rows = plan_rows(cells, lm, tag, lock)
+    reg, client = _client(lm)
+    out = lm.root / "build"
+    for cell, row in zip(cells, rows, strict=True):
+        _, repo = split_repository(row["repository"])
+        verdict = load_verdict(verdict_path(out, cell))
+        result = publish(client, repo, local_ref=row["refs"][0], release_tag=row["release_tag"],
+                         verdict=verdict, pins=row["pins"], move_to_latest=not args.no_latest,
+                         dry_run=args.dry_run)
+        print(f"{row['cell']}: {'pushed' if result.pushed else 'already pushed'} "
+              f"{result.digest}; latest {'moved' if result.latest_moved else 'unchanged'}")
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from .plan import plan_rows
+    from .release import set_latest, split_repository
+
+    lm, cells, tag, target, why, lock = _context(args)
+    _, client = _client(lm)
+    for row in plan_rows(cells, lm, tag, lock):
+        _, repo = split_repository(row["repository"])
+        set_latest(client, repo, row["release_tag"], mode="promote", dry_run=args.dry_run)
+    return 0
+
+
+def _registry_args(args: argparse.Namespace):
+    from . import matrix as mx
+
+    lm = mx.load(args.matrix.resolve() if args.matrix else None)
+    reg, client = _client(lm)
+    return lm, reg, client, _repositories(lm, client, reg, args.image)
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from .release import set_latest_many
+
+    _, _, client, repos = _registry_args(args)
+    moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run)
+    total = sum(m.seconds for m in moves)
+    print(f"rollback to {args.to}: {len(moves)} image(s) in {total:.2f} s")
+    return 0
+
+
+def cmd_releases(args: argparse.Namespace) -> int:
+    from .release import format_releases, list_releases
+
+    _, _, client, repos = _registry_args(args)
+    if args.format == "json":
+        print(json.dumps({r: [x.as_json() for x in list_releases(client, r)] for r in repos},
+                         indent=2))
+        return 0
+    for repo in repos:
+        print(format_releases(repo, list_releases(client, repo)))
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from .release import prune
+
+    if args.keep < 1:
+        raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
+    _, _, client, repos = _registry_args(args)
+    for repo in repos:
+        prune(client, repo, args.keep, dry_run=args.dry_run)
+    return 0
+
+
 COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": cmd_build,
-            "check": cmd_check}
+            "check": cmd_check, "publish": cmd_publish, "promote": cmd_promote,
+            "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune}
 
 
 def main(argv: list[str] | None = None) -> int:
