@@ -325,7 +325,11 @@ def make(out: Path, seed: int = 0) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer()
     vocab = tok.get_vocab_size(with_added_tokens=True)
-    ids = {t: tok.token_to_id(t) for t in SPECIAL + MARKERS}
+    ids: dict[str, int] = {}
+    for t in SPECIAL + MARKERS:
+        tid = tok.token_to_id(t)
+        assert tid is not None, t  # added above; a miss is a bug in this script
+        ids[t] = tid
     tok.save(str(out / "tokenizer.json"))
     write_json(out / "tokenizer_config.json", tokenizer_config(ids))
     write_json(out / "config.json", config(vocab, ids))

