@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import requests
 
 from .container import Container
-from .logwatch import LogState, LogWatcher, excerpt
+from .logwatch import LogState, LogWatcher, exceptions, excerpt
 
 FATAL_GRACE_S = 1.5  # after a fatal line, keep reading this long for the rest of the trace
 IDLE_CPU_PERCENT = 10.0  # docker stats scale: 100 = one core busy
@@ -64,15 +64,18 @@ def wait_ready(c: Container, watcher: LogWatcher, *, timeout_s: float, stall_s: 
                 time.sleep(0.1)
             s = watcher.snapshot()
             assert s.fatal_at is not None and s.fatal_index is not None
-            return BootOutcome("fatal", f"engine failed at boot: {s.fatal} "
-                               f"(line {s.fatal_index + 1}: {s.lines[s.fatal_index].strip()})",
+            cause = exceptions(s.lines)
+            return BootOutcome("fatal", f"engine failed at boot: {s.fatal} (log line "
+                               f"{s.fatal_index + 1})" + (f": {cause[0]}" if cause else ""),
                                s.phase, time.monotonic() - t0,
-                               excerpt(s.lines, s.fatal_index, after=15),
+                               excerpt(s.lines, s.fatal_index, after=len(s.lines)),
                                fatal_line_s=s.fatal_at - t0)
         if s.ended_at is not None:
             code = c.exit_code()
+            cause = exceptions(s.lines)
             return BootOutcome("exited", f"the container exited (code {code}) during boot, "
-                               f"in phase {s.phase}", s.phase, elapsed,
+                               f"in phase {s.phase}" + (f": {cause[0]}" if cause else ""),
+                               s.phase, elapsed,
                                excerpt(s.lines), exit_code=code,
                                fatal_line_s=(s.ended_at - t0))
         if now >= next_health:

@@ -22,11 +22,11 @@ from .dockercli import docker
 
 HOST = "127.0.0.1"
 LABEL = "io.imagebuild.smoke"  # every smoke container carries it, for a manual clean-up
-TMPFS = (
-    # vLLM compiles kernels into these; exec is needed, size bounds what a bad image writes
-    ("/tmp", "rw,exec,nosuid,size=2g,mode=1777"),
-    ("/home/vllm/.cache", "rw,exec,nosuid,size=4g,uid=1000,gid=1000,mode=0700"),
-)
+# vLLM compiles kernels into these; exec is needed, size bounds what a bad image writes.
+# Docker copies the image directory's mode onto a tmpfs mounted over it (`mode=` is lost),
+# so the cache tmpfs is handed to the image's user by uid/gid instead.
+TMP = ("/tmp", "rw,exec,nosuid,size=2g,mode=1777")
+CACHE = ("/home/vllm/.cache", "rw,exec,nosuid,size=4g,uid={uid},gid={gid},mode=0700")
 CPU_SHM = "2g"  # vLLM's CPU workers exchange tensors via /dev/shm; Docker's default is 64 MB
 
 
@@ -53,14 +53,26 @@ def with_listen(argv: list[str], port: int) -> list[str]:
     return out + ["--host", HOST, "--port", str(port)]
 
 
-def run_args(image: str, command: list[str], *, name: str, memory: str, gpu: bool) -> list[str]:
+def image_user(image: str, user: str) -> tuple[int, int]:
+    """uid and gid the image runs as (its USER may be a name only /etc/passwd resolves)."""
+    uid, _, gid = (user or "0").partition(":")
+    if uid.isdigit() and (gid.isdigit() or not gid):
+        return int(uid), int(gid or uid)
+    proc = docker("run", "--rm", "--network", "host", "--entrypoint", "sh", image, "-c",
+                  "id -u; id -g", timeout=60)
+    out = proc.stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def run_args(image: str, command: list[str], *, name: str, memory: str, gpu: bool,
+             user: tuple[int, int] = (0, 0)) -> list[str]:
     args = ["run", "--detach", "--name", name, "--label", f"{LABEL}=1",
             "--network", "host", "--read-only",
             "--security-opt", "no-new-privileges", "--cap-drop", "ALL",
             "--memory", memory, "--memory-swap", memory,
             "--pids-limit", "4096", "--no-healthcheck"]  # we poll /health on our port
-    for path, opts in TMPFS:
-        args += ["--tmpfs", f"{path}:{opts}"]
+    args += ["--tmpfs", f"{TMP[0]}:{TMP[1]}",
+             "--tmpfs", f"{CACHE[0]}:{CACHE[1].format(uid=user[0], gid=user[1])}"]
     args += ["--gpus", "all", "--ipc", "host"] if gpu else ["--shm-size", CPU_SHM]
     return args + [image, *command]
 
@@ -97,12 +109,17 @@ class Container:
         docker("rm", "--force", "--volumes", self.name, check=False, timeout=60)
 
 
-def launch(image: str, command: list[str], *, memory: str, gpu: bool) -> Container:
+def launch(image: str, command: list[str], *, memory: str, gpu: bool,
+           user: tuple[int, int]) -> Container:
     port = free_port()
     name = f"imagebuild-smoke-{secrets.token_hex(4)}"
     c = Container(name=name, port=port, image=image)
-    proc = docker(*run_args(image, with_listen(command, port), name=name, memory=memory,
-                            gpu=gpu), check=False)
+    try:
+        proc = docker(*run_args(image, with_listen(command, port), name=name, memory=memory,
+                                gpu=gpu, user=user), check=False)
+    except BaseException:  # Ctrl-C during `docker run`: the container may exist already
+        c.remove()
+        raise
     if proc.returncode != 0:
         c.remove()
         raise OperationFailed(f"docker run {image} failed: {proc.stderr.strip()[-500:]}")

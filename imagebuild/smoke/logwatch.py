@@ -61,9 +61,25 @@ def phase_after(phase: str, line: str) -> str:
     return PHASE_ORDER[best]
 
 
+# vLLM's line prefix: "(EngineCore pid=28) ERROR 11-30 01:25:53 [core.py:1195] "
+PREFIX = re.compile(r"^(\(\w+ pid=\d+\)\s*)?([A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]+\]\s?)?")
+EXCEPTION = re.compile(r"^([\w.]+(Error|Exception|Exit)|AssertionError)\b(:|$)")
+
+
+def exceptions(lines: list[str], limit: int = 8) -> list[str]:
+    """The exception lines of every traceback (their root causes), first seen first."""
+    found: list[str] = []
+    for line in lines:
+        payload = PREFIX.sub("", line).strip()
+        if EXCEPTION.match(payload) and payload not in found:
+            found.append(payload)
+    return found[:limit]
+
+
 def excerpt(lines: list[str], at: int | None = None, *, before: int = 40, after: int = 5,
-            limit: int = 60) -> str:
-    """Lines around `at` (default: the end), starting at the traceback that leads to it."""
+            limit: int = 80) -> str:
+    """The exceptions raised, then the lines around `at` (default: the end) starting at
+    the traceback that leads to it."""
     if not lines:
         return "(the container printed nothing)"
     at = len(lines) - 1 if at is None else at
@@ -74,8 +90,11 @@ def excerpt(lines: list[str], at: int | None = None, *, before: int = 40, after:
             break
     chunk = lines[start:min(len(lines), at + after + 1)]
     if len(chunk) > limit:
-        chunk = chunk[:10] + ["  [...]"] + chunk[-(limit - 11):]
-    return "\n".join(chunk)
+        chunk = chunk[:15] + ["  [...]"] + chunk[-(limit - 16):]
+    raised = exceptions(lines[:at + after + 1])
+    head = (["exceptions raised:"] + [f"  {e}" for e in raised] + ["--- log ---"]
+            if raised else [])
+    return "\n".join(head + chunk)
 
 
 @dataclass

@@ -23,10 +23,21 @@ def read_junit(path: Path) -> list[dict[str, Any]]:
                 if outcome != "skipped" and detail:
                     message = detail
                 break
-        checks.append({"name": case.get("name", "?"), "outcome": outcome,
-                       "seconds": round(float(case.get("time") or 0), 2),
-                       "message": message})
+        measured = {prop.get("name", "?"): _number(prop.get("value", ""))
+                    for prop in case.iter("property")}
+        check = {"name": case.get("name", "?").removeprefix("test_"), "outcome": outcome,
+                 "seconds": round(float(case.get("time") or 0), 2), "message": message}
+        if measured:
+            check["measured"] = measured  # figures a check recorded (record_property)
+        checks.append(check)
     return checks
+
+
+def _number(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def write_junit(path: Path, image_ref: str, boot: dict[str, Any], checks_xml: Path | None
@@ -74,11 +85,16 @@ def summary_markdown(v: dict[str, Any]) -> str:
         "| check | result | s |",
         "|---|---|---|",
     ]
-    for c in v["checks"]:
+    for name, c in v["checks"].items():
         first = c["message"].splitlines()[0][:120] if c["message"] else ""
         note = f" — {first}" if first and c["outcome"] != "passed" else ""
-        lines.append(f"| {c['name']} | {mark.get(c['outcome'], '?')} {c['outcome']}{note} "
+        if c.get("measured"):
+            note += " (" + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                     for k, v in c["measured"].items()) + ")"
+        lines.append(f"| {name} | {mark.get(c['outcome'], '?')} {c['outcome']}{note} "
                      f"| {c['seconds']:.1f} |")
+    for name, why in v.get("not_applicable", {}).items():
+        lines.append(f"| {name} | {mark['skipped']} not applicable — {why[:120]} | |")
     if not v["boot"]["kind"] == "ready" and v["boot"].get("excerpt"):
         lines += ["", "## Boot log excerpt", "", "```", v["boot"]["excerpt"], "```"]
     lines += ["", f"Full container log: `{v['files']['log']}`", ""]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -24,9 +23,10 @@ from rich.console import Console
 
 from .. import REPO_ROOT
 from .boot import BootOutcome, wait_ready
-from .container import Container, launch
+from .container import Container, image_user, launch
 from .expect import expectations_for, expectations_from_labels, inspect_image
 from .logwatch import LogWatcher
+from .paths import cell_dir, ref_dir
 from .report import read_junit, write_junit, write_verdict
 
 SUITE = REPO_ROOT / "tests" / "smoke"
@@ -41,11 +41,10 @@ def default_stall_s(boot_timeout_s: float) -> float:
 
 
 def out_dir_for(expect: dict[str, Any], image_ref: str | None = None) -> Path:
+    build = REPO_ROOT / "build"
     if image_ref:
-        return REPO_ROOT / "build" / "smoke" / "ref" / re.sub(r"[^A-Za-z0-9_.-]+", "_",
-                                                             image_ref)
-    return (REPO_ROOT / "build" / "smoke" / expect["target"] / expect["engine"]
-            / expect["image"])
+        return ref_dir(build, image_ref)
+    return build / "smoke" / expect["target"] / expect["engine"] / expect["image"]
 
 
 @contextmanager
@@ -102,13 +101,15 @@ def _wait(image_ref: str, c: Container, watcher: LogWatcher, timeout_s: float,
     return wait_ready(c, watcher, timeout_s=timeout_s, stall_s=stall_s, tick=tick)
 
 
-def _boot(image_ref: str, command: list[str], expect: dict[str, Any], out: Path,
+def _boot(image_ref: str, command: list[str], user: tuple[int, int], expect: dict[str, Any],
+          out: Path,
           timeout_s: float, stall_s: float, console: Console,
           attempts: list[dict[str, Any]]) -> tuple[Container, LogWatcher, BootOutcome, float]:
     """Launch and wait; relaunch once after a silent spawn hang (DOMAIN.md)."""
     for attempt in (1, 2):
         launched_at = time.monotonic()
-        c = launch(image_ref, command, memory=expect["memory_limit"], gpu=expect["gpu"])
+        c = launch(image_ref, command, memory=expect["memory_limit"], gpu=expect["gpu"],
+                   user=user)
         watcher = LogWatcher(c.name, out / "container.log").start()
         try:
             outcome = _wait(image_ref, c, watcher, timeout_s, stall_s, console)
@@ -130,6 +131,50 @@ def _boot(image_ref: str, command: list[str], expect: dict[str, Any], out: Path,
     raise AssertionError("unreachable")
 
 
+def _verdict(image_ref: str, image_id: str, expect: dict[str, Any], boot: BootOutcome,
+             checks: list[dict[str, Any]], attempts: list[dict[str, Any]], out_dir: Path, *,
+             t0: float, checks_s: float, fatal_abs: float | None) -> dict[str, Any]:
+    boot_d = asdict(boot)
+    bad = [ch for ch in checks if ch["outcome"] in ("failed", "error")]
+    passed = boot.ready and not bad
+    if not boot.ready:
+        outcome, message = f"boot {boot.kind}", boot.message
+    elif bad:
+        outcome = "checks failed"
+        message = f"{len(bad)} check(s) failed: " + ", ".join(ch["name"] for ch in bad)
+    else:
+        outcome = "passed"
+        message = (f"{sum(ch['outcome'] == 'passed' for ch in checks)} checks passed, "
+                   f"{sum(ch['outcome'] == 'skipped' for ch in checks)} not applicable")
+    now = time.monotonic()
+    verdict = {
+        "image_ref": image_ref,
+        "image_id": image_id,  # publish pushes only the digest of this id
+        "cell": expect.get("cell"), "engine": expect.get("engine"),
+        "target": expect.get("target"), "expect_source": expect.get("source"),
+        "passed": passed, "outcome": outcome, "message": message,
+        "boot": boot_d, "relaunched": len(attempts) > 1, "attempts": attempts,
+        # name -> result for every check that ran (publish's gate and release notes read
+        # `passed`); checks that do not apply to this cell are listed apart with the reason
+        "checks": {ch["name"]: {"passed": ch["outcome"] == "passed", **ch} for ch in
+                   [{"name": "boot", "outcome": "passed" if boot.ready else "failed",
+                     "seconds": round(boot.seconds, 2),
+                     "message": "" if boot.ready else boot.message}] + checks
+                   if ch["outcome"] != "skipped"},
+        "not_applicable": {ch["name"]: ch["message"] for ch in checks
+                           if ch["outcome"] == "skipped"},
+        "timings": {"boot_s": round(boot.seconds, 2), "checks_s": round(checks_s, 2),
+                    "total_s": round(now - t0, 2),
+                    "fatal_to_verdict_s": (round(now - fatal_abs, 2)
+                                           if fatal_abs is not None else None)},
+        "files": {name: str(out_dir / f) for name, f in
+                  (("junit", "junit.xml"), ("summary", "summary.md"),
+                   ("log", "container.log"))},
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    return verdict
+
+
 def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
                 boot_timeout_s: float | None = None, stall_s: float | None = None,
                 console: Console | None = None) -> dict[str, Any]:
@@ -149,8 +194,9 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
     checks_s = 0.0
     fatal_abs: float | None = None
     with _sigterm_as_interrupt():
-        c, watcher, boot, launched_at = _boot(image_ref, command, expect, out_dir, timeout_s,
-                                              stall, console, attempts)
+        user = image_user(image_ref, info.get("Config", {}).get("User") or "")
+        c, watcher, boot, launched_at = _boot(image_ref, command, user, expect, out_dir,
+                                              timeout_s, stall, console, attempts)
         try:
             if boot.fatal_line_s is not None:
                 fatal_abs = launched_at + boot.fatal_line_s
@@ -164,45 +210,17 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
                 checks = read_junit(checks_xml) if checks_xml.exists() else [
                     {"name": "checks", "outcome": "error", "seconds": checks_s,
                      "message": "pytest wrote no JUnit XML; see checks.log"}]
+            # judged before the clean-up: a dying vLLM can take seconds to be removed
+            verdict = _verdict(image_ref, info["Id"], expect, boot, checks, attempts, out_dir,
+                               t0=t0, checks_s=checks_s, fatal_abs=fatal_abs)
+            write_junit(out_dir / "junit.xml", image_ref, verdict["boot"], checks_xml)
+            write_verdict(out_dir, verdict)
         finally:
             c.remove()
             watcher.stop()
-    boot_d = asdict(boot)
-    write_junit(out_dir / "junit.xml", image_ref, boot_d, checks_xml)
-    bad = [ch for ch in checks if ch["outcome"] in ("failed", "error")]
-    passed = boot.ready and not bad
-    if not boot.ready:
-        outcome, message = f"boot {boot.kind}", boot.message
-    elif bad:
-        outcome = "checks failed"
-        message = f"{len(bad)} check(s) failed: " + ", ".join(ch["name"] for ch in bad)
-    else:
-        outcome = "passed"
-        message = (f"{sum(ch['outcome'] == 'passed' for ch in checks)} checks passed, "
-                   f"{sum(ch['outcome'] == 'skipped' for ch in checks)} not applicable")
-    now = time.monotonic()
-    verdict = {
-        "image_ref": image_ref,
-        "image_id": info["Id"],  # publish pushes only the digest of this id
-        "cell": expect.get("cell"), "engine": expect.get("engine"),
-        "target": expect.get("target"), "expect_source": expect.get("source"),
-        "passed": passed, "outcome": outcome, "message": message,
-        "boot": boot_d, "relaunched": len(attempts) > 1, "attempts": attempts,
-        "checks": [{"name": "boot", "outcome": "passed" if boot.ready else "failed",
-                    "seconds": round(boot.seconds, 2),
-                    "message": "" if boot.ready else boot.message}] + checks,
-        "timings": {"boot_s": round(boot.seconds, 2), "checks_s": round(checks_s, 2),
-                    "total_s": round(now - t0, 2),
-                    "fatal_to_verdict_s": (round(now - fatal_abs, 2)
-                                           if fatal_abs is not None else None)},
-        "files": {name: str(out_dir / f) for name, f in
-                  (("junit", "junit.xml"), ("summary", "summary.md"),
-                   ("log", "container.log"))},
-        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-    }
-    write_verdict(out_dir, verdict)
-    console.print(f"{'PASSED' if passed else 'FAILED'} {image_ref}: {message}\n"
-                  f"  verdict: {out_dir / 'verdict.json'}", markup=False, highlight=False)
+    console.print(f"{'PASSED' if verdict['passed'] else 'FAILED'} {image_ref}: "
+                  f"{verdict['message']}\n  verdict: {out_dir / 'verdict.json'}",
+                  markup=False, highlight=False)
     return verdict
 
 
@@ -219,7 +237,6 @@ def smoke_cells(lm, cells, refs: dict[str, str], lock, *, out_root: Path | None 
     verdicts = []
     for cell in cells:
         expect = expectations_for(cell, lock)
-        out = (out_root / cell.target_name / cell.engine_name / cell.image if out_root
-               else out_dir_for(expect))
+        out = cell_dir(out_root or REPO_ROOT / "build", cell)
         verdicts.append(smoke_image(refs[cell.id], expect, out, **kw))
     return verdicts

@@ -74,7 +74,7 @@ def no_container_left(docker_engine: str):
 
 
 def _check(verdict: dict, name: str) -> dict:
-    return next(c for c in verdict["checks"] if c["name"].startswith(name))
+    return next(c for n, c in verdict["checks"].items() if n.startswith(name))
 
 
 def _without(cmd: list[str], flag: str, values: int = 1) -> list[str]:
@@ -86,9 +86,10 @@ def test_good_image_passes_every_applicable_check(good: dict, tmp_path: Path):
     v = smoke_ref(good["ref"], out_dir=tmp_path)
     assert v["passed"], json.dumps(v["checks"], indent=1)[:4000]
     assert v["image_id"] == good["id"]
-    outcomes = {c["name"]: c["outcome"] for c in v["checks"]}
+    assert all(c["passed"] for c in v["checks"].values())
     # the cpu cell is text-only: only the image request is not applicable
-    assert [n for n, o in outcomes.items() if o != "passed"] == ["test_image_request"]
+    assert list(v["not_applicable"]) == ["image_request"]
+    assert len(v["checks"]) >= 12
     for name in ("junit.xml", "summary.md", "verdict.json", "container.log"):
         assert (tmp_path / name).stat().st_size > 0
     print(f"\nFIGURE good cpu image: boot {v['timings']['boot_s']}s, checks "
@@ -101,7 +102,7 @@ def test_wrong_served_names(good: dict, derive, tmp_path: Path):
     ref = derive("wrong-names", cmd[:i + 1] + ["wrong-name"] + cmd[i + 3:])
     v = smoke_ref(ref, out_dir=tmp_path)
     assert not v["passed"] and v["outcome"] == "checks failed"
-    check = _check(v, "test_models_lists_exactly_the_served_names")
+    check = _check(v, "models_lists_exactly_the_served_names")
     assert check["outcome"] == "failed"
     assert "/v1/models lists ['wrong-name'], the cell serves ['tiny', 'tiny-alias']" in \
         check["message"]
@@ -111,10 +112,10 @@ def test_speculative_decoding_off(good: dict, derive, tmp_path: Path):
     ref = derive("no-spec", _without(good["cmd"], "--speculative-config"))
     v = smoke_ref(ref, out_dir=tmp_path)
     assert not v["passed"]
-    check = _check(v, "test_speculative_decoding_fires")
+    check = _check(v, "speculative_decoding_fires")
     assert check["outcome"] == "failed"
     assert "speculative decoding is off" in check["message"]
-    assert [c["name"] for c in v["checks"] if c["outcome"] == "failed"] == [check["name"]]
+    assert [n for n, c in v["checks"].items() if not c["passed"]] == [check["name"]]
 
 
 def test_engine_dying_at_boot_is_judged_within_seconds(good: dict, derive, tmp_path: Path):
@@ -132,7 +133,7 @@ def test_engine_dying_at_boot_is_judged_within_seconds(good: dict, derive, tmp_p
     assert "Traceback" in (tmp_path / "container.log").read_text()
     print(f"\nFIGURE dying image: fatal line at {v['boot']['fatal_line_s']:.1f}s after launch, "
           f"verdict {after_fatal:.1f}s later, wall {wall:.1f}s; boot timeout "
-          f"{v['boot'].get('timeout_s', 300)}s")
+          "300s")
 
 
 # Serves /health with 503 forever and logs every probe: up, never healthy.

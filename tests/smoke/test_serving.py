@@ -94,7 +94,7 @@ def test_image_request(chat, expect, log):
                                   f"loaded\n{log('visual|vision|params_dict')}")
 
 
-def test_burst_has_no_errors(chat, concurrency, log):
+def test_burst_has_no_errors(chat, concurrency, log, record_property):
     def one(i: int) -> str | None:
         try:
             r = chat(f"Request {i}: write one sentence about the sea.", max_tokens=32,
@@ -112,5 +112,8 @@ def test_burst_has_no_errors(chat, concurrency, log):
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         errors = [e for e in pool.map(one, range(n)) if e]
     took = time.monotonic() - t0
+    record_property("requests", n)
+    record_property("seconds", round(took, 2))
+    record_property("errors", len(errors))
     assert not errors, (f"{len(errors)}/{n} requests failed at concurrency {concurrency} "
                         f"({took:.1f}s):\n" + "\n".join(errors[:10]) + f"\n{log()}")

@@ -17,7 +17,7 @@ def _counters(api) -> tuple[float | None, float | None, str]:
     return metric_sum(text, SPEC_DRAFT), metric_sum(text, SPEC_ACCEPTED), text
 
 
-def test_speculative_decoding_fires(api, chat, expect, log):
+def test_speculative_decoding_fires(api, chat, expect, log, record_property):
     method = expect["speculative_method"]
     if not method:
         pytest.skip("the cell serves without speculative decoding")
@@ -36,6 +36,9 @@ def test_speculative_decoding_fires(api, chat, expect, log):
                          f"{draft0:.0f} over {REQUESTS} greedy requests (method {method})\n"
                          f"{log('speculative|Speculative|spec_decode')}")
     ratio = accepted / drafted
+    for key, value in (("drafted", drafted), ("accepted", accepted),
+                       ("acceptance", round(ratio, 3))):
+        record_property(key, value)
     assert ratio >= expect["acceptance_floor"], (
         f"acceptance {accepted:.0f}/{drafted:.0f} = {ratio:.2f} is below the cell's floor "
         f"{expect['acceptance_floor']} (method {method})\n{log('Speculative|SpecDecoding')}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from imagebuild.smoke.container import run_args, with_listen
+from imagebuild.smoke.container import image_user, run_args, with_listen
 
 
 def test_listen_is_forced_to_loopback_and_our_port():
@@ -19,7 +19,8 @@ def _opts(args: list[str]) -> list[tuple[str, str]]:
 
 
 def test_cpu_run_is_hardened():
-    args = run_args("img:1", ["vllm", "serve"], name="n", memory="8g", gpu=False)
+    args = run_args("img:1", ["vllm", "serve"], name="n", memory="8g", gpu=False,
+                    user=(1000, 1001))
     assert args[-3:] == ["img:1", "vllm", "serve"]
     opts = _opts(args[:-3])
     assert "--read-only" in args
@@ -27,8 +28,9 @@ def test_cpu_run_is_hardened():
                  ("--memory", "8g"), ("--memory-swap", "8g"), ("--network", "host")]:
         assert pair in opts, pair
     assert not {"-e", "--env", "--env-file", "-v", "--volume", "--privileged"} & set(args)
-    tmpfs = [b for a, b in opts if a == "--tmpfs"]
-    assert {t.split(":")[0] for t in tmpfs} == {"/tmp", "/home/vllm/.cache"}
+    tmpfs = dict(b.split(":", 1) for a, b in opts if a == "--tmpfs")
+    assert set(tmpfs) == {"/tmp", "/home/vllm/.cache"}
+    assert "uid=1000,gid=1001" in tmpfs["/home/vllm/.cache"]
     assert "--gpus" not in args and "--ipc" not in args
 
 
@@ -36,3 +38,8 @@ def test_gb10_run_gets_the_gpu_and_host_ipc():
     opts = _opts(run_args("img", [], name="n", memory="120g", gpu=True))
     assert ("--gpus", "all") in opts and ("--ipc", "host") in opts
     assert ("--memory", "120g") in opts
+
+
+def test_numeric_image_users_need_no_container():
+    assert image_user("img", "1000:1001") == (1000, 1001)
+    assert image_user("img", "1000") == (1000, 1000)

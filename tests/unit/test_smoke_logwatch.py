@@ -6,7 +6,7 @@ import threading
 import time
 
 from imagebuild.smoke.boot import wait_ready
-from imagebuild.smoke.logwatch import LogState, excerpt, fatal_of, phase_after
+from imagebuild.smoke.logwatch import LogState, exceptions, excerpt, fatal_of, phase_after
 
 # Lines as vLLM 0.23 prints them (cpu boot of the tiny model, and DOMAIN.md's failures).
 BOOT = [
@@ -19,10 +19,10 @@ BOOT = [
 ]
 FAIL = [
     "(EngineCore pid=60) ERROR 06-18 10:00:13 [core.py:1195] EngineCore failed to start.",
-    "(EngineCore pid=60) ERROR Traceback (most recent call last):",
-    '(EngineCore pid=60) ERROR   File "vllm/v1/core/kv_cache_utils.py", line 900, in '
-    "unify_kv_cache_spec_page_size",
-    "(EngineCore pid=60) ERROR AssertionError",
+    "(EngineCore pid=60) ERROR 06-18 10:00:13 [core.py:1195] Traceback (most recent call last):",
+    '(EngineCore pid=60) ERROR 06-18 10:00:13 [core.py:1195]   File "vllm/v1/core/kv_cache_utils'
+    '.py", line 900, in unify_kv_cache_spec_page_size',
+    "(EngineCore pid=60) ERROR 06-18 10:00:13 [core.py:1195] AssertionError",
     "RuntimeError: Engine core initialization failed. See root cause above.",
 ]
 
@@ -46,9 +46,20 @@ def test_fatal_lines():
     assert fatal_of("torch.OutOfMemoryError: CUDA out of memory. Tried") == "CUDA out of memory"
 
 
+def test_exceptions_are_the_root_causes_without_prefixes():
+    assert exceptions(BOOT) == []
+    assert exceptions(FAIL + FAIL) == [
+        "AssertionError", "RuntimeError: Engine core initialization failed. See root cause above."]
+    assert exceptions(["(Worker pid=41) ERROR 11-30 01:25:53 [multiproc_executor.py:987] "
+                       "torch._inductor.exc.InductorError: InvalidCxxCompiler: no g++"]) == [
+        "torch._inductor.exc.InductorError: InvalidCxxCompiler: no g++"]
+
+
 def test_excerpt_starts_at_the_traceback():
     lines = BOOT[:3] + ["Traceback (most recent call last):", "  File x", "ValueError: bad"]
-    assert excerpt(lines, 5, after=0).splitlines()[0] == "Traceback (most recent call last):"
+    assert excerpt(lines, 5, after=0).splitlines()[:4] == [
+        "exceptions raised:", "  ValueError: bad", "--- log ---",
+        "Traceback (most recent call last):"]
     assert excerpt([]) == "(the container printed nothing)"
 
 
@@ -103,7 +114,8 @@ def test_a_fatal_line_ends_the_wait_within_seconds():
     w = FakeWatcher([(0.2, BOOT[0]), (0.2, BOOT[2])] + [(0.05, line) for line in FAIL])
     t0 = time.monotonic()
     out = wait_ready(FakeContainer(), w, timeout_s=300, stall_s=60)  # type: ignore[arg-type]
-    assert out.kind == "fatal" and "EngineCore failed to start" in out.message
+    assert out.kind == "fatal" and out.message.startswith("engine failed at boot: engine init "
+                                                          "failed (log line 3): AssertionError")
     assert time.monotonic() - t0 < 5
     assert out.fatal_line_s is not None and out.seconds - out.fatal_line_s < 2
     assert "unify_kv_cache_spec_page_size" in out.excerpt

@@ -91,7 +91,8 @@ def test_quote_log_numbers_matching_lines():
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest"
 errors="0" failures="1" skipped="1" tests="3" time="3.0">
-<testcase classname="tests.smoke.test_serving" name="test_health" time="0.01"/>
+<testcase classname="tests.smoke.test_serving" name="test_health" time="0.01">
+<properties><property name="acceptance" value="0.48"/></properties></testcase>
 <testcase classname="tests.smoke.test_serving" name="test_models" time="0.02">
 <failure message="AssertionError: /v1/models lists [wrong]">long text</failure></testcase>
 <testcase classname="tests.smoke.test_serving" name="test_image_request" time="0">
@@ -104,7 +105,8 @@ def test_junit_round_trip_with_boot(tmp_path: Path):
     src.write_text(JUNIT)
     checks = read_junit(src)
     assert [(c["name"], c["outcome"]) for c in checks] == [
-        ("test_health", "passed"), ("test_models", "failed"), ("test_image_request", "skipped")]
+        ("health", "passed"), ("models", "failed"), ("image_request", "skipped")]
+    assert checks[0]["measured"] == {"acceptance": 0.48} and "measured" not in checks[1]
     assert checks[1]["message"] == "long text" and checks[2]["message"] == "text-only"
     boot = {"kind": "fatal", "message": "engine failed", "seconds": 4.0, "excerpt": "Trace"}
     write_junit(tmp_path / "junit.xml", "img", boot, src)
@@ -120,8 +122,11 @@ def test_summary_names_the_failures():
     v = {"image_ref": "img", "image_id": "sha256:1", "passed": False, "message": "1 failed",
          "boot": {"kind": "ready", "seconds": 30.0, "phase": "ready"},
          "timings": {"boot_s": 30.0, "checks_s": 9.0, "total_s": 41.0},
-         "checks": [{"name": "test_models", "outcome": "failed", "seconds": 0.1,
-                     "message": "AssertionError: lists [wrong]\nmore"}],
+         "checks": {"test_models": {"name": "test_models", "outcome": "failed",
+                                    "passed": False, "seconds": 0.1,
+                                    "message": "AssertionError: lists [wrong]\nmore"}},
+         "not_applicable": {"test_image_request": "text-only"},
          "files": {"log": "container.log"}}
     md = summary_markdown(v)
     assert "**FAILED**" in md and "test_models | ❌ failed — AssertionError: lists [wrong] |" in md
+    assert "| test_image_request | ➖ not applicable — text-only | |" in md
