@@ -80,6 +80,7 @@ class SourcePin(Strict):
 class WheelPin(Strict):
     package: str
     version: str
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]  # --require-hashes
     requirements: str  # pinned requirement set installed before the wheel (--no-deps)
 
 

@@ -107,6 +107,7 @@ def _engine_entry(lm: LoadedMatrix, ename: str) -> dict[str, Any]:
                                 "reachable from here to expand a short one)")
         if real.wheel:
             entry["wheel"] = {"package": real.wheel.package, "version": real.wheel.version,
+                              "sha256": real.wheel.sha256,
                               "requirements": real.wheel.requirements,
                               "requirements_sha256": sha256_file(lm.root /
                                                                  real.wheel.requirements)}

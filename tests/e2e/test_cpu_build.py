@@ -110,7 +110,8 @@ def test_serve_image_boots_and_answers(built):
 
 def _logs(name: str) -> str:
     return subprocess.run(["/usr/bin/docker", "logs", "--tail", "60", name],
-                          capture_output=True, text=True).stdout[-4000:]
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True).stdout[-4000:]
 
 
 def test_unchanged_rebuild_runs_nothing(built, tmp_path):

@@ -83,7 +83,7 @@ def test_step_counting_from_plain_progress(tmp_path):
     b = builder.Builder.__new__(builder.Builder)
     b.log = lambda _: None
     run, cached, tail = b._stream(["cat", str(sample)], {}, tmp_path / "log.txt", "engine")
-    assert (run, cached) == (2, 2)
+    assert (run, cached) == (2, 1)  # FROM resolves an image: not a step
     assert (tmp_path / "log.txt").read_text() == PLAIN_PROGRESS
     assert "exporting to image" in tail
 

