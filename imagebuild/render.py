@@ -24,6 +24,9 @@ from .matrix import Cell, LoadedMatrix
 from .servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
 
 LABEL_NS = "io.imagebuild"
+# Files the templates ship with (launcher, patch applier, arch gate): they belong to this
+# tool, not to a matrix, so they come from the repository even for a matrix elsewhere.
+TOOL_FILES = REPO_ROOT / "images"
 MAX_LAYER_BYTES = 10 * 10**9  # no layer over 10 GB: weight shards are grouped under this
 TEMPLATES = {
     "base": "Dockerfile.base",
@@ -60,7 +63,9 @@ class Rendered:
     kind: str  # base | engine | serve
     path: str  # relative to the output dir
     text: str
-    context_files: tuple[tuple[str, str], ...]  # (path in build context, source path)
+    # (path in build context, source): relative sources are the matrix's (patches,
+    # requirements), absolute ones the tool's own (TOOL_FILES)
+    context_files: tuple[tuple[str, str], ...]
     cell: str | None = None
 
 
@@ -133,12 +138,13 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str) -> Rende
     engine = lm.matrix.engines[engine_name]
     real = engine.realize[target_name]
     files = [(f"patches/{p}", f"patches/{p}") for p in real.patches]
-    files.append(("files/apply-patches.sh", "images/engine/files/apply-patches.sh"))
+    files.append(("files/apply-patches.sh", str(TOOL_FILES / "engine/files/apply-patches.sh")))
     if real.wheel:
         files.append(("files/requirements.txt", real.wheel.requirements))
-        files.append(("files/vllm-serve.py", "images/engine/files/vllm-serve.py"))
+        files.append(("files/vllm-serve.py", str(TOOL_FILES / "engine/files/vllm-serve.py")))
     if target.expect_cuda_arch:
-        files.append(("files/check-cuda-arch.py", "images/engine/files/check-cuda-arch.py"))
+        files.append(("files/check-cuda-arch.py",
+                      str(TOOL_FILES / "engine/files/check-cuda-arch.py")))
     ctx = {
         "header": _header(TEMPLATES["engine"]), "target_name": target_name, "target": target,
         "engine_name": engine_name, "engine": engine, "real": real,
@@ -197,7 +203,8 @@ def render_serve(lm: LoadedMatrix, cell: Cell, lock: Lock | None) -> Rendered:
     drafter = (_hub_source(cell, "drafters", cell.drafter_name, lock, DRAFTER_DIR)
                if cell.drafter.repository else None)
     if model["kind"] == "hub" or drafter:
-        files.append(("files/fetch-hub-files.py", "images/serve/files/fetch-hub-files.py"))
+        files.append(("files/fetch-hub-files.py",
+                      str(TOOL_FILES / "serve/files/fetch-hub-files.py")))
     cmd = serve_command(cell)
     ctx = {
         "header": _header(TEMPLATES["serve"]), "cell": cell, "target": cell.target,
