@@ -67,8 +67,9 @@ def _run_checks(out: Path, config: dict[str, Any], console: Console) -> tuple[Pa
     cfg = out / "config.json"
     cfg.write_text(json.dumps(config, indent=1))
     junit = out / "checks-junit.xml"
+    # junit_family xunit1: the family that keeps record_property figures in the XML
     cmd = [sys.executable, "-m", "pytest", str(SUITE), "-p", "no:cacheprovider", "-q",
-           "--rootdir", str(REPO_ROOT), f"--junitxml={junit}", "-o", "junit_family=xunit2",
+           "--rootdir", str(REPO_ROOT), f"--junitxml={junit}", "-o", "junit_family=xunit1",
            f"--timeout={CHECK_TIMEOUT_S}", "-W", "ignore::DeprecationWarning"]
     env = {**os.environ, "IMAGEBUILD_SMOKE_CONFIG": str(cfg)}
     with (out / "checks.log").open("w") as log:
@@ -179,7 +180,7 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
                 boot_timeout_s: float | None = None, stall_s: float | None = None,
                 console: Console | None = None) -> dict[str, Any]:
     """Smoke-test one local image; returns the verdict (also written to out_dir)."""
-    console = console or Console(stderr=True)
+    console = console or Console(stderr=True, soft_wrap=True)  # CI logs: no hard wraps
     t0 = time.monotonic()
     info = inspect_image(image_ref)
     command = list(info.get("Config", {}).get("Cmd") or [])
