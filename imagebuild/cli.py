@@ -8,9 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import REPO_ROOT
 from .errors import ImagebuildError, UserError
-
 
 
 def _common(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
@@ -171,8 +169,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     out_dir = args.out or lm.root / "rendered"
     rendered, skipped = render_all(lm, cells, read_lock(lm.root))
     if skipped:
-        pins = sorted({exc.fix.split("--update ")[1].split("`")[0] for exc in skipped
-                       if exc.fix and "--update " in exc.fix})
+        pins = sorted({exc.pin for exc in skipped})
         print(f"skipped {len(skipped)} serve Dockerfile(s) whose pins the lock has not "
               f"resolved ({', '.join(pins)}): run `python build.py lock --update NAME` where "
               "the Hub is reachable", file=sys.stderr)
@@ -399,4 +396,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-_ = REPO_ROOT

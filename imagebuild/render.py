@@ -70,7 +70,11 @@ class Rendered:
 
 
 class Unresolved(UserError):
-    """A cell whose pins the lock does not fully know yet."""
+    """A cell whose pins the lock does not fully know yet; `pin` names the entry."""
+
+    def __init__(self, message: str, *, pin: str, fix: str):
+        super().__init__(message, fix=fix)
+        self.pin = pin
 
 
 def weight_groups(files: list[dict[str, Any]], limit: int = MAX_LAYER_BYTES) -> list[list[str]]:
@@ -105,7 +109,7 @@ def _hub_source(cell: Cell, kind: str, name: str, lock: Lock | None, dest: str) 
     if not entry or not entry.get("sha") or entry.get("files") is None:
         raise Unresolved(
             f"cell {cell.id} ({cell.engine_name}): {kind[:-1]} {name} ({pin.repository}) is "
-            "not resolved in the lock",
+            "not resolved in the lock", pin=name,
             fix=f"run `python build.py lock --update {name}` where the Hub is reachable")
     return {"kind": "hub", "repository": pin.repository, "revision": entry["sha"],
             "dest": dest, "groups": weight_groups(entry["files"]),
