@@ -871,6 +871,24 @@ class RegistryClient:
             )
         return resp.content
 
+    def put_blob(self, repo: str, data: bytes) -> str:
+        """Upload a small blob in one request (monolithic upload); a no-op if it exists."""
+        _check_repo(repo)
+        digest = sha256_digest(data)
+        resp = self._request("HEAD", f"/v2/{repo}/blobs/{digest}")
+        if resp.status_code == 200:
+            return digest
+        resp = self._request("POST", f"/v2/{repo}/blobs/uploads/")
+        if resp.status_code != 202 or not resp.headers.get("Location"):
+            self._fail(resp, f"blob upload to {repo}", f"repository:{repo}:pull,push")
+        url = urljoin(self.base_url + "/", resp.headers["Location"])
+        url += ("&" if "?" in url else "?") + urlencode({"digest": digest})
+        resp = self._request("PUT", "", url=url, data=data,
+                             headers={"Content-Type": "application/octet-stream"})
+        if resp.status_code != 201:
+            self._fail(resp, f"blob upload to {repo}", f"repository:{repo}:pull,push")
+        return digest
+
     def image_manifest(
         self, repo: str, ref: str, *, platform: str | None = None
     ) -> tuple[dict[str, Any], str]:

@@ -1,0 +1,1 @@
+"""Benchmarks of serve images (issue 8): measure, store with the release, compare, gate."""

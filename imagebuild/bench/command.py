@@ -1,0 +1,170 @@
+"""`build.py bench IMAGE_REF|--tag T [...]`, ready to wire (like smoke/command.py):
+cli.py adds the shared flags (`--matrix/--tag/--target/--only`), then `add_arguments(p)`,
+and calls `run(args, context=_context)`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import functools
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from . import client, prompts, results
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError("comma-separated positive integers, e.g. 1,8,32,64")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("image", nargs="?", default=None, metavar="IMAGE_REF",
+                   help="a local serve image (started hardened on loopback, then removed)")
+    p.add_argument("--url", default=None,
+                   help="measure an already running server (http://127.0.0.1:PORT) instead")
+    p.add_argument("--concurrency", type=_levels, default=[1, 8, 32, 64], metavar="C,C,..")
+    p.add_argument("--prompts", default="structured,prose", metavar="SETS|FILE.jsonl")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--requests", type=int, default=None, metavar="N",
+                      help="requests per level (default 32)")
+    load.add_argument("--duration", type=float, default=None, metavar="S",
+                      help="seconds per level instead of a request count")
+    p.add_argument("--max-tokens", type=int, default=128, metavar="N",
+                   help="output tokens per request (ignore_eos keeps it fixed)")
+    p.add_argument("--baseline", default=None, metavar="TAG",
+                   help="show deltas against the results stored with release TAG")
+    p.add_argument("--store", action="store_true",
+                   help="store the results in the registry next to the image's release")
+    p.add_argument("--label", default=None, help="legend name of this run in the plot")
+    p.add_argument("--out", type=Path, default=None, help="output dir (default build/bench/)")
+
+
+def measure(base_url: str, *, prompt_set: list[prompts.Prompt], levels: list[int],
+            load_kw: dict[str, Any], log: Callable[[str], None] = print,
+            progress: bool = True) -> tuple[list[dict[str, Any]], str]:
+    """Run every level against a live server: (level summaries, served model name)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    model = asyncio.run(client.served_model(base_url))
+    load = client.Load(model=model, **load_kw)
+    out = []
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeElapsedColumn(), disable=not progress) as bar:
+        for c in levels:
+            total = load.requests if load.requests is not None else None
+            task = bar.add_task(f"c={c}", total=total)
+            level = asyncio.run(client.run_level(base_url, prompt_set, c, load,
+                                                 tick=functools.partial(bar.advance, task)))
+            out.append(results.summarize(level))
+            lv = out[-1]
+            log(f"c={c}: {lv['output_tok_s']:,.1f} tok/s, {lv['errors']} errors")
+    return out, model
+
+
+def _image_meta(ref: str, info: dict[str, Any]) -> dict[str, Any]:
+    labels = info.get("Config", {}).get("Labels") or {}
+    tag = ref.rsplit(":", 1)[-1] if ":" in ref.rsplit("/", 1)[-1] else None
+    pins = {k.removeprefix("io.imagebuild."): v for k, v in labels.items()
+            if k.startswith("io.imagebuild.") and "pin" in k}
+    return {"ref": ref, "id": info.get("Id"), "tag": tag,
+            "repo_digests": info.get("RepoDigests") or [],
+            "cell": labels.get("io.imagebuild.cell"), "engine": labels.get("io.imagebuild.engine"),
+            "target": (labels.get("io.imagebuild.cell") or "/").split("/")[0] or None,
+            "labels": labels, "pins": pins}
+
+
+def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", doc["started"])
+    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
+    paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    paths["md"].write_text(markdown)
+    try:
+        from .plot import plot
+        paths["png"] = plot([doc], out_dir / f"{stem}.png")
+    except ImportError:  # matplotlib missing: the numbers still stand
+        pass
+    return paths
+
+
+def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) -> int:
+    from .. import REPO_ROOT
+    from ..smoke.expect import expectations_from_labels, inspect_image
+    from .server import serving
+
+    if sum(bool(x) for x in (args.image, args.tag, args.url)) != 1:
+        raise UserError("give one of IMAGE_REF, --tag T or --url URL",
+                        fix="e.g. `build.py bench 127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:TAG`")
+    refs = [args.image] if args.image else []
+    if args.tag:
+        from ..plan import plan_rows
+        lm, cells, tag, _target, _why, lock = context(args)
+        refs = [r["refs"][0] for r in plan_rows(cells, lm, tag, lock)]
+    prompt_set = prompts.select(args.prompts)
+    load_kw = {"max_tokens": args.max_tokens, "requests": args.requests,
+               "duration_s": args.duration}
+    if args.duration is None and args.requests is None:
+        load_kw["requests"] = 32
+    settings = {"concurrency": args.concurrency, "prompts": args.prompts,
+                "prompt_count": len(prompt_set), **load_kw, "endpoint": "/v1/chat/completions",
+                "ignore_eos": True, "temperature": 0.0}
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
+    out_root = args.out or REPO_ROOT / "build" / "bench"
+    targets: list[tuple[str, dict[str, Any] | None]] = (
+        [(args.url, None)] if args.url else [(r, inspect_image(r)) for r in refs])
+    for ref, info in targets:
+        if info is None:
+            levels, _model = measure(ref, prompt_set=prompt_set, levels=args.concurrency,
+                                     load_kw=load_kw)
+            meta: dict[str, Any] = {"ref": ref, "id": None, "tag": None}
+        else:
+            meta = _image_meta(ref, info)
+            with serving(ref, info, expectations_from_labels(ref, info=info)) as c:
+                levels, _model = measure(c.base_url, prompt_set=prompt_set,
+                                         levels=args.concurrency, load_kw=load_kw)
+        meta["label"] = args.label
+        doc = results.document(image=meta, settings=settings, levels=levels, started=started)
+        deltas = None
+        if args.baseline or args.store:
+            deltas = _registry_steps(args, ref, doc)
+        md = results.markdown(doc, deltas)
+        print(md)
+        for kind, path in write_outputs(doc, out_root, md).items():
+            print(f"{kind}: {path}")
+    return 0
+
+
+def _registry_steps(args: argparse.Namespace, ref: str,
+                    doc: dict[str, Any]) -> dict[int, dict[str, float]] | None:
+    from ..registry import RegistryClient
+    from . import compare, store
+
+    host, _, rest = ref.partition("/")
+    repo = rest.rsplit(":", 1)[0].split("@")[0]
+    if not rest or "." not in host and ":" not in host:
+        raise UserError(f"{ref} does not name a registry", fix="use REGISTRY/REPO:TAG")
+    reg = RegistryClient(host)
+    deltas = None
+    if args.baseline:
+        base = store.release_results(reg, repo, args.baseline)
+        if base is None:
+            raise UserError(f"{repo}:{args.baseline} has no stored bench results",
+                            fix="run `build.py bench --store` on that release first")
+        deltas = compare.deltas(doc, base)
+    if args.store:
+        if not doc["image"].get("id"):
+            raise UserError("--store needs an image, not --url", fix="give IMAGE_REF")
+        print(f"stored: {repo}:{store.bench_tag(doc['image']['id'])} "
+              f"({store.put_results(reg, repo, doc)})")
+    return deltas

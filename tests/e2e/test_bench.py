@@ -1,0 +1,81 @@
+"""Bench end to end on the cpu serve image: real server, real registry.
+
+A release measured with speculative decoding off is slower than one with it on; with the
+faster one as latest, the gate refuses the slower one and accepts it with a reason, which
+is recorded on the stored results. Short runs: two boots (~1 min each) and a few seconds
+of load per level.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from imagebuild.bench import gate, prompts, store
+from imagebuild.bench.command import measure
+from imagebuild.bench.results import document
+from imagebuild.bench.server import serving
+from imagebuild.errors import UserError
+from imagebuild.registry import OCI_MANIFEST, RegistryClient
+from imagebuild.release import A_IMAGE, A_SMOKE, A_TAG
+from imagebuild.smoke.expect import expectations_from_labels, inspect_image
+from tests.registry_harness import running_registry
+
+pytestmark = pytest.mark.slow
+IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
+FAST, SLOW = "2026-06-11-v0.23.0-ngram", "2026-06-18-v0.23.0-nospec"
+REPO = "vllm-spark/cpu-tiny-ngram"
+
+
+def _measure(drop: tuple[str, ...]) -> list[dict]:
+    info = inspect_image(IMAGE)
+    with serving(IMAGE, info, expectations_from_labels(IMAGE, info=info), drop_flags=drop) as c:
+        levels, _ = measure(c.base_url, prompt_set=prompts.select("structured"), levels=[1, 4],
+                            load_kw={"max_tokens": 96, "requests": 12, "duration_s": None},
+                            progress=False)
+    return levels
+
+
+def _release(client: RegistryClient, tag: str) -> str:
+    """A minimal passed release (its own config, so its own image id); returns the id."""
+    config = json.dumps({"architecture": "amd64", "os": "linux", "tag": tag}).encode()
+    cfg = client.put_blob(REPO, config)
+    layer = client.put_blob(REPO, b"layer of " + tag.encode())
+    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": cfg, "size": len(config)},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                            "digest": layer, "size": len(b"layer of " + tag.encode())}],
+                "annotations": {A_TAG: tag, A_SMOKE: "passed", A_IMAGE: cfg}}
+    client.put_manifest(REPO, tag, json.dumps(manifest).encode(), OCI_MANIFEST)
+    return cfg
+
+
+def test_slower_release_is_refused_as_latest_unless_accepted(docker_engine) -> None:
+    fast_levels = _measure(())
+    slow_levels = _measure(("--speculative-config",))
+    assert all(lv["errors"] == 0 for lv in fast_levels + slow_levels)
+    assert fast_levels[0]["spec_decode"] and not slow_levels[0]["spec_decode"]
+    with running_registry() as reg:
+        client = RegistryClient(reg.url, username=reg.user, password=reg.password)
+        ids = {tag: _release(client, tag) for tag in (FAST, SLOW)}
+        for tag, levels in ((FAST, fast_levels), (SLOW, slow_levels)):
+            doc = document(image={"id": ids[tag], "tag": tag, "ref": IMAGE},
+                           settings={}, levels=levels, started="t")
+            store.put_results(client, REPO, doc)
+        client.copy_tag(REPO, FAST, "latest")
+        assert store.release_results(client, REPO, FAST)["levels"] == fast_levels
+
+        with pytest.raises(UserError, match="slower than latest") as refused:
+            gate.check_promotion(client, REPO, SLOW, threshold=0.05, log=lambda _: None)
+        print(refused.value.message)
+        ok = gate.check_promotion(client, REPO, SLOW, threshold=0.05,
+                                  accept_regression="ngram off to test the gate",
+                                  log=lambda _: None)
+        assert ok.regressions and "ngram off" in ok.notes_markdown()
+        _doc, ann = store.get_results(client, REPO, ids[SLOW])
+        assert ann[store.A_ACCEPTED] == "ngram off to test the gate"
+        # the other way round is no regression: the faster one passes the gate freely
+        client.copy_tag(REPO, SLOW, "latest")
+        assert not gate.check_promotion(client, REPO, FAST, threshold=0.05).regressions
