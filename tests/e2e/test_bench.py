@@ -79,3 +79,19 @@ def test_slower_release_is_refused_as_latest_unless_accepted(docker_engine) -> N
         # the other way round is no regression: the faster one passes the gate freely
         client.copy_tag(REPO, SLOW, "latest")
         assert not gate.check_promotion(client, REPO, FAST, threshold=0.05).regressions
+
+
+def test_put_blob_and_stored_results_round_trip() -> None:
+    """Registry only (no vLLM): blobs upload once, results come back byte-identical."""
+    with running_registry() as reg:
+        client = RegistryClient(reg.url, username=reg.user, password=reg.password)
+        digest = client.put_blob(REPO, b"hello")
+        assert client.get_blob(REPO, digest) == b"hello"
+        assert client.put_blob(REPO, b"hello") == digest  # exists: HEAD only
+        image_id = _release(client, FAST)
+        doc = document(image={"id": image_id, "tag": FAST}, settings={"x": 1},
+                       levels=[{"concurrency": 1, "output_tok_s": 10.0}], started="t")
+        store.put_results(client, REPO, doc)
+        assert store.release_results(client, REPO, FAST) == doc
+        assert store.bench_tag(image_id) in client.tags(REPO)
+        assert store.release_results(client, REPO, "latest") is None  # no latest yet
