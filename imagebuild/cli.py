@@ -77,6 +77,21 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument("--dry-run", action="store_true")
         else:
             p.add_argument("--format", choices=("table", "json"), default="table")
+    p = sub.add_parser("notes", help="GitHub release notes of a release (markdown)")
+    _common(p)
+    p.add_argument("--smoke-dir", type=Path, default=None,
+                   help="build dir holding smoke/<target>/<engine>/<image>/verdict.json "
+                        "(default: build/)")
+    p = sub.add_parser("pins", help="watch pinned models and drafters for upstream moves")
+    verbs = p.add_subparsers(dest="pins_command", required=True)
+    w = verbs.add_parser("watch", help="compare each pin's upstream head with the lock and "
+                                       "run preflight on a moved head")
+    w.add_argument("--matrix", type=Path, default=None)
+    w.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    w.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="also write one issue body (.md) and title (.title) per moved pin")
+    w.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="only this model or drafter (repeatable)")
     p = sub.add_parser("lock", help="resolve every pin into matrix.lock.json")
     p.add_argument("--matrix", type=Path, default=None)
     p.add_argument("--update", action="append", default=[], metavar="NAME",
@@ -371,10 +386,23 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_notes(args: argparse.Namespace) -> int:
+    from .notes import cmd_notes as run
+
+    return run(args, context=_context)
+
+
+def cmd_pins(args: argparse.Namespace) -> int:
+    from .pinwatch import cmd_pins as run
+
+    return run(args)
+
+
 COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": cmd_build,
             "check": cmd_check, "smoke": cmd_smoke, "release": cmd_release,
             "publish": cmd_publish, "promote": cmd_promote,
-            "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune}
+            "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
+            "notes": cmd_notes, "pins": cmd_pins}
 
 
 def main(argv: list[str] | None = None) -> int:

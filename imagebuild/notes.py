@@ -142,18 +142,6 @@ def gather(client: Any, rows: list[dict[str, Any]], cells: list[Cell],
 # --------------------------------------------------------------------------- command line
 
 
-def add_parser(sub: Any) -> None:
-    """`notes --tag T [--target] [--only] [--matrix] [--smoke-dir DIR]`."""
-    p = sub.add_parser("notes", help="GitHub release notes of a release (markdown)")
-    p.add_argument("--matrix", type=Path, default=None)
-    p.add_argument("--tag", required=True, help="DATE-NAME or the full release tag")
-    p.add_argument("--target", default=None, help="gb10 or cpu (default: detected)")
-    p.add_argument("--only", default=None, metavar="GLOB")
-    p.add_argument("--smoke-dir", type=Path, default=None,
-                   help="build dir holding smoke/<target>/<engine>/<image>/verdict.json "
-                        "(default: build/)")
-
-
 def cmd_notes(args: Any, context: Any) -> int:
     """`context` is cli._context (matrix, cells, tag, target, lock from the arguments)."""
     from .plan import plan_rows, registry_for

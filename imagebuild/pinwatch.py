@@ -271,20 +271,6 @@ def render(reports: list[PinReport], fmt: str) -> str:
 # --------------------------------------------------------------------------- command line
 
 
-def add_parser(sub: Any) -> None:
-    """`pins watch [--matrix F] [--format text|json|markdown] [--out DIR] [--only NAME]`."""
-    p = sub.add_parser("pins", help="watch pinned models and drafters for upstream moves")
-    verbs = p.add_subparsers(dest="pins_command", required=True)
-    w = verbs.add_parser("watch", help="compare each pin's upstream head with the lock and "
-                                       "run preflight on a moved head")
-    w.add_argument("--matrix", type=Path, default=None)
-    w.add_argument("--format", choices=("text", "json", "markdown"), default="text")
-    w.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="also write one issue body (.md) and title (.title) per moved pin")
-    w.add_argument("--only", action="append", default=[], metavar="NAME",
-                   help="only this model or drafter (repeatable)")
-
-
 def cmd_pins(args: Any) -> int:
     """Exit 0 whenever the watch ran: a failing head is news for an issue, not a CI error."""
     from . import matrix as mx

@@ -7,7 +7,6 @@ with the page-size assert, name the rule and the pin to keep.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -86,9 +85,9 @@ def test_head_that_keeps_the_small_page_layout_passes(locked, hub_replay):  # no
 
 def test_cli_json_and_issue_dir(locked, hub_replay, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "pins"
-    ap = argparse.ArgumentParser()
-    pinwatch.add_parser(ap.add_subparsers())
-    args = ap.parse_args(["pins", "watch", "--matrix", str(locked / "matrix.yaml"),
+    from imagebuild.cli import parser
+
+    args = parser().parse_args(["pins", "watch", "--matrix", str(locked / "matrix.yaml"),
                           "--format", "json", "--out", str(out)])
     assert pinwatch.cmd_pins(args) == 0
     data = json.loads(capsys.readouterr().out)
