@@ -1,0 +1,94 @@
+"""The whole job on the cpu cell against a real distribution registry with htpasswd auth:
+`build.py --tag` for two releases, `releases`, rollback (manifests only, seconds),
+roll-forward, prune --dry-run. Credentials only through the environment."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from imagebuild import REPO_ROOT
+from tests.registry_harness import start_registry
+
+pytestmark = pytest.mark.slow
+NEW, OLD = "2026-06-18-v0.23.0-dflashfix", "2026-06-11-v0.23.0-pr41703"
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    reg = start_registry(tmp_path_factory.mktemp("registry"))
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="module")
+def env(registry, tmp_path_factory):
+    return {**os.environ, "IMAGEBUILD_REGISTRY": registry.host,
+            "IMAGEBUILD_REGISTRY_USER": registry.user,
+            "IMAGEBUILD_REGISTRY_PASSWORD": registry.password,
+            "IMAGEBUILD_LOCK_DIR": str(tmp_path_factory.mktemp("locks")),
+            "DOCKER_CONFIG": str(tmp_path_factory.mktemp("docker-config"))}
+
+
+def _run(env, *args, timeout=3000) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "build.py", *args], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def released(docker_engine, env, registry):
+    for tag in ("2026-06-18-dflashfix", "2026-06-11-pr41703"):
+        proc = _run(env, "--tag", tag, "--target", "cpu")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert registry.password not in proc.stdout + proc.stderr  # never printed
+    return env
+
+
+def _latest_line(out: str) -> str:
+    return re.search(r"\(latest -> ([^)]+)\)", out).group(1)
+
+
+def test_releases_lists_both_newest_first_with_latest(released):
+    proc = _run(released, "releases", "--image", "cpu-*")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.index(NEW) < out.index(OLD)
+    # publishing the older release afterwards did not move latest backwards
+    assert _latest_line(out) == NEW
+    assert out.count("smoke passed") == 2
+
+
+def test_rollback_and_roll_forward_move_only_manifests(released):
+    start = time.monotonic()
+    proc = _run(released, "rollback", "--to", "2026-06-11-pr41703", "--image", "cpu-*")
+    wall = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    assert "moved latest" in proc.stdout
+    moved = re.search(r"in ([\d.]+) s, ([\d,]+) bytes", proc.stdout)
+    assert moved and float(moved.group(1)) < 2.0, proc.stdout
+    assert int(moved.group(2).replace(",", "")) < 64_000  # manifests, never layers
+    assert wall < 15  # whole command, interpreter start-up included
+    assert _latest_line(_run(released, "releases", "--image", "cpu-*").stdout) == OLD
+    proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert _latest_line(_run(released, "releases", "--image", "cpu-*").stdout) == NEW
+
+
+def test_rollback_refuses_a_release_that_does_not_exist(released):
+    proc = _run(released, "rollback", "--to", "2026-05-01-pr41703", "--image", "cpu-*")
+    assert proc.returncode == 2
+    assert "fix:" in proc.stderr and "Traceback" not in proc.stderr
+    assert _latest_line(_run(released, "releases", "--image", "cpu-*").stdout) == NEW
+
+
+def test_prune_keeps_latest_and_its_rollback_target(released):
+    proc = _run(released, "prune", "--keep", "1", "--dry-run", "--image", "cpu-*")
+    assert proc.returncode == 0, proc.stderr
+    assert NEW in proc.stdout and OLD in proc.stdout
+    out = _run(released, "releases", "--image", "cpu-*").stdout
+    assert NEW in out and OLD in out  # dry run deleted nothing
