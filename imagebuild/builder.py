@@ -205,12 +205,12 @@ class Builder:
                     "-t", ref, "--label", f"{INPUTS_LABEL}={digest}"]
             for key, value in sorted(build_args.items()):
                 cmd += ["--build-arg", f"{key}={value}"]
-            for sid, value in (("ca_bundle", None), ("hf_token", self.hf_token)):
+            secrets = {"ca_bundle": (Path(self.ca_bundle).read_bytes() if self.ca_bundle
+                                     else b""),
+                       "hf_token": (self.hf_token or "").encode()}
+            for sid, content in secrets.items():
                 src = Path(tmp) / sid
-                if sid == "ca_bundle":
-                    src.write_bytes(Path(self.ca_bundle).read_bytes() if self.ca_bundle else b"")
-                else:
-                    src.write_text(value or "")
+                src.write_bytes(content)
                 src.chmod(0o600)
                 cmd += ["--secret", f"id={sid},src={src}"]
             cmd.append(str(ctx))

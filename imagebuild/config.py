@@ -219,7 +219,7 @@ class Matrix(Strict):
     images: dict[Name, ImageFamily] = Field(min_length=1)
 
 
-def _fix_for(err: dict) -> str:
+def _fix_for(err: Any) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         return "remove the key or correct its spelling (see the matrix.yaml reference in README)"
@@ -232,7 +232,7 @@ def _fix_for(err: dict) -> str:
     return "correct the value"
 
 
-def _describe(err: dict) -> str:
+def _describe(err: Any) -> str:
     loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
     found = err.get("input")
     shown = "" if err["type"] == "missing" or isinstance(found, dict) else f"; found {found!r}"

@@ -39,9 +39,10 @@ def _hub_entry(name: str, pin: Model | Drafter, root: Path, client: Any,
                log: Callable[[str], None]) -> dict[str, Any]:
     from .hub import HubUnreachable
 
+    assert pin.repository, "only Hub pins are resolved here"
     base: dict[str, Any] = {"repository": pin.repository, "revision": pin.revision,
                             "track": pin.track}
-    requested = pin.revision or pin.track
+    requested = pin.revision or pin.track or ""
     try:
         res = client.resolve(pin.repository, requested, allow_branch=pin.track is not None)
     except HubUnreachable as exc:

@@ -135,7 +135,9 @@ def _expand_family(lm: LoadedMatrix, fname: str, fam: ImageFamily) -> list[Cell]
     if fam.target not in m.targets:
         raise _err(loc, base + ("target",), f"unknown target {fam.target!r}",
                    f"use one of: {', '.join(m.targets)}")
-    pools = {"engine": m.engines, "model": m.models, "drafter": m.drafters, "profile": m.profiles}
+    pools: dict[str, dict[str, object]] = {
+        "engine": dict(m.engines), "model": dict(m.models), "drafter": dict(m.drafters),
+        "profile": dict(m.profiles)}
     for axis in AXES:
         for i, value in enumerate(getattr(fam.matrix, axis)):
             if value not in pools[axis]:
