@@ -53,6 +53,12 @@ def parser() -> argparse.ArgumentParser:
     from .smoke.command import add_arguments as smoke_arguments
 
     smoke_arguments(p)
+    p = sub.add_parser("bench", help="measure a serve image: TTFT, TPOT, tok/s per "
+                                     "concurrency level, speculative acceptance; plot")
+    _common(p, tag_required=False)
+    from .bench.command import add_arguments as bench_arguments
+
+    bench_arguments(p)
     p = sub.add_parser("publish", help="push cells that passed smoke by digest, verify, "
                                        "tag the release and move latest")
     _common(p)
@@ -61,6 +67,9 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("promote", help="move latest to an already pushed release")
     _common(p)
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--accept-regression", default=None, metavar="REASON",
+                   help="promote although its tok/s fell more than the threshold below "
+                        "latest; the reason is recorded with the release")
     for name, helptext in (("rollback", "move latest back to an older release (server-side)"),
                            ("releases", "list releases in the registry, newest first"),
                            ("prune", "delete old releases (never latest or its rollback)")):
@@ -274,6 +283,12 @@ def _repositories(lm, client, reg, pattern: str | None) -> list[str]:
     return chosen
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench.command import run
+
+    return run(args, context=_context)
+
+
 def cmd_smoke(args: argparse.Namespace) -> int:
     from .smoke.command import run
 
@@ -336,10 +351,16 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from .plan import plan_rows
     from .release import set_latest, split_repository
 
+    from .bench.gate import check_promotion
+
     lm, cells, tag, target, why, lock = _context(args)
     _, client = _client(lm)
     for row in plan_rows(cells, lm, tag, lock):
         _, repo = split_repository(row["repository"])
+        # a release slower than latest beyond the threshold needs a written reason
+        check_promotion(client, repo, row["release_tag"],
+                        threshold=lm.matrix.publish.regression_threshold,
+                        accept_regression=args.accept_regression)
         set_latest(client, repo, row["release_tag"], mode="promote", dry_run=args.dry_run)
     return 0
 
@@ -402,7 +423,7 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "check": cmd_check, "smoke": cmd_smoke, "release": cmd_release,
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
-            "notes": cmd_notes, "pins": cmd_pins}
+            "notes": cmd_notes, "pins": cmd_pins, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
