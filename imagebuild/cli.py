@@ -348,10 +348,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
+    from .bench.gate import check_promotion
     from .plan import plan_rows
     from .release import set_latest, split_repository
-
-    from .bench.gate import check_promotion
 
     lm, cells, tag, target, why, lock = _context(args)
     _, client = _client(lm)
