@@ -30,10 +30,15 @@ def without_flag(argv: list[str], flag: str) -> list[str]:
 
 @contextlib.contextmanager
 def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
-            drop_flags: tuple[str, ...] = (), log=print) -> Iterator[Container]:
+            drop_flags: tuple[str, ...] = (), set_flags: tuple[tuple[str, str], ...] = (),
+            log=print) -> Iterator[Container]:
+    """The image's own serve command, minus `drop_flags`, with `set_flags` (flag, value)
+    replacing or adding values: how a variant of a release is measured without a rebuild."""
     command = list(info.get("Config", {}).get("Cmd") or [])
-    for flag in drop_flags:
+    for flag in drop_flags + tuple(f for f, _ in set_flags):
         command = without_flag(command, flag)
+    for flag, value in set_flags:
+        command += [flag, value]
     user = image_user(image, info.get("Config", {}).get("User") or "")
     c = launch(image, command, memory=expect["memory_limit"], gpu=expect["gpu"], user=user)
     try:

@@ -1,9 +1,12 @@
 """Bench end to end on the cpu serve image: real server, real registry.
 
-A release measured with speculative decoding off is slower than one with it on; with the
-faster one as latest, the gate refuses the slower one and accepts it with a reason, which
-is recorded on the stored results. Short runs: two boots (~1 min each) and a few seconds
-of load per level.
+A slower build is refused as latest against a faster one. The slower build is the same
+image serving one sequence at a time (`--max-num-seqs 1`): measurably slower at
+concurrency 4 on any machine. (Speculative decoding off is the issue's example, but on
+the tiny random cpu model ngram drafts are mostly rejected, so spec-off measures faster
+here; docs/bench-cpu.png shows it.) With the faster one as latest, the gate refuses the
+slower one and accepts it with a reason, which is recorded on the stored results. Short
+runs: two boots (~1 min each) and a few seconds of load per level.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from tests.registry_harness import running_registry
 
 pytestmark = pytest.mark.slow
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
-FAST, SLOW = "2026-06-11-v0.23.0-ngram", "2026-06-18-v0.23.0-nospec"
+FAST, SLOW = "2026-06-11-v0.23.0-batched", "2026-06-18-v0.23.0-serial"
 REPO = "vllm-spark/cpu-tiny-ngram"
 
 
-def _measure(drop: tuple[str, ...]) -> list[dict]:
+def _measure(set_flags: tuple[tuple[str, str], ...]) -> list[dict]:
     info = inspect_image(IMAGE)
-    with serving(IMAGE, info, expectations_from_labels(IMAGE, info=info), drop_flags=drop) as c:
-        levels, _ = measure(c.base_url, prompt_set=prompts.select("structured"), levels=[1, 4],
+    with serving(IMAGE, info, expectations_from_labels(IMAGE, info=info),
+                 set_flags=set_flags) as c:
+        levels, _ = measure(c.base_url, prompt_set=prompts.select("structured"), levels=[4, 8],
                             load_kw={"max_tokens": 96, "requests": 12, "duration_s": None},
                             progress=False)
     return levels
@@ -54,9 +58,12 @@ def _release(client: RegistryClient, tag: str) -> str:
 
 def test_slower_release_is_refused_as_latest_unless_accepted(docker_engine) -> None:
     fast_levels = _measure(())
-    slow_levels = _measure(("--speculative-config",))
+    slow_levels = _measure((("--max-num-seqs", "1"),))
     assert all(lv["errors"] == 0 for lv in fast_levels + slow_levels)
-    assert fast_levels[0]["spec_decode"] and not slow_levels[0]["spec_decode"]
+    # only levels where serving one sequence at a time must show (c=1 would be noise both
+    # ways, and the reverse check below would then flap)
+    for fast, slow in zip(fast_levels, slow_levels, strict=True):
+        assert slow["output_tok_s"] < 0.95 * fast["output_tok_s"], (slow, fast)
     with running_registry() as reg:
         client = RegistryClient(reg.url, username=reg.user, password=reg.password)
         ids = {tag: _release(client, tag) for tag in (FAST, SLOW)}
@@ -71,11 +78,11 @@ def test_slower_release_is_refused_as_latest_unless_accepted(docker_engine) -> N
             gate.check_promotion(client, REPO, SLOW, threshold=0.05, log=lambda _: None)
         print(refused.value.message)
         ok = gate.check_promotion(client, REPO, SLOW, threshold=0.05,
-                                  accept_regression="ngram off to test the gate",
+                                  accept_regression="serial build to test the gate",
                                   log=lambda _: None)
-        assert ok.regressions and "ngram off" in ok.notes_markdown()
+        assert ok.regressions and "serial build" in ok.notes_markdown()
         _doc, ann = store.get_results(client, REPO, ids[SLOW])
-        assert ann[store.A_ACCEPTED] == "ngram off to test the gate"
+        assert ann[store.A_ACCEPTED] == "serial build to test the gate"
         # the other way round is no regression: the faster one passes the gate freely
         client.copy_tag(REPO, SLOW, "latest")
         assert not gate.check_promotion(client, REPO, FAST, threshold=0.05).regressions
