@@ -7,40 +7,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from imagebuild.preflight.checkpoint import Checkpoint, derived_max_len, parse_len, quant_method
 from tests.fixtures.preflight.fixture_hub import (
     FixtureHub,
     blocking_rules,
     check,
-    copy_lock,
-    copy_matrix,
     edit,
     lock_matrix,
+    of,
 )
 
 ZLAB = "z-lab/Qwen3.6-35B-A3B-DFlash"
 HERETIC = "AEON-7/Qwen3.6-35B-A3B-heretic-NVFP4"
 NVIDIA = "nvidia/Qwen3.6-35B-A3B-NVFP4"
 ZLAB_PIN = "revision: 31977fbe13a86e8b961774f773058175676d89b8"
-
-
-@pytest.fixture(scope="module")
-def locked_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = copy_matrix(tmp_path_factory.mktemp("locked"))
-    lock_matrix(root)
-    return root
-
-
-@pytest.fixture
-def locked(matrix_dir: Path, locked_template: Path) -> Path:
-    copy_lock(locked_template, matrix_dir)
-    return matrix_dir
-
-
-def of(findings: list, rule: str) -> list:
-    return [f for f in findings if f.rule == rule]
 
 
 def relock_with_drafter(root: Path, tmp: Path, **changes) -> None:

@@ -13,27 +13,11 @@ from imagebuild.preflight.run import RULES
 from tests.fixtures.preflight.fixture_hub import (
     blocking_rules,
     check,
-    copy_lock,
-    copy_matrix,
     edit,
-    lock_matrix,
 )
 
 ENV_AFTER_DFLASH = ("      attention-backend: flash_attn\n    acceptance_floor: 0.2\n"
                     "  spark-dflash-aeon:")
-
-
-@pytest.fixture(scope="module")
-def locked_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = copy_matrix(tmp_path_factory.mktemp("locked"))
-    lock_matrix(root)
-    return root
-
-
-@pytest.fixture
-def locked(matrix_dir: Path, locked_template: Path) -> Path:
-    copy_lock(locked_template, matrix_dir)
-    return matrix_dir
 
 
 def refused(root: Path, rule: str, *, target: str = "gb10", engine: str = "dflashfix"

@@ -14,28 +14,12 @@ from imagebuild.preflight.run import render
 from tests.fixtures.preflight.fixture_hub import (
     blocking_rules,
     check,
-    copy_lock,
-    copy_matrix,
     edit,
-    lock_matrix,
 )
 
 SPARK = ("  spark:\n    description: Qwen3.6-35B-A3B NVFP4 targets with DFlash or MTP on "
          "DGX Spark\n")
 REASON = "shared Spark measured at 0.90 with nothing else running"
-
-
-@pytest.fixture(scope="module")
-def locked_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = copy_matrix(tmp_path_factory.mktemp("locked"))
-    lock_matrix(root)
-    return root
-
-
-@pytest.fixture
-def locked(matrix_dir: Path, locked_template: Path) -> Path:
-    copy_lock(locked_template, matrix_dir)
-    return matrix_dir
 
 
 def waive(root: Path, rule: str, reason: str = REASON) -> None:

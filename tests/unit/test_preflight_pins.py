@@ -6,36 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.fixtures.preflight.fixture_hub import (
     FixtureHub,
     blocking_rules,
     check,
-    copy_lock,
-    copy_matrix,
     edit,
     lock_matrix,
+    of,
 )
 
 AEON = "AEON-7/AEON-DFlash-Qwen3.6-35B-A3B"
-
-
-@pytest.fixture(scope="module")
-def locked_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = copy_matrix(tmp_path_factory.mktemp("locked"))
-    lock_matrix(root)
-    return root
-
-
-@pytest.fixture
-def locked(matrix_dir: Path, locked_template: Path) -> Path:
-    copy_lock(locked_template, matrix_dir)
-    return matrix_dir
-
-
-def of(findings: list, rule: str) -> list:
-    return [f for f in findings if f.rule == rule]
 
 
 def test_no_lock_is_an_error(matrix_dir: Path) -> None:
