@@ -212,8 +212,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_build(args: argparse.Namespace) -> int:
-    from .builder import build_cells
+def _buildable(args: argparse.Namespace):
+    """Context of a command that builds: pins locked and resolved, preflight clean."""
     from .lock import verify_cells
     from .plan import plan_rows
 
@@ -221,7 +221,13 @@ def cmd_build(args: argparse.Namespace) -> int:
     verify_cells(lm, cells, lock)
     _preflight(lm, cells, lock)
     assert lock is not None and tag is not None
-    rows = plan_rows(cells, lm, tag, lock)
+    return lm, cells, tag, target, why, lock, plan_rows(cells, lm, tag, lock)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from .builder import build_cells
+
+    lm, cells, tag, target, why, lock, rows = _buildable(args)
     refs = {r["cell"]: r["refs"][0] for r in rows}
     print(f"building {len(cells)} cell(s) of {tag} for target {target} ({why})")
     records = build_cells(lm, lock, cells, refs, out_dir=args.out or lm.root / "build")
@@ -307,6 +313,9 @@ def _publish(lm, cells, rows, out: Path, *, dry_run: bool, latest: bool = True) 
         result = publish(client, repo, local_ref=row["refs"][0], release_tag=row["release_tag"],
                          verdict=verdict, pins=row["pins"], move_to_latest=latest,
                          dry_run=dry_run)
+        if dry_run:
+            print(f"{row['cell']}: dry run, nothing written")
+            continue
         print(f"{row['cell']}: {'pushed' if result.pushed else 'already pushed'} "
               f"{result.digest}; latest {'moved' if result.latest_moved else 'unchanged'}")
 
@@ -314,20 +323,15 @@ def _publish(lm, cells, rows, out: Path, *, dry_run: bool, latest: bool = True) 
 def cmd_release(args: argparse.Namespace) -> int:
     """The whole job. Nothing is pushed unless every cell of the tag passed smoke."""
     from .builder import build_cells
-    from .lock import verify_cells
-    from .plan import format_table, plan_rows
+    from .plan import format_table
     from .smoke.runner import smoke_cells
 
-    lm, cells, tag, target, why, lock = _context(args)
-    verify_cells(lm, cells, lock)
-    _preflight(lm, cells, lock)
-    assert lock is not None and tag is not None
-    rows = plan_rows(cells, lm, tag, lock)
+    lm, cells, tag, target, why, lock, rows = _buildable(args)
     print(format_table(rows, f"release {tag} · target {target} ({why}) · {len(rows)} cell(s)"))
     out = args.out or lm.root / "build"
-    build_cells(lm, lock, cells, {r["cell"]: r["refs"][0] for r in rows}, out_dir=out)
-    verdicts = smoke_cells(lm, cells, {r["cell"]: r["refs"][0] for r in rows}, lock,
-                           out_root=out)
+    refs = {r["cell"]: r["refs"][0] for r in rows}
+    build_cells(lm, lock, cells, refs, out_dir=out)
+    verdicts = smoke_cells(lm, cells, refs, lock, out_root=out)
     failed = [v for v in verdicts if not v["passed"]]
     for v in verdicts:
         print(f"smoke {'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")
