@@ -56,7 +56,8 @@ def _release(client: RegistryClient, tag: str) -> str:
     return cfg
 
 
-def test_slower_release_is_refused_as_latest_unless_accepted(docker_engine) -> None:
+def test_slower_release_is_refused_as_latest_unless_accepted(cpu_serve_image) -> None:
+    assert cpu_serve_image.ref == IMAGE
     fast_levels = _measure(())
     slow_levels = _measure((("--max-num-seqs", "1"),))
     assert all(lv["errors"] == 0 for lv in fast_levels + slow_levels)

@@ -5,10 +5,8 @@ build avoidance: an unchanged re-run runs zero build steps."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,22 +14,9 @@ import pytest
 import requests
 
 from imagebuild import REPO_ROOT
+from tests.e2e.cpu_build import CA_MARKER, HF_TOKEN_MARKER, run_cpu_build
 
 pytestmark = pytest.mark.slow
-TAG = "2026-06-18-dflashfix"
-REF_TAG = "2026-06-18-v0.23.0-dflashfix"
-
-
-# Secret values the build receives (as BuildKit secrets only); none may leak anywhere.
-HF_TOKEN_MARKER = "hf_imagebuildLeakCanary7f3a9c"
-CA_MARKER = "imagebuild-ca-leak-canary-51d2e8"
-
-
-def _build(out: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "build.py", "build", "--tag", TAG, "--target", "cpu",
-         "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=3000,
-        env={**os.environ, **(env or {})})
 
 
 def _free_port() -> int:
@@ -41,15 +26,8 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def built(docker_engine, tmp_path_factory):
-    out = tmp_path_factory.mktemp("build")
-    bundle = out / "ca-bundle.pem"  # the host bundle plus a canary line PEM readers skip
-    bundle.write_text(Path("/etc/ssl/certs/ca-certificates.crt").read_text()
-                      + f"\n# {CA_MARKER}\n")
-    proc = _build(out, {"HF_TOKEN": HF_TOKEN_MARKER, "IMAGEBUILD_CA_BUNDLE": str(bundle)})
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ref = f"127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:{REF_TAG}"
-    return out, ref, proc.stdout + proc.stderr
+def built(cpu_serve_image):
+    return cpu_serve_image.out, cpu_serve_image.ref, cpu_serve_image.output
 
 
 def test_build_writes_records_and_logs(built):
@@ -116,7 +94,7 @@ def _logs(name: str) -> str:
 
 def test_unchanged_rebuild_runs_nothing(built, tmp_path):
     start = time.monotonic()
-    proc = _build(tmp_path)
+    proc = run_cpu_build(tmp_path)
     wall = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "not rebuilt" in proc.stdout

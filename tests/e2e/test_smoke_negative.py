@@ -35,12 +35,9 @@ def _leftovers(docker: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def good(docker_engine: str) -> dict:
-    """The real cpu image, built by the real command (a no-op when it is already built)."""
-    proc = subprocess.run([sys.executable, "build.py", "build", "--tag", TAG, "--target", "cpu",
-                           "--only", "cpu-tiny-ngram"], cwd=REPO_ROOT, capture_output=True,
-                          text=True)
-    assert proc.returncode == 0, f"build failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+def good(docker_engine: str, cpu_serve_image) -> dict:
+    """The real cpu image, built by the real command (once per session)."""
+    assert cpu_serve_image.ref == GOOD
     info = json.loads(subprocess.run([docker_engine, "image", "inspect", GOOD],
                                      capture_output=True, text=True, check=True).stdout)[0]
     return {"ref": GOOD, "id": info["Id"], "cmd": info["Config"]["Cmd"]}
