@@ -18,6 +18,7 @@ from typing import Any
 import jinja2
 
 from . import REPO_ROOT
+from .config import EngineRealization
 from .errors import UserError
 from .lockfile import Lock
 from .matrix import Cell, LoadedMatrix
@@ -128,6 +129,14 @@ def _patchset_digest_of(root: Path, patches: tuple[str, ...]) -> str:
     return h.hexdigest()
 
 
+def _vllm_origin(real: EngineRealization) -> str:
+    """Where the engine's vLLM comes from: `repo@commit` or `package==version`."""
+    if real.source:
+        return f"{real.source.repository}@{real.source.commit}"
+    assert real.wheel, "a realization has a source pin or a wheel (config.py)"
+    return f"{real.wheel.package}=={real.wheel.version}"
+
+
 def render_base(lm: LoadedMatrix, target_name: str, lock: Lock | None) -> Rendered:
     target = lm.matrix.targets[target_name]
     digest = (lock.entry("bases", target_name) or {}).get("digest") if lock else None
@@ -157,10 +166,7 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str) -> Rende
         "labels": sorted({
             f"{LABEL_NS}.engine": engine_name,
             f"{LABEL_NS}.vllm.version": engine.vllm_version,
-            f"{LABEL_NS}.vllm.origin": (f"{real.source.repository}@{real.source.commit}"
-                                        if real.source else
-                                        f"{real.wheel.package}=={real.wheel.version}"
-                                        if real.wheel else ""),
+            f"{LABEL_NS}.vllm.origin": _vllm_origin(real),
             f"{LABEL_NS}.patchset.sha256": _patchset_digest(lm, real.patches),
         }.items()),
     }
@@ -178,10 +184,7 @@ def serve_labels(cell: Cell, lm: LoadedMatrix, model: dict, drafter: dict | None
         "org.opencontainers.image.vendor": "imagebuild",
         f"{LABEL_NS}.cell": cell.id,
         f"{LABEL_NS}.engine": cell.engine_name,
-        f"{LABEL_NS}.vllm.origin": (f"{real.source.repository}@{real.source.commit}"
-                                    if real.source else
-                                    f"{real.wheel.package}=={real.wheel.version}"
-                                    if real.wheel else ""),
+        f"{LABEL_NS}.vllm.origin": _vllm_origin(real),
         f"{LABEL_NS}.patchset.sha256": _patchset_digest(lm, real.patches),
         f"{LABEL_NS}.profile": cell.profile_name,
         f"{LABEL_NS}.served-names": ",".join(cell.model.served_names),
