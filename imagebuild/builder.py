@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .buildjobs import choose_parallelism, host_resources
 from .errors import OperationFailed, UserError
-from .lock import generate_model
+from .lock import generate_model, sha256_file
 from .lockfile import Lock
 from .matrix import Cell, LoadedMatrix
 from .render import Rendered, render_base, render_engine, render_serve
@@ -92,17 +92,13 @@ def preflight_engine(target: str, data_root_hint: str | None = None) -> str:
     return "buildx" if plugin.returncode == 0 else "buildkit"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def inputs_digest(rendered: Rendered, context: Path, build_args: dict[str, str],
                   parent: str | None, lock_entries: Iterable[object]) -> str:
     """What decides the image: Dockerfile, every context file, args, parent, lock entries."""
     h = hashlib.sha256()
     h.update(rendered.text.encode())
     for path in sorted(p for p in context.rglob("*") if p.is_file()):
-        h.update(str(path.relative_to(context)).encode() + b"\0" + _sha256(path).encode())
+        h.update(str(path.relative_to(context)).encode() + b"\0" + sha256_file(path).encode())
     h.update(json.dumps(build_args, sort_keys=True).encode())
     h.update((parent or "").encode())
     h.update(json.dumps(list(lock_entries), sort_keys=True).encode())
@@ -163,7 +159,7 @@ class Builder:
             entry = self.lock.entry("models", cell.model_name) or {}
             generate_model(self.lm.root / cell.model.generate.script, cell.model.generate.seed,
                            ctx / "model")
-            got = {str(p.relative_to(ctx / "model")): _sha256(p)
+            got = {str(p.relative_to(ctx / "model")): sha256_file(p)
                    for p in (ctx / "model").rglob("*") if p.is_file()}
             want = {f["path"]: f["sha256"] for f in entry.get("files", [])}
             if got != want:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import platform
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from .lock import sha256_file
 from .lockfile import Lock
 from .matrix import Cell, LoadedMatrix
 from .servecmd import serve_command
@@ -52,9 +51,8 @@ def detect_target() -> tuple[str, str]:
     return "cpu", f"this host is {platform.machine()} without a GB10 GPU"
 
 
-@functools.lru_cache(maxsize=256)
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+# patch files are hashed once per run, not once per cell
+file_sha256 = functools.lru_cache(maxsize=256)(sha256_file)
 
 
 def _hub_pin(lock: Lock | None, kind: str, name: str, repository: str | None,
