@@ -29,9 +29,17 @@ from .matrix import Cell, LoadedMatrix
 from .render import Rendered, render_base, render_engine, render_serve
 
 INPUTS_LABEL = "io.imagebuild.inputs"
+# what the expensive steps (before the patch series) depend on; see _prefix_digest
+PREFIX_LABEL = "io.imagebuild.prefix"
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
 DEFAULT_CA = "/etc/ssl/certs/ca-certificates.crt"
-MIN_FREE_BYTES = {"cpu": 15 * 2**30, "gb10": 60 * 2**30}  # engine layers + build cache
+GiB = 2**30
+# Free disk a build needs, by (target, kind): (nothing cached, expensive prefix cached).
+# A cold cpu engine writes ~6.5 GB of layers plus ~3.5 GB of wheels in the pip cache and
+# the unpacked copies in between; once its pip layers exist, a patch change writes < 1 GB.
+# A gb10 engine compiles after the patches, so a warm build still needs its build tree.
+DISK_NEED = {("cpu", "engine"): (15 * GiB, 2 * GiB), ("gb10", "engine"): (60 * GiB, 30 * GiB)}
+DISK_NEED_OTHER = 2 * GiB  # base (imported rootfs) and serve (tiny model or manifests)
 STEP = re.compile(r"^#(\d+) \[(?:[\w.-]+ )?\s*\d+/\d+\] (?!FROM )")  # FROM is no step
 CACHED = re.compile(r"^#(\d+) CACHED")
 DONE = re.compile(r"^#(\d+) DONE")
@@ -65,9 +73,9 @@ def _docker(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess
     return proc
 
 
-def preflight_engine(target: str, data_root_hint: str | None = None) -> str:
-    """Fail early, in one line, on a missing daemon, a daemon without BuildKit, or no disk.
-    Returns the build command flavour: 'buildx' or 'buildkit'."""
+def preflight_engine() -> tuple[str, str]:
+    """Fail early, in one line, on a missing daemon or a daemon without BuildKit.
+    Returns the build command flavour ('buildx' or 'buildkit') and the daemon's data root."""
     info = _docker("info", "--format", "{{json .}}", check=False)
     if info.returncode != 0:
         raise OperationFailed("no Docker engine answers "
@@ -78,18 +86,43 @@ def preflight_engine(target: str, data_root_hint: str | None = None) -> str:
     if int(version.split(".")[0]) < 19:
         raise OperationFailed(f"Docker engine {version} has no usable BuildKit",
                               fix="use Docker 20.10 or newer")
-    root = data_root_hint or data.get("DockerRootDir", "/var/lib/docker")
+    plugin = _docker("buildx", "version", check=False)
+    return ("buildx" if plugin.returncode == 0 else "buildkit",
+            data.get("DockerRootDir", "/var/lib/docker"))
+
+
+def disk_need(target: str, kind: str, prefix_cached: bool) -> int:
+    cold, warm = DISK_NEED.get((target, kind), (DISK_NEED_OTHER, DISK_NEED_OTHER))
+    return warm if prefix_cached else cold
+
+
+def check_disk(root: str, need: int, what: str) -> None:
+    """Refuse a build that would run the disk full half-way, before it starts."""
     try:
         free = shutil.disk_usage(root).free
     except OSError:
         free = shutil.disk_usage("/").free
-    need = MIN_FREE_BYTES.get(target, 15 * 2**30)
     if free < need:
-        raise OperationFailed(f"only {free / 2**30:.1f} GiB free under {root}; a {target} "
-                              f"build needs about {need / 2**30:.0f} GiB",
+        raise OperationFailed(f"only {free / GiB:.1f} GiB free under {root}; {what} "
+                              f"needs about {need / GiB:.0f} GiB",
                               fix="free disk space (`docker system prune`) and re-run")
-    plugin = _docker("buildx", "version", check=False)
-    return "buildx" if plugin.returncode == 0 else "buildkit"
+
+
+def prefix_digest(rendered: Rendered, context: Path, parent: str | None) -> str | None:
+    """What the steps before `COPY patches/` depend on: the parent, the Dockerfile up to
+    that line and every context file outside patches/ (conservative: a launcher change
+    counts too). An image carrying it means BuildKit holds those layers, so a patch-only
+    change rebuilds little. None for a Dockerfile without a patch series."""
+    lines = rendered.text.splitlines(keepends=True)
+    cut = next((i for i, line in enumerate(lines) if line.startswith("COPY patches/")), None)
+    if cut is None:
+        return None
+    h = hashlib.sha256((parent or "").encode() + b"\0" + "".join(lines[:cut]).encode())
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        rel = path.relative_to(context)
+        if rel.parts[0] not in ("patches", "Dockerfile"):
+            h.update(str(rel).encode() + b"\0" + sha256_file(path).encode())
+    return h.hexdigest()
 
 
 def inputs_digest(rendered: Rendered, context: Path, build_args: dict[str, str],
@@ -105,9 +138,9 @@ def inputs_digest(rendered: Rendered, context: Path, build_args: dict[str, str],
     return h.hexdigest()
 
 
-def _find_by_inputs(digest: str) -> str | None:
+def _find_by_label(label: str, value: str) -> str | None:
     out = _docker("image", "ls", "-q", "--no-trunc", "--filter",
-                  f"label={INPUTS_LABEL}={digest}", check=False).stdout.split()
+                  f"label={label}={value}", check=False).stdout.split()
     return out[0] if out else None
 
 
@@ -136,6 +169,7 @@ class Builder:
             (DEFAULT_CA if Path(DEFAULT_CA).exists() else ""))
         self.hf_token = hf_token if hf_token is not None else os.environ.get("HF_TOKEN", "")
         self.flavour: str | None = None
+        self.data_root = "/var/lib/docker"
         self.records: list[BuildRecord] = []
         self._done: dict[str, BuildRecord] = {}
         self._target = "cpu"
@@ -186,19 +220,27 @@ class Builder:
         ref = ref.format(inputs=digest[:16])
         log_path = self.out_dir / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        found = _find_by_inputs(digest)
+        found = _find_by_label(INPUTS_LABEL, digest)
         if found:
             _docker("tag", found, ref)
             self.log(f"[{kind}] {ref}: up to date (inputs {digest[:12]}), not rebuilt")
             return BuildRecord(kind, ref, digest, found, _image_size(found), 0.0, 0, 0, True,
                                str(log_path), cell)
-        self.flavour = self.flavour or preflight_engine(self._target)
+        if self.flavour is None:
+            self.flavour, self.data_root = preflight_engine()
+        prefix = prefix_digest(rendered, ctx, parent)
+        warm = prefix is not None and _find_by_label(PREFIX_LABEL, prefix) is not None
+        check_disk(self.data_root, disk_need(self._target, kind, warm),
+                   f"the {self._target} {kind} build of {ref}"
+                   + (" (expensive steps cached)" if warm else ""))
         with tempfile.TemporaryDirectory(prefix="imagebuild-secrets-") as tmp:
             iid = Path(tmp) / "iid"
             cmd = ([DOCKER, "buildx", "build", "--load"] if self.flavour == "buildx"
                    else [DOCKER, "build"])
             cmd += ["--network", "host", "--progress", "plain", "--iidfile", str(iid),
                     "-t", ref, "--label", f"{INPUTS_LABEL}={digest}"]
+            if prefix:
+                cmd += ["--label", f"{PREFIX_LABEL}={prefix}"]
             for key, value in sorted(build_args.items()):
                 cmd += ["--build-arg", f"{key}={value}"]
             secrets = {"ca_bundle": (Path(self.ca_bundle).read_bytes() if self.ca_bundle

@@ -31,7 +31,7 @@ def test_missing_engine_is_one_line_with_fix(tmp_path, monkeypatch):
         tmp_path, "echo 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock' >&2;"
                   " exit 1"))
     with pytest.raises(OperationFailed) as info:
-        builder.preflight_engine("cpu")
+        builder.preflight_engine()
     assert "no Docker engine answers" in info.value.message
     assert "scripts/setup.sh" in info.value.fix
 
@@ -40,25 +40,49 @@ def test_old_engine_without_buildkit(tmp_path, monkeypatch):
     monkeypatch.setattr(builder, "DOCKER", _fake_docker(
         tmp_path, "echo '{\"ServerVersion\": \"17.06.0\", \"DockerRootDir\": \"/\"}'"))
     with pytest.raises(OperationFailed, match="has no usable BuildKit"):
-        builder.preflight_engine("cpu")
+        builder.preflight_engine()
 
 
 def test_not_enough_disk(tmp_path, monkeypatch):
-    monkeypatch.setattr(builder, "DOCKER", _fake_docker(
-        tmp_path, f"echo '{{\"ServerVersion\": \"20.10.24\", \"DockerRootDir\": \"{tmp_path}\"}}'"))
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(builder.shutil, "disk_usage",
                         lambda _: usage._replace(free=3 * 2**30))
+    need = builder.disk_need("cpu", "engine", prefix_cached=False)
     with pytest.raises(OperationFailed) as info:
-        builder.preflight_engine("cpu")
+        builder.check_disk(str(tmp_path), need, "the cpu engine build")
     assert "only 3.0 GiB free" in info.value.message and "prune" in info.value.fix
+    assert "the cpu engine build needs about 15 GiB" in info.value.message
+    # the same disk is enough once the pip layers are cached (a patch-only change)
+    builder.check_disk(str(tmp_path), builder.disk_need("cpu", "engine", prefix_cached=True),
+                       "the cpu engine build")
+    builder.check_disk(str(tmp_path), builder.disk_need("cpu", "serve", False), "serve")
 
 
 def test_buildkit_flavour_without_buildx(tmp_path, monkeypatch):
     monkeypatch.setattr(builder, "DOCKER", _fake_docker(
         tmp_path, f"echo '{{\"ServerVersion\": \"20.10.24\", \"DockerRootDir\": \"{tmp_path}\"}}'"))
-    monkeypatch.setattr(builder, "MIN_FREE_BYTES", {"cpu": 1})
-    assert builder.preflight_engine("cpu") == "buildkit"
+    assert builder.preflight_engine() == ("buildkit", str(tmp_path))
+
+
+def test_prefix_digest_ignores_the_patch_series(tmp_path):
+    ctx = tmp_path / "ctx"
+    (ctx / "files").mkdir(parents=True)
+    (ctx / "patches").mkdir()
+    (ctx / "files" / "requirements.txt").write_text("torch==2.9.1\n")
+    (ctx / "patches" / "a.patch").write_text("one")
+    text = ("FROM base\nCOPY files/requirements.txt /r.txt\nRUN pip install -r /r.txt\n"
+            "COPY patches/ /p/\nRUN apply /p/a.patch\n")
+    r = Rendered("engine", "e.Dockerfile", text, ())
+    before = builder.prefix_digest(r, ctx, "parent")
+    assert before is not None
+    (ctx / "patches" / "a.patch").write_text("two")
+    (ctx / "patches" / "b.patch").write_text("new")
+    patched = Rendered("engine", "e.Dockerfile", text + "RUN apply /p/b.patch\n", ())
+    assert builder.prefix_digest(patched, ctx, "parent") == before
+    assert builder.prefix_digest(r, ctx, "other-parent") != before
+    (ctx / "files" / "requirements.txt").write_text("torch==2.10.0\n")
+    assert builder.prefix_digest(r, ctx, "parent") != before
+    assert builder.prefix_digest(Rendered("serve", "s", "FROM e\n", ()), ctx, "p") is None
 
 
 PLAIN_PROGRESS = """#1 [internal] load build definition from Dockerfile
@@ -108,7 +132,7 @@ def test_inputs_digest_tracks_every_input(tmp_path):
 def test_build_command_without_engine_exits_1(tmp_path, monkeypatch, capsys):
     from imagebuild.cli import main
     monkeypatch.setattr(builder, "DOCKER", _fake_docker(tmp_path, "exit 1"))
-    monkeypatch.setattr(builder, "_find_by_inputs", lambda digest: None)
+    monkeypatch.setattr(builder, "_find_by_label", lambda label, value: None)
     import imagebuild.bootstrap as bootstrap
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")
     monkeypatch.setattr(builder, "_docker", lambda *a, **k: type(
