@@ -47,16 +47,18 @@ runner-clean:  ## smoke containers and dangling layers a previous job left behin
 	docker ps -aq --filter label=io.imagebuild.smoke | xargs -r docker rm -f
 	docker image prune --force
 
-release-notes:
-	mkdir -p build
-	$(PY) build.py notes --tag "$$RELEASE_TAG" --target gb10 --smoke-dir build > build/release-notes.md
+release-notes:  ## notes + one bench plot per image ($$ASSET_URL: where the release keeps them)
+	mkdir -p build/release-assets
+	$(PY) build.py notes --tag "$$RELEASE_TAG" --target gb10 --smoke-dir build \
+	  --plot-dir build/release-assets --asset-url "$$ASSET_URL" > build/release-notes.md
 
-github-release:  ## create the release, or refresh its notes when re-run
+github-release:  ## create the release, or refresh its notes and plots when re-run
 	if gh release view "$$RELEASE_TAG" >/dev/null 2>&1; then \
 	  gh release edit "$$RELEASE_TAG" --notes-file build/release-notes.md; \
+	  find build/release-assets -name '*.png' -exec gh release upload --clobber "$$RELEASE_TAG" {} +; \
 	else \
 	  gh release create "$$RELEASE_TAG" --verify-tag --title "$$RELEASE_TAG" \
-	    --notes-file build/release-notes.md; \
+	    --notes-file build/release-notes.md $$(find build/release-assets -name '*.png'); \
 	fi
 
 rollback:

@@ -43,6 +43,17 @@ def _check_pin(value: str, what: str) -> str:
     return value
 
 
+class BenchSettings(Strict):
+    """How the whole job (and `build.py bench --tag`) measures a target's images."""
+
+    concurrency: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    requests: int = Field(default=32, ge=1)  # per level
+    max_tokens: int = Field(default=128, ge=2)
+    prompts: str = "structured,prose"
+    # overrides publish.regression_threshold: shared CPU hosts are noisier than a GB10
+    regression_threshold: float | None = Field(default=None, ge=0, le=1)
+
+
 class Target(Strict):
     platform: Literal["linux/arm64", "linux/amd64"]
     description: str
@@ -60,6 +71,7 @@ class Target(Strict):
     smoke_concurrency: list[int] = Field(min_length=1)
     boot_timeout_s: int = Field(gt=0)
     memory_limit: str
+    bench: BenchSettings | None = None  # None: the whole job does not bench this target
 
     @model_validator(mode="after")
     def _source_needs_toolchain(self) -> Target:

@@ -3,8 +3,10 @@
 Per image: `docker pull` by tag and by digest, the hardened `docker run` (DOMAIN.md: weights
 read-only inside the image, port on 127.0.0.1 through the host network, no credentials in
 the container, `--ipc host` on GB10, vLLM's cache on a volume so restarts skip the
-compile), the pins table, the smoke summary of the tested digest, and the rollback command
-for the release before it. Formatting is pure (`release_notes`); `gather` reads the registry.
+compile), the pins table, the smoke summary of the tested digest, the benchmark table
+(deltas against the release before it, any accepted regression with its reason) and plot,
+and the rollback command for the release before it. Formatting is pure (`release_notes`);
+`gather` reads the registry.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ class ImageFacts:
     digest: str | None  # manifest digest of repo:release_tag (None: not pushed)
     previous: str | None  # the newest older release that passed (the rollback target)
     verdict: dict[str, Any] | None  # build/smoke/<target>/<engine>/<image>/verdict.json
+    bench: dict[str, Any] | None = None  # results stored with this release
+    bench_previous: dict[str, Any] | None = None  # ... with `previous`
+    accepted_regression: str | None = None  # the reason promote was given
+    plot: str | None = None  # where the notes link the PNG (asset URL or file name)
 
 
 def run_command(ref: str, image: str, *, gpu: bool, memory: str | None) -> str:
@@ -75,6 +81,23 @@ def _smoke(v: dict[str, Any] | None) -> list[str]:
     return rows
 
 
+def _bench(f: ImageFacts) -> list[str]:
+    from .bench import compare, results
+
+    if f.bench is None:
+        return ["_no benchmark results are stored with this release_ (`build.py bench "
+                "--tag ... --store`)"]
+    deltas = compare.deltas(f.bench, f.bench_previous) if f.bench_previous else None
+    out = [results.markdown(f.bench, deltas).rstrip("\n"), ""]
+    if deltas is not None:
+        out += [f"vs baseline: output tok/s against `{f.previous}`.", ""]
+    if f.accepted_regression:
+        out += [f"**Accepted throughput regression:** {f.accepted_regression}", ""]
+    if f.plot:
+        out += [f"![tok/s and TTFT against concurrency]({f.plot})", ""]
+    return out
+
+
 def release_notes(tag: str, rows: list[dict[str, Any]], cells: list[Cell],
                   facts: dict[str, ImageFacts]) -> str:
     """Markdown for the GitHub release of `tag` (rows: plan_rows of the release)."""
@@ -102,7 +125,7 @@ def release_notes(tag: str, rows: list[dict[str, Any]], cells: list[Cell],
                 f"| engine | {_engine(row['pins']['engine'])} |",
                 f"| model | {_pin(row['pins']['model'])} |",
                 f"| drafter | {_pin(row['pins']['drafter'])} |", "", "Smoke:", ""]
-        out += _smoke(f.verdict) + [""]
+        out += _smoke(f.verdict) + ["", "Benchmark:", ""] + _bench(f)
     out += ["## Rollback", ""]
     if previous:
         out += ["```sh"] + [f"python build.py rollback --to {p}" for p in previous] + ["```"]
@@ -119,9 +142,20 @@ def previous_release(tags_passed: list[str], tag: str) -> str | None:
     return max(older, key=lambda t: parse_release_tag(t).sort_key()) if older else None  # type: ignore[union-attr]
 
 
+def _stored_bench(client: Any, repo: str, tag: str | None
+                  ) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    from .bench import store
+
+    image_id = store.release_image_id(client, repo, tag) if tag else None
+    found = store.get_results(client, repo, image_id) if image_id else None
+    return found if found else (None, {})
+
+
 def gather(client: Any, rows: list[dict[str, Any]], cells: list[Cell],
            smoke_dir: Path) -> dict[str, ImageFacts]:
-    """Digests and earlier releases from the registry, verdicts from the smoke reports."""
+    """Digests, earlier releases and stored bench results from the registry, verdicts
+    from the smoke reports."""
+    from .bench.store import A_ACCEPTED
     from .release import list_releases, split_repository
     from .smoke.paths import verdict_path
 
@@ -132,11 +166,33 @@ def gather(client: Any, rows: list[dict[str, Any]], cells: list[Cell],
         mine = next((r for r in rels if r.tag == row["release_tag"]), None)
         path = verdict_path(smoke_dir, cell)
         verdict = json.loads(path.read_text()) if path.exists() else None
+        previous = previous_release([r.tag for r in rels if r.passed], row["release_tag"])
+        bench, ann = _stored_bench(client, repo, mine.tag if mine else None)
         facts[row["cell"]] = ImageFacts(
-            digest=mine.digest if mine else None,
-            previous=previous_release([r.tag for r in rels if r.passed], row["release_tag"]),
-            verdict=verdict)
+            digest=mine.digest if mine else None, previous=previous, verdict=verdict,
+            bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
+            accepted_regression=ann.get(A_ACCEPTED))
     return facts
+
+
+def write_plots(facts: dict[str, ImageFacts], rows: list[dict[str, Any]], out_dir: Path,
+                url_base: str) -> dict[str, ImageFacts]:
+    """One PNG per image with benchmark results: this release and the one before it, one
+    line each. The notes link `url_base + file name` (the release asset's URL on GitHub)."""
+    from dataclasses import replace
+
+    from .bench.plot import plot
+
+    done = dict(facts)
+    for row in rows:
+        f = facts.get(row["cell"])
+        if f is None or f.bench is None:
+            continue
+        name = f"bench-{row['image']}.png"
+        runs = [f.bench] + ([f.bench_previous] if f.bench_previous else [])
+        plot(runs, out_dir / name, title=f"{row['image']} - {row['release_tag']}")
+        done[row["cell"]] = replace(f, plot=url_base + name)
+    return done
 
 
 # --------------------------------------------------------------------------- command line
@@ -151,5 +207,7 @@ def cmd_notes(args: Any, context: Any) -> int:
     rows = plan_rows(cells, lm, tag, lock)
     client = RegistryClient(registry_for(lm).host)
     facts = gather(client, rows, cells, args.smoke_dir or lm.root / "build")
+    if args.plot_dir:
+        facts = write_plots(facts, rows, args.plot_dir, args.asset_url or "")
     print(release_notes(str(tag), rows, cells, facts), end="")
     return 0

@@ -374,7 +374,7 @@ def _short(digest: str | None) -> str:
     return (digest or "-").removeprefix("sha256:")[:12]
 
 
-def _latest_release(client: RegistryClient, repo: str) -> tuple[str | None, str | None]:
+def latest_release(client: RegistryClient, repo: str) -> tuple[str | None, str | None]:
     """(digest latest points at, the release tag its manifest records), or (None, None)."""
     rel = read_release(client, repo, LATEST)
     if rel is None:
@@ -419,7 +419,7 @@ def set_latest(client: RegistryClient, repo: str, to: str, *, mode: str = "rollb
     start, sent0 = time.monotonic(), client.bytes.total
     tag = resolve_tag(client, repo, to)
     rel = _passing(client, repo, tag)
-    before, before_tag = _latest_release(client, repo)
+    before, before_tag = latest_release(client, repo)
     if mode == "promote" and before_tag and (cur := parse_release_tag(before_tag)):
         if rel.release_tag and rel.release_tag.sort_key() < cur.sort_key():
             raise UserError(f"{repo}: {tag} is older than latest ({before_tag})",

@@ -9,6 +9,7 @@ import asyncio
 import datetime as dt
 import functools
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -28,25 +29,48 @@ def _levels(text: str) -> list[int]:
     return out
 
 
+def _cpus(text: str) -> set[int]:
+    """'0', '1,3' or '2-5' (the cpuset syntax docker takes) as a set of CPU numbers."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        out = set()
+    if not out:
+        raise argparse.ArgumentTypeError("CPU numbers such as 1, 1,3 or 2-5")
+    return out
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("image", nargs="?", default=None, metavar="IMAGE_REF",
                    help="a local serve image (started hardened on loopback, then removed)")
     p.add_argument("--url", default=None,
                    help="measure an already running server (http://127.0.0.1:PORT) instead")
-    p.add_argument("--concurrency", type=_levels, default=[1, 8, 32, 64], metavar="C,C,..")
-    p.add_argument("--prompts", default="structured,prose", metavar="SETS|FILE.jsonl")
+    p.add_argument("--concurrency", type=_levels, default=None, metavar="C,C,..",
+                   help="levels (default: the target's bench settings with --tag, else "
+                        "1,8,32,64)")
+    p.add_argument("--prompts", default=None, metavar="SETS|FILE.jsonl",
+                   help="built-in sets (structured,prose) or a JSONL file of your own")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--requests", type=int, default=None, metavar="N",
-                      help="requests per level (default 32)")
+                      help="requests per level (default: the target's, else 32)")
     load.add_argument("--duration", type=float, default=None, metavar="S",
                       help="seconds per level instead of a request count")
-    p.add_argument("--max-tokens", type=int, default=128, metavar="N",
-                   help="output tokens per request (ignore_eos keeps it fixed)")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="output tokens per request, fixed by ignore_eos (default: the "
+                        "target's, else 128)")
     p.add_argument("--baseline", default=None, metavar="TAG",
                    help="show deltas against the results stored with release TAG")
     p.add_argument("--store", action="store_true",
                    help="store the results in the registry next to the image's release")
     p.add_argument("--label", default=None, help="legend name of this run in the plot")
+    p.add_argument("--server-cpus", default=None, metavar="LIST",
+                   help="pin the server container to these CPUs (docker --cpuset-cpus)")
+    p.add_argument("--client-cpus", type=_cpus, default=None, metavar="LIST",
+                   help="pin this load generator to these CPUs (e.g. 1 or 2-3), so client "
+                        "and server do not take each other's cores")
     p.add_argument("--out", type=Path, default=None, help="output dir (default build/bench/)")
 
 
@@ -98,43 +122,80 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str) -> dict[str
     return paths
 
 
+def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prompt],
+                levels: list[int], load_kw: dict[str, Any], settings: dict[str, Any],
+                server_cpus: str | None = None, label: str | None = None,
+                log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Start `ref` hardened on loopback, measure every level, remove it: one results doc."""
+    from ..smoke.expect import expectations_from_labels
+    from .server import serving
+
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
+    meta = _image_meta(ref, info)
+    with serving(ref, info, expectations_from_labels(ref, info=info), cpuset=server_cpus,
+                 log=log) as c:
+        measured, _model = measure(c.base_url, prompt_set=prompt_set, levels=levels,
+                                   load_kw=load_kw, log=log)
+    meta["label"] = label
+    return results.document(image=meta, settings=settings, levels=measured, started=started)
+
+
+def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | None,
+                  duration: float | None, max_tokens: int,
+                  extra: dict[str, Any] | None = None
+                  ) -> tuple[list[prompts.Prompt], dict[str, Any], dict[str, Any]]:
+    """(prompts, client load, the settings recorded with the results)."""
+    prompt_set = prompts.select(prompt_arg)
+    load_kw = {"max_tokens": max_tokens, "requests": requests, "duration_s": duration}
+    if duration is None and requests is None:
+        load_kw["requests"] = 32
+    settings = {"concurrency": concurrency, "prompts": prompt_arg,
+                "prompt_count": len(prompt_set), **load_kw, "endpoint": "/v1/chat/completions",
+                "ignore_eos": True, "temperature": 0.0, **(extra or {})}
+    return prompt_set, load_kw, settings
+
+
 def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) -> int:
     from .. import REPO_ROOT
-    from ..smoke.expect import expectations_from_labels, inspect_image
-    from .server import serving
+    from ..smoke.expect import inspect_image
 
     if sum(bool(x) for x in (args.image, args.tag, args.url)) != 1:
         raise UserError("give one of IMAGE_REF, --tag T or --url URL",
                         fix="e.g. `build.py bench 127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:TAG`")
     refs = [args.image] if args.image else []
+    target = None
     if args.tag:
         from ..plan import plan_rows
         lm, cells, tag, _target, _why, lock = context(args)
         refs = [r["refs"][0] for r in plan_rows(cells, lm, tag, lock)]
-    prompt_set = prompts.select(args.prompts)
-    load_kw = {"max_tokens": args.max_tokens, "requests": args.requests,
-               "duration_s": args.duration}
-    if args.duration is None and args.requests is None:
-        load_kw["requests"] = 32
-    settings = {"concurrency": args.concurrency, "prompts": args.prompts,
-                "prompt_count": len(prompt_set), **load_kw, "endpoint": "/v1/chat/completions",
-                "ignore_eos": True, "temperature": 0.0}
-    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
+        target = cells[0].target.bench if cells else None
+    # flags win; then the target's bench settings in matrix.yaml (with --tag); then defaults
+    concurrency = args.concurrency or (target.concurrency if target else [1, 8, 32, 64])
+    requests = args.requests if args.requests is not None or args.duration else (
+        target.requests if target else None)
+    max_tokens = args.max_tokens or (target.max_tokens if target else 128)
+    prompt_arg = args.prompts or (target.prompts if target else "structured,prose")
+    if args.client_cpus:
+        os.sched_setaffinity(0, args.client_cpus)
+    prompt_set, load_kw, settings = load_settings(
+        concurrency, prompt_arg, requests=requests, duration=args.duration,
+        max_tokens=max_tokens, extra={
+            "server_cpus": args.server_cpus,
+            "client_cpus": sorted(args.client_cpus) if args.client_cpus else None})
     out_root = args.out or REPO_ROOT / "build" / "bench"
-    targets: list[tuple[str, dict[str, Any] | None]] = (
-        [(args.url, None)] if args.url else [(r, inspect_image(r)) for r in refs])
-    for ref, info in targets:
-        if info is None:
-            levels, _model = measure(ref, prompt_set=prompt_set, levels=args.concurrency,
-                                     load_kw=load_kw)
-            meta: dict[str, Any] = {"ref": ref, "id": None, "tag": None}
-        else:
-            meta = _image_meta(ref, info)
-            with serving(ref, info, expectations_from_labels(ref, info=info)) as c:
-                levels, _model = measure(c.base_url, prompt_set=prompt_set,
-                                         levels=args.concurrency, load_kw=load_kw)
-        meta["label"] = args.label
-        doc = results.document(image=meta, settings=settings, levels=levels, started=started)
+    if args.url:
+        started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
+        levels, _model = measure(args.url, prompt_set=prompt_set, levels=concurrency,
+                                 load_kw=load_kw)
+        docs = [(args.url, results.document(
+            image={"ref": args.url, "id": None, "tag": None, "label": args.label},
+            settings=settings, levels=levels, started=started))]
+    else:
+        docs = [(ref, bench_image(ref, inspect_image(ref), prompt_set=prompt_set,
+                                  levels=concurrency, load_kw=load_kw, settings=settings,
+                                  server_cpus=args.server_cpus, label=args.label))
+                for ref in refs]
+    for ref, doc in docs:
         deltas = None
         if args.baseline or args.store:
             deltas = _registry_steps(args, ref, doc)

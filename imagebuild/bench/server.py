@@ -31,16 +31,18 @@ def without_flag(argv: list[str], flag: str) -> list[str]:
 @contextlib.contextmanager
 def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
             drop_flags: tuple[str, ...] = (), set_flags: tuple[tuple[str, str], ...] = (),
-            log=print) -> Iterator[Container]:
+            cpuset: str | None = None, log=print) -> Iterator[Container]:
     """The image's own serve command, minus `drop_flags`, with `set_flags` (flag, value)
-    replacing or adding values: how a variant of a release is measured without a rebuild."""
+    replacing or adding values: how a variant of a release is measured without a rebuild.
+    `cpuset` (docker --cpuset-cpus) keeps the server off the load generator's cores."""
     command = list(info.get("Config", {}).get("Cmd") or [])
     for flag in drop_flags + tuple(f for f, _ in set_flags):
         command = without_flag(command, flag)
     for flag, value in set_flags:
         command += [flag, value]
     user = image_user(image, info.get("Config", {}).get("User") or "")
-    c = launch(image, command, memory=expect["memory_limit"], gpu=expect["gpu"], user=user)
+    c = launch(image, command, memory=expect["memory_limit"], gpu=expect["gpu"], user=user,
+               cpuset=cpuset)
     try:
         t0 = time.monotonic()
         timeout = float(expect.get("boot_timeout_s") or 600)

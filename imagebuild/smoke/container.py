@@ -65,7 +65,7 @@ def image_user(image: str, user: str) -> tuple[int, int]:
 
 
 def run_args(image: str, command: list[str], *, name: str, memory: str, gpu: bool,
-             user: tuple[int, int] = (0, 0)) -> list[str]:
+             user: tuple[int, int] = (0, 0), cpuset: str | None = None) -> list[str]:
     args = ["run", "--detach", "--name", name, "--label", f"{LABEL}=1",
             "--network", "host", "--read-only",
             "--security-opt", "no-new-privileges", "--cap-drop", "ALL",
@@ -74,6 +74,8 @@ def run_args(image: str, command: list[str], *, name: str, memory: str, gpu: boo
     args += ["--tmpfs", f"{TMP[0]}:{TMP[1]}",
              "--tmpfs", f"{CACHE[0]}:{CACHE[1].format(uid=user[0], gid=user[1])}"]
     args += ["--gpus", "all", "--ipc", "host"] if gpu else ["--shm-size", CPU_SHM]
+    if cpuset:  # benchmarks keep the server off the load generator's cores
+        args += ["--cpuset-cpus", cpuset]
     return args + [image, *command]
 
 
@@ -110,13 +112,13 @@ class Container:
 
 
 def launch(image: str, command: list[str], *, memory: str, gpu: bool,
-           user: tuple[int, int]) -> Container:
+           user: tuple[int, int], cpuset: str | None = None) -> Container:
     port = free_port()
     name = f"imagebuild-smoke-{secrets.token_hex(4)}"
     c = Container(name=name, port=port, image=image)
     try:
         proc = docker(*run_args(image, with_listen(command, port), name=name, memory=memory,
-                                gpu=gpu, user=user), check=False)
+                                gpu=gpu, user=user, cpuset=cpuset), check=False)
     except BaseException:  # Ctrl-C during `docker run`: the container may exist already
         c.remove()
         raise

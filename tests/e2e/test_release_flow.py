@@ -92,3 +92,21 @@ def test_prune_keeps_latest_and_its_rollback_target(released):
     assert NEW in proc.stdout and OLD in proc.stdout
     out = _run(released, "releases", "--image", "cpu-*").stdout
     assert NEW in out and OLD in out  # dry run deleted nothing
+
+
+def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registry):
+    from imagebuild.bench import store
+    from imagebuild.registry import RegistryClient
+
+    client = RegistryClient(registry.url, username=registry.user, password=registry.password)
+    repo = "vllm-spark/cpu-tiny-ngram"
+    for tag in (NEW, OLD):
+        doc = store.release_results(client, repo, tag)
+        assert doc is not None, f"no bench results stored with {tag}"
+        assert [lv["concurrency"] for lv in doc["levels"]] == [1, 4]  # matrix.yaml cpu.bench
+        assert all(lv["errors"] == 0 and lv["output_tok_s"] > 0 for lv in doc["levels"])
+    proc = _run(released, "notes", "--tag", "2026-06-18-dflashfix", "--target", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    bench = proc.stdout.split("Benchmark:")[1]
+    assert "| c | req | err | tok/s | vs baseline |" in bench
+    assert f"against `{OLD}`" in bench

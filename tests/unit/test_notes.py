@@ -60,3 +60,41 @@ def test_previous_release_is_the_newest_older_passing_one():
     assert previous_release(tags, "2026-06-18-v0.23.0-dflashfix") == \
         "2026-06-11-v0.23.0-pr41703"
     assert previous_release(tags[1:2], "2026-05-01-v0.22.0-base") is None
+
+
+def _bench_doc(tag: str, tok_s: dict[int, float]) -> dict:
+    return {"schema": "imagebuild.bench/v1", "started": "2026-06-18T10-00-00Z",
+            "image": {"tag": tag, "id": "sha256:" + "cd" * 32},
+            "hardware": {"model": "NVIDIA GB10", "machine": "aarch64"},
+            "settings": {"prompts": "structured,prose", "max_tokens": 128},
+            "levels": [{"concurrency": c, "requests": 32, "errors": 0, "output_tok_s": v,
+                        "request_rate": v / 128, "ttft_ms": {"median": 80.0, "p90": 95.0},
+                        "tpot_ms": {"median": 9.0}, "itl_ms": {"median": 9.0},
+                        "e2e_ms": {"median": 1200.0},
+                        "spec_decode": {"acceptance": 0.61, "mean_accepted_length": 3.4},
+                        "client_cpu_ms_per_request": 4.2} for c, v in tok_s.items()]}
+
+
+def test_notes_carry_the_bench_table_deltas_reason_and_plot(matrix_dir, tmp_path):
+    from imagebuild.notes import write_plots
+
+    tag, rows, cells = _release(matrix_dir, "gb10")
+    first = rows[0]
+    prev = "2026-06-11-v0.23.0-pr41703"
+    facts = {first["cell"]: ImageFacts(
+        DIGEST, prev, VERDICT, bench=_bench_doc(tag, {1: 120.0, 64: 760.0}),
+        bench_previous=_bench_doc(prev, {1: 125.0, 64: 840.0}),
+        accepted_regression="DFlash acceptance fix costs 10% at c=64")}
+    facts = write_plots(facts, rows, tmp_path, "https://example.invalid/dl/")
+    png = tmp_path / f"bench-{first['image']}.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = release_notes(tag, rows, cells, facts)
+    section = text.split(f"## {first['image']}")[1].split("\n## ")[0]
+    bench = section.split("Benchmark:")[1]
+    assert "| 64 | 32 | 0 | 760.0 | -9.5% |" in bench  # tok/s and its delta vs previous
+    assert f"against `{prev}`" in bench
+    assert "**Accepted throughput regression:** DFlash acceptance fix costs 10% at c=64" in bench
+    assert f"](https://example.invalid/dl/bench-{first['image']}.png)" in bench
+    # an image without stored results says so instead of an empty table
+    other = text.split(f"## {rows[1]['image']}")[1].split("\n## ")[0]
+    assert "no benchmark results are stored" in other
