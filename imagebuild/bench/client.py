@@ -9,6 +9,7 @@ TPOT (E2E - TTFT) / (output tokens - 1), output tokens from the stream's usage r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -61,24 +62,28 @@ def payload(model: str, prompt: Prompt, load: Load) -> dict[str, Any]:
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
-async def one_request(url: str, body: dict[str, Any]) -> RequestResult:
+async def one_request(url: str, body: dict[str, Any],
+                      conn: http.Connection | None = None) -> RequestResult:
     r = RequestResult(ok=False, start=time.perf_counter())
     last = end = r.start  # last chunk with a choice; last chunk of any kind
     try:
-        async for data in http.post_sse(url, body):
-            now = time.perf_counter()
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if chunk.get("choices"):
-                if not r.ttft_s:
-                    r.ttft_s = now - r.start
-                else:
-                    r.itl_s.append(now - last)
-                last = now
-            if chunk.get("usage"):
-                r.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
-            end = now
+        # read to the end of the body (it closes right after [DONE]), so the keep-alive
+        # connection can carry the next request
+        async with contextlib.aclosing(http.post_sse(url, body, conn)) as stream:
+            async for data in stream:
+                now = time.perf_counter()
+                if data == "[DONE]":
+                    continue
+                chunk = json.loads(data)
+                if chunk.get("choices"):
+                    if not r.ttft_s:
+                        r.ttft_s = now - r.start
+                    else:
+                        r.itl_s.append(now - last)
+                    last = now
+                if chunk.get("usage"):
+                    r.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+                end = now
         r.ok = r.ttft_s > 0 and r.output_tokens > 0
         r.error = "" if r.ok else "stream ended without tokens"
     except (OSError, http.HTTPError, ValueError, asyncio.IncompleteReadError) as exc:
@@ -110,10 +115,14 @@ async def run_level(base_url: str, prompts: list[Prompt], concurrency: int, load
         return i
 
     async def worker() -> None:
-        while (i := next_index()) is not None:
-            results.append(await one_request(url, payload(load.model, prompts[i % len(prompts)],
-                                                          load)))
-            tick()
+        conn = http.Connection()
+        try:
+            while (i := next_index()) is not None:
+                results.append(await one_request(
+                    url, payload(load.model, prompts[i % len(prompts)], load), conn))
+                tick()
+        finally:
+            conn.close()
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
