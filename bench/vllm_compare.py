@@ -4,8 +4,9 @@ Starts the cpu serve image once (hardened, loopback), then per concurrency level
 clients on the same prompts, in the same order, with the same fixed output length
 (ignore_eos), in alternating order over several rounds (ours-vLLM, vLLM-ours, ...) so a
 drift of the machine hits both alike. The server is pinned to its own cores and both
-clients to the others, so neither client takes CPU from the server. Our runs also read
-vLLM's own TTFT histogram from /metrics before and after: a third opinion on TTFT.
+clients to the others, so neither client takes CPU from the server. Every run also reads
+vLLM's own TTFT histogram from /metrics before and after: the server's view of the same
+requests, which both clients should exceed by the same HTTP/tokenization overhead.
 Prints per level the pooled figures of both clients and their relative difference.
 
     .venv/bin/python bench/vllm_compare.py [IMAGE_REF] [--levels 1,4,8] [--requests 32]
@@ -27,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from imagebuild.bench import client, prompts  # noqa: E402
+from imagebuild.bench import client, metrics, prompts  # noqa: E402
 from imagebuild.bench.server import serving  # noqa: E402
 from imagebuild.smoke.dockercli import docker  # noqa: E402
 from imagebuild.smoke.expect import expectations_from_labels, inspect_image  # noqa: E402
@@ -35,6 +36,16 @@ from imagebuild.smoke.expect import expectations_from_labels, inspect_image  # n
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
 VLLM_PY = os.environ.get("IMAGEBUILD_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
 LAUNCHER = ROOT / "images/engine/files/vllm-serve.py"
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    return asyncio.run(client._scrape(base_url)) or {}
+
+
+def server_ttft(before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
+    """(sum of seconds, count) of vLLM's own TTFT histogram between two scrapes."""
+    return (after.get(metrics.TTFT_SUM, 0) - before.get(metrics.TTFT_SUM, 0),
+            after.get(metrics.TTFT_COUNT, 0) - before.get(metrics.TTFT_COUNT, 0))
 
 
 def run_ours(base_url: str, ps: list[prompts.Prompt], c: int, n: int, max_tokens: int
@@ -62,21 +73,24 @@ def run_vllm(base_url: str, model: str, tokenizer: Path, dataset: Path, c: int, 
             "--dataset-path", str(dataset), "--disable-shuffle",
             "--sharegpt-output-len", str(max_tokens), "--ignore-eos", "--temperature", "0",
             "--num-prompts", str(n), "--max-concurrency", str(c), "--request-rate", "inf",
-            "--num-warmups", "1", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            # no test request, no warm-up (the server is warm): the /metrics window around
+            # this run then holds exactly its requests, for the server-side TTFT
+            "--ready-check-timeout-sec", "0", "--num-warmups", "0",
+            "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--save-result", "--save-detailed", "--result-dir", str(out.parent),
             "--result-filename", out.name]
     env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+    before = scrape(base_url)
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800,
                           preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    after = scrape(base_url)
     if proc.returncode != 0:
         raise SystemExit(f"vllm bench serve failed:\n{proc.stderr[-3000:]}")
     doc = json.loads(out.read_text())
     ok = [t for t, e in zip(doc["ttfts"], doc["errors"], strict=True) if not e]
-    # (no server TTFT for these runs: its test request and warm-up fall inside any
-    # /metrics window taken from outside)
     return {"tokens": doc["total_output_tokens"], "wall_s": doc["duration"],
             "errors": doc["failed"], "ttfts_ms": [1000 * t for t in ok],
-            "tpots_ms": [],
+            "tpots_ms": [], "server_ttft": server_ttft(before, after),
             "summary": {k: doc[k] for k in ("output_throughput", "median_ttft_ms",
                                             "mean_ttft_ms", "median_tpot_ms", "duration")}}
 
@@ -150,12 +164,14 @@ def main() -> int:
 
 def table(rows: list[dict]) -> str:
     out = ["| c | ours tok/s | vLLM tok/s | diff | ours TTFT p50 ms | vLLM TTFT p50 ms | diff "
-           "| ours TTFT mean ms | vLLM TTFT mean ms | diff | server TTFT mean ms (our runs) "
-           "| client CPU ms/req |", "|" + "---|" * 12]
+           "| ours TTFT mean ms | vLLM TTFT mean ms | diff | server TTFT mean ms during ours "
+           "/ during vLLM | client CPU ms/req (ours) |", "|" + "---|" * 12]
     for r in rows:
         o, v = r["ours"], r["vllm"]
         cpu = statistics.fmean(x["client_cpu_ms_per_request"] for x in r["ours_runs"])
-        srv = o["server_ttft_mean_ms"]
+
+        def ms(x: float | None) -> str:
+            return "-" if x is None else f"{x:.1f}"
         out.append(
             f"| {r['concurrency']} | {o['tok_s']:.1f} | {v['tok_s']:.1f} "
             f"| {o['tok_s'] / v['tok_s'] - 1:+.1%} "
@@ -163,7 +179,7 @@ def table(rows: list[dict]) -> str:
             f"| {o['ttft_p50_ms'] / v['ttft_p50_ms'] - 1:+.1%} "
             f"| {o['ttft_mean_ms']:.1f} | {v['ttft_mean_ms']:.1f} "
             f"| {o['ttft_mean_ms'] / v['ttft_mean_ms'] - 1:+.1%} "
-            f"| {'-' if srv is None else f'{srv:.1f}'} | {cpu:.2f} |")
+            f"| {ms(o['server_ttft_mean_ms'])} / {ms(v['server_ttft_mean_ms'])} | {cpu:.2f} |")
     return "\n".join(out)
 
 
