@@ -354,75 +354,14 @@ def cmd_release(args: argparse.Namespace) -> int:
         print("dry run: no bench stored, latest not moved")
         return 0
     _publish(lm, cells, rows, out, dry_run=False, latest=False)
+    from .promotion import bench_release, promote_rows
+
     _, client = _client(lm)
     if not args.no_bench:
-        _bench_release(client, cells, rows, out / "bench")
-    _promote(lm, client, cells, rows, accept_regression=args.accept_regression,
-             forward_only=True)
+        bench_release(client, cells, rows, out / "bench")
+    promote_rows(lm, client, cells, rows, accept_regression=args.accept_regression,
+                 forward_only=True)
     return 0
-
-
-def _bench_release(client, cells, rows, out: Path) -> None:
-    """Measure each cell's tested image with its target's settings and store the results
-    with the release (kept when the registry already has them for this image: a re-run)."""
-    from .bench import results, store
-    from .bench.command import bench_image, load_settings, write_outputs
-    from .release import split_repository
-    from .smoke.expect import inspect_image
-
-    for cell, row in zip(cells, rows, strict=True):
-        b = cell.target.bench
-        if b is None:
-            print(f"{row['cell']}: target {cell.target_name} has no bench settings; "
-                  "the regression gate will not apply")
-            continue
-        _, repo = split_repository(row["repository"])
-        ref = row["refs"][0]
-        info = inspect_image(ref)
-        if store.get_results(client, repo, info["Id"]) is not None:
-            print(f"{row['cell']}: bench results for {info['Id'][:19]} already stored")
-            continue
-        prompt_set, load_kw, settings = load_settings(
-            b.concurrency, b.prompts, requests=b.requests, duration=None,
-            max_tokens=b.max_tokens)
-        doc = bench_image(ref, info, prompt_set=prompt_set, levels=b.concurrency,
-                          load_kw=load_kw, settings=settings, label=row["release_tag"])
-        digest = store.put_results(client, repo, doc)
-        md = results.markdown(doc)
-        print(md + f"stored with {repo}:{row['release_tag']} ({digest[:19]})")
-        write_outputs(doc, out, md)
-
-
-def _threshold(lm, cell) -> float:
-    b = cell.target.bench
-    if b is not None and b.regression_threshold is not None:
-        return float(b.regression_threshold)
-    return float(lm.matrix.publish.regression_threshold)
-
-
-def _promote(lm, client, cells, rows, *, accept_regression: str | None,
-             forward_only: bool = False, dry_run: bool = False) -> None:
-    """Regression gate for every cell first (a refusal moves nothing), then latest.
-    `forward_only` (the whole job): a release older than latest leaves latest alone."""
-    from .bench.gate import check_promotion
-    from .release import latest_release, set_latest, split_repository
-    from .tags import parse_release_tag
-
-    ready = []
-    for cell, row in zip(cells, rows, strict=True):
-        _, repo = split_repository(row["repository"])
-        if forward_only:
-            _, current = latest_release(client, repo)
-            cur, this = parse_release_tag(current or ""), parse_release_tag(row["release_tag"])
-            if cur and this and this.sort_key() < cur.sort_key():
-                print(f"{repo}: latest stays at the newer {current}; "
-                      "use `build.py rollback` to go back")
-                continue
-        check_promotion(client, repo, row["release_tag"], threshold=_threshold(lm, cell),
-                        accept_regression=accept_regression)
-        ready.append((repo, row["release_tag"]))
-    for repo, release_tag in ready:
-        set_latest(client, repo, release_tag, mode="promote", dry_run=dry_run)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
@@ -436,12 +375,13 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from .plan import plan_rows
+    from .promotion import promote_rows
 
     lm, cells, tag, target, why, lock = _context(args)
     _, client = _client(lm)
     # a release slower than latest beyond the threshold needs a written reason
-    _promote(lm, client, cells, plan_rows(cells, lm, tag, lock),
-             accept_regression=args.accept_regression, dry_run=args.dry_run)
+    promote_rows(lm, client, cells, plan_rows(cells, lm, tag, lock),
+                 accept_regression=args.accept_regression, dry_run=args.dry_run)
     return 0
 
 

@@ -108,7 +108,10 @@ def _image_meta(ref: str, info: dict[str, Any]) -> dict[str, Any]:
             "labels": labels, "pins": pins}
 
 
-def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str) -> dict[str, Path]:
+def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
+                  others: list[dict[str, Any]] | None = None) -> dict[str, Path]:
+    """JSON + markdown of the run; the plot has one line per run (this one, then `others`,
+    e.g. the baseline release)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", doc["started"])
     paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
@@ -116,7 +119,7 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str) -> dict[str
     paths["md"].write_text(markdown)
     try:
         from .plot import plot
-        paths["png"] = plot([doc], out_dir / f"{stem}.png")
+        paths["png"] = plot([doc, *(others or [])], out_dir / f"{stem}.png")
     except ImportError:  # matplotlib missing: the numbers still stand
         pass
     return paths
@@ -196,18 +199,20 @@ def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) 
                                   server_cpus=args.server_cpus, label=args.label))
                 for ref in refs]
     for ref, doc in docs:
-        deltas = None
+        deltas, baseline = None, None
         if args.baseline or args.store:
-            deltas = _registry_steps(args, ref, doc)
+            deltas, baseline = _registry_steps(args, ref, doc)
         md = results.markdown(doc, deltas)
         print(md)
-        for kind, path in write_outputs(doc, out_root, md).items():
+        for kind, path in write_outputs(doc, out_root, md,
+                                        [baseline] if baseline else []).items():
             print(f"{kind}: {path}")
     return 0
 
 
-def _registry_steps(args: argparse.Namespace, ref: str,
-                    doc: dict[str, Any]) -> dict[int, dict[str, float]] | None:
+def _registry_steps(args: argparse.Namespace, ref: str, doc: dict[str, Any]
+                    ) -> tuple[dict[int, dict[str, float]] | None, dict[str, Any] | None]:
+    """Baseline deltas (and the baseline's results) and/or storing this run."""
     from ..registry import RegistryClient
     from . import compare, store
 
@@ -216,7 +221,7 @@ def _registry_steps(args: argparse.Namespace, ref: str,
     if not rest or "." not in host and ":" not in host:
         raise UserError(f"{ref} does not name a registry", fix="use REGISTRY/REPO:TAG")
     reg = RegistryClient(host)
-    deltas = None
+    deltas, base = None, None
     if args.baseline:
         base = store.release_results(reg, repo, args.baseline)
         if base is None:
@@ -228,4 +233,4 @@ def _registry_steps(args: argparse.Namespace, ref: str,
             raise UserError("--store needs an image, not --url", fix="give IMAGE_REF")
         print(f"stored: {repo}:{store.bench_tag(doc['image']['id'])} "
               f"({store.put_results(reg, repo, doc)})")
-    return deltas
+    return deltas, base

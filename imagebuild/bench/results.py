@@ -89,7 +89,8 @@ def markdown(doc: dict[str, Any], deltas: dict[int, dict[str, float]] | None = N
     head = (f"**{img.get('tag') or img.get('ref')}** on {doc['hardware']['model']} - "
             f"{doc['settings'].get('prompts')}, {doc['settings'].get('max_tokens')} output "
             f"tokens per request\n\n")
-    cols = ["c", "req", "err", "tok/s", "req/s", "TTFT p50 ms", "TTFT p90 ms", "TPOT p50 ms",
+    cols = ["c", "req", "err", "tok/s", "req/s", "TTFT p50 ms", "TTFT p90 ms",
+            "TTFT mean ms (server's)", "TPOT p50 ms",
             "ITL p50 ms", "E2E p50 ms", "accept", "mean acc len", "client CPU ms/req"]
     if deltas is not None:
         cols.insert(4, "vs baseline")
@@ -99,6 +100,8 @@ def markdown(doc: dict[str, Any], deltas: dict[int, dict[str, float]] | None = N
         cells = [str(lv["concurrency"]), str(lv["requests"]), str(lv["errors"]),
                  _f(lv["output_tok_s"]), _f(lv["request_rate"], 2),
                  _f((lv["ttft_ms"] or {}).get("median")), _f((lv["ttft_ms"] or {}).get("p90")),
+                 f"{_f((lv['ttft_ms'] or {}).get('mean'))} "
+                 f"({_f(lv.get('server_ttft_mean_ms'))})",
                  _f((lv["tpot_ms"] or {}).get("median"), 2),
                  _f((lv["itl_ms"] or {}).get("median"), 2),
                  _f((lv["e2e_ms"] or {}).get("median")),

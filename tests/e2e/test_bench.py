@@ -12,6 +12,7 @@ runs: two boots (~1 min each) and a few seconds of load per level.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -61,6 +62,14 @@ def test_slower_release_is_refused_as_latest_unless_accepted(cpu_serve_image) ->
     fast_levels = _measure(())
     slow_levels = _measure((("--max-num-seqs", "1"),))
     assert all(lv["errors"] == 0 for lv in fast_levels + slow_levels)
+    # client TTFT vs vLLM's own histogram over the same requests: the client's holds the
+    # server's plus HTTP, chat template and tokenization (4-11 ms here for both our client
+    # and `vllm bench serve`, bench/vllm_compare.py); a client timing the wrong chunk or
+    # counting its own queueing would miss this band
+    for lv in fast_levels:
+        client_ms, server_ms = lv["ttft_ms"]["mean"], lv["server_ttft_mean_ms"]
+        assert server_ms is not None
+        assert 0 < client_ms - server_ms < max(0.25 * client_ms, 15), lv
     # only levels where serving one sequence at a time must show (c=1 would be noise both
     # ways, and the reverse check below would then flap)
     for fast, slow in zip(fast_levels, slow_levels, strict=True):
@@ -103,3 +112,47 @@ def test_put_blob_and_stored_results_round_trip() -> None:
         assert store.release_results(client, REPO, FAST) == doc
         assert store.bench_tag(image_id) in client.tags(REPO)
         assert store.release_results(client, REPO, "latest") is None  # no latest yet
+
+
+def test_bench_command_writes_results_stores_them_and_compares(cpu_serve_image, tmp_path):
+    """`build.py bench IMAGE --store --baseline TAG` end to end: JSON, markdown and a
+    two-line plot on disk, the run stored beside the image in the registry, deltas against
+    a stored baseline."""
+    import os
+    import subprocess
+    import sys
+
+    from imagebuild import REPO_ROOT
+
+    with running_registry() as reg:
+        client = RegistryClient(reg.url, username=reg.user, password=reg.password)
+        base_id = _release(client, FAST)
+        base = document(image={"id": base_id, "tag": FAST, "ref": IMAGE}, settings={},
+                        levels=[{"concurrency": c, "output_tok_s": 1.0, "requests": 4,
+                                 "errors": 0, "request_rate": 0.1, "ttft_ms": None,
+                                 "tpot_ms": None, "itl_ms": None, "e2e_ms": None,
+                                 "client_cpu_ms_per_request": 0.0} for c in (1, 2)],
+                        started="t")
+        store.put_results(client, REPO, base)
+        ref = f"{reg.host}/{REPO}:2026-06-18-v0.23.0-dflashfix"
+        subprocess.run(["/usr/bin/docker", "tag", IMAGE, ref], check=True)
+        try:
+            proc = subprocess.run(
+                [sys.executable, "build.py", "bench", ref, "--concurrency", "1,2",
+                 "--requests", "4", "--max-tokens", "16", "--prompts", "structured",
+                 "--store", "--baseline", FAST, "--out", str(tmp_path)],
+                cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                env={**os.environ, "IMAGEBUILD_REGISTRY_USER": reg.user,
+                     "IMAGEBUILD_REGISTRY_PASSWORD": reg.password})
+        finally:
+            subprocess.run(["/usr/bin/docker", "rmi", ref], capture_output=True)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        run = json.loads(next(tmp_path.glob("*.json")).read_text())
+        assert run["image"]["id"] == inspect_image(IMAGE)["Id"]
+        assert [lv["concurrency"] for lv in run["levels"]] == [1, 2]
+        assert all(lv["requests"] == 4 and lv["errors"] == 0 for lv in run["levels"])
+        assert next(tmp_path.glob("*.png")).read_bytes()[:4] == b"\x89PNG"
+        assert "vs baseline" in next(tmp_path.glob("*.md")).read_text()
+        # a real server beats the baseline's 1 tok/s by far: the delta is positive
+        assert re.search(r"\| 1 \| 4 \| 0 \| [\d,.]+ \| \+[\d,.]+% \|", proc.stdout), proc.stdout
+        assert store.get_results(client, REPO, run["image"]["id"])[0] == run

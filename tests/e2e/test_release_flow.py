@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ def registry(tmp_path_factory):
     reg = start_registry(tmp_path_factory.mktemp("registry"))
     yield reg
     reg.stop()
+    # two pushed engines (~3 GB of layers): CI machines have less disk than one would like
+    shutil.rmtree(reg.root / "data", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
