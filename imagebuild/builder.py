@@ -29,7 +29,7 @@ from .matrix import Cell, LoadedMatrix
 from .render import Rendered, render_base, render_engine, render_serve
 
 INPUTS_LABEL = "io.imagebuild.inputs"
-# what the expensive steps (before the patch series) depend on; see _prefix_digest
+# what the expensive steps (before the patch series) depend on; see prefix_digest
 PREFIX_LABEL = "io.imagebuild.prefix"
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
 DEFAULT_CA = "/etc/ssl/certs/ca-certificates.crt"

@@ -3,9 +3,9 @@
 Why not a library: the project pins `requests` (blocking) only, and a streaming load
 generator needs per-chunk arrival times with as little in between as possible. Chunked or
 sized bodies, nothing else. The load generator keeps one connection per worker alive
-across requests (`Connection`), as aiohttp in vLLM's own benchmark and the OpenAI SDK do:
-a connect per request costs the server's event loop an accept and the next request a
-round trip, which showed up as later TTFTs at high concurrency on a one-core server.
+across requests (`Connection`), as aiohttp in vLLM's own benchmark and the OpenAI SDK do,
+so the server does not pay an accept and a new connection per request that real clients
+do not make it pay.
 """
 
 from __future__ import annotations
