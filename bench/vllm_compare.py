@@ -11,6 +11,7 @@ Prints per level the pooled figures of both clients and their relative differenc
 
     .venv/bin/python bench/vllm_compare.py [IMAGE_REF] [--levels 1,4,8] [--requests 32]
         [--rounds 2] [--server-cpus 0] [--client-cpus 1]
+    .venv/bin/python bench/vllm_compare.py --tables-from build/bench/vllm_compare.json
 """
 
 from __future__ import annotations
@@ -117,7 +118,13 @@ def main() -> int:
     ap.add_argument("--server-cpus", default="0", help="docker --cpuset-cpus ('' = none)")
     ap.add_argument("--client-cpus", default="1", help="CPUs of both clients ('' = any)")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "vllm_compare.json")
+    ap.add_argument("--tables-from", type=Path, default=None, metavar="JSON",
+                    help="print the tables of an earlier run's --out file; measure nothing")
     args = ap.parse_args()
+    if args.tables_from:
+        rows = json.loads(args.tables_from.read_text())["levels"]
+        print(own_tables(rows) + "\n\nside by side:\n\n" + table(rows))
+        return 0
     levels = [int(x) for x in args.levels.split(",")]
     cpus = {int(x) for x in args.client_cpus.split(",")} if args.client_cpus else None
     if cpus:
@@ -158,8 +165,36 @@ def main() -> int:
                                                "prompts", "server_cpus", "client_cpus")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"settings": settings, "levels": rows}, indent=1) + "\n")
-    print(table(rows))
+    print(own_tables(rows) + "\n\nside by side:\n\n" + table(rows))
     return 0
+
+
+def own_tables(rows: list[dict]) -> str:
+    """Each client's own figures, run by run: ours, then vLLM's from its saved results."""
+    def runs(xs: list[float], digits: int = 1) -> str:
+        return " / ".join(f"{x:.{digits}f}" for x in xs)
+    out = ["ours (imagebuild bench client):", "",
+           "| c | requests | tok/s per run | pooled tok/s | TTFT p50 ms | TTFT mean ms "
+           "| TPOT p50 ms | errors |", "|" + "---|" * 8]
+    for r in rows:
+        o = r["ours"]
+        tpot = statistics.median(t for x in r["ours_runs"] for t in x["tpots_ms"])
+        out.append(f"| {r['concurrency']} | {o['requests']} | {runs(o['per_round_tok_s'])} "
+                   f"| {o['tok_s']:.1f} | {o['ttft_p50_ms']:.1f} | {o['ttft_mean_ms']:.1f} "
+                   f"| {tpot:.2f} | {o['errors']} |")
+    out += ["", "vLLM's own `vllm bench serve` (its saved summaries):", "",
+            "| c | requests | output_throughput per run | pooled tok/s | median_ttft_ms per run "
+            "| pooled TTFT p50 ms | pooled TTFT mean ms | median_tpot_ms per run | failed |",
+            "|" + "---|" * 9]
+    for r in rows:
+        v, sums = r["vllm"], [x["summary"] for x in r["vllm_runs"]]
+        out.append(
+            f"| {r['concurrency']} | {v['requests']} "
+            f"| {runs([x['output_throughput'] for x in sums])} | {v['tok_s']:.1f} "
+            f"| {runs([x['median_ttft_ms'] for x in sums])} | {v['ttft_p50_ms']:.1f} "
+            f"| {v['ttft_mean_ms']:.1f} | {runs([x['median_tpot_ms'] for x in sums], 2)} "
+            f"| {v['errors']} |")
+    return "\n".join(out)
 
 
 def table(rows: list[dict]) -> str:
