@@ -11,7 +11,7 @@ import functools
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -190,14 +190,14 @@ def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) 
         started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
         levels, _model = measure(args.url, prompt_set=prompt_set, levels=concurrency,
                                  load_kw=load_kw)
-        docs = [(args.url, results.document(
+        docs: Iterable[tuple[str, dict[str, Any]]] = [(args.url, results.document(
             image={"ref": args.url, "id": None, "tag": None, "label": args.label},
             settings=settings, levels=levels, started=started))]
-    else:
-        docs = [(ref, bench_image(ref, inspect_image(ref), prompt_set=prompt_set,
+    else:  # one image at a time: each is written (and stored) before the next boots
+        docs = ((ref, bench_image(ref, inspect_image(ref), prompt_set=prompt_set,
                                   levels=concurrency, load_kw=load_kw, settings=settings,
                                   server_cpus=args.server_cpus, label=args.label))
-                for ref in refs]
+                for ref in refs)
     for ref, doc in docs:
         deltas, baseline = None, None
         if args.baseline or args.store:

@@ -107,8 +107,16 @@ class Container:
             return None
 
     def remove(self) -> None:
-        """Kill and delete, anonymous volumes included; fine if it is already gone."""
-        docker("rm", "--force", "--volumes", self.name, check=False, timeout=60)
+        """Kill and delete, anonymous volumes included; fine if it is already gone. A
+        container still being started when Ctrl-C lands can hold `rm` up: ask again."""
+        for attempt in (1, 2):
+            try:
+                docker("rm", "--force", "--volumes", self.name, check=False,
+                       timeout=30 * attempt)
+                return
+            except OperationFailed:
+                if attempt == 2:
+                    raise
 
 
 def launch(image: str, command: list[str], *, memory: str, gpu: bool,

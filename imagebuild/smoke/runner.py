@@ -111,12 +111,14 @@ def _boot(image_ref: str, command: list[str], user: tuple[int, int], expect: dic
         launched_at = time.monotonic()
         c = launch(image_ref, command, memory=expect["memory_limit"], gpu=expect["gpu"],
                    user=user)
-        watcher = LogWatcher(c.name, out / "container.log").start()
-        try:
+        watcher: LogWatcher | None = None
+        try:  # from the first moment the container exists: Ctrl-C removes it
+            watcher = LogWatcher(c.name, out / "container.log").start()
             outcome = _wait(image_ref, c, watcher, timeout_s, stall_s, console)
         except BaseException:
             c.remove()
-            watcher.stop()
+            if watcher is not None:
+                watcher.stop()
             raise
         attempts.append({"attempt": attempt, "container": c.name, "kind": outcome.kind,
                          "message": outcome.message})
