@@ -29,6 +29,10 @@ from .matrix import Cell, LoadedMatrix
 from .render import Rendered, render_base, render_engine, render_serve
 
 INPUTS_LABEL = "io.imagebuild.inputs"
+# Build avoidance looks images up by this tag, never by the label: an image built FROM a
+# serve image (a user's own layer, a test's derived image) inherits every label, and was
+# once taken for the image it was derived from. Tags are not inherited.
+INPUTS_REPO = "imagebuild/inputs"
 # what the expensive steps (before the patch series) depend on; see prefix_digest
 PREFIX_LABEL = "io.imagebuild.prefix"
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
@@ -138,6 +142,15 @@ def inputs_digest(rendered: Rendered, context: Path, build_args: dict[str, str],
     return h.hexdigest()
 
 
+def _find_by_inputs(digest: str) -> str | None:
+    """The image built from exactly these inputs (by its inputs tag), or None."""
+    proc = _docker("image", "inspect", "--format", "{{.Id}}", f"{INPUTS_REPO}:{digest}",
+                   check=False)
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
 def _find_by_label(label: str, value: str) -> str | None:
     out = _docker("image", "ls", "-q", "--no-trunc", "--filter",
                   f"label={label}={value}", check=False).stdout.split()
@@ -220,7 +233,7 @@ class Builder:
         ref = ref.format(inputs=digest[:16])
         log_path = self.out_dir / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        found = _find_by_label(INPUTS_LABEL, digest)
+        found = _find_by_inputs(digest)
         if found:
             _docker("tag", found, ref)
             self.log(f"[{kind}] {ref}: up to date (inputs {digest[:12]}), not rebuilt")
@@ -229,6 +242,7 @@ class Builder:
         if self.flavour is None:
             self.flavour, self.data_root = preflight_engine()
         prefix = prefix_digest(rendered, ctx, parent)
+        # (a derived image inheriting this label holds the same layers: fine here)
         warm = prefix is not None and _find_by_label(PREFIX_LABEL, prefix) is not None
         check_disk(self.data_root, disk_need(self._target, kind, warm),
                    f"the {self._target} {kind} build of {ref}"
@@ -238,7 +252,8 @@ class Builder:
             cmd = ([DOCKER, "buildx", "build", "--load"] if self.flavour == "buildx"
                    else [DOCKER, "build"])
             cmd += ["--network", "host", "--progress", "plain", "--iidfile", str(iid),
-                    "-t", ref, "--label", f"{INPUTS_LABEL}={digest}"]
+                    "-t", ref, "-t", f"{INPUTS_REPO}:{digest}",
+                    "--label", f"{INPUTS_LABEL}={digest}"]
             if prefix:
                 cmd += ["--label", f"{PREFIX_LABEL}={prefix}"]
             for key, value in sorted(build_args.items()):

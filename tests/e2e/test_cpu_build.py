@@ -5,6 +5,7 @@ build avoidance: an unchanged re-run runs zero build steps."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -101,6 +102,30 @@ def test_unchanged_rebuild_runs_nothing(built, tmp_path):
     records = [json.loads(p.read_text()) for p in (tmp_path / "records").rglob("*.json")]
     assert records and all(r["avoided"] and r["steps_run"] == 0 for r in records), records
     assert wall < 10, f"unchanged re-run took {wall:.1f}s"
+
+
+def test_an_image_derived_from_the_serve_image_is_never_taken_for_it(built, tmp_path):
+    """A user's `FROM <serve image>` inherits every label, the inputs digest included; the
+    unchanged re-run must still find (and tag) the image it built, not the derivative."""
+    def image_id(ref: str) -> str:
+        return subprocess.run(["/usr/bin/docker", "image", "inspect", "--format", "{{.Id}}",
+                               ref], capture_output=True, text=True, check=True).stdout.strip()
+
+    before = image_id(built.ref)
+    ctx = tmp_path / "derived"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f'FROM {built.ref}\nCMD ["python3", "-c", "pass"]\n')
+    derived = "imagebuild-test/derived-from-serve:latest"
+    subprocess.run(["/usr/bin/docker", "build", "-q", "--network", "host", "-t", derived,
+                    str(ctx)], check=True, capture_output=True,
+                   env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    try:
+        assert image_id(derived) != before
+        proc = run_cpu_build(tmp_path / "out")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert image_id(built.ref) == before
+    finally:
+        subprocess.run(["/usr/bin/docker", "rmi", "-f", derived], capture_output=True)
 
 
 def test_no_secret_reaches_any_layer_label_history_dockerfile_or_log(built):

@@ -132,6 +132,7 @@ def test_inputs_digest_tracks_every_input(tmp_path):
 def test_build_command_without_engine_exits_1(tmp_path, monkeypatch, capsys):
     from imagebuild.cli import main
     monkeypatch.setattr(builder, "DOCKER", _fake_docker(tmp_path, "exit 1"))
+    monkeypatch.setattr(builder, "_find_by_inputs", lambda digest: None)
     monkeypatch.setattr(builder, "_find_by_label", lambda label, value: None)
     import imagebuild.bootstrap as bootstrap
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")
