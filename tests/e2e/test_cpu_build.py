@@ -107,14 +107,16 @@ def test_unchanged_rebuild_runs_nothing(built, tmp_path):
 def test_an_image_derived_from_the_serve_image_is_never_taken_for_it(built, tmp_path):
     """A user's `FROM <serve image>` inherits every label, the inputs digest included; the
     unchanged re-run must still find (and tag) the image it built, not the derivative."""
-    def image_id(ref: str) -> str:
-        return subprocess.run(["/usr/bin/docker", "image", "inspect", "--format", "{{.Id}}",
-                               ref], capture_output=True, text=True, check=True).stdout.strip()
+    _, ref, _ = built
 
-    before = image_id(built.ref)
+    def image_id(name: str) -> str:
+        return subprocess.run(["/usr/bin/docker", "image", "inspect", "--format", "{{.Id}}",
+                               name], capture_output=True, text=True, check=True).stdout.strip()
+
+    before = image_id(ref)
     ctx = tmp_path / "derived"
     ctx.mkdir()
-    (ctx / "Dockerfile").write_text(f'FROM {built.ref}\nCMD ["python3", "-c", "pass"]\n')
+    (ctx / "Dockerfile").write_text(f'FROM {ref}\nCMD ["python3", "-c", "pass"]\n')
     derived = "imagebuild-test/derived-from-serve:latest"
     subprocess.run(["/usr/bin/docker", "build", "-q", "--network", "host", "-t", derived,
                     str(ctx)], check=True, capture_output=True,
@@ -123,7 +125,7 @@ def test_an_image_derived_from_the_serve_image_is_never_taken_for_it(built, tmp_
         assert image_id(derived) != before
         proc = run_cpu_build(tmp_path / "out")
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert image_id(built.ref) == before
+        assert image_id(ref) == before
     finally:
         subprocess.run(["/usr/bin/docker", "rmi", "-f", derived], capture_output=True)
 
