@@ -146,8 +146,7 @@ def _stored_bench(client: Any, repo: str, tag: str | None
                   ) -> tuple[dict[str, Any] | None, dict[str, str]]:
     from .bench import store
 
-    image_id = store.release_image_id(client, repo, tag) if tag else None
-    found = store.get_results(client, repo, image_id) if image_id else None
+    found = store.release_stored(client, repo, tag) if tag else None
     return found if found else (None, {})
 
 

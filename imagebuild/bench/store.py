@@ -82,7 +82,13 @@ def release_image_id(client: RegistryClient, repo: str, tag: str) -> str | None:
     return rel.annotations.get(A_IMAGE) or rel.image_id
 
 
-def release_results(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] | None:
+def release_stored(client: RegistryClient, repo: str,
+                   tag: str) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """(results, annotations) stored with release `tag`, or None."""
     image_id = release_image_id(client, repo, tag)
-    found = get_results(client, repo, image_id) if image_id else None
+    return get_results(client, repo, image_id) if image_id else None
+
+
+def release_results(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] | None:
+    found = release_stored(client, repo, tag)
     return found[0] if found else None
