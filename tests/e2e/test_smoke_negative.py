@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -162,19 +163,27 @@ def test_silent_spawn_hang_is_relaunched_once(good: dict, derive, tmp_path: Path
 
 
 def test_ctrl_c_removes_the_container(good: dict, derive, docker_engine: str):
+    """Ctrl-C while the server boots (after smoke says `booting`) removes the container."""
     ref = derive("hang", ["python3", "-c", "import time; time.sleep(10**6)"])
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from imagebuild.smoke import "
                              "smoke_ref; smoke_ref(sys.argv[1], stall_s=600)", ref],
                             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not _leftovers(docker_engine) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr
+        for line in proc.stderr:
+            lines.append(line.decode(errors="replace"))
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + 90
+    while not any("booting" in x for x in lines) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert _leftovers(docker_engine), "the smoke container never started"
     proc.send_signal(signal.SIGINT)
     try:
-        _, err = proc.communicate(timeout=150)  # rm may be asked twice (30 s + 60 s)
+        proc.wait(timeout=150)  # rm may be asked twice (30 s + 60 s)
     except subprocess.TimeoutExpired:
         proc.kill()
-        tail = proc.communicate()[1].decode(errors="replace")[-2000:]
-        raise AssertionError(f"smoke did not stop on Ctrl-C:\n{tail}") from None
-    assert _leftovers(docker_engine) == [], err.decode(errors="replace")[-2000:]
+        raise AssertionError("smoke did not stop on Ctrl-C:\n" + "".join(lines)[-2000:]) from None
+    assert _leftovers(docker_engine) == [], "".join(lines)[-2000:]
