@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import ImagebuildError, UserError
+from imagebuild.errors import ImagebuildError, UserError
 
 
 def _common(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
@@ -55,13 +55,13 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("smoke", help="run serve images hardened and check they serve "
                                      "correctly (exit 1 when one fails)")
     _common(p, tag_required=False)
-    from .smoke.command import add_arguments as smoke_arguments
+    from imagebuild.smoke.command import add_arguments as smoke_arguments
 
     smoke_arguments(p)
     p = sub.add_parser("bench", help="measure a serve image: TTFT, TPOT, tok/s per "
                                      "concurrency level, speculative acceptance; plot")
     _common(p, tag_required=False)
-    from .bench.command import add_arguments as bench_arguments
+    from imagebuild.bench.command import add_arguments as bench_arguments
 
     bench_arguments(p)
     p = sub.add_parser("publish", help="push cells that passed smoke by digest, verify, "
@@ -121,10 +121,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _context(args: argparse.Namespace):
-    from . import matrix as mx
-    from .lockfile import read_lock
-    from .plan import detect_target
-    from .tags import parse_tag
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.plan import detect_target
+    from imagebuild.spec import matrix as mx
+    from imagebuild.spec.tags import parse_tag
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
     cells = mx.expand(lm)
@@ -149,8 +149,8 @@ def _context(args: argparse.Namespace):
 
 def _preflight(lm, cells, lock) -> None:
     """Errors block (exit 2), warnings print: what plan and build run before anything."""
-    from .preflight.findings import format_table, has_errors
-    from .preflight.run import run_checks
+    from imagebuild.preflight.findings import format_table, has_errors
+    from imagebuild.preflight.run import run_checks
 
     findings = run_checks(lm, cells, lock)
     shown = [f for f in findings if f.severity != "info"]
@@ -163,8 +163,8 @@ def _preflight(lm, cells, lock) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from .preflight.findings import has_errors
-    from .preflight.run import render, run_checks
+    from imagebuild.preflight.findings import has_errors
+    from imagebuild.preflight.run import render, run_checks
 
     lm, cells, tag, target, why, lock = _context(args)
     findings = run_checks(lm, cells, lock)
@@ -174,7 +174,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import format_json, format_table, github_matrix, plan_rows
+    from imagebuild.plan import format_json, format_table, github_matrix, plan_rows
 
     lm, cells, tag, target, why, lock = _context(args)
     _preflight(lm, cells, lock)
@@ -190,9 +190,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from . import matrix as mx
-    from .lockfile import read_lock
-    from .render import render_all, stale, write
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.render import render_all, stale, write
+    from imagebuild.spec import matrix as mx
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
     cells = mx.expand(lm)
@@ -224,8 +224,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def _buildable(args: argparse.Namespace):
     """Context of a command that builds: pins locked and resolved, preflight clean."""
-    from .lock import verify_cells
-    from .plan import plan_rows
+    from imagebuild.lock.resolve import verify_cells
+    from imagebuild.plan import plan_rows
 
     lm, cells, tag, target, why, lock = _context(args)
     verify_cells(lm, cells, lock)
@@ -235,7 +235,7 @@ def _buildable(args: argparse.Namespace):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .builder import build_cells
+    from imagebuild.build.builder import build_cells
 
     lm, cells, tag, target, why, lock, rows = _buildable(args)
     refs = {r["cell"]: r["refs"][0] for r in rows}
@@ -250,9 +250,9 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from . import matrix as mx
-    from .lock import build_lock, dumps, verify_cells, write_lock
-    from .lockfile import LOCK_NAME, read_lock
+    from imagebuild.lock.lockfile import LOCK_NAME, read_lock
+    from imagebuild.lock.resolve import build_lock, dumps, verify_cells, write_lock
+    from imagebuild.spec import matrix as mx
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
     cells = mx.expand(lm)
@@ -260,7 +260,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
         verify_cells(lm, cells, read_lock(lm.root), allow_unresolved=True)
         print(f"{LOCK_NAME} agrees with matrix.yaml")
         return 0
-    from .hub import HubClient
+    from imagebuild.lock.hub import HubClient
 
     print(f"locking {lm.located.file}")
     data = build_lock(lm, HubClient(), update=set(args.update))
@@ -274,8 +274,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def _client(lm):
-    from .plan import registry_for
-    from .registry import RegistryClient
+    from imagebuild.plan import registry_for
+    from imagebuild.registry.client import RegistryClient
 
     reg = registry_for(lm)
     return reg, RegistryClient(reg.host)
@@ -284,9 +284,9 @@ def _client(lm):
 def _repositories(lm, client, reg, pattern: str | None) -> list[str]:
     """Repositories to act on: the registry's catalog under our namespace where it serves
     one (so any machine can roll back), else the images matrix.yaml knows."""
-    from . import matrix as mx
-    from .errors import OperationFailed
-    from .release import catalog_repositories, match_repositories
+    from imagebuild.errors import OperationFailed
+    from imagebuild.release.records import catalog_repositories, match_repositories
+    from imagebuild.spec import matrix as mx
 
     try:
         repos = catalog_repositories(client, reg.namespace)
@@ -300,21 +300,21 @@ def _repositories(lm, client, reg, pattern: str | None) -> list[str]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench.command import run
+    from imagebuild.bench.command import run
 
     return run(args, context=_context)
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
-    from .smoke.command import run
+    from imagebuild.smoke.command import run
 
     return run(args, context=_context)
 
 
 def _publish(lm, cells, rows, out: Path, *, dry_run: bool, latest: bool = True) -> None:
-    from .publish import load_verdict, publish
-    from .release import split_repository
-    from .smoke.paths import verdict_path
+    from imagebuild.release.publish import load_verdict, publish
+    from imagebuild.release.records import split_repository
+    from imagebuild.smoke.paths import verdict_path
 
     _, client = _client(lm)
     for cell, row in zip(cells, rows, strict=True):
@@ -333,9 +333,9 @@ def _publish(lm, cells, rows, out: Path, *, dry_run: bool, latest: bool = True) 
 def cmd_release(args: argparse.Namespace) -> int:
     """The whole job. Nothing is pushed unless every cell of the tag passed smoke; latest
     moves only after the bench, past the regression gate."""
-    from .builder import build_cells
-    from .plan import format_table
-    from .smoke.runner import smoke_cells
+    from imagebuild.build.builder import build_cells
+    from imagebuild.plan import format_table
+    from imagebuild.smoke.runner import smoke_cells
 
     lm, cells, tag, target, why, lock, rows = _buildable(args)
     print(format_table(rows, f"release {tag} · target {target} ({why}) · {len(rows)} cell(s)"))
@@ -354,7 +354,7 @@ def cmd_release(args: argparse.Namespace) -> int:
         print("dry run: no bench stored, latest not moved")
         return 0
     _publish(lm, cells, rows, out, dry_run=False, latest=False)
-    from .promotion import bench_release, promote_rows
+    from imagebuild.release.promotion import bench_release, promote_rows
 
     _, client = _client(lm)
     if not args.no_bench:
@@ -365,7 +365,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from .plan import plan_rows
+    from imagebuild.plan import plan_rows
 
     lm, cells, tag, target, why, lock = _context(args)
     rows = plan_rows(cells, lm, tag, lock)
@@ -374,8 +374,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from .plan import plan_rows
-    from .promotion import promote_rows
+    from imagebuild.plan import plan_rows
+    from imagebuild.release.promotion import promote_rows
 
     lm, cells, tag, target, why, lock = _context(args)
     _, client = _client(lm)
@@ -386,7 +386,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 def _registry_args(args: argparse.Namespace):
-    from . import matrix as mx
+    from imagebuild.spec import matrix as mx
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
     reg, client = _client(lm)
@@ -394,7 +394,7 @@ def _registry_args(args: argparse.Namespace):
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from .release import set_latest_many
+    from imagebuild.release.records import set_latest_many
 
     _, _, client, repos = _registry_args(args)
     moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run)
@@ -404,7 +404,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    from .release import format_releases, list_releases
+    from imagebuild.release.records import format_releases, list_releases
 
     _, _, client, repos = _registry_args(args)
     if args.format == "json":
@@ -417,7 +417,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from .release import prune
+    from imagebuild.release.records import prune
 
     if args.keep < 1:
         raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
@@ -428,13 +428,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_notes(args: argparse.Namespace) -> int:
-    from .notes import cmd_notes as run
+    from imagebuild.release.notes import cmd_notes as run
 
     return run(args, context=_context)
 
 
 def cmd_pins(args: argparse.Namespace) -> int:
-    from .pinwatch import cmd_pins as run
+    from imagebuild.lock.pinwatch import cmd_pins as run
 
     return run(args)
 

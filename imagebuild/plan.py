@@ -10,11 +10,11 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from .lock import sha256_file
-from .lockfile import Lock
-from .matrix import Cell, LoadedMatrix
-from .servecmd import serve_command
-from .tags import ReleaseTag
+from imagebuild.lock.lockfile import Lock
+from imagebuild.lock.resolve import sha256_file
+from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.servecmd import serve_command
+from imagebuild.spec.tags import ReleaseTag
 
 UNRESOLVED = "UNRESOLVED"
 

@@ -17,12 +17,12 @@ from typing import Any
 
 import jinja2
 
-from . import REPO_ROOT
-from .config import EngineRealization
-from .errors import UserError
-from .lockfile import Lock
-from .matrix import Cell, LoadedMatrix
-from .servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
+from imagebuild import REPO_ROOT
+from imagebuild.errors import UserError
+from imagebuild.lock.lockfile import Lock
+from imagebuild.spec.config import EngineRealization
+from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
 
 LABEL_NS = "io.imagebuild"
 # Files the templates ship with (launcher, patch applier, arch gate): they belong to this

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
-from . import client, prompts, results
+from imagebuild.bench import client, prompts, results
+from imagebuild.errors import UserError
 
 
 def _levels(text: str) -> list[int]:
@@ -118,7 +118,7 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
     paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     paths["md"].write_text(markdown)
     try:
-        from .plot import plot
+        from imagebuild.bench.plot import plot
         paths["png"] = plot([doc, *(others or [])], out_dir / f"{stem}.png")
     except ImportError:  # matplotlib missing: the numbers still stand
         pass
@@ -130,8 +130,8 @@ def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prom
                 server_cpus: str | None = None, label: str | None = None,
                 log: Callable[[str], None] = print) -> dict[str, Any]:
     """Start `ref` hardened on loopback, measure every level, remove it: one results doc."""
-    from ..smoke.expect import expectations_from_labels
-    from .server import serving
+    from imagebuild.bench.server import serving
+    from imagebuild.smoke.expect import expectations_from_labels
 
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
     meta = _image_meta(ref, info)
@@ -159,8 +159,8 @@ def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | No
 
 
 def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) -> int:
-    from .. import REPO_ROOT
-    from ..smoke.expect import inspect_image
+    from imagebuild import REPO_ROOT
+    from imagebuild.smoke.expect import inspect_image
 
     if sum(bool(x) for x in (args.image, args.tag, args.url)) != 1:
         raise UserError("give one of IMAGE_REF, --tag T or --url URL",
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) 
     refs = [args.image] if args.image else []
     target = None
     if args.tag:
-        from ..plan import plan_rows
+        from imagebuild.plan import plan_rows
         lm, cells, tag, _target, _why, lock = context(args)
         refs = [r["refs"][0] for r in plan_rows(cells, lm, tag, lock)]
         target = cells[0].target.bench if cells else None
@@ -213,8 +213,8 @@ def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) 
 def _registry_steps(args: argparse.Namespace, ref: str, doc: dict[str, Any]
                     ) -> tuple[dict[int, dict[str, float]] | None, dict[str, Any] | None]:
     """Baseline deltas (and the baseline's results) and/or storing this run."""
-    from ..registry import RegistryClient
-    from . import compare, store
+    from imagebuild.bench import compare, store
+    from imagebuild.registry.client import RegistryClient
 
     host, _, rest = ref.partition("/")
     repo = rest.rsplit(":", 1)[0].split("@")[0]

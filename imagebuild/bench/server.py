@@ -10,9 +10,9 @@ from typing import Any
 
 import requests
 
-from ..errors import OperationFailed
-from ..smoke.container import Container, image_user, launch
-from ..smoke.dockercli import docker
+from imagebuild.errors import OperationFailed
+from imagebuild.smoke.container import Container, image_user, launch
+from imagebuild.smoke.dockercli import docker
 
 
 def without_flag(argv: list[str], flag: str) -> list[str]:

@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..lockfile import LOCK_NAME, Lock
-from .findings import Finding, Rule
-from .flags import CellView, flag_value, flag_values
+from imagebuild.lock.lockfile import LOCK_NAME, Lock
+from imagebuild.preflight.findings import Finding, Rule
+from imagebuild.preflight.flags import CellView, flag_value, flag_values
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"

@@ -13,9 +13,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..matrix import Cell, LoadedMatrix
-from ..servecmd import ServeCommand
-from .findings import Finding, Rule
+from imagebuild.preflight.findings import Finding, Rule
+from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.servecmd import ServeCommand
 
 GB10 = ("gb10",)  # DGX Spark: unified memory, the target the traps were measured on
 AEON_DRAFTER_PREFIX = "AEON-7/AEON-DFlash-"

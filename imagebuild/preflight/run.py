@@ -7,12 +7,10 @@ across cells: pins and served-name collisions; last, the families' waivers.
 
 from __future__ import annotations
 
-from ..errors import UserError
-from ..lockfile import Lock
-from ..matrix import Cell, LoadedMatrix
-from ..servecmd import serve_command
-from . import checkpoint, flags, pins
-from .findings import (
+from imagebuild.errors import UserError
+from imagebuild.lock.lockfile import Lock
+from imagebuild.preflight import checkpoint, flags, pins
+from imagebuild.preflight.findings import (
     MATRIX,
     SEVERITY_ORDER,
     Finding,
@@ -22,8 +20,10 @@ from .findings import (
     registry,
     waive,
 )
-from .flags import CellView, as_int, flag_value
-from .kvcache import KVFlags, predict
+from imagebuild.preflight.flags import CellView, as_int, flag_value
+from imagebuild.preflight.kvcache import KVFlags, predict
+from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.servecmd import serve_command
 
 # The dflashfix patch that pads GDN state pages instead of asserting (patches/).
 PAD_MAMBA_PATCH = "kv-page-size-pad-mamba.patch"

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import requests
 
-from .container import Container
-from .logwatch import LogState, LogWatcher, exceptions, excerpt
+from imagebuild.smoke.container import Container
+from imagebuild.smoke.logwatch import LogState, LogWatcher, exceptions, excerpt
 
 FATAL_GRACE_S = 1.5  # after a fatal line, keep reading this long for the rest of the trace
 IDLE_CPU_PERCENT = 10.0  # docker stats scale: 100 = one core busy

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from imagebuild.errors import UserError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,8 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) -> int:
     """Exit code: 0 when every image passed, 1 when one failed (its verdict says why)."""
-    from ..plan import plan_rows
-    from .runner import smoke_cells, smoke_ref
+    from imagebuild.plan import plan_rows
+    from imagebuild.smoke.runner import smoke_cells, smoke_ref
 
     kw = {"boot_timeout_s": args.boot_timeout, "stall_s": args.stall_limit}
     if args.image and args.tag:

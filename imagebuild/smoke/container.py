@@ -17,8 +17,8 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from ..errors import OperationFailed
-from .dockercli import docker
+from imagebuild.errors import OperationFailed
+from imagebuild.smoke.dockercli import docker
 
 HOST = "127.0.0.1"
 LABEL = "io.imagebuild.smoke"  # every smoke container carries it, for a manual clean-up

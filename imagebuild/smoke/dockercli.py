@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ..errors import OperationFailed
+from imagebuild.errors import OperationFailed
 
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
 

@@ -11,12 +11,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..errors import OperationFailed, UserError
-from ..lockfile import Lock, read_lock
-from ..matrix import Cell
-from ..render import LABEL_NS
-from ..servecmd import DRAFTER_DIR, MODEL_DIR, ServeCommand, serve_command
-from .dockercli import DOCKER
+from imagebuild.errors import OperationFailed, UserError
+from imagebuild.lock.lockfile import Lock, read_lock
+from imagebuild.render import LABEL_NS
+from imagebuild.smoke.dockercli import DOCKER
+from imagebuild.spec.matrix import Cell
+from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, ServeCommand, serve_command
 
 SMALL_FILE = 50 * 2**20  # the weight_groups threshold: small files are hashed, shards sized
 # Used when an image's cell is not in matrix.yaml: no floor is known, counters must still move.
@@ -113,8 +113,8 @@ def expectations_from_labels(image_ref: str, root: Path | None = None,
                              info: dict[str, Any] | None = None) -> dict[str, Any]:
     """Expectations for an image by reference: its cell (label io.imagebuild.cell) when
     matrix.yaml still has it, else what its labels and CMD say."""
-    from .. import REPO_ROOT
-    from .. import matrix as mx
+    from imagebuild import REPO_ROOT
+    from imagebuild.spec import matrix as mx
 
     info = info or inspect_image(image_ref)
     labels = info.get("Config", {}).get("Labels") or {}

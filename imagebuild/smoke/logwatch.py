@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .dockercli import DOCKER
+from imagebuild.smoke.dockercli import DOCKER
 
 # (name, pattern): the first match ends the boot wait at once.
 FATAL = (

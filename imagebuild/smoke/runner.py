@@ -21,13 +21,13 @@ from typing import Any
 
 from rich.console import Console
 
-from .. import REPO_ROOT
-from .boot import BootOutcome, wait_ready
-from .container import Container, image_user, launch
-from .expect import expectations_for, expectations_from_labels, inspect_image
-from .logwatch import LogWatcher
-from .paths import cell_dir, ref_dir
-from .report import read_junit, write_junit, write_verdict
+from imagebuild import REPO_ROOT
+from imagebuild.smoke.boot import BootOutcome, wait_ready
+from imagebuild.smoke.container import Container, image_user, launch
+from imagebuild.smoke.expect import expectations_for, expectations_from_labels, inspect_image
+from imagebuild.smoke.logwatch import LogWatcher
+from imagebuild.smoke.paths import cell_dir, ref_dir
+from imagebuild.smoke.report import read_junit, write_junit, write_verdict
 
 SUITE = REPO_ROOT / "tests" / "smoke"
 CHECK_TIMEOUT_S = 900  # per check (pytest-timeout); a gb10 burst at c=32 is the longest

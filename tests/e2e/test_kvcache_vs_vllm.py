@@ -307,7 +307,7 @@ def test_hybrid_block_size_matches_vllm(cases):
 
 def _dflashfix_patch() -> Path | None:
     """The patch of matrix.yaml's `dflashfix` engine that changes kv_cache_utils.py."""
-    from imagebuild import matrix as mx
+    from imagebuild.spec import matrix as mx
 
     real = mx.load(REPO / "matrix.yaml").matrix.engines["dflashfix"].realize["cpu"]
     for name in real.patches:

@@ -21,9 +21,9 @@ import pytest
 import requests
 
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.publish import publish
-from imagebuild.registry import Credentials, RegistryClient
-from imagebuild.release import (
+from imagebuild.registry.client import Credentials, RegistryClient
+from imagebuild.release.publish import publish
+from imagebuild.release.records import (
     LATEST,
     LEASE_TAG,
     Lease,
@@ -304,8 +304,8 @@ def test_a_foreign_lease_blocks_and_a_stale_own_lease_does_not(reg, client, pub,
 
 _RACER = """
 import sys, time
-from imagebuild.registry import RegistryClient
-from imagebuild.release import set_latest
+from imagebuild.registry.client import RegistryClient
+from imagebuild.release.records import set_latest
 url, user, pw, repo, tag, at = sys.argv[1:]
 c = RegistryClient(url, username=user, password=pw)
 c.ping()

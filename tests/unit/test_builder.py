@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import builder
+from imagebuild.build import builder
 from imagebuild.errors import OperationFailed
 from imagebuild.render import Rendered
 
@@ -134,7 +134,7 @@ def test_build_command_without_engine_exits_1(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(builder, "DOCKER", _fake_docker(tmp_path, "exit 1"))
     monkeypatch.setattr(builder, "_find_by_inputs", lambda digest: None)
     monkeypatch.setattr(builder, "_find_by_label", lambda label, value: None)
-    import imagebuild.bootstrap as bootstrap
+    import imagebuild.build.bootstrap as bootstrap
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")
     monkeypatch.setattr(builder, "_docker", lambda *a, **k: type(
         "P", (), {"stdout": "", "returncode": 1, "stderr": "no daemon"})())

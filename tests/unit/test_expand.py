@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from imagebuild import matrix as mx
 from imagebuild.cli import main
-from imagebuild.servecmd import serve_command
+from imagebuild.spec import matrix as mx
+from imagebuild.spec.servecmd import serve_command
 
 
 def _cells(matrix_dir: Path, text_edit=None):

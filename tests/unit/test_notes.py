@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from imagebuild import matrix as mx
-from imagebuild.lockfile import read_lock
-from imagebuild.notes import ImageFacts, previous_release, release_notes
+from imagebuild.lock.lockfile import read_lock
 from imagebuild.plan import plan_rows
-from imagebuild.tags import parse_tag
+from imagebuild.release.notes import ImageFacts, previous_release, release_notes
+from imagebuild.spec import matrix as mx
+from imagebuild.spec.tags import parse_tag
 
 DIGEST = "sha256:" + "ab" * 32
 VERDICT = {"passed": True, "message": "all 9 checks passed",
@@ -76,7 +76,7 @@ def _bench_doc(tag: str, tok_s: dict[int, float]) -> dict:
 
 
 def test_notes_carry_the_bench_table_deltas_reason_and_plot(matrix_dir, tmp_path):
-    from imagebuild.notes import write_plots
+    from imagebuild.release.notes import write_plots
 
     tag, rows, cells = _release(matrix_dir, "gb10")
     first = rows[0]

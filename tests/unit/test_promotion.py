@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from imagebuild import promotion
 from imagebuild.errors import UserError
+from imagebuild.release import promotion
 
 
 def _cell(threshold=None):

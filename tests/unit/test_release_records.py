@@ -7,9 +7,9 @@ import json
 import pytest
 
 from imagebuild.errors import OperationFailed
-from imagebuild.publish import gate
-from imagebuild.registry import DOCKER_MANIFEST, OCI_MANIFEST, sha256_digest
-from imagebuild.release import (
+from imagebuild.registry.client import DOCKER_MANIFEST, OCI_MANIFEST, sha256_digest
+from imagebuild.release.publish import gate
+from imagebuild.release.records import (
     A_IMAGE,
     A_SMOKE,
     A_TAG,
@@ -19,7 +19,7 @@ from imagebuild.release import (
     pins_text,
     release_record,
 )
-from imagebuild.tags import parse_release_tag
+from imagebuild.spec.tags import parse_release_tag
 
 IMG = "sha256:" + "a" * 64
 TAG = "2026-06-18-v0.23.0-dflashfix"
@@ -101,7 +101,7 @@ def test_pins_and_move_lines():
 
 def test_repository_selection():
     from imagebuild.errors import UserError
-    from imagebuild.release import match_repositories, split_repository
+    from imagebuild.release.records import match_repositories, split_repository
 
     assert split_repository("127.0.0.1:5000/vllm-spark/qwen36-cpu") == (
         "127.0.0.1:5000", "vllm-spark/qwen36-cpu")

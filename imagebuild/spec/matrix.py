@@ -14,8 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import REPO_ROOT
-from .config import (
+from imagebuild import REPO_ROOT
+from imagebuild.errors import UserError
+from imagebuild.spec.config import (
     Drafter,
     Engine,
     EngineRealization,
@@ -28,8 +29,7 @@ from .config import (
     Waiver,
     load_matrix,
 )
-from .errors import UserError
-from .yamlpos import Located
+from imagebuild.spec.yamlpos import Located
 
 AXES = ("engine", "model", "drafter", "profile")
 NAME_FIELDS = re.compile(r"{([^{}]*)}")

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import OperationFailed, UserError
-from .registry import (
+from imagebuild.errors import OperationFailed, UserError
+from imagebuild.registry.client import (
     DOCKER_MANIFEST,
     IMAGE_MANIFESTS,
     OCI_MANIFEST,
@@ -36,7 +36,7 @@ from .registry import (
     RegistryClient,
     Unsupported,
 )
-from .tags import FULL, SHORT, ReleaseTag, parse_release_tag
+from imagebuild.spec.tags import FULL, SHORT, ReleaseTag, parse_release_tag
 
 Log = Callable[[str], None]
 

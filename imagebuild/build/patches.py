@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .errors import OperationFailed, UserError
+from imagebuild.errors import OperationFailed, UserError
 
 # "--- a/x" / "+++ b/x" headers (optionally followed by a tab and a timestamp).
 _HEADER = re.compile(r"^(?:---|\+\+\+) (?:[ab]/)?(?P<path>[^\t\n]+)")

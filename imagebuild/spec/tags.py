@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from .errors import UserError
+from imagebuild.errors import UserError
 
 SHORT = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-(?P<name>[a-z0-9][a-z0-9._-]*)$")
 FULL = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-v(?P<version>\d[^-]*)"

@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .buildjobs import choose_parallelism, host_resources
-from .errors import OperationFailed, UserError
-from .lock import generate_model, sha256_file
-from .lockfile import Lock
-from .matrix import Cell, LoadedMatrix
-from .render import Rendered, render_base, render_engine, render_serve
+from imagebuild.build.buildjobs import choose_parallelism, host_resources
+from imagebuild.errors import OperationFailed, UserError
+from imagebuild.lock.resolve import generate_model, sha256_file
+from imagebuild.lock.lockfile import Lock
+from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.render import Rendered, render_base, render_engine, render_serve
 
 INPUTS_LABEL = "io.imagebuild.inputs"
 # Build avoidance looks images up by this tag, never by the label: an image built FROM a
@@ -307,7 +307,7 @@ class Builder:
 
     # -- the flow per cell --------------------------------------------------------------
     def build_cell(self, cell: Cell, local_ref: str) -> list[BuildRecord]:
-        from .bootstrap import ensure_base_image
+        from imagebuild.build.bootstrap import ensure_base_image
 
         t = cell.target
         self._target = cell.target_name

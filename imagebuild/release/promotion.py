@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .bench import results, store
-from .bench.command import bench_image, load_settings, write_outputs
-from .bench.gate import check_promotion
-from .release import latest_release, set_latest, split_repository
-from .smoke.expect import inspect_image
-from .tags import parse_release_tag
+from imagebuild.bench import results, store
+from imagebuild.bench.command import bench_image, load_settings, write_outputs
+from imagebuild.bench.gate import check_promotion
+from imagebuild.release.records import latest_release, set_latest, split_repository
+from imagebuild.smoke.expect import inspect_image
+from imagebuild.spec.tags import parse_release_tag
 
 
 def bench_release(client: Any, cells: list, rows: list[dict[str, Any]], out: Path) -> None:

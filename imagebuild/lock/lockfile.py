@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import HubPin
-from .errors import UserError
+from imagebuild.errors import UserError
+from imagebuild.spec.config import HubPin
 
 LOCK_NAME = "matrix.lock.json"
 LOCK_VERSION = 1

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import requests
 
-from . import REPO_ROOT
-from .errors import OperationFailed, UserError
+from imagebuild import REPO_ROOT
+from imagebuild.errors import OperationFailed, UserError
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 _SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"

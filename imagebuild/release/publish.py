@@ -23,15 +23,15 @@ from typing import Any
 import docker
 import docker.errors
 
-from .errors import OperationFailed, UserError
-from .registry import (
+from imagebuild.errors import OperationFailed, UserError
+from imagebuild.registry.client import (
     OCI_MANIFEST,
     Credentials,
     RegistryClient,
     Unsupported,
     resolve_credentials,
 )
-from .release import (
+from imagebuild.release.records import (
     A_PUSHED,
     A_TAG,
     LATEST,
@@ -44,7 +44,7 @@ from .release import (
     read_release,
     release_record,
 )
-from .tags import ReleaseTag, parse_release_tag
+from imagebuild.spec.tags import ReleaseTag, parse_release_tag
 
 INPUTS_LABEL = "io.imagebuild.inputs"
 CELL_LABEL = "io.imagebuild.cell"

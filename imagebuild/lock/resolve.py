@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .config import Drafter, Model
-from .errors import OperationFailed, UserError
-from .lockfile import LOCK_NAME, LOCK_VERSION, Lock, hub_disagreement, read_lock
-from .matrix import Cell, LoadedMatrix
+from imagebuild.errors import OperationFailed, UserError
+from imagebuild.lock.lockfile import LOCK_NAME, LOCK_VERSION, Lock, hub_disagreement, read_lock
+from imagebuild.spec.config import Drafter, Model
+from imagebuild.spec.matrix import Cell, LoadedMatrix
 
 METADATA_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json",
                   "tokenizer_config.json", "hf_quant_config.json")
@@ -37,7 +37,7 @@ def metadata_dir(root: Path, repository: str, sha: str) -> Path:
 
 def _hub_entry(name: str, pin: Model | Drafter, root: Path, client: Any,
                log: Callable[[str], None]) -> dict[str, Any]:
-    from .hub import HubUnreachable
+    from imagebuild.lock.hub import HubUnreachable
 
     assert pin.repository, "only Hub pins are resolved here"
     base: dict[str, Any] = {"repository": pin.repository, "revision": pin.revision,

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from .errors import UserError
+from imagebuild.errors import UserError
 
 Path_ = tuple[str | int, ...]
 

@@ -19,8 +19,8 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import UserError
-from .yamlpos import Located, load_located
+from imagebuild.errors import UserError
+from imagebuild.spec.yamlpos import Located, load_located
 
 HEX_PIN = re.compile(r"^[0-9a-f]{7,40}$")
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")

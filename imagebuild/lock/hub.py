@@ -37,7 +37,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.hf_api import ModelInfo
 
-from .errors import OperationFailed, UserError
+from imagebuild.errors import OperationFailed, UserError
 
 # With telemetry on, huggingface_hub 2.4.0 builds its User-Agent by fetching
 # `{import-time ENDPOINT}/api/agent-harnesses` (utils/_detect_agent.py): a call to the public

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .matrix import Cell
+from imagebuild.spec.matrix import Cell
 
 MODEL_DIR = "/model"
 DRAFTER_DIR = "/drafter"

@@ -6,7 +6,7 @@ The real matrix is copied to a tmp dir and locked from the recorded Hub answers
 `run_checks` in-process and, once `build.py check` exists, the whole command a user runs
 (`python build.py check --tag T --target gb10`, interpreter start-up included).
 
-Usage: python bench/check.py [--runs 5]
+Usage: python tools/time_check.py [--runs 5]
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
 
-    from imagebuild import matrix as mx
-    from imagebuild.lockfile import read_lock
+    from imagebuild.lock.lockfile import read_lock
     from imagebuild.preflight.run import run_checks
+    from imagebuild.spec import matrix as mx
     from tests.fixtures.preflight.fixture_hub import copy_matrix, lock_matrix
 
     with tempfile.TemporaryDirectory(prefix="imagebuild-bench-check-") as tmp:

@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import Drafter, Model
-from .errors import OperationFailed, UserError
-from .lock import METADATA_FILES
-from .lockfile import LOCK_NAME, Lock
-from .matrix import Cell, LoadedMatrix, expand
-from .preflight import pins as pin_rules
-from .preflight.findings import Finding
-from .preflight.run import cell_labels, run_checks
+from imagebuild.errors import OperationFailed, UserError
+from imagebuild.lock.lockfile import LOCK_NAME, Lock
+from imagebuild.lock.resolve import METADATA_FILES
+from imagebuild.preflight import pins as pin_rules
+from imagebuild.preflight.findings import Finding
+from imagebuild.preflight.run import cell_labels, run_checks
+from imagebuild.spec.config import Drafter, Model
+from imagebuild.spec.matrix import Cell, LoadedMatrix, expand
 
 # Pin-agreement rules compare the lock with matrix.yaml: with a candidate head standing in
 # for the pin they fire by construction, so they say nothing about the new revision.
@@ -200,7 +200,7 @@ def check_head(lm: LoadedMatrix, lock: Lock, client: Any, kind: str, name: str,
 
 def watch_pin(lm: LoadedMatrix, lock: Lock, client: Any, kind: str, name: str,
               pin: Model | Drafter, scratch: Path) -> PinReport:
-    from .hub import HubUnreachable
+    from imagebuild.lock.hub import HubUnreachable
 
     assert pin.repository
     branch = pin.track or "main"
@@ -273,9 +273,9 @@ def render(reports: list[PinReport], fmt: str) -> str:
 
 def cmd_pins(args: Any) -> int:
     """Exit 0 whenever the watch ran: a failing head is news for an issue, not a CI error."""
-    from . import matrix as mx
-    from .hub import HubClient
-    from .lockfile import read_lock
+    from imagebuild.lock.hub import HubClient
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.spec import matrix as mx
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
     names = set(args.only)

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .matrix import Cell
-from .plan import UNRESOLVED
-from .smoke.container import CACHE, CPU_SHM, TMP
-from .tags import parse_release_tag
+from imagebuild.plan import UNRESOLVED
+from imagebuild.smoke.container import CACHE, CPU_SHM, TMP
+from imagebuild.spec.matrix import Cell
+from imagebuild.spec.tags import parse_release_tag
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def _smoke(v: dict[str, Any] | None) -> list[str]:
 
 
 def _bench(f: ImageFacts) -> list[str]:
-    from .bench import compare, results
+    from imagebuild.bench import compare, results
 
     if f.bench is None:
         return ["_no benchmark results are stored with this release_ (`build.py bench "
@@ -144,7 +144,7 @@ def previous_release(tags_passed: list[str], tag: str) -> str | None:
 
 def _stored_bench(client: Any, repo: str, tag: str | None
                   ) -> tuple[dict[str, Any] | None, dict[str, str]]:
-    from .bench import store
+    from imagebuild.bench import store
 
     found = store.release_stored(client, repo, tag) if tag else None
     return found if found else (None, {})
@@ -154,9 +154,9 @@ def gather(client: Any, rows: list[dict[str, Any]], cells: list[Cell],
            smoke_dir: Path) -> dict[str, ImageFacts]:
     """Digests, earlier releases and stored bench results from the registry, verdicts
     from the smoke reports."""
-    from .bench.store import A_ACCEPTED
-    from .release import list_releases, split_repository
-    from .smoke.paths import verdict_path
+    from imagebuild.bench.store import A_ACCEPTED
+    from imagebuild.release.records import list_releases, split_repository
+    from imagebuild.smoke.paths import verdict_path
 
     facts = {}
     for row, cell in zip(rows, cells, strict=True):
@@ -180,7 +180,7 @@ def write_plots(facts: dict[str, ImageFacts], rows: list[dict[str, Any]], out_di
     line each. The notes link `url_base + file name` (the release asset's URL on GitHub)."""
     from dataclasses import replace
 
-    from .bench.plot import plot
+    from imagebuild.bench.plot import plot
 
     done = dict(facts)
     for row in rows:
@@ -199,8 +199,8 @@ def write_plots(facts: dict[str, ImageFacts], rows: list[dict[str, Any]], out_di
 
 def cmd_notes(args: Any, context: Any) -> int:
     """`context` is cli._context (matrix, cells, tag, target, lock from the arguments)."""
-    from .plan import plan_rows, registry_for
-    from .registry import RegistryClient
+    from imagebuild.plan import plan_rows, registry_for
+    from imagebuild.registry.client import RegistryClient
 
     lm, cells, tag, _target, _why, lock = context(args)
     rows = plan_rows(cells, lm, tag, lock)
