@@ -9,9 +9,10 @@ vLLM's own TTFT histogram from /metrics before and after: the server's view of t
 requests, which both clients should exceed by the same HTTP/tokenization overhead.
 Prints per level the pooled figures of both clients and their relative difference.
 
-    .venv/bin/python tools/compare_client_with_vllm_bench.py [IMAGE_REF] [--levels 1,4,8] [--requests 32]
-        [--rounds 2] [--server-cpus 0] [--client-cpus 1]
-    .venv/bin/python tools/compare_client_with_vllm_bench.py --tables-from build/bench/vllm_compare.json
+    .venv/bin/python tools/compare_client_with_vllm_bench.py [IMAGE_REF] [--levels 1,4,8]
+        [--requests 32] [--rounds 2] [--server-cpus 0] [--client-cpus 1]
+    .venv/bin/python tools/compare_client_with_vllm_bench.py \
+        --tables-from build/bench/vllm_compare.json
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from imagebuild.bench import client, metrics, prompts  # noqa: E402
 from imagebuild.bench.server import serving  # noqa: E402
+from imagebuild.docker import inspect_image  # noqa: E402
 from imagebuild.smoke.dockercli import docker  # noqa: E402
-from imagebuild.smoke.expect import expectations_from_labels, inspect_image  # noqa: E402
+from imagebuild.smoke.expect import expectations_from_labels  # noqa: E402
 
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
 VLLM_PY = os.environ.get("IMAGEBUILD_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))

@@ -20,12 +20,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imagebuild.build.buildjobs import choose_parallelism, host_resources
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.resolve import generate_model, sha256_file
 from imagebuild.lock.lockfile import Lock
 from imagebuild.spec.matrix import Cell, LoadedMatrix
+
+if TYPE_CHECKING:
+    from imagebuild.plan import Job
 from imagebuild.render import Rendered, render_base, render_engine, render_serve
 
 INPUTS_LABEL = "io.imagebuild.inputs"
@@ -365,11 +369,14 @@ class Builder:
             (folder / f"{name}.json").write_text(json.dumps(asdict(rec), indent=2) + "\n")
 
 
-def build_cells(lm: LoadedMatrix, lock: Lock, cells: list[Cell], refs: dict[str, str], *,
-                out_dir: Path, log: Log = print) -> list[BuildRecord]:
-    if not cells:
+def build_jobs(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,
+               out_dir: Path, log: Log = print) -> list[BuildRecord]:
+    """Base -> engine -> serve for every job; each serve image is tagged `job.release_ref`
+    locally, the reference smoke, publish and bench then use."""
+    if not jobs:
         raise UserError("nothing to build", fix="check --target/--only")
+    assert lock is not None, "buildable() refuses a plan without a lock"
     builder = Builder(lm, lock, out_dir=out_dir, log=log)
-    for cell in cells:
-        builder.build_cell(cell, refs[cell.id])
+    for job in jobs:
+        builder.build_cell(job.cell, job.release_ref)
     return builder.records

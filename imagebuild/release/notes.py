@@ -15,12 +15,14 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imagebuild.plan import UNRESOLVED
 from imagebuild.smoke.container import CACHE, CPU_SHM, TMP
-from imagebuild.spec.matrix import Cell
-from imagebuild.spec.tags import parse_release_tag
+from imagebuild.spec.tags import ReleaseTag
+
+if TYPE_CHECKING:
+    from imagebuild.plan import Job
 
 
 @dataclass(frozen=True)
@@ -98,33 +100,33 @@ def _bench(f: ImageFacts) -> list[str]:
     return out
 
 
-def release_notes(tag: str, rows: list[dict[str, Any]], cells: list[Cell],
-                  facts: dict[str, ImageFacts]) -> str:
-    """Markdown for the GitHub release of `tag` (rows: plan_rows of the release)."""
+def release_notes(jobs: tuple[Job, ...], facts: dict[str, ImageFacts]) -> str:
+    """Markdown for the GitHub release of the jobs' release tag."""
+    tag = str(jobs[0].tag) if jobs else "?"
     out = [f"# {tag}", "",
-           f"{len(rows)} image(s), each smoke-tested before push; `latest` moved last.", ""]
+           f"{len(jobs)} image(s), each smoke-tested before push; `latest` moved last.", ""]
     previous = sorted({f.previous for f in facts.values() if f.previous})
-    for row, cell in zip(rows, cells, strict=True):
-        f = facts.get(row["cell"], ImageFacts(None, None, None))
-        repo, rtag = row["repository"], row["release_tag"]
-        by_digest = f"{repo}@{f.digest}" if f.digest else None
-        out += [f"## {row['image']}", "",
-                f"`{row['cell']}` · {row['platform']} · model {row['model']} · drafter "
-                f"{row['drafter']} ({row['method']}) · profile {row['profile']}", "",
-                "```sh", f"docker pull {repo}:{rtag}"]
+    for job in jobs:
+        cell = job.cell
+        f = facts.get(job.id, ImageFacts(None, None, None))
+        by_digest = job.image.by_digest(f.digest) if f.digest else None
+        out += [f"## {cell.image}", "",
+                f"`{job.id}` · {cell.target.platform} · model {cell.model_name} · drafter "
+                f"{cell.drafter_name} ({cell.drafter.method}) · profile {cell.profile_name}", "",
+                "```sh", f"docker pull {job.release_ref}"]
         out += [f"docker pull {by_digest}"] if by_digest else [
             "# not pushed: no digest in the registry for this tag"]
         out += ["```", "", "Run it hardened (weights are read-only layers of the image, the "
                 "server listens on 127.0.0.1 only, no credentials enter the container):", "",
-                "```sh", run_command(by_digest or f"{repo}:{rtag}", row["image"],
+                "```sh", run_command(by_digest or job.release_ref, cell.image,
                                      gpu=bool(cell.target.gpu),
                                      memory=cell.target.memory_limit), "```", "",
                 "<details><summary>serve command (the image's CMD)</summary>", "", "```sh",
-                shlex.join(row["serve"]), "```", "</details>", "",
+                shlex.join(job.serve.argv), "```", "</details>", "",
                 "| pin | value |", "|---|---|",
-                f"| engine | {_engine(row['pins']['engine'])} |",
-                f"| model | {_pin(row['pins']['model'])} |",
-                f"| drafter | {_pin(row['pins']['drafter'])} |", "", "Smoke:", ""]
+                f"| engine | {_engine(job.pins['engine'])} |",
+                f"| model | {_pin(job.pins['model'])} |",
+                f"| drafter | {_pin(job.pins['drafter'])} |", "", "Smoke:", ""]
         out += _smoke(f.verdict) + ["", "Benchmark:", ""] + _bench(f)
     out += ["## Rollback", ""]
     if previous:
@@ -134,12 +136,10 @@ def release_notes(tag: str, rows: list[dict[str, Any]], cells: list[Cell],
     return "\n".join(out) + "\n"
 
 
-def previous_release(tags_passed: list[str], tag: str) -> str | None:
+def previous_release(passed: list[ReleaseTag], tag: ReleaseTag) -> str | None:
     """The newest passing release tag older than `tag`."""
-    this = parse_release_tag(tag)
-    older = [t for t in tags_passed if (rt := parse_release_tag(t)) and this
-             and rt.sort_key() < this.sort_key()]
-    return max(older, key=lambda t: parse_release_tag(t).sort_key()) if older else None  # type: ignore[union-attr]
+    older = [t for t in passed if t.sort_key() < tag.sort_key()]
+    return str(max(older, key=ReleaseTag.sort_key)) if older else None
 
 
 def _stored_bench(client: Any, repo: str, tag: str | None
@@ -150,31 +150,31 @@ def _stored_bench(client: Any, repo: str, tag: str | None
     return found if found else (None, {})
 
 
-def gather(client: Any, rows: list[dict[str, Any]], cells: list[Cell],
-           smoke_dir: Path) -> dict[str, ImageFacts]:
+def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, ImageFacts]:
     """Digests, earlier releases and stored bench results from the registry, verdicts
     from the smoke reports."""
     from imagebuild.bench.store import A_ACCEPTED
-    from imagebuild.release.records import list_releases, split_repository
+    from imagebuild.release.records import list_releases
     from imagebuild.smoke.paths import verdict_path
 
     facts = {}
-    for row, cell in zip(rows, cells, strict=True):
-        _, repo = split_repository(row["repository"])
+    for job in jobs:
+        repo = job.image.repository
         rels = list_releases(client, repo)
-        mine = next((r for r in rels if r.tag == row["release_tag"]), None)
-        path = verdict_path(smoke_dir, cell)
+        mine = next((r for r in rels if r.tag == str(job.tag)), None)
+        path = verdict_path(smoke_dir, job.cell)
         verdict = json.loads(path.read_text()) if path.exists() else None
-        previous = previous_release([r.tag for r in rels if r.passed], row["release_tag"])
+        previous = previous_release([r.release_tag for r in rels if r.passed and r.release_tag],
+                                    job.tag)
         bench, ann = _stored_bench(client, repo, mine.tag if mine else None)
-        facts[row["cell"]] = ImageFacts(
+        facts[job.id] = ImageFacts(
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
             accepted_regression=ann.get(A_ACCEPTED))
     return facts
 
 
-def write_plots(facts: dict[str, ImageFacts], rows: list[dict[str, Any]], out_dir: Path,
+def write_plots(facts: dict[str, ImageFacts], jobs: tuple[Job, ...], out_dir: Path,
                 url_base: str) -> dict[str, ImageFacts]:
     """One PNG per image with benchmark results: this release and the one before it, one
     line each. The notes link `url_base + file name` (the release asset's URL on GitHub)."""
@@ -183,30 +183,12 @@ def write_plots(facts: dict[str, ImageFacts], rows: list[dict[str, Any]], out_di
     from imagebuild.bench.plot import plot
 
     done = dict(facts)
-    for row in rows:
-        f = facts.get(row["cell"])
+    for job in jobs:
+        f = facts.get(job.id)
         if f is None or f.bench is None:
             continue
-        name = f"bench-{row['image']}.png"
+        name = f"bench-{job.cell.image}.png"
         runs = [f.bench] + ([f.bench_previous] if f.bench_previous else [])
-        plot(runs, out_dir / name, title=f"{row['image']} - {row['release_tag']}")
-        done[row["cell"]] = replace(f, plot=url_base + name)
+        plot(runs, out_dir / name, title=f"{job.cell.image} - {job.tag}")
+        done[job.id] = replace(f, plot=url_base + name)
     return done
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def cmd_notes(args: Any, context: Any) -> int:
-    """`context` is cli._context (matrix, cells, tag, target, lock from the arguments)."""
-    from imagebuild.plan import plan_rows, registry_for
-    from imagebuild.registry.client import RegistryClient
-
-    lm, cells, tag, _target, _why, lock = context(args)
-    rows = plan_rows(cells, lm, tag, lock)
-    client = RegistryClient(registry_for(lm).host)
-    facts = gather(client, rows, cells, args.smoke_dir or lm.root / "build")
-    if args.plot_dir:
-        facts = write_plots(facts, rows, args.plot_dir, args.asset_url or "")
-    print(release_notes(str(tag), rows, cells, facts), end="")
-    return 0

@@ -1,13 +1,14 @@
-"""The gate: push only what passed smoke, verify the push, then promote.
+"""The gate: push only what passed smoke, verify the push, record the release.
 
-Order (DESIGN.md "push only what passed"):
+Order (push only what passed):
 1. the smoke verdict must say passed for exactly the local image id (nothing touches the
    registry before this, so a failed smoke leaves its tag list byte-for-byte unchanged);
 2. dockerd pushes the image under a staging tag `staging-<image id 12>`;
 3. the pushed manifest is read back and its config digest must equal the tested image id
    (the digest pushed is the digest tested, verified, not assumed);
-4. under the lease: the release tag gets the annotated manifest (release.py), then,
-   last, `latest`; the staging tag is removed.
+4. under the lease: the release tag gets the annotated manifest (records.py); the
+   staging tag is removed. `latest` is not touched here: release/latest.py moves it,
+   after the regression gate.
 A re-run resumes: a release tag already holding this image skips the push, and moving a
 tag that is already in place is a no-op.
 """
@@ -18,7 +19,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -31,20 +32,18 @@ from imagebuild.registry.client import (
     Unsupported,
     resolve_credentials,
 )
+from imagebuild.release.lease import holding_lease
 from imagebuild.release.records import (
-    A_PUSHED,
-    A_TAG,
-    LATEST,
     STAGING_PREFIX,
     Log,
-    Release,
     annotated_manifest,
-    holding_lease,
-    move_latest,
     read_release,
     release_record,
 )
-from imagebuild.spec.tags import ReleaseTag, parse_release_tag
+from imagebuild.spec.tags import ReleaseTag
+
+if TYPE_CHECKING:
+    from imagebuild.plan import Job
 
 INPUTS_LABEL = "io.imagebuild.inputs"
 CELL_LABEL = "io.imagebuild.cell"
@@ -57,7 +56,6 @@ class PublishResult:
     image_id: str
     digest: str | None = None  # the release manifest's digest
     pushed: bool = False  # False: the release tag already held this image (a re-run)
-    latest_moved: bool = False
     dry_run: bool = False
     steps: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -184,89 +182,75 @@ def _drop_staging(client: RegistryClient, repo: str, tag: str, image_id: str,
         log(f"{repo}: left staging tag {tag} ({exc.message})")
 
 
-def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: str,
+def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: ReleaseTag,
             verdict: dict[str, Any], pins: dict[str, Any] | None = None,
-            move_to_latest: bool = True, dry_run: bool = False,
-            credentials: Credentials | None = None, log: Log = print,
+            dry_run: bool = False, credentials: Credentials | None = None, log: Log = print,
             settle: float | None = None, push_attempts: int = 3) -> PublishResult:
     """Push the smoke-passed local image to repo (a path in client's registry, e.g.
-    'vllm-spark/qwen36-cpu-tiny') as release_tag (full DATE-vX.Y.Z-NAME), then latest."""
+    'vllm-spark/qwen36-cpu-tiny') and record it as release_tag."""
     start = time.monotonic()
-    rtag = parse_release_tag(release_tag)
-    if rtag is None:
-        raise UserError(f"{release_tag!r} is not a full release tag DATE-vX.Y.Z-NAME",
-                        fix="pass the release tag from `build.py plan`")
     info = inspect_local(local_ref)
     image_id = info["Id"]
     gate(verdict, image_id, local_ref)  # before any registry request
     labels = (info.get("Config") or {}).get("Labels") or {}
-    res = PublishResult(repo, release_tag, image_id, dry_run=dry_run)
+    tag = str(release_tag)
+    res = PublishResult(repo, tag, image_id, dry_run=dry_run)
 
     def step(text: str) -> None:
         res.steps.append(text)
         log(f"{repo}: {text}")
 
     client.ping()
-    existing = read_release(client, repo, release_tag)
+    existing = read_release(client, repo, tag)
     if existing and existing.image_id != image_id:
         raise UserError(
-            f"{repo}:{release_tag} already exists for image {existing.image_id}; this run "
+            f"{repo}:{tag} already exists for image {existing.image_id}; this run "
             f"tested {image_id}. Release tags are never overwritten",
             fix="publish under a new tag (another date or patch-set name)")
     staging = f"{STAGING_PREFIX}{image_id.removeprefix('sha256:')[:12]}"
     if existing and existing.passed:
-        step(f"{release_tag} already holds {image_id[:19]}: nothing to push")
-        manifest, pushed = json.loads(existing.body), existing.annotations.get(A_PUSHED, "")
-    elif dry_run:
-        step(f"would push {local_ref} as {staging}, verify its config is {image_id[:19]}, "
-             f"then tag {release_tag}" + (" and move latest" if move_to_latest else ""))
+        step(f"{tag} already holds {image_id[:19]}: nothing to push")
+        res.digest = existing.digest
         res.seconds = time.monotonic() - start
         return res
-    else:
-        creds = credentials or resolve_credentials(client.host)
-        t0 = time.monotonic()
-        pushed = push_with_retries(image_id, f"{client.host}/{repo}", staging, creds,
-                                   attempts=push_attempts, log=log)
-        manifest = verify_pushed(client, repo, staging, image_id, pushed)
-        res.pushed = True
-        step(f"pushed {staging} ({pushed[:19]}) in {time.monotonic() - t0:.1f} s; its config "
-             f"is the tested image {image_id[:19]}")
     if dry_run:
-        step(f"would {'move latest to' if move_to_latest else 'leave latest off'} {release_tag}")
+        step(f"would push {local_ref} as {staging}, verify its config is {image_id[:19]}, "
+             f"then tag {tag}")
         res.seconds = time.monotonic() - start
         return res
-    with holding_lease(client, repo, manifest["config"], purpose=f"publish {release_tag}",
-                       log=log, settle=settle) as lease:
-        rel = read_release(client, repo, release_tag)
+    creds = credentials or resolve_credentials(client.host)
+    t0 = time.monotonic()
+    pushed = push_with_retries(image_id, f"{client.host}/{repo}", staging, creds,
+                               attempts=push_attempts, log=log)
+    manifest = verify_pushed(client, repo, staging, image_id, pushed)
+    res.pushed = True
+    step(f"pushed {staging} ({pushed[:19]}) in {time.monotonic() - t0:.1f} s; its config "
+         f"is the tested image {image_id[:19]}")
+    with holding_lease(client, repo, manifest["config"], purpose=f"publish {tag}",
+                       log=log, settle=settle):
+        rel = read_release(client, repo, tag)
         if rel is None or not rel.passed:
             if rel is not None and rel.image_id != image_id:  # appeared since we looked
-                raise UserError(f"{repo}:{release_tag} was just written by another run",
+                raise UserError(f"{repo}:{tag} was just written by another run",
                                 fix="check `build.py releases`")
-            record = release_record(rtag, image_id, verdict, pins=pins,
+            record = release_record(release_tag, image_id, verdict, pins=pins,
                                     cell=labels.get(CELL_LABEL), inputs=labels.get(INPUTS_LABEL),
                                     pushed_digest=pushed)
-            client.put_manifest(repo, release_tag, annotated_manifest(manifest, record),
-                                OCI_MANIFEST)
-            rel = read_release(client, repo, release_tag)
+            client.put_manifest(repo, tag, annotated_manifest(manifest, record), OCI_MANIFEST)
+            rel = read_release(client, repo, tag)
             if rel is None or not rel.passed or rel.image_id != image_id:
-                raise OperationFailed(f"{repo}:{release_tag} did not read back as this release",
+                raise OperationFailed(f"{repo}:{tag} did not read back as this release",
                                       fix="re-run; check the registry")
-            step(f"tagged {release_tag} ({rel.digest[:19]})")
+            step(f"tagged {tag} ({rel.digest[:19]})")
         res.digest = rel.digest
-        before = read_release(client, repo, LATEST)
-        if move_to_latest and _moves_forward(before, rtag, step):
-            move_latest(client, lease, rel, before.digest if before else None)
-            res.latest_moved = not (before and before.digest == rel.digest)
-            step(f"latest -> {release_tag}" + ("" if res.latest_moved else " (already there)"))
     _drop_staging(client, repo, staging, image_id, log)
     res.seconds = time.monotonic() - start
     return res
 
 
-def _moves_forward(before: Release | None, rtag: ReleaseTag, step: Log) -> bool:
-    """latest only moves forward on publish; going back is `rollback`'s job."""
-    cur = parse_release_tag(before.annotations.get(A_TAG, "")) if before else None
-    if cur and rtag.sort_key() < cur.sort_key():
-        step(f"latest stays at the newer {cur}; use `build.py rollback` to go back")
-        return False
-    return True
+def publish_job(client: RegistryClient, job: Job, verdict: dict[str, Any], *,
+                dry_run: bool = False, log: Log = print) -> PublishResult:
+    """publish() for one planned job: its local image, repository, tag and pins."""
+    return publish(client, job.image.repository, local_ref=job.release_ref,
+                   release_tag=job.tag, verdict=verdict, pins=dict(job.pins),
+                   dry_run=dry_run, log=log)

@@ -7,14 +7,13 @@ image's own labels and CMD: `smoke IMAGE_REF` works on any image this project bu
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from imagebuild.errors import OperationFailed, UserError
+from imagebuild.docker import inspect_image
+from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import Lock, read_lock
 from imagebuild.render import LABEL_NS
-from imagebuild.smoke.dockercli import DOCKER
 from imagebuild.spec.matrix import Cell
 from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, ServeCommand, serve_command
 
@@ -95,18 +94,6 @@ def expectations_for(cell: Cell, lock: Lock | None) -> dict[str, Any]:
                if cell.drafter.repository else {})
     exp["files"] = None if model is None or drafter is None else {**model, **drafter}
     return exp
-
-
-def inspect_image(image_ref: str) -> dict[str, Any]:
-    proc = subprocess.run([DOCKER, "image", "inspect", image_ref], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        raise UserError(f"image {image_ref} is not in the local Docker engine",
-                        fix="build it first (`python build.py build --tag ...`) or pull it")
-    try:
-        return json.loads(proc.stdout)[0]
-    except (json.JSONDecodeError, IndexError):
-        raise OperationFailed(f"docker image inspect {image_ref} gave no JSON") from None
 
 
 def expectations_from_labels(image_ref: str, root: Path | None = None,

@@ -17,17 +17,21 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from imagebuild import REPO_ROOT
+from imagebuild.docker import inspect_image
 from imagebuild.smoke.boot import BootOutcome, wait_ready
 from imagebuild.smoke.container import Container, image_user, launch
-from imagebuild.smoke.expect import expectations_for, expectations_from_labels, inspect_image
+from imagebuild.smoke.expect import expectations_from_labels
 from imagebuild.smoke.logwatch import LogWatcher
 from imagebuild.smoke.paths import cell_dir, ref_dir
 from imagebuild.smoke.report import read_junit, write_junit, write_verdict
+
+if TYPE_CHECKING:
+    from imagebuild.plan import Job
 
 SUITE = REPO_ROOT / "tests" / "smoke"
 CHECK_TIMEOUT_S = 900  # per check (pytest-timeout); a gb10 burst at c=32 is the longest
@@ -233,13 +237,12 @@ def smoke_ref(image_ref: str, *, out_dir: Path | None = None, **kw: Any) -> dict
     return smoke_image(image_ref, expect, out_dir or out_dir_for(expect, image_ref), **kw)
 
 
-def smoke_cells(lm, cells, refs: dict[str, str], lock, *, out_root: Path | None = None,
-                **kw: Any) -> list[dict[str, Any]]:
-    """`build.py smoke --tag T [--only GLOB]`: each cell's image (refs: cell id -> local
-    ref, as `build` tagged it), one container at a time."""
-    verdicts = []
-    for cell in cells:
-        expect = expectations_for(cell, lock)
-        out = cell_dir(out_root or REPO_ROOT / "build", cell)
-        verdicts.append(smoke_image(refs[cell.id], expect, out, **kw))
+def smoke_jobs(jobs: tuple[Job, ...], *, out_root: Path | None = None, **kw: Any
+               ) -> dict[str, dict[str, Any]]:
+    """`build.py smoke --tag T [--only GLOB]` and the whole job: each job's local image
+    (`job.release_ref`, as `build` tagged it), one container at a time."""
+    verdicts = {}
+    for job in jobs:
+        out = cell_dir(out_root or REPO_ROOT / "build", job.cell)
+        verdicts[job.id] = smoke_image(job.release_ref, dict(job.expect), out, **kw)
     return verdicts

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.smoke import smoke_ref
 from imagebuild.smoke.container import LABEL
+from imagebuild.smoke.runner import smoke_ref
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -165,8 +165,8 @@ def test_silent_spawn_hang_is_relaunched_once(good: dict, derive, tmp_path: Path
 def test_ctrl_c_removes_the_container(good: dict, derive, docker_engine: str):
     """Ctrl-C while the server boots (after smoke says `booting`) removes the container."""
     ref = derive("hang", ["python3", "-c", "import time; time.sleep(10**6)"])
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from imagebuild.smoke import "
-                             "smoke_ref; smoke_ref(sys.argv[1], stall_s=600)", ref],
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from imagebuild.smoke.runner "
+                             "import smoke_ref; smoke_ref(sys.argv[1], stall_s=600)", ref],
                             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     lines: list[str] = []
 
