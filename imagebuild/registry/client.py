@@ -4,42 +4,45 @@ Promote and rollback only move manifests: a tag is retargeted by GETting the man
 bytes and PUTting the same bytes under another tag, so no layer crosses the wire. Every
 request's body bytes are counted (ByteCounter) so callers can prove that.
 
-Auth follows the registry's challenge: HTTP basic, or the bearer-token flow (token fetched
-from the realm per scope, cached until it expires). Credentials come from arguments, the
-IMAGEBUILD_REGISTRY_USER/PASSWORD env vars, or the Docker config (auths, credHelpers,
-credsStore); they never appear in messages, logs or repr.
+Requests retry on 429/5xx/connection errors when idempotent (never on 401/403). Auth
+(auth.py) answers the registry's challenge with credentials from credentials.py; secrets
+never appear in messages, logs or repr.
 """
 
 from __future__ import annotations
 
-import base64
 import email.utils
 import hashlib
 import ipaddress
 import json
 import logging
-import os
 import re
-import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import requests
 
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.registry.auth import Auth, Challenge, parse_challenges
+from imagebuild.registry.credentials import (
+    CRED_FIX,
+    PASSWORD_ENV,
+    USER_ENV,
+    Credentials,
+    docker_config_credentials,
+    resolve_credentials,
+)
+from imagebuild.registry.errors import AuthError, NotFound, Unsupported
+
+__all__ = ["AuthError", "Challenge", "Credentials", "NotFound", "RegistryClient",
+           "Unsupported", "docker_config_credentials", "parse_challenges",
+           "resolve_credentials"]
 
 log = logging.getLogger(__name__)
 
-USER_ENV = "IMAGEBUILD_REGISTRY_USER"
-PASSWORD_ENV = "IMAGEBUILD_REGISTRY_PASSWORD"
-CRED_FIX = (
-    f"set {USER_ENV} and {PASSWORD_ENV} (or run `docker login <registry>`) "
-    "to credentials this registry accepts"
-)
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
@@ -63,18 +66,6 @@ _TRANSIENT_ERRORS = (
     requests.exceptions.ChunkedEncodingError,
     requests.exceptions.ContentDecodingError,
 )
-
-
-class AuthError(UserError):
-    """401 after authenticating, or 403: the credentials are wrong or lack permission."""
-
-
-class NotFound(UserError):
-    """404: the repository, tag, manifest or blob does not exist."""
-
-
-class Unsupported(OperationFailed):
-    """The registry refuses an operation it does not allow (e.g. deletes disabled)."""
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -111,51 +102,6 @@ class ByteCounter:
         )
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """Registry credentials. repr/str never show the secret."""
-
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    identity_token: str | None = field(default=None, repr=False)  # OAuth refresh token
-    source: str = "arguments"
-
-    def __repr__(self) -> str:
-        secret = "***" if (self.password or self.identity_token) else None
-        return f"Credentials(username={self.username!r}, secret={secret}, source={self.source!r})"
-
-    __str__ = __repr__
-
-
-@dataclass(frozen=True)
-class Challenge:
-    scheme: str  # lower-case: "basic" or "bearer"
-    params: dict[str, str]
-
-
-def parse_challenges(header: str) -> list[Challenge]:
-    """Parse a WWW-Authenticate header (RFC 7235); quoted values may hold commas."""
-    token = re.compile(
-        r"\s*(?:(?P<scheme>[A-Za-z][\w.-]*)(?=\s+[\w-]+\s*=|\s*(?:,|$))"
-        r'|(?P<key>[\w-]+)\s*=\s*(?P<val>"(?:[^"\\]|\\.)*"|[^,\s]*))\s*,?'
-    )
-    out: list[Challenge] = []
-    pos = 0
-    while pos < len(header):
-        m = token.match(header, pos)
-        if not m or m.end() == pos:
-            break
-        pos = m.end()
-        if m.group("scheme"):
-            out.append(Challenge(m.group("scheme").lower(), {}))
-        elif out:
-            val = m.group("val")
-            if val.startswith('"'):
-                val = re.sub(r"\\(.)", r"\1", val[1:-1])
-            out[-1].params[m.group("key").lower()] = val
-    return out
-
-
 def parse_link_next(header: str | None, base_url: str) -> str | None:
     """The absolute URL of the rel="next" entry of a Link header, if any."""
     if not header:
@@ -165,113 +111,6 @@ def parse_link_next(header: str | None, base_url: str) -> str | None:
         if any("next" in r.split() for r in rels):
             return urljoin(base_url, m.group(1))
     return None
-
-
-def _host_key(server: str) -> str:
-    """'https://127.0.0.1:5000/v2/' and '127.0.0.1:5000' both -> '127.0.0.1:5000'."""
-    server = server.strip()
-    if "://" not in server:
-        server = "//" + server
-    return urlsplit(server).netloc.lower()
-
-
-def docker_config_path(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    base = env.get("DOCKER_CONFIG") or str(Path.home() / ".docker")
-    return Path(base) / "config.json"
-
-
-def _run_helper(helper: str, server: str) -> dict[str, Any] | None:
-    try:
-        proc = subprocess.run(
-            [f"docker-credential-{helper}", "get"],
-            input=server,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        log.debug("credential helper docker-credential-%s unavailable", helper)
-        return None
-    if proc.returncode != 0:  # "credentials not found": not an error for us
-        return None
-    try:
-        data = json.loads(proc.stdout)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def docker_config_credentials(
-    host: str,
-    config_path: Path | None = None,
-    run_helper: Callable[[str, str], dict[str, Any] | None] = _run_helper,
-) -> Credentials | None:
-    """Credentials for `host` from a Docker config.json: credHelpers, auths, credsStore."""
-    path = config_path or docker_config_path()
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise UserError(
-            f"cannot read Docker config {path}: {type(exc).__name__}",
-            fix="repair the JSON or point DOCKER_CONFIG at another directory",
-        ) from None
-    want = _host_key(host)
-    auths = {_host_key(k): (k, v) for k, v in (config.get("auths") or {}).items()}
-    helpers = {_host_key(k): v for k, v in (config.get("credHelpers") or {}).items()}
-    source = f"docker config {path}"
-
-    def from_helper(helper: str) -> Credentials | None:
-        server = auths.get(want, (want, None))[0]
-        data = run_helper(helper, server)
-        if not data or not data.get("Secret"):
-            return None
-        user = data.get("Username")
-        if user == "<token>":  # helpers hand identity tokens back under this name
-            return Credentials(None, None, data["Secret"], f"docker-credential-{helper}")
-        return Credentials(user, data["Secret"], None, f"docker-credential-{helper}")
-
-    if want in helpers:
-        return from_helper(helpers[want])
-    entry = auths.get(want, (None, None))[1]
-    if isinstance(entry, dict):
-        if entry.get("identitytoken"):
-            return Credentials(entry.get("username"), None, entry["identitytoken"], source)
-        if entry.get("auth"):
-            try:
-                user, colon, pw = base64.b64decode(entry["auth"]).decode().partition(":")
-                if not colon:
-                    raise ValueError("no colon")
-            except (ValueError, UnicodeDecodeError):
-                raise UserError(
-                    f"{source}: the 'auth' entry for {want} is not base64 'user:password'",
-                    fix=f"run `docker login {want}` again",
-                ) from None
-            return Credentials(user, pw, None, source)
-        if entry.get("username") and entry.get("password"):
-            return Credentials(entry["username"], entry["password"], None, source)
-    if config.get("credsStore"):
-        return from_helper(config["credsStore"])
-    return None
-
-
-def resolve_credentials(
-    host: str,
-    username: str | None = None,
-    password: str | None = None,
-    env: Mapping[str, str] | None = None,
-    config_path: Path | None = None,
-) -> Credentials | None:
-    """Arguments first, then the env vars, then the Docker config; None if nothing."""
-    env = os.environ if env is None else env
-    if username is not None or password is not None:
-        return Credentials(username, password, None, "arguments")
-    if env.get(USER_ENV) or env.get(PASSWORD_ENV):
-        return Credentials(env.get(USER_ENV), env.get(PASSWORD_ENV), None, "environment")
-    return docker_config_credentials(host, config_path or docker_config_path(env))
 
 
 def sha256_digest(body: bytes) -> str:
@@ -405,128 +244,17 @@ class RegistryClient:
         self._session.headers.setdefault("User-Agent", "imagebuild-registry/0.1")
         # a proxy has no business between us and a loopback registry
         self._proxies: Any = {"http": None, "https": None} if _is_loopback(self.host) else None
-        self._creds = credentials or resolve_credentials(self.host, username, password)
-        self._static_token = token
-        self._scheme: str | None = "bearer" if token else None  # learnt from challenges
-        self._tokens: dict[str, tuple[str, float]] = {}  # scope -> (token, expiry)
-        self._challenge: Challenge | None = None
+        self.auth = Auth(self.host,
+                         credentials or resolve_credentials(self.host, username, password),
+                         token, self._transport)
         self._sleep = time.sleep
 
     def __repr__(self) -> str:
-        return f"RegistryClient({self.base_url!r}, credentials={self._creds!r})"
-
-    # -- secrets
-
-    def _secrets(self) -> list[str]:
-        vals = [self._static_token, *(t for t, _ in self._tokens.values())]
-        if self._creds:
-            vals += [self._creds.password, self._creds.identity_token]
-        return [v for v in vals if v]
+        return f"RegistryClient({self.base_url!r}, credentials={self.auth.creds!r})"
 
     def _mask(self, text: str) -> str:
-        for secret in self._secrets():
-            text = text.replace(secret, "***")
-        return text
+        return self.auth.mask(text)
 
-    def _who(self) -> str:
-        if not self._creds or not (self._creds.password or self._creds.identity_token):
-            return "without credentials"
-        return f"as user {self._creds.username!r} (credentials from {self._creds.source})"
-
-    # -- auth
-
-    def _basic_header(self) -> str | None:
-        if not self._creds or self._creds.password is None:
-            return None
-        raw = f"{self._creds.username or ''}:{self._creds.password}".encode()
-        return "Basic " + base64.b64encode(raw).decode()
-
-    def _auth_header(self, scope: str | None) -> str | None:
-        if self._scheme == "basic":
-            return self._basic_header()
-        if self._scheme == "bearer":
-            key = scope or ""
-            cached = self._tokens.get(key)
-            if cached and cached[1] > time.monotonic():
-                return f"Bearer {cached[0]}"
-            if self._static_token:
-                return f"Bearer {self._static_token}"
-        return None
-
-    def _fetch_token(self, challenge: Challenge, scope: str | None) -> None:
-        realm = challenge.params.get("realm")
-        if not realm:
-            raise OperationFailed(
-                f"registry {self.host} sent a Bearer challenge without a realm",
-                fix="the registry's token auth is misconfigured",
-            )
-        # the challenge's scope is what the server wants; ours covers calls made before one
-        scopes = [s for s in {challenge.params.get("scope"), scope} if s]
-        query: list[tuple[str, str]] = []
-        if challenge.params.get("service"):
-            query.append(("service", challenge.params["service"]))
-        query += [("scope", s) for s in sorted(scopes)]
-        creds = self._creds
-        if creds and creds.identity_token:
-            form = dict(query)
-            form.update(
-                grant_type="refresh_token",
-                refresh_token=creds.identity_token,
-                client_id="imagebuild",
-            )
-            resp = self._transport(
-                "POST",
-                realm,
-                data=urlencode(form).encode(),
-                headers={"Content-Type": "application/x-www-form-urlencoded"},
-                kind="token",
-                idempotent=True,
-            )
-        else:
-            headers = {}
-            basic = self._basic_header()
-            if basic:
-                headers["Authorization"] = basic
-            url = realm + ("&" if "?" in realm else "?") + urlencode(query)
-            resp = self._transport("GET", url, headers=headers, kind="token", idempotent=True)
-        if resp.status_code in (401, 403):
-            raise AuthError(
-                f"token server {urlsplit(realm).netloc} refused a token for "
-                f"{' '.join(scopes) or 'the registry'} {self._who()} (HTTP {resp.status_code})",
-                fix=CRED_FIX,
-            )
-        if resp.status_code != 200:
-            raise OperationFailed(
-                f"token server {urlsplit(realm).netloc} answered HTTP {resp.status_code}",
-                fix="retry later; check the registry's status",
-            )
-        try:
-            data = resp.json()
-            tok = data.get("token") or data.get("access_token")
-            ttl = float(data.get("expires_in") or 60)
-        except (ValueError, AttributeError, TypeError):
-            tok = None
-        if not tok:
-            raise OperationFailed(f"token server {urlsplit(realm).netloc} sent no token")
-        # renew a little early so a token never expires between check and use
-        self._tokens[scope or ""] = (tok, time.monotonic() + max(1.0, ttl - 5))
-
-    def _answer_challenge(self, resp: requests.Response, scope: str | None) -> bool:
-        """Prepare auth for a retry after a 401; False when retrying cannot help."""
-        challenges = parse_challenges(resp.headers.get("WWW-Authenticate", ""))
-        bearer = next((c for c in challenges if c.scheme == "bearer"), None)
-        basic = next((c for c in challenges if c.scheme == "basic"), None)
-        if bearer:
-            self._scheme = "bearer"
-            self._challenge = bearer
-            self._tokens.pop(scope or "", None)
-            self._fetch_token(bearer, scope)
-            return True
-        if basic and self._basic_header():
-            already = self._scheme == "basic"
-            self._scheme = "basic"
-            return not already
-        return False
 
     # -- transport
 
@@ -615,18 +343,13 @@ class RegistryClient:
         kind = _kind_of(path)
         for _ in range(2):
             hdrs = dict(headers or {})
-            auth = self._auth_header(scope)
-            if self._scheme == "bearer" and not auth and self._challenge:
-                # a new scope: ask the realm for it alone, not for the old challenge's scope
-                params = {k: v for k, v in self._challenge.params.items() if k != "scope"}
-                self._fetch_token(Challenge("bearer", params), scope)
-                auth = self._auth_header(scope)
+            auth = self.auth.header_for(scope)
             if auth:
                 hdrs["Authorization"] = auth
             resp = self._transport(
                 method, url, headers=hdrs, data=data, kind=kind, idempotent=method in _IDEMPOTENT
             )
-            if resp.status_code != 401 or not self._answer_challenge(resp, scope):
+            if resp.status_code != 401 or not self.auth.answer_challenge(resp, scope):
                 return resp
         return resp
 
@@ -637,15 +360,16 @@ class RegistryClient:
         detail = "; ".join(f"{c}: {m}" for c, m in codes) or resp.reason or ""
         detail = self._mask(detail)[:300]
         if status == 401:
-            if not self._creds or not (self._creds.password or self._creds.identity_token):
+            creds = self.auth.creds
+            if not creds or not (creds.password or creds.identity_token):
                 raise AuthError(f"registry {self.host} needs credentials for {what}", fix=CRED_FIX)
             raise AuthError(
-                f"registry {self.host} rejected the credentials {self._who()} for {what}",
+                f"registry {self.host} rejected the credentials {self.auth.who()} for {what}",
                 fix=CRED_FIX,
             )
         if status == 403:
             raise AuthError(
-                f"registry {self.host} denied {what} {self._who()}: no permission for "
+                f"registry {self.host} denied {what} {self.auth.who()}: no permission for "
                 f"{scope or 'this scope'} ({detail})",
                 fix="grant this user pull/push/delete on the repository, or use other "
                 f"credentials ({USER_ENV}/{PASSWORD_ENV})",
