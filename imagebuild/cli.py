@@ -185,8 +185,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--smoke-dir", type=Path, default=None,
                    help="build dir holding smoke/<target>/<engine>/<image>/verdict.json "
                         "(default: build/)")
-    p.add_argument("--plot-dir", type=Path, default=None, metavar="DIR",
-                   help="write bench-<image>.png per image there and link it in the notes")
+    p.add_argument("--asset-dir", "--plot-dir", dest="asset_dir", type=Path, default=None,
+                   metavar="DIR", help="write the release assets there: <image>.compose.yaml "
+                                       "and bench-<image>.png per image (linked in the notes)")
     p.add_argument("--asset-url", default=None, metavar="URL",
                    help="prefix of the plot links (the GitHub release's download URL; "
                         "default: the bare file name)")
@@ -403,12 +404,18 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_notes(args: argparse.Namespace) -> int:
     from imagebuild.job import registry_client
-    from imagebuild.release.notes import gather, release_notes, write_plots
+    from imagebuild.release.notes import (
+        gather,
+        release_notes,
+        write_compose_files,
+        write_plots,
+    )
 
     plan = _plan(args)
     facts = gather(registry_client(plan), plan.jobs, args.smoke_dir or plan.lm.root / "build")
-    if args.plot_dir:
-        facts = write_plots(facts, plan.jobs, args.plot_dir, args.asset_url or "")
+    if args.asset_dir:
+        write_compose_files(facts, plan.jobs, args.asset_dir)
+        facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
     print(release_notes(plan.jobs, facts), end="")
     return 0
 

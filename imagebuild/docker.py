@@ -199,6 +199,20 @@ class Engine:
             raise OperationFailed(f"docker exec in {name} failed: {exc}") from None
         return int(res.exit_code or 0), (res.output or b"").decode(errors="replace")
 
+    def copy_from(self, name: str, path: str, dest: Path) -> Path:
+        """Copy `path` out of a container into the directory `dest` (`docker cp`)."""
+        import io
+        import tarfile
+
+        try:
+            stream, _stat = self.api.get_archive(name, path)
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"cannot copy {path} out of {name}: {exc}") from None
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            tar.extractall(dest, filter="data")
+        return dest / Path(path).name
+
     def run(self, image: str, command: list[str], *, name: str, labels: Mapping[str, str],
             **kw: Any) -> str:
         """Create and start a detached container (SDK keyword arguments); its id."""
@@ -266,6 +280,22 @@ def use_engine(new: Engine | None) -> Engine | None:
     with _engine_lock:
         old, _engine = _engine, new
         return old
+
+
+def image_user(ref: str, user: str) -> tuple[int, int]:
+    """uid and gid an image runs as; its USER may be a name only its /etc/passwd resolves."""
+    import re
+
+    m = re.fullmatch(r"(\d+)(?::(\d+))?", user or "0")
+    if m:
+        return int(m[1]), int(m[2] or m[1])
+    try:
+        out = engine().client.containers.run(ref, ["-c", "id -u; id -g"], entrypoint="sh",
+                                             remove=True, network_mode="host")
+    except docker.errors.DockerException as exc:
+        raise OperationFailed(f"cannot tell which user {ref} runs as: {exc}") from None
+    uid, gid = out.decode().split()[:2]
+    return int(uid), int(gid)
 
 
 def inspect_image(ref: str) -> dict[str, Any]:

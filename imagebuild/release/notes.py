@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imagebuild.plan import UNRESOLVED
-from imagebuild.smoke.container import CACHE, CPU_SHM, TMP
+from imagebuild.runspec import RunSpec, compose_yaml, docker_run_text
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
@@ -38,18 +38,17 @@ class ImageFacts:
     plot: str | None = None  # where the notes link the PNG (asset URL or file name)
 
 
-def run_command(ref: str, image: str, *, gpu: bool, memory: str | None) -> str:
-    """The hardened `docker run` users are told to use (mirrors smoke.container.run_args)."""
-    lines = [["docker", "run", "--detach", "--name", image],
-             ["--network", "host", "--read-only"],
-             ["--security-opt", "no-new-privileges", "--cap-drop", "ALL"],
-             ["--tmpfs", f"{TMP[0]}:{TMP[1]}"],
-             ["--gpus", "all", "--ipc", "host"] if gpu else ["--shm-size", CPU_SHM]]
-    if memory:
-        lines.append(["--memory", memory, "--memory-swap", memory])
-    # vLLM's compile cache survives restarts (first boot ~10-12 min, then ~3-5 min)
-    lines += [["--volume", f"{image}-cache:{CACHE[0]}"], [ref]]
-    return " \\\n  ".join(shlex.join(line) for line in lines)
+def run_spec(job: Job, ref: str) -> RunSpec:
+    """How users run the release: as smoke ran it, plus a named volume for vLLM's caches
+    (restarts skip the compile: ~10-12 min first boot on a Spark, then ~3-5 min)."""
+    return RunSpec(image=ref, command=tuple(job.serve.argv),
+                   memory=job.cell.target.memory_limit, gpu=bool(job.cell.target.gpu),
+                   port=job.serve.port, cache_volume=f"{job.cell.image}-cache")
+
+
+def compose_file(job: Job, ref: str) -> str:
+    return compose_yaml(run_spec(job, ref), name=job.cell.image,
+                        header=f"# {job.cell.image} {job.tag}: `docker compose up -d`\n")
 
 
 def _pin(pin: dict[str, Any] | None) -> str:
@@ -118,9 +117,12 @@ def release_notes(jobs: tuple[Job, ...], facts: dict[str, ImageFacts]) -> str:
             "# not pushed: no digest in the registry for this tag"]
         out += ["```", "", "Run it hardened (weights are read-only layers of the image, the "
                 "server listens on 127.0.0.1 only, no credentials enter the container):", "",
-                "```sh", run_command(by_digest or job.release_ref, cell.image,
-                                     gpu=bool(cell.target.gpu),
-                                     memory=cell.target.memory_limit), "```", "",
+                "```sh", docker_run_text(run_spec(job, by_digest or job.release_ref),
+                                         name=cell.image), "```", "",
+                "<details><summary>compose file (`docker compose up -d`; the file the "
+                "smoke test ran)</summary>", "", "```yaml",
+                compose_file(job, by_digest or job.release_ref).rstrip(), "```",
+                "</details>", "",
                 "<details><summary>serve command (the image's CMD)</summary>", "", "```sh",
                 shlex.join(job.serve.argv), "```", "</details>", "",
                 "| pin | value |", "|---|---|",
@@ -172,6 +174,20 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
             accepted_regression=ann.get(A_ACCEPTED))
     return facts
+
+
+def write_compose_files(facts: dict[str, ImageFacts], jobs: tuple[Job, ...],
+                        out_dir: Path) -> list[Path]:
+    """The compose file of each image, by digest where it was pushed: release assets."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for job in jobs:
+        f = facts.get(job.id)
+        ref = job.image.by_digest(f.digest) if f and f.digest else job.release_ref
+        path = out_dir / f"{job.cell.image}.compose.yaml"
+        path.write_text(compose_file(job, ref))
+        written.append(path)
+    return written
 
 
 def write_plots(facts: dict[str, ImageFacts], jobs: tuple[Job, ...], out_dir: Path,

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from imagebuild.smoke.dockercli import docker
+from imagebuild.docker import engine
 from imagebuild.smoke.expect import SMALL_FILE
 
 # Runs inside the container (its python3): size of every file, hashes of the small ones.
@@ -35,10 +35,9 @@ def test_served_files_match_the_lock(smoke, expect, record_property):
     want = expect.get("files")
     if want is None:
         pytest.skip("no file list for this cell in matrix.lock.json (run `build.py lock`)")
-    proc = docker("exec", smoke["container"], "python3", "-c", HASHER, *sorted(want),
-                  check=False, timeout=600)
-    assert proc.returncode == 0, f"hashing inside the container failed: {proc.stderr[-500:]}"
-    got = json.loads(proc.stdout)
+    code, out = engine().exec(smoke["container"], ["python3", "-c", HASHER, *sorted(want)])
+    assert code == 0, f"hashing inside the container failed: {out[-500:]}"
+    got = json.loads(out)
     record_property("files", len(want))
     record_property("hashed", sum("sha256" in w or "git_blob" in w for w in want.values()))
     bad = []
@@ -54,15 +53,14 @@ def test_served_files_match_the_lock(smoke, expect, record_property):
 
 
 def test_no_credentials_in_the_environment(smoke):
-    env = docker("inspect", "--format", "{{json .Config.Env}}", smoke["container"]).stdout
-    names = [e.split("=", 1)[0] for e in json.loads(env) or []]
+    env = engine().api.inspect_container(smoke["container"])["Config"]["Env"]
+    names = [e.split("=", 1)[0] for e in env or []]
     leaked = [n for n in names if SECRET_NAME.search(n)]
     assert not leaked, f"credential-like variables in the container environment: {leaked}"
 
 
 def test_model_is_read_only(smoke):
-    proc = docker("exec", smoke["container"], "python3", "-c",
-                  "open('/model/.smoke-write-probe', 'w')", check=False)
-    assert proc.returncode != 0, "the container could write into /model"
-    assert "Read-only file system" in proc.stderr or "Permission denied" in proc.stderr, (
-        proc.stderr[-300:])
+    code, out = engine().exec(smoke["container"],
+                              ["python3", "-c", "open('/model/.smoke-write-probe', 'w')"])
+    assert code != 0, "the container could write into /model"
+    assert "Read-only file system" in out or "Permission denied" in out, out[-300:]
