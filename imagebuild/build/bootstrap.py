@@ -4,9 +4,8 @@ The cpu target's base is a minimal Debian with Python. Where no registry serves 
 made from the Debian archive: `debootstrap --variant=minbase` into a folder, which is
 tarred reproducibly and handed to `docker import`.
 
-We talk to the daemon through the docker CLI, not the SDK: builder.py must use the CLI
-anyway (BuildKit secrets and cache mounts are not reachable through the SDK's build API),
-and one way of reaching the daemon keeps errors and environment handling in one style.
+The mirror comes from matrix.yaml, IMAGEBUILD_DEBIAN_MIRROR or the host's apt sources
+(aptsources.py); the engine is reached through the Docker seam (imagebuild/docker.py).
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from imagebuild.build.aptsources import debian_mirror
+from imagebuild.docker import engine
 from imagebuild.errors import OperationFailed
 
 # "localhost/" keeps a pull attempt on the loopback registry: a bare name would send the
@@ -32,7 +33,6 @@ DEFAULT_BASE_REF = "localhost/imagebuild/debian:bookworm-minbase-py3"
 PACKAGES = ("python3", "python3-venv", "ca-certificates", "patch", "libnuma1")
 
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
-DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
 
 IMPORT_CHANGES = (
     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -66,7 +66,7 @@ def ensure_base_image(
     ref: str = DEFAULT_BASE_REF,
     *,
     suite: str = "bookworm",
-    mirror: str = "http://deb.debian.org/debian",
+    mirror: str | None = None,
     workdir: Path,
     log: Log = print,
 ) -> str:
@@ -78,6 +78,7 @@ def ensure_base_image(
     pulled = _try_pull(ref, log)
     if pulled:
         return pulled
+    mirror = debian_mirror(suite, mirror)
     log(f"bootstrapping {ref} from {mirror} ({suite}, minbase + {', '.join(PACKAGES)})")
     start = time.monotonic()
     workdir = Path(workdir)
@@ -99,24 +100,15 @@ def _run(argv: Sequence[str], **kw) -> subprocess.CompletedProcess[str]:
 
 
 def _image_id(ref: str) -> str | None:
-    res = _run([DOCKER, "image", "inspect", "--format", "{{.Id}}", ref])
-    if res.returncode == 0:
-        return res.stdout.strip()
-    if "No such image" in res.stderr or "No such object" in res.stderr:
-        return None
-    raise OperationFailed(
-        f"cannot ask the Docker engine about {ref}: {res.stderr.strip()}",
-        fix="start dockerd, or point IMAGEBUILD_DOCKER at a working docker client",
-    )
+    return engine().image_id(ref)
 
 
 def _try_pull(ref: str, log: Log) -> str | None:
-    res = _run([DOCKER, "pull", "--quiet", ref], timeout=120)
-    if res.returncode == 0:
+    pulled = engine().pull(ref)
+    if pulled:
         log(f"pulled {ref}")
-        return _image_id(ref)
-    reason = (res.stderr.strip().splitlines() or ["no reason given"])[-1]
-    log(f"pull of {ref} failed ({reason}); building it from the Debian archive")
+        return pulled
+    log(f"{ref} could not be pulled; building it from the Debian archive")
     return None
 
 
@@ -169,35 +161,16 @@ def _scrub(root: Path) -> None:
 
 def _import(root: Path, ref: str) -> str:
     # A sorted tar with fixed times and numeric owners: same files in, same layer out.
-    tar = subprocess.Popen(
-        [
-            "tar", "-C", str(root), "--sort=name", "--mtime=@0", "--numeric-owner",
-            "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
-            "--format=posix", "-cf", "-", ".",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    changes = [a for c in IMPORT_CHANGES for a in ("--change", c)]
-    imp = subprocess.run(
-        [DOCKER, "import", *changes, "-", ref],
-        stdin=tar.stdout,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert tar.stdout is not None
-    tar.stdout.close()
-    tar_err = tar.stderr.read().decode() if tar.stderr else ""
-    if tar.wait() != 0 or imp.returncode != 0:
-        raise OperationFailed(
-            f"docker import of {ref} failed: {(imp.stderr or tar_err).strip()}",
-            fix="check free disk space and that dockerd is running",
-        )
-    image_id = _image_id(ref)
-    if not image_id:
-        raise OperationFailed(f"docker import reported success but {ref} is missing")
-    return image_id
+    repository, _, tag = ref.rpartition(":")
+    with tempfile.TemporaryDirectory(prefix="rootfs-tar-", dir=root.parent) as tmp:
+        tar = Path(tmp) / "rootfs.tar"
+        res = _run(["tar", "-C", str(root), "--sort=name", "--mtime=@0", "--numeric-owner",
+                    "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
+                    "--format=posix", "-cf", str(tar), "."])
+        if res.returncode != 0:
+            raise OperationFailed(f"tar of the rootfs for {ref} failed: {res.stderr.strip()}",
+                                  fix="check free disk space")
+        return engine().import_tar(tar, repository, tag, list(IMPORT_CHANGES))
 
 
 def _remove_tree(root: Path) -> None:
