@@ -221,8 +221,14 @@ def _plan(args: argparse.Namespace):
     return load_plan(args.matrix, args.tag, args.target, args.only)
 
 
+def _build_dir(plan) -> Path:
+    from imagebuild import work_root
+
+    return work_root(plan.lm.root) / "build"
+
+
 def _out(args: argparse.Namespace, plan) -> Path:
-    return args.out or plan.lm.root / "build"
+    return args.out or _build_dir(plan)
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -318,7 +324,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     if args.image:
         verdicts = [smoke_ref(args.image, out_dir=args.out, **kw)]
     else:
-        verdicts = list(smoke_jobs(_plan(args).jobs, out_root=args.out, **kw).values())
+        plan = _plan(args)
+        verdicts = list(smoke_jobs(plan.jobs, out_root=_out(args, plan), **kw).values())
     for v in verdicts:
         print(f"{'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")
     return 0 if all(v["passed"] for v in verdicts) else 1
@@ -337,7 +344,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     plan = _plan(args)
     if plan.tag is None:
         raise UserError("publish needs --tag", fix="pass the release's --tag")
-    out = plan.lm.root / "build"
+    out = _build_dir(plan)
     client = registry_client(plan)
     publish_jobs(client, plan.jobs, load_verdicts(plan.jobs, out), dry_run=args.dry_run)
     if not args.no_latest:
@@ -412,7 +419,7 @@ def cmd_notes(args: argparse.Namespace) -> int:
     )
 
     plan = _plan(args)
-    facts = gather(registry_client(plan), plan.jobs, args.smoke_dir or plan.lm.root / "build")
+    facts = gather(registry_client(plan), plan.jobs, args.smoke_dir or _build_dir(plan))
     if args.asset_dir:
         write_compose_files(facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")

@@ -108,7 +108,7 @@ def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | No
 
 def run(args: argparse.Namespace, plan: Plan | None) -> int:
     """`plan`: the jobs of --tag (None for IMAGE_REF or --url)."""
-    from imagebuild import REPO_ROOT
+    from imagebuild import REPO_ROOT, work_root
     from imagebuild.docker import inspect_image
 
     if sum(bool(x) for x in (args.image, args.tag, args.url)) != 1:
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
         max_tokens=max_tokens, extra={
             "server_cpus": args.server_cpus,
             "client_cpus": sorted(args.client_cpus) if args.client_cpus else None})
-    out_root = args.out or REPO_ROOT / "build" / "bench"
+    out_root = args.out or work_root(plan.lm.root if plan else REPO_ROOT) / "build" / "bench"
     if args.url:
         started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
         levels, _model = measure(args.url, prompt_set=prompt_set, levels=concurrency,

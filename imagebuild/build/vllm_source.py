@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from imagebuild import REPO_ROOT
+from imagebuild import REPO_ROOT, work_root
 from imagebuild.errors import OperationFailed, UserError
 
 DEFAULT_INDEX = "https://pypi.org/simple"
@@ -53,7 +53,7 @@ RECORDED: dict[str, SdistPin] = {
 
 
 def default_cache_dir() -> Path:
-    return REPO_ROOT / ".cache" / "vllm-src"
+    return work_root(REPO_ROOT) / ".cache" / "vllm-src"
 
 
 def resolve_sdist(version: str, index_url: str = DEFAULT_INDEX) -> SdistPin:

@@ -211,6 +211,8 @@ def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: R
     if existing and existing.passed:
         step(f"{tag} already holds {image_id[:19]}: nothing to push")
         res.digest = existing.digest
+        if not dry_run:  # an interrupted run may have left its staging tag
+            _drop_staging(client, repo, staging, image_id, log)
         res.seconds = time.monotonic() - start
         return res
     if dry_run:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from imagebuild import REPO_ROOT
+from imagebuild import PACKAGE_DIR, REPO_ROOT, work_root
 from imagebuild.docker import engine, image_user, inspect_image
 from imagebuild.runspec import RunSpec, compose_yaml
 from imagebuild.smoke.checks import missing_checks
@@ -109,7 +109,7 @@ def _run_suite(out: Path, config: dict[str, Any], env: dict[str, str], console: 
            f"--junitxml={junit}", "-o", "junit_family=xunit1",
            f"--timeout={timeout_s:.0f}", "-W", "ignore::DeprecationWarning"]
     full_env = {**os.environ, **env, "IMAGEBUILD_SMOKE_CONFIG": str(cfg),
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_DIR.parent),
                                                            os.environ.get("PYTHONPATH")]))}
     with (out / "checks.log").open("w") as log:
         # its own session: an interrupt reaches pytest and the compose command it runs
@@ -243,16 +243,17 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
 def smoke_ref(image_ref: str, *, out_dir: Path | None = None, **kw: Any) -> dict[str, Any]:
     """`build.py smoke IMAGE_REF`: expectations from the image's labels (and its cell)."""
     expect = expectations_from_labels(image_ref)
-    return smoke_image(image_ref, expect, out_dir or ref_dir(REPO_ROOT / "build", image_ref),
+    return smoke_image(image_ref, expect, out_dir or ref_dir(work_root(REPO_ROOT) / "build",
+                                                        image_ref),
                        **kw)
 
 
-def smoke_jobs(jobs: tuple[Job, ...], *, out_root: Path | None = None, **kw: Any
+def smoke_jobs(jobs: tuple[Job, ...], *, out_root: Path, **kw: Any
                ) -> dict[str, dict[str, Any]]:
     """`build.py smoke --tag T [--only GLOB]` and the whole job: each job's local image
     (`job.release_ref`, as `build` tagged it), one container at a time."""
     verdicts = {}
     for job in jobs:
-        out = cell_dir(out_root or REPO_ROOT / "build", job.cell)
+        out = cell_dir(out_root, job.cell)
         verdicts[job.id] = smoke_image(job.release_ref, dict(job.expect), out, **kw)
     return verdicts
