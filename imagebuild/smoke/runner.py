@@ -137,7 +137,7 @@ def _run_suite(out: Path, config: dict[str, Any], env: dict[str, str], console: 
 
 def _verdict(image_ref: str, image_id: str, expect: dict[str, Any], boot: dict[str, Any],
              checks: list[dict[str, Any]], pytest_code: int, out_dir: Path, *,
-             t0: float) -> dict[str, Any]:
+             t0: float, suite_s: float = 0.0) -> dict[str, Any]:
     ready = boot.get("kind") == "ready"
     bad = [ch for ch in checks if ch["outcome"] in ("failed", "error")]
     missing = missing_checks([ch["name"] for ch in checks], expect)
@@ -186,6 +186,8 @@ def _verdict(image_ref: str, image_id: str, expect: dict[str, Any], boot: dict[s
                            if ch["outcome"] == "skipped"},
         "missing": missing,
         "timings": {"boot_s": round(boot_s, 2),
+                    # the suite brings the container up, waits for the boot, then checks
+                    "checks_s": round(max(0.0, suite_s - boot_s), 2),
                     "total_s": round(now - t0, 2),
                     "fatal_to_verdict_s": (round(now - boot["fatal_line_at"], 2)
                                            if boot.get("fatal_line_at") else None)},
@@ -220,17 +222,20 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
     console.print(f"smoke {image_ref}: compose project {project} on 127.0.0.1:{port}",
                   markup=False, highlight=False)
     with _sigterm_as_interrupt():
+        t1 = time.time()
         try:
             checks_xml, code = _run_suite(out_dir, config, env, console,
                                           max(CHECK_TIMEOUT_S, timeout_s + 300))
         finally:
             take_down(project, compose_file)
+        suite_s = time.time() - t1
     boot_path = out_dir / "boot.json"
     boot = json.loads(boot_path.read_text()) if boot_path.exists() else {}
     checks = read_junit(checks_xml) if checks_xml.exists() else []
     if boot.get("kind") != "ready":  # the suite's checks only echo the failed boot
         checks = []
-    verdict = _verdict(image_ref, info["Id"], expect, boot, checks, code, out_dir, t0=t0)
+    verdict = _verdict(image_ref, info["Id"], expect, boot, checks, code, out_dir, t0=t0,
+                       suite_s=suite_s)
     write_junit(out_dir / "junit.xml", image_ref, verdict["boot"],
                 checks_xml if checks else None)
     write_verdict(out_dir, verdict)
