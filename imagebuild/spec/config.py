@@ -300,11 +300,24 @@ def _fix_for(err: Any, located: Located) -> str:
         return "use lowercase letters, digits, '.', '_' or '-' (start with a letter or digit)"
     if kind.endswith("_type") and surprise is not None and surprise.tag == TAG + "bool":
         return "write the value itself (YAML turned the word into a boolean)"
+    if kind == "bool_type":
+        return "write true or false, unquoted"
+    if kind in ("int_type", "float_type") and isinstance(err.get("input"), str):
+        return "write the number unquoted"
     return "correct the value"
 
 
+def _shown_path(err: Any, located: Located) -> str:
+    """The error's path as written in the file (pydantic adds union member names)."""
+    loc = tuple(err["loc"])
+    cut = next((n for n in range(len(loc), 0, -1) if loc[:n] in located.marks), len(loc))
+    if err["type"] in ("missing", "extra_forbidden"):
+        cut = len(loc)
+    return ".".join(str(p) for p in loc[:cut]) or "(top level)"
+
+
 def _describe(err: Any, located: Located) -> str:
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    loc = _shown_path(err, located)
     bad = _bad_value(err)
     if bad is not None:
         return f"{loc}: {bad}"

@@ -220,7 +220,7 @@ class _Walk:
                 self.scalar(node)
             return [self.walk(item, path + (i,)) for i, item in enumerate(node.value)]
         value = self.scalar(node)
-        if not isinstance(value, str) and getattr(node, "style", None) is None:
+        if not isinstance(value, str) and not getattr(node, "style", None):  # plain: None or ""
             self.scalars[path] = Scalar(node.value, node.tag, value)
         return value
 
