@@ -34,10 +34,9 @@ MAX_INT_DIGITS = 4000  # Python refuses to convert longer digit strings
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: faster
 TAG = "tag:yaml.org,2002:"
 MERGE_TAG = TAG + "merge"
-# what a matrix may hold: plain data. Timestamps are allowed to load (the schema then says
-# what YAML made of an unquoted date); binary, set, omap, pairs and python/* are not.
-SAFE_TAGS = {TAG + t for t in ("str", "int", "float", "bool", "null", "timestamp", "map",
-                               "seq")}
+# what a matrix may hold: plain data. Not binary, set, omap, pairs or python/*; and no
+# timestamps: no field is a date, and a date object cannot even be passed on as JSON.
+SAFE_TAGS = {TAG + t for t in ("str", "int", "float", "bool", "null", "map", "seq")}
 
 
 @dataclass(frozen=True)
@@ -153,6 +152,10 @@ class _Walk:
                             where=self.at(node))
 
     def scalar(self, node: yaml.Node) -> Any:
+        if node.tag == TAG + "timestamp" and not getattr(node, "style", None):
+            s = Scalar(node.value, node.tag, self.constructor.construct_object(node))
+            raise UserError(f"{explain(s)}; matrix.yaml has no date fields",
+                            fix=quote_fix(s), where=self.at(node))
         if node.tag not in SAFE_TAGS:
             raise UserError(
                 f"tag {node.tag!r} is not allowed: matrix.yaml holds plain data (strings, "
@@ -205,7 +208,9 @@ class _Walk:
                     raise UserError("`<<` merges a mapping or a list of mappings",
                                     fix="write `<<: *name` or `<<: [*a, *b]` where each "
                                         "anchor names a mapping", where=self.at(src))
-                merged += [(k, v, True) for k, v, _ in self.pairs(src, path, depth + 1)]
+                for k, v, _ in self.pairs(src, path, depth + 1):
+                    self._count(k, path)  # merges of merges multiply too
+                    merged.append((k, v, True))
         return own + merged
 
     def walk(self, node: yaml.Node, path: Path_) -> Any:
@@ -246,12 +251,15 @@ def _read(path: Path, file: str) -> str:
             raise UserError(f"{file} is a directory, not a matrix file",
                             fix="pass the matrix.yaml file itself to --matrix",
                             where=f"{file}:1:1")
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise UserError(f"{file} is {size} bytes; a matrix is a few kilobytes (limit "
-                            f"{MAX_BYTES})", fix="pass the right file to --matrix",
+        if path.exists() and not path.is_file():  # a FIFO or /dev/zero would never end
+            raise UserError(f"{file} is not a regular file", where=f"{file}:1:1",
+                            fix="pass the matrix.yaml file itself to --matrix")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise UserError(f"{file} is larger than {MAX_BYTES} bytes; a matrix is a few "
+                            "kilobytes", fix="pass the right file to --matrix",
                             where=f"{file}:1:1")
-        raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise UserError(f"{file} not found", where=f"{file}:1:1",
                         fix="run from the repository root or pass --matrix") from exc

@@ -88,6 +88,9 @@ BILLION_LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".jo
 MERGE_BOMB = "a: &a {k0: v, k1: v, k2: v, k3: v, k4: v, k5: v, k6: v, k7: v}\n" + "".join(
     f"{b}: &{b} {{{', '.join(f'{b}{i}: *{a}' for i in range(9))}}}\n"
     for a, b in zip("abcdefgh", "bcdefghi", strict=True))
+MERGES_OF_MERGES = "a: &a {k0: v, k1: v, k2: v, k3: v, k4: v, k5: v, k6: v, k7: v}\n" + "".join(
+    f"{b}: &{b} {{<<: [{', '.join(['*' + a] * 9)}]}}\n"
+    for a, b in zip("abcdefgh", "bcdefghi", strict=True))
 DEEP = "schema: 1\npublish: " + "[" * 900 + "]" * 900 + "\n"
 CPU_ARGS = "    args:\n      host: 127.0.0.1\n      port: 8000\n      max-model-len: 512\n"
 
@@ -95,6 +98,8 @@ CASES = [
     # --- the file itself -------------------------------------------------------------------------
     Case("billion-laughs", write(BILLION_LAUGHS), "billion laughs", subprocess=True),
     Case("billion-laughs-through-merge-keys", write(MERGE_BOMB), "billion laughs",
+         subprocess=True),
+    Case("billion-laughs-of-merge-keys", write(MERGES_OF_MERGES), "billion laughs",
          subprocess=True),
     Case("alias-containing-itself", write("schema: 1\npublish: &p [*p]\n"),
          "nested more than", subprocess=True),
@@ -118,6 +123,10 @@ CASES = [
     Case("directory-as-matrix", lambda root: (root / "d.yaml").mkdir(), "is a directory",
          matrix="d.yaml"),
     Case("missing-file", lambda root: None, "not found", matrix="nope.yaml"),
+    Case("device-as-matrix", lambda root: None, "is not a regular file", matrix="/dev/zero",
+         subprocess=True),
+    Case("dangling-symlink-as-matrix", symlink("gone.yaml", "nowhere.yaml"), "not found",
+         matrix="gone.yaml"),
     Case("empty-file", write(""), "is empty"),
     Case("comments-only", write("# nothing here\n"), "is empty"),
     Case("top-level-list", write("- schema: 1\n"), "must be a mapping"),
@@ -166,6 +175,9 @@ CASES = [
                                     "from a fixed seed (the cpu target)",
                                     "    description: 2026-06-18"),
          "YAML read 2026-06-18 as the date 2026-06-18", line_of="description: 2026-06-18"),
+    Case("date-in-drafter-options", sub("    options: {prompt_lookup_max: 3}",
+                                        "    options: {prompt_lookup_max: 3, since: 2026-06-18}"),
+         "YAML read 2026-06-18 as the date", line_of="since: 2026-06-18"),
     Case("empty-description", sub("    description: tiny random Qwen3 model made locally "
                                   "from a fixed seed (the cpu target)", "    description:"),
          "the value is empty", line_of="description:\n    generate"),
