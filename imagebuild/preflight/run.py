@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import Lock
-from imagebuild.preflight import checkpoint, flags, pins
+from imagebuild.preflight import checkpoint, flags, pins, serve_args
 from imagebuild.preflight.findings import (
     MATRIX,
     SEVERITY_ORDER,
@@ -51,7 +51,7 @@ WAIVER_RULES = (
          "remove the waiver", waivable=False),
 )
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
-                                  WAIVER_RULES)
+                                  WAIVER_RULES, serve_args.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -160,6 +160,7 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None) -> list[F
                      vision=checkpoint.has_vision(model), label=label)
         views.append(v)
         findings += flags.check_cell(v)
+        findings += serve_args.check_cell(v)
         findings += checkpoint.check_cell(v, model, drafter)
         findings += kv_findings(v, model, drafter)
     findings += checkpoint.served_name_collisions(views)

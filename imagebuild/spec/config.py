@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -20,7 +21,10 @@ from pydantic import (
 )
 
 from imagebuild.errors import UserError
-from imagebuild.spec.yamlpos import Located, load_located
+from imagebuild.spec.dockerref import check_path, check_reference, check_registry
+from imagebuild.spec.repopaths import check_relative
+from imagebuild.spec.values import BadValue, memory_bytes, pep440
+from imagebuild.spec.yamlpos import TAG, Located, explain, load_located, quote_fix, shorten
 
 HEX_PIN = re.compile(r"^[0-9a-f]{7,40}$")
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -28,9 +32,32 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 Name = Annotated[str, StringConstraints(pattern=NAME.pattern, max_length=63)]
 
+# Values users get wrong, checked where they are written (the BadValue's fix is shown).
+# Ranges are sanity bounds: far outside them a value is a typo, not a setting.
+Concurrency = Annotated[int, Field(ge=1, le=4096)]
+ImageRef = Annotated[str, AfterValidator(lambda v: check_reference(v, "image"))]
+RegistryHost = Annotated[str, AfterValidator(check_registry)]
+Namespace = Annotated[str, AfterValidator(check_path)]
+MemorySize = Annotated[str, AfterValidator(lambda v: memory_bytes(v) and v)]
+PEP440 = Annotated[str, AfterValidator(pep440)]
+
+
+def _repo_file(what: str) -> Any:
+    return AfterValidator(lambda v: check_relative(v, what))
+
+
+def _full_sha(value: str) -> str:
+    if not FULL_SHA.match(value):
+        raise BadValue(f"commit {value!r} is not a commit SHA (a source pin is all 40 "
+                       "lowercase hex characters)",
+                       "write the whole 40-character commit SHA (`git rev-parse <ref>`); "
+                       "branch and tag names move, short SHAs can become ambiguous")
+    return value
+
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no silent coercion (YAML's `yes` is not the number 1, "300" not 300)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def _check_pin(value: str, what: str) -> str:
@@ -46,9 +73,9 @@ def _check_pin(value: str, what: str) -> str:
 class BenchSettings(Strict):
     """How the whole job (and `build.py bench --tag`) measures a target's images."""
 
-    concurrency: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
-    requests: int = Field(default=32, ge=1)  # per level
-    max_tokens: int = Field(default=128, ge=2)
+    concurrency: list[Concurrency] = Field(min_length=1)
+    requests: int = Field(default=32, ge=1, le=100_000)  # per level
+    max_tokens: int = Field(default=128, ge=2, le=1 << 20)
     prompts: str = "structured,prose"
     # overrides publish.regression_threshold: shared CPU hosts are noisier than a GB10
     regression_threshold: float | None = Field(default=None, ge=0, le=1)
@@ -57,20 +84,20 @@ class BenchSettings(Strict):
 class Target(Strict):
     platform: Literal["linux/arm64", "linux/amd64"]
     description: str
-    base_image: str
-    runtime_image: str | None = None
+    base_image: ImageRef
+    runtime_image: ImageRef | None = None
     bootstrap: dict[str, str] | None = None  # cpu: debootstrap suite/mirror when no pull works
     engine_from: Literal["source", "wheel"]
     build_args: dict[str, str] = Field(default_factory=dict)
-    max_jobs: int | Literal["auto"] = "auto"
-    nvcc_threads: int | None = None
+    max_jobs: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = "auto"
+    nvcc_threads: Annotated[int, Field(ge=1, le=64)] | None = None
     torch_index: str | None = None
     expect_cuda_arch: str | None = None
     runner: list[str] = Field(min_length=1)
     gpu: bool = False
-    smoke_concurrency: list[int] = Field(min_length=1)
-    boot_timeout_s: int = Field(gt=0)
-    memory_limit: str
+    smoke_concurrency: list[Concurrency] = Field(min_length=1)
+    boot_timeout_s: int = Field(ge=10, le=86400)
+    memory_limit: MemorySize
     bench: BenchSettings | None = None  # None: the whole job does not bench this target
 
     @model_validator(mode="after")
@@ -84,22 +111,21 @@ class Target(Strict):
 
 class SourcePin(Strict):
     repository: str
-    commit: str
-
-    _pin = field_validator("commit")(lambda v: _check_pin(v, "commit"))
+    commit: Annotated[str, AfterValidator(_full_sha)]  # exactly 40 hex: nothing expands it
 
 
 class WheelPin(Strict):
     package: str
-    version: str
+    version: PEP440
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]  # --require-hashes
-    requirements: str  # pinned requirement set installed before the wheel (--no-deps)
+    # pinned requirement set installed before the wheel (--no-deps)
+    requirements: Annotated[str, _repo_file("requirements file")]
 
 
 class EngineRealization(Strict):
     source: SourcePin | None = None
     wheel: WheelPin | None = None
-    patches: list[str] = Field(default_factory=list)
+    patches: list[Annotated[str, _repo_file("patch")]] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_origin(self) -> EngineRealization:
@@ -109,7 +135,7 @@ class EngineRealization(Strict):
 
 
 class Engine(Strict):
-    vllm_version: str
+    vllm_version: PEP440
     description: str
     note: str | None = None
     realize: dict[Name, EngineRealization] = Field(min_length=1)
@@ -137,8 +163,8 @@ class HubPin(Strict):
 
 
 class Generated(Strict):
-    script: str
-    seed: int = 0
+    script: Annotated[str, _repo_file("generator script")]
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)  # numpy's seed range
 
 
 class Model(HubPin):
@@ -146,7 +172,8 @@ class Model(HubPin):
     generate: Generated | None = None
     quantization: str | None = None  # --quantization; must match config quant_method
     served_names: list[Name] = Field(min_length=1)
-    multimodal: dict[str, int] | None = None  # --limit-mm-per-prompt; None = text only
+    # --limit-mm-per-prompt; None = text only
+    multimodal: dict[str, Annotated[int, Field(ge=0, le=1024)]] | None = None
     targets: list[Name] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -215,8 +242,8 @@ class ImageFamily(Strict):
 
 
 class Publish(Strict):
-    registry: str
-    namespace: Name
+    registry: RegistryHost
+    namespace: Namespace
     regression_threshold: float = Field(default=0.05, ge=0, le=1)
 
 
@@ -231,8 +258,38 @@ class Matrix(Strict):
     images: dict[Name, ImageFamily] = Field(min_length=1)
 
 
-def _fix_for(err: Any) -> str:
+def _bad_value(err: Any) -> BadValue | None:
+    error = (err.get("ctx") or {}).get("error")
+    return error if isinstance(error, BadValue) else None
+
+
+def _string_expected(err: Any) -> bool:
+    """The schema wanted a string here (a Literal of strings counts)."""
+    if err["type"] == "literal_error":
+        return "'" in str((err.get("ctx") or {}).get("expected", ""))
+    return err["type"] in ("string_type", "string_pattern_mismatch", "enum")
+
+
+def _surprise(located: Located, err: Any) -> Any:
+    """The plain scalar YAML read as a non-string where this error sits, if any."""
+    if err["type"] in ("missing", "extra_forbidden"):
+        return None
+    loc = tuple(err["loc"])
+    for cut in range(len(loc), 0, -1):  # union errors add a member name to the path
+        found = located.surprise(loc[:cut])
+        if found is not None:
+            return found
+    return None
+
+
+def _fix_for(err: Any, located: Located) -> str:
     kind = err["type"]
+    bad = _bad_value(err)
+    if bad is not None:
+        return bad.fix
+    surprise = _surprise(located, err)
+    if surprise is not None and _string_expected(err):
+        return quote_fix(surprise)
     if kind == "extra_forbidden":
         return "remove the key or correct its spelling (see the matrix.yaml reference in README)"
     if kind == "missing":
@@ -241,13 +298,35 @@ def _fix_for(err: Any) -> str:
         return "use one of the allowed values"
     if kind == "string_pattern_mismatch":
         return "use lowercase letters, digits, '.', '_' or '-' (start with a letter or digit)"
+    if kind.endswith("_type") and surprise is not None and surprise.tag == TAG + "bool":
+        return "write the value itself (YAML turned the word into a boolean)"
+    if kind == "bool_type":
+        return "write true or false, unquoted"
+    if kind in ("int_type", "float_type") and isinstance(err.get("input"), str):
+        return "write the number unquoted"
     return "correct the value"
 
 
-def _describe(err: Any) -> str:
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+def _shown_path(err: Any, located: Located) -> str:
+    """The error's path as written in the file (pydantic adds union member names)."""
+    loc = tuple(err["loc"])
+    cut = next((n for n in range(len(loc), 0, -1) if loc[:n] in located.marks), len(loc))
+    if err["type"] in ("missing", "extra_forbidden"):
+        cut = len(loc)
+    return ".".join(str(p) for p in loc[:cut]) or "(top level)"
+
+
+def _describe(err: Any, located: Located) -> str:
+    loc = _shown_path(err, located)
+    bad = _bad_value(err)
+    if bad is not None:
+        return f"{loc}: {bad}"
     found = err.get("input")
-    shown = "" if err["type"] == "missing" or isinstance(found, dict) else f"; found {found!r}"
+    surprise = _surprise(located, err)
+    if surprise is not None:
+        return f"{loc}: {err['msg']}, but {explain(surprise)}"
+    shown = ("" if err["type"] == "missing" or isinstance(found, dict)
+             else f"; found {shorten(found)}")
     return f"{loc}: {err['msg']}{shown}"
 
 
@@ -260,17 +339,21 @@ def validate(located: Located) -> Matrix:
                                                      e["type"] == "missing"))
         first = errors[0]
         loc = tuple(first["loc"])
-        lines = [f"{located.where(tuple(e['loc']))}: {_describe(e)}" for e in errors[1:6]]
+        lines = [f"{located.where(tuple(e['loc']))}: {_describe(e, located)}"
+                 for e in errors[1:6]]
         more = "\n".join(["also:"] + lines) if lines else ""
-        message = _describe(first) + (f"\n{more}" if more else "")
-        raise UserError(message, fix=_fix_for(first), where=located.where(loc)) from None
+        message = _describe(first, located) + (f"\n{more}" if more else "")
+        raise UserError(message, fix=_fix_for(first, located),
+                        where=located.where(loc)) from None
 
 
 def load_matrix(path: Path, display: str | None = None) -> tuple[Matrix, Located]:
     located = load_located(path, display)
     if not isinstance(located.data, dict):
-        raise UserError("matrix.yaml must be a mapping", fix="see the README reference",
-                        where=located.file)
+        raise UserError(f"matrix.yaml must be a mapping of sections (schema, publish, "
+                        f"targets, ...), not a {type(located.data).__name__}",
+                        fix="start from the repository's matrix.yaml (README reference)",
+                        where=located.where(()))
     return validate(located), located
 
 

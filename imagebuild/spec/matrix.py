@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,10 @@ from imagebuild.spec.config import (
     Waiver,
     load_matrix,
 )
-from imagebuild.spec.yamlpos import Located
+from imagebuild.spec.dockerref import NAME_MAX, check_path, check_registry
+from imagebuild.spec.repopaths import inside
+from imagebuild.spec.values import BadValue
+from imagebuild.spec.yamlpos import Located, shorten
 
 AXES = ("engine", "model", "drafter", "profile")
 NAME_FIELDS = re.compile(r"{([^{}]*)}")
@@ -89,10 +93,9 @@ def _check_refs(lm: LoadedMatrix) -> None:
             if t not in m.targets:
                 raise _err(loc, ("models", mname, "targets", i), f"unknown target {t!r}",
                            f"use one of: {', '.join(m.targets)}")
-        if model.generate and not (lm.root / model.generate.script).is_file():
-            raise _err(loc, ("models", mname, "generate", "script"),
-                       f"generator script {model.generate.script!r} does not exist",
-                       "point `script` at a file in the repository")
+        if model.generate:
+            _repo_file(lm, ("models", mname, "generate", "script"), lm.root,
+                       model.generate.script, "generator script")
     for dname, drafter in m.drafters.items():
         for i, t in enumerate(drafter.targets):
             if t not in m.targets:
@@ -115,14 +118,43 @@ def _check_refs(lm: LoadedMatrix) -> None:
                            f"realization gives {'a source pin' if real.source else 'a wheel'}",
                            f"give `{origin}:` for target {tname!r}")
             for i, patch in enumerate(real.patches):
-                if not (lm.root / "patches" / patch).is_file():
-                    raise _err(loc, ("engines", ename, "realize", tname, "patches", i),
-                               f"patch {patch!r} not found under patches/",
-                               "add the file to patches/ or correct the name")
-            if real.wheel and not (lm.root / real.wheel.requirements).is_file():
-                raise _err(loc, ("engines", ename, "realize", tname, "wheel", "requirements"),
-                           f"requirements file {real.wheel.requirements!r} does not exist",
-                           "point `requirements` at the pinned requirement set in the repo")
+                _repo_file(lm, ("engines", ename, "realize", tname, "patches", i),
+                           lm.root / "patches", patch, "patch")
+            if real.wheel:
+                _repo_file(lm, ("engines", ename, "realize", tname, "wheel", "requirements"),
+                           lm.root, real.wheel.requirements, "requirements file")
+
+
+def _repo_file(lm: LoadedMatrix, path: tuple, folder: Path, rel: str, what: str) -> None:
+    """A file matrix.yaml names must exist inside the repository (symlinks included)."""
+    try:
+        inside(lm.root, folder, rel, what)
+    except BadValue as exc:
+        raise _err(lm.located, path, str(exc), exc.fix) from None
+
+
+# Environment overrides of `publish:` (plan.registry_for reads them), checked like the file
+PUBLISH_ENV = (("IMAGEBUILD_REGISTRY", "registry", check_registry),
+               ("IMAGEBUILD_NAMESPACE", "namespace", check_path))
+
+
+def publish_names(lm: LoadedMatrix) -> tuple[str, str]:
+    """(registry, namespace) in effect: the environment's when set, else matrix.yaml's;
+    an override that is not a valid name is an error naming the variable."""
+    chosen = {"registry": lm.matrix.publish.registry, "namespace": lm.matrix.publish.namespace}
+    for var, key, check in PUBLISH_ENV:
+        value = os.environ.get(var)
+        if value is None:
+            continue
+        try:
+            if not value:
+                raise BadValue(f"{key} is empty", f"unset {var} or give a {key}")
+            chosen[key] = check(value)
+        except BadValue as exc:
+            raise UserError(f"environment variable {var}={shorten(value)} (overriding "
+                            f"publish.{key}): {exc}", fix=f"{exc.fix} (in {var})",
+                            where=lm.located.where(("publish", key))) from None
+    return chosen["registry"], chosen["namespace"]
 
 
 def _matches(combo: dict[str, str], entry: Include) -> bool:
@@ -211,6 +243,7 @@ def _expand_family(lm: LoadedMatrix, fname: str, fam: ImageFamily) -> list[Cell]
 def expand(lm: LoadedMatrix) -> list[Cell]:
     """Every cell of every family, in matrix.yaml order; duplicate images are an error."""
     _check_refs(lm)
+    registry, namespace = publish_names(lm)
     cells: list[Cell] = []
     seen: dict[tuple[str, str], str] = {}
     for fname, fam in lm.matrix.images.items():
@@ -223,6 +256,12 @@ def expand(lm: LoadedMatrix) -> list[Cell]:
                            "make `name` include every axis that varies, e.g. "
                            "{family}-{model}-{drafter}-{profile}")
             seen[key] = fname
+            repository = f"{registry}/{namespace}/{cell.image}"
+            if len(repository) > NAME_MAX:
+                raise _err(lm.located, ("images", fname, "name"),
+                           f"repository {shorten(repository)} is {len(repository)} "
+                           f"characters; Docker allows {NAME_MAX}",
+                           "shorten the image name template, the namespace or the registry")
             cells.append(cell)
     return cells
 
@@ -240,4 +279,6 @@ def load(path: Path | None = None) -> LoadedMatrix:
     path = path or REPO_ROOT / "matrix.yaml"
     display = path.name if path.parent.resolve() == Path.cwd().resolve() else str(path)
     matrix, located = load_matrix(path, display)
-    return LoadedMatrix(matrix=matrix, located=located, root=path.parent.resolve())
+    lm = LoadedMatrix(matrix=matrix, located=located, root=path.parent.resolve())
+    publish_names(lm)  # every command: a bad IMAGEBUILD_REGISTRY/_NAMESPACE stops here
+    return lm
