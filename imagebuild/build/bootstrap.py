@@ -108,7 +108,7 @@ def _try_pull(ref: str, log: Log) -> str | None:
     if pulled:
         log(f"pulled {ref}")
         return pulled
-    log(f"{ref} could not be pulled; building it from the Debian archive")
+    log(f"pull of {ref} failed (no registry serves it); building it from the Debian archive")
     return None
 
 

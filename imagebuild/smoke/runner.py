@@ -174,7 +174,7 @@ def _verdict(image_ref: str, image_id: str, expect: dict[str, Any], boot: dict[s
         "passed": passed, "outcome": outcome, "message": message,
         "pytest_exit_code": pytest_code,
         "boot": {k: boot.get(k) for k in ("kind", "message", "phase", "seconds", "excerpt",
-                                          "exit_code")} if boot else
+                                          "exit_code", "fatal_line_s")} if boot else
                 {"kind": "none", "message": "no boot record", "phase": "none",
                  "seconds": 0.0, "excerpt": ""},
         "relaunched": len(boot.get("attempts") or []) > 1, "attempts": boot.get("attempts"),
