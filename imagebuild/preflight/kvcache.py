@@ -164,6 +164,10 @@ def predict(
                 "looks for them (layer_types / layers_block_type / attn_type_list)",
                 "use another --kv-cache-dtype for this model")
         skip = _skip_layers(flags, layout, cache_dtype, text)
+        if skip and drafter:
+            raise CannotPredict("layers kept out of KV quantization (--kv-cache-dtype-skip-"
+                                "layers, TurboQuant's boundary layers) with a drafter: which "
+                                "drafter layers the indices match is not modelled")
         sizing = Sizing(
             platform=flags.platform, backend=(flags.attention_backend or "").lower() or None,
             default_block_size=flags.default_block_size,
@@ -301,9 +305,6 @@ def _drafter_layers(method, layout: ModelLayout, text: dict, drafter: dict | Non
         )
     if layout.mla:
         raise CannotPredict("drafters on a multi-head latent attention target are not modelled")
-    if flags.kv_cache_dtype_skip_layers:
-        raise CannotPredict("--kv-cache-dtype-skip-layers with a drafter: which drafter layer "
-                            "indices it matches is not modelled")
     dtext = _text_config(drafter)
     heads, size = _attention_shape(dtext, tp, "drafter config")
     n = _require_int(dtext, "num_hidden_layers", "drafter config")

@@ -52,7 +52,7 @@ _CT_STRATEGIES = {"tensor", "channel", "group", "block", "token", "tensor_group"
 
 
 def quant_mode(cache_dtype: str) -> str:
-    """get_kv_quant_mode: none | fp8_per_tensor | int8_per_token_head | fp8_per_token_head | nvfp4."""
+    """get_kv_quant_mode: none, fp8_per_tensor, int8/fp8_per_token_head or nvfp4."""
     if cache_dtype in ("int8_per_token_head", "fp8_per_token_head", "nvfp4"):
         return cache_dtype
     if cache_dtype.startswith("fp8"):
@@ -142,7 +142,7 @@ class CheckpointKV:
 
 
 def quant_config(cfg: dict, hf_quant: dict | None) -> dict | None:
-    """hf_config.quantization_config: config.json's, else hf_quant_config.json (ModelOpt <= 0.29)."""
+    """hf_config.quantization_config: config.json's, else hf_quant_config.json (old ModelOpt)."""
     q = cfg.get("quantization_config")
     if q is None and isinstance(hf_quant, dict):
         q = hf_quant
@@ -168,7 +168,8 @@ def _normalized_method(q: dict, where: str) -> str:
                     f"{algo!r} vLLM 0.23 does not know (only FP8 variants and NVFP4 there)",
                     "re-export the checkpoint's quantization config with a newer ModelOpt "
                     "layout (quant_method in config.json) or use a checkpoint vLLM 0.23 reads")
-    return str(q.get("quant_method", "")).lower().replace("compressed_tensors", "compressed-tensors")
+    method = str(q.get("quant_method", "")).lower()
+    return method.replace("compressed_tensors", "compressed-tensors")
 
 
 def _modelopt_kv(q: dict) -> str | None:
@@ -231,7 +232,8 @@ def checkpoint_kv(cfg: dict, hf_quant: dict | None) -> CheckpointKV:
         method = _normalized_method(q, where)
         if method.startswith("modelopt"):
             algo = _modelopt_kv(q)
-            inner = q.get("quantization") if isinstance(q.get("quantization"), dict) else q
+            nested = q.get("quantization")
+            inner: dict = nested if isinstance(nested, dict) else q
             mixed = str(inner.get("quant_algo", "")).upper() == "MIXED_PRECISION"
             named = algo not in (None, "auto")
             return CheckpointKV(algo, f"{where} (ModelOpt kv_cache_quant_algo)",
