@@ -32,7 +32,7 @@ from typing import Any
 from imagebuild.errors import UserError
 
 from .kv import families
-from .kv.align import Alignment, Sizing, align
+from .kv.align import MLA_BACKENDS, Alignment, Sizing, align
 from .kv.dtypes import (
     CACHE_DTYPES,
     MAMBA_DTYPES,
@@ -184,7 +184,17 @@ def predict(
             raise VllmRefuses("NotImplementedError", "MLA is not supported on CPU.",
                               f"{layout.family} uses multi-head latent attention, which vLLM's "
                               "CPU backend does not run")
-        al = align(layout, sizing)
+        if layout.mla and cache_dtype == "nvfp4":
+            raise VllmRefuses("ValueError", "nvfp4 KV cache is not supported with MLA",
+                              "vLLM 0.23 refuses --kv-cache-dtype nvfp4 for multi-head latent "
+                              "attention", "use fp8 or auto")
+        if layout.mla and layout.hybrid and sizing.backend not in MLA_BACKENDS:
+            raise CannotPredict(
+                f"{layout.family} uses multi-head latent attention: the MLA backend vLLM picks "
+                "on this GPU sets the block alignment (16 to 128 tokens); name it with "
+                "--attention-backend to predict the layout")
+        has_attention = bool(drafter) or any(isinstance(x, AttnLayer) for x in layout.layers)
+        al = align(layout, sizing, has_attention)
         return _finish(layout, drafter, al, flags, cache_dtype, source, model_dtype, skip,
                        num_spec, pad_mamba)
     except VllmRefuses as exc:
@@ -400,7 +410,7 @@ def _spec(layer: AttnLayer | MambaLayer, owner: str, al: Alignment, cache_dtype:
           if dtype.startswith("turboquant_") and not layer.sliding_window and not layer.mla
           else None)
     page = AttnPage(layer.num_kv_heads, layer.head_size, layer.head_size_v, dtype, storage,
-                    mla=layer.mla, tq_slot=tq).bytes(al.block_size)
+                    mla=layer.mla, tq_slot=tq, scales=not layer.mla).bytes(al.block_size)
     return LayerSpec(
         name=layer.name, owner=owner, kind="sliding" if layer.sliding_window else "full",
         block_size=al.block_size, dtype=model_dtype if dtype == "auto" else dtype,

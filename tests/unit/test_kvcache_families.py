@@ -160,6 +160,26 @@ def test_qwen3_next_ignores_full_attention_interval():
         3, 7]
 
 
+def test_kimi_linear_kda_with_latent_attention():
+    kimi = cfg("kimi-linear-48b-a3b")
+    p = predict(kimi, None, replace(NO_PC, attention_backend="flashmla"))
+    assert kinds(p).count("mamba") == 20 and kinds(p)[3] == "full"  # MLA on layers 4, 8, ...
+    # KDA: conv dim 3 x 32 x 128 = 12,288 (no speculative rows); recurrent state float32:
+    # 3 x 12,288 x 2 + 32 x 128 x 128 x 4 = 73,728 + 2,097,152 = 2,170,880
+    assert state(p).shapes == ((3, 12288), (32, 128, 128))
+    assert state(p).dtypes == ("bfloat16", "float32") and p.mamba_page_bytes == 2_170_880
+    # MLA: one latent of 512 + 64 per token, bf16 = 1152 B. FlashMLA pages are 64 tokens:
+    # 64 x ceil(2,170,880 / 73,728) = 64 x 30 = 1920; Triton MLA aligns to 16: 16 x 118
+    assert attn(p).bytes_per_token == 1152 and p.attention_block_size == 1920
+    triton = predict(kimi, None, replace(NO_PC, attention_backend="triton_mla"))
+    assert triton.attention_block_size == 1888
+    # which MLA backend a GPU gets decides the alignment: unknown without the flag
+    with pytest.raises(CannotPredict, match="attention-backend"):
+        predict(kimi, None, replace(NO_PC, attention_backend=None))
+    cpu = predict(kimi, None, replace(NO_PC, platform="cpu", default_block_size=128))
+    assert cpu.outcome == "NotImplementedError"  # vLLM's CPU backend has no MLA
+
+
 def test_attention_free_mamba_needs_no_unification():
     p = predict(cfg("mamba-130m"), None, NO_PC)
     assert set(kinds(p)) == {"mamba"} and not p.unify_needed and p.outcome == "ok"
@@ -197,9 +217,9 @@ def test_unknown_hybrid_architecture_is_not_read_as_attention():
 
 
 def test_known_but_unmodelled_hybrids_and_missing_fields():
-    kimi = dict(cfg("qwen3-8b"), architectures=["KimiLinearForCausalLM"])
-    with pytest.raises(CannotPredict, match="Kimi-Linear"):
-        predict(kimi, None, PC)
+    olmo = dict(cfg("qwen3-8b"), architectures=["OlmoHybridForCausalLM"])
+    with pytest.raises(CannotPredict, match="OLMo hybrid"):
+        predict(olmo, None, PC)
     lfm2 = cfg("lfm2-1.2b")
     del lfm2["conv_dim"]
     with pytest.raises(CannotPredict, match="conv_dim"):

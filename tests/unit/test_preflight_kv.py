@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.fixtures.preflight.fixture_hub import FixtureHub, check, edit, lock_matrix, of
+from tests.fixtures.preflight.fixture_hub import FixtureHub, check, edit, lock_matrix
 
 CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
 ORNITH = "repository: AEON-7/Ornith-1.0-35B-AEON-Ultimate-Uncensored"

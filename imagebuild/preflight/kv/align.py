@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .dtypes import STORAGE, AttnPage, tq_slot_size
 from .errors import CannotPredict, VllmRefuses
-from .layout import AttnLayer, ModelLayout, state_bytes
+from .layout import ModelLayout, state_bytes
 
 # min(get_supported_kernel_block_sizes()) per backend (v1/attention/backends/...): all
 # non-MLA CUDA backends take multiples of 16; the MLA kernels need larger pages.
@@ -32,6 +32,8 @@ KERNEL_MIN = {
     "flashinfer_mla": 32, "flashinfer_mla_sparse": 32, "tokenspeed_mla": 32, "flashmla": 64,
     "flashmla_sparse": 64, "cutlass_mla": 128,
 }
+MLA_BACKENDS = {"flash_attn_mla", "triton_mla", "flashinfer_mla", "flashinfer_mla_sparse",
+                "tokenspeed_mla", "flashmla", "flashmla_sparse", "cutlass_mla"}
 # get_preferred_block_size(16): 16 where supported, else the smallest supported size
 PREFERRED = {name: size for name, size in KERNEL_MIN.items()}
 PREFERRED["rocm_aiter_unified_attn"] = 64
@@ -88,7 +90,7 @@ def attn_page_1(layout: ModelLayout, sizing: Sizing) -> int:
     head = layout.arch_head_size
     dtype = sizing.cache_dtype
     storage = sizing.model_dtype if dtype == "auto" else STORAGE[dtype]
-    if layout.mla:
+    if layout.mla:  # MLAAttentionSpec(block_size=1, ..., kv_quant_mode=...)
         return AttnPage(kv, head, head, dtype, storage, mla=True).bytes(1)
     if dtype.startswith("turboquant_"):
         tq = kv * tq_slot_size(dtype, head)
@@ -104,7 +106,9 @@ def kernel_alignment(sizing: Sizing, block_size: int) -> int:
     return max(backend_min, block_size)
 
 
-def align(layout: ModelLayout, sizing: Sizing) -> Alignment:
+def align(layout: ModelLayout, sizing: Sizing, has_attention: bool) -> Alignment:
+    """`has_attention`: some layer (target or drafter) is non-SSM attention; without one,
+    update_block_size_for_backend finds no backend and aligns nothing."""
     pc = prefix_caching(layout, sizing)
     user_block = sizing.block_size
     mamba_mode = "none"
@@ -125,7 +129,6 @@ def align(layout: ModelLayout, sizing: Sizing) -> Alignment:
                   if layout.hybrid and layout.align_shapes else 0)
     padded: int | None = None
     pct = 0.0
-    has_attention = any(isinstance(x, AttnLayer) for x in layout.layers)
     if layout.hybrid and has_attention and mamba_page:
         if mamba_mode == "all":
             base = sizing.mamba_block_size or layout.chunk_size

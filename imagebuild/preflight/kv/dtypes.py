@@ -90,12 +90,16 @@ class AttnPage:
     storage: str  # torch storage dtype name
     mla: bool = False
     tq_slot: int | None = None  # TQFullAttentionSpec.tq_slot_size (non-sliding TurboQuant)
+    # MLAAttention.get_kv_cache_spec passes no kv_quant_mode (no per-token-head scales); the
+    # hybrid alignment's one-token MLA page does
+    scales: bool = True
 
     def bytes(self, block_size: int) -> int:
         """page_size_bytes of the spec at `block_size` tokens."""
         mode = quant_mode(self.cache_dtype)
         elem = ELEMENT_BYTES[self.storage]
         if self.mla:
+            # MLAAttentionSpec.real_page_size_bytes (no NVFP4 layout: vLLM refuses nvfp4 there)
             # MLAAttentionSpec: one latent vector per token (DeepSeek V3.2's fp8_ds_mla: 656 B).
             page = (block_size * 656 if self.cache_dtype == "fp8_ds_mla"
                     else block_size * self.num_kv_heads * self.head_size * elem)
@@ -106,7 +110,7 @@ class AttnPage:
                     * (nvfp4_dim(self.head_size) + nvfp4_dim(self.head_size_v)) * elem)
         else:
             page = block_size * self.num_kv_heads * (self.head_size + self.head_size_v) * elem
-        if mode.endswith("per_token_head"):
+        if mode.endswith("per_token_head") and self.scales:
             # per-token-head float32 scales for K and V, carved from the same allocation
             page += 2 * block_size * self.num_kv_heads * 4
         return page

@@ -24,6 +24,7 @@ from .layout import (
     ModelLayout,
     attention_heads,
     gdn_shapes,
+    kda_shapes,
     linear_attention_shapes,
     mamba1_shapes,
     mamba2_shapes,
@@ -456,6 +457,42 @@ def lfm2_moe(cfg: dict, ctx: Ctx) -> ModelLayout:
     return _lfm2(f, ctx, list(cfg["layer_types"]), f.int("hidden_size"))
 
 
+# --- Kimi Delta Attention + MLA: Kimi-Linear ---------------------------------------------------
+
+def kimi_linear(cfg: dict, ctx: Ctx) -> ModelLayout:
+    """kimi_linear.py over vLLM's KimiLinearConfig: KDA layers (1-based kda_layers), the rest
+    multi-head latent attention (MLAAttentionSpec: one latent of kv_lora_rank + rope dims)."""
+    f = Fields("Kimi-Linear", cfg)
+    la = cfg.get("linear_attn_config")
+    if not isinstance(la, dict):
+        raise CannotPredict("Kimi-Linear config.json lacks linear_attn_config")
+    for key in ("kda_layers", "num_heads", "head_dim", "short_conv_kernel_size"):
+        if la.get(key) is None:
+            raise CannotPredict(f"Kimi-Linear linear_attn_config lacks {key}")
+    if cfg.get("kv_lora_rank") is None:
+        raise CannotPredict("Kimi-Linear config.json has no kv_lora_rank (no MLA layout)")
+    if cfg.get("mla_use_nope") is not True or cfg.get("q_lora_rank") is not None:
+        raise VllmRefuses("AssertionError", "assert self.use_nope is True",
+                          "vLLM 0.23's KimiMLAAttention needs mla_use_nope true and no "
+                          "q_lora_rank")
+    heads = f.int("num_attention_heads")
+    if heads % ctx.tp:
+        raise CannotPredict(f"tensor_parallel_size {ctx.tp} does not divide the heads")
+    latent = f.int("kv_lora_rank") + f.int("qk_rope_head_dim")
+    shapes = kda_shapes(ctx.tp, int(la["num_heads"]), int(la["head_dim"]),
+                        int(la["short_conv_kernel_size"]))
+    # kda_state_dtype: the conv state follows --mamba-cache-dtype, the recurrent one is float32
+    dtypes = (mamba_state_dtype(ctx.mamba_cache_dtype, ctx.model_dtype), "float32")
+    kda = {int(x) for x in la["kda_layers"]}
+    layers: list[AttnLayer | MambaLayer] = [
+        MambaLayer(f"model.layers.{i}.self_attn", shapes, dtypes, "KDA") if i + 1 in kda
+        else AttnLayer(f"model.layers.{i}.self_attn.attn", 1, latent, latent, mla=True, index=i)
+        for i in range(f.int("num_hidden_layers"))]
+    return ModelLayout(
+        "Kimi-Linear", tuple(layers), hybrid=True, align_shapes=shapes, align_dtypes=dtypes,
+        arch_kv_heads=1, arch_head_size=latent, mla=True)
+
+
 # --- attention-free Mamba models --------------------------------------------------------------
 
 def mamba(cfg: dict, ctx: Ctx) -> ModelLayout:
@@ -514,6 +551,7 @@ FAMILIES: dict[str, Callable[[dict, Ctx], ModelLayout]] = {
     "MiniMaxM1ForCausalLM": minimax,
     "Lfm2ForCausalLM": lfm2,
     "Lfm2MoeForCausalLM": lfm2_moe,
+    "KimiLinearForCausalLM": kimi_linear,
     "MambaForCausalLM": mamba,
     "FalconMambaForCausalLM": mamba,
     "Mamba2ForCausalLM": mamba2,
@@ -529,7 +567,6 @@ UNMODELLED_RECURRENT = {
     "ColQwen3_5": "ColQwen3.5 (a pooling model)",
     "InternS2PreviewForConditionalGeneration": "InternS2 preview (GDN)",
     "JambaForSequenceClassification": "Jamba classifier (a pooling model)",
-    "KimiLinearForCausalLM": "Kimi-Linear (KDA + MLA)",
     "Lfm2VlForConditionalGeneration": "LFM2-VL",
     "MiniCPMV4_6ForConditionalGeneration": "MiniCPM-V 4.6 (GDN)",
     "NemotronH_Nano_VL_V2": "Nemotron-H Nano VL",
