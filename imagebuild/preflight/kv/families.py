@@ -248,7 +248,7 @@ def falcon_h1(cfg: dict, ctx: Ctx) -> ModelLayout:
     hidden = f.int("hidden_size")
     # mamba_d_ssm defaults to 1024; an explicit null means mamba_expand x hidden_size
     d_ssm = cfg.get("mamba_d_ssm", 1024)
-    inner = int(f.int("mamba_expand") * hidden) if d_ssm is None else int(d_ssm)
+    inner = int(float(f.get("mamba_expand")) * hidden) if d_ssm is None else int(d_ssm)
     heads = f.int("mamba_n_heads")
     d_head = f.get("mamba_d_head")
     d_head = inner // heads if d_head == "auto" else int(d_head)
