@@ -240,34 +240,61 @@ def snapshot_maps(name: str) -> dict[str, dict[str, Any]]:
     return procs
 
 
-def read_traces(trace: Path) -> tuple[set[str], set[str], dict[str, set[str]], list[str]]:
-    """(libraries the loader mapped, files Python opened, symbols bound per heavy library,
-    argv of every traced Python process)."""
+def log_sizes(trace: Path) -> dict[str, int]:
+    """How far each loader log has got: what is written after this was bound later."""
+    return {f.name: f.stat().st_size for f in trace.glob("ld.*")}
+
+
+def read_traces(trace: Path, healthy_at: dict[str, int]) -> dict[str, Any]:
+    """Libraries the loader mapped, files Python opened, every symbol bound into an
+    NVIDIA/triton/cuda library ({library: {binder: [symbols]}}), the subset bound after
+    /health answered (with lazy binding, a function is bound at its first call: these are
+    the calls serving made), and the argv of every traced Python process with the heavy
+    packages it opened."""
     libs: set[str] = set()
     opened: set[str] = set()
-    bound: dict[str, set[str]] = defaultdict(set)
-    argvs: list[str] = []
+    bound: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    serving: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     for f in trace.glob("ld.*"):
-        with f.open(errors="replace") as fh:
-            for line in fh:
+        mark = healthy_at.get(f.name, 0)
+        with f.open("rb") as fh:
+            offset = 0
+            for raw in fh:
+                offset += len(raw)
+                line = raw.decode(errors="replace")
                 m = LD_INIT.match(line) or LD_FILE.match(line)
                 if m and m.group(1).startswith("/"):
-                    libs.add(m.group(1))
+                    libs.add(os.path.normpath(m.group(1)))
                     continue
                 if "binding file" in line and HEAVY_BINDINGS.search(line):
                     b = LD_BIND.search(line)
                     if b and HEAVY_BINDINGS.search(b.group(2)):
-                        bound[b.group(2)].add(b.group(3))
+                        target = os.path.normpath(b.group(2))
+                        binder = os.path.basename(b.group(1))
+                        bound[target][binder].add(b.group(3))
+                        if offset > mark:
+                            serving[target][binder].add(b.group(3))
+    processes = []
     for f in trace.glob("py.*"):
+        argv, heavy = "", set()
         for line in f.read_text(errors="replace").splitlines():
             kind, _, path = line.partition("\t")
             if kind == "argv":
-                argvs.append(path)
+                argv = path
             elif kind == "ctypes.dlopen" and path.startswith("/"):
-                libs.add(path)
+                libs.add(os.path.normpath(path))
             elif path.startswith("/"):
-                opened.add(path)
-    return libs, opened, bound, argvs
+                opened.add(os.path.normpath(path))
+            h = re.search(r"site-packages/(triton|cuda|nvidia)/", path)
+            if h:
+                heavy.add(h.group(1))
+        processes.append({"argv": argv[:160], "opened_heavy": sorted(heavy)})
+
+    def plain(d: dict[str, dict[str, set[str]]]) -> dict[str, dict[str, list[str]]]:
+        return {t: {b: sorted(s) for b, s in v.items()} for t, v in sorted(d.items())}
+
+    return {"libs": libs, "opened": opened, "bound": plain(bound),
+            "bound_while_serving": plain(serving), "processes": processes}
 
 
 def inventory(image: str) -> dict[str, list[tuple[str, int]]]:
@@ -311,7 +338,7 @@ def mb(n: float) -> str:
 def report(result: dict[str, Any]) -> str:
     lines = [f"image: {result['image']}", f"boot to /health: {result['boot_s']:.1f} s",
              "checks: " + ", ".join(f"{k}={v}" for k, v in result["checks"].items()),
-             f"processes traced: {len(result['python_argv'])} Python, "
+             f"processes traced: {len(result['processes'])} Python, "
              f"{len(result['maps'])} alive at the end", "",
              "distribution                     installed      touched  files"]
     for d in result["distributions"]:
@@ -322,11 +349,20 @@ def report(result: dict[str, Any]) -> str:
     lines += ["", "native libraries loaded from nvidia/, triton/, cuda/ and torch/lib:"]
     lines += [f"  {p.removeprefix(SITE + '/')}" for p in result["libraries"]
               if re.search(r"/(nvidia|triton|cuda|torch/lib)/", p)]
-    if result.get("bound_symbols"):
-        lines += ["", "symbols bound into NVIDIA / triton libraries (count, a few names):"]
-        for lib, syms in sorted(result["bound_symbols"].items()):
-            lines.append(f"  {lib.removeprefix(SITE + '/')}: {len(syms)}: "
-                         + ", ".join(sorted(syms)[:6]))
+    lines += ["", "Python processes (argv) and the heavy packages each opened:"]
+    lines += [f"  {p['opened_heavy'] or '-'}  {p['argv'][:110]}" for p in result["processes"]]
+    for key, title in (("bound_symbols", "symbols bound into NVIDIA / triton libraries"),
+                       ("bound_while_serving", "of those, bound after /health answered "
+                        "(functions first called while serving)")):
+        if key not in result:
+            continue
+        lines += ["", f"{title}: library <- binder: count (a few names)"]
+        if not result[key]:
+            lines.append("  none")
+        for lib, binders in result[key].items():
+            for binder, syms in binders.items():
+                lines.append(f"  {lib.removeprefix(SITE + '/')} <- {binder}: {len(syms)} ("
+                             + ", ".join(syms[:4]) + ")")
     return "\n".join(lines)
 
 
@@ -347,20 +383,23 @@ def main() -> int:
     start(args.image, name, port, trace, args.bindings)
     try:
         boot = wait_healthy(name, base, args.boot_timeout)
+        healthy_at = log_sizes(trace)
         checks = exercise(base)
         maps = snapshot_maps(name)
         docker("stop", "-t", "20", name)  # a clean shutdown also logs what exit loads
         logs = docker("logs", name)
     finally:
         docker("rm", "-f", name)
-    libs, opened, bound, argvs = read_traces(trace)
+    traced = read_traces(trace, healthy_at)
     mapped = {f for p in maps.values() for f in p["files"]}
-    touched = libs | opened | mapped
+    touched = traced["libs"] | traced["opened"] | mapped
     result = {"image": args.image, "boot_s": round(boot, 1), "checks": checks,
-              "python_argv": argvs, "maps": maps,
-              "libraries": sorted(libs | {f for f in mapped if ".so" in f}),
-              "bound_symbols": {k: sorted(v) for k, v in bound.items()},
+              "processes": traced["processes"], "maps": maps,
+              "libraries": sorted(traced["libs"] | {f for f in mapped if ".so" in f}),
               **analyse(args.image, touched)}
+    if args.bindings:
+        result["bound_symbols"] = traced["bound"]
+        result["bound_while_serving"] = traced["bound_while_serving"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "trace.json").write_text(json.dumps(result, indent=1))
     (args.out / "container.log").write_text(logs.stdout + logs.stderr)
