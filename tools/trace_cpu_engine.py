@@ -255,6 +255,7 @@ def read_traces(trace: Path, healthy_at: dict[str, int]) -> dict[str, Any]:
     opened: set[str] = set()
     bound: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
     serving: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    late = 0  # bindings of any library after /health: shows lazy binding is being seen
     for f in trace.glob("ld.*"):
         mark = healthy_at.get(f.name, 0)
         with f.open("rb") as fh:
@@ -266,6 +267,8 @@ def read_traces(trace: Path, healthy_at: dict[str, int]) -> dict[str, Any]:
                 if m and m.group(1).startswith("/"):
                     libs.add(os.path.normpath(m.group(1)))
                     continue
+                if offset > mark and "binding file" in line:
+                    late += 1
                 if "binding file" in line and HEAVY_BINDINGS.search(line):
                     b = LD_BIND.search(line)
                     if b and HEAVY_BINDINGS.search(b.group(2)):
@@ -294,7 +297,8 @@ def read_traces(trace: Path, healthy_at: dict[str, int]) -> dict[str, Any]:
         return {t: {b: sorted(s) for b, s in v.items()} for t, v in sorted(d.items())}
 
     return {"libs": libs, "opened": opened, "bound": plain(bound),
-            "bound_while_serving": plain(serving), "processes": processes}
+            "bound_while_serving": plain(serving), "bindings_while_serving": late,
+            "processes": processes}
 
 
 def inventory(image: str) -> dict[str, list[tuple[str, int]]]:
@@ -363,6 +367,9 @@ def report(result: dict[str, Any]) -> str:
             for binder, syms in binders.items():
                 lines.append(f"  {lib.removeprefix(SITE + '/')} <- {binder}: {len(syms)} ("
                              + ", ".join(syms[:4]) + ")")
+    if "bindings_while_serving" in result:
+        lines.append(f"(all symbol bindings after /health, any library: "
+                     f"{result['bindings_while_serving']})")
     return "\n".join(lines)
 
 
@@ -400,6 +407,7 @@ def main() -> int:
     if args.bindings:
         result["bound_symbols"] = traced["bound"]
         result["bound_while_serving"] = traced["bound_while_serving"]
+        result["bindings_while_serving"] = traced["bindings_while_serving"]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "trace.json").write_text(json.dumps(result, indent=1))
     (args.out / "container.log").write_text(logs.stdout + logs.stderr)

