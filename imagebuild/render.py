@@ -155,6 +155,8 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str) -> Rende
     if real.wheel:
         files.append(("files/requirements.txt", real.wheel.requirements))
         files.append(("files/vllm-serve.py", str(TOOL_FILES / "engine/files/vllm-serve.py")))
+        files.append(("files/slim-torch-cuda.py",
+                      str(TOOL_FILES / "engine/files/slim-torch-cuda.py")))
     if target.expect_cuda_arch:
         files.append(("files/check-cuda-arch.py",
                       str(TOOL_FILES / "engine/files/check-cuda-arch.py")))

@@ -20,6 +20,9 @@ command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
 docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null \
   || need_pkgs+=(docker-compose)
 command -v git >/dev/null || need_pkgs+=(git)
+# the unit tests of the cpu engine's CUDA stubs build small libraries
+command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
+command -v readelf >/dev/null || need_pkgs+=(binutils)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   $SUDO apt-get update -qq

@@ -43,7 +43,7 @@ DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
 DEFAULT_CA = "/etc/ssl/certs/ca-certificates.crt"
 GiB = 2**30
 # Free disk a build needs, by (target, kind): (nothing cached, expensive prefix cached).
-# A cold cpu engine writes ~6.5 GB of layers plus ~3.5 GB of wheels in the pip cache and
+# A cold cpu engine writes ~2.8 GB of layers plus ~3 GB of wheels in the pip cache and
 # the unpacked copies in between; once its pip layers exist, a patch change writes < 1 GB.
 # A gb10 engine compiles after the patches, so a warm build still needs its build tree.
 DISK_NEED = {("cpu", "engine"): (15 * GiB, 2 * GiB), ("gb10", "engine"): (60 * GiB, 30 * GiB)}
