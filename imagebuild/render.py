@@ -106,6 +106,7 @@ def _header(template: str) -> str:
 
 def _hub_source(cell: Cell, kind: str, name: str, lock: Lock | None, dest: str) -> dict:
     pin = cell.model if kind == "models" else cell.drafter
+    assert pin is not None  # called for a drafter only when the cell has a drafter model
     entry = lock.entry(kind, name) if lock else None
     if not entry or not entry.get("sha") or entry.get("files") is None:
         raise Unresolved(
@@ -188,7 +189,7 @@ def serve_labels(cell: Cell, lm: LoadedMatrix, model: dict, drafter: dict | None
         f"{LABEL_NS}.patchset.sha256": _patchset_digest(lm, real.patches),
         f"{LABEL_NS}.profile": cell.profile_name,
         f"{LABEL_NS}.served-names": ",".join(cell.model.served_names),
-        f"{LABEL_NS}.speculative.method": cell.drafter.method,
+        f"{LABEL_NS}.speculative.method": cell.method,
         f"{LABEL_NS}.model.repository": model.get("repository", model.get("script", "")),
         f"{LABEL_NS}.model.revision": model.get("revision", f"seed-{model.get('seed', '')}"),
     }
@@ -208,7 +209,7 @@ def render_serve(lm: LoadedMatrix, cell: Cell, lock: Lock | None) -> Rendered:
     else:
         model = _hub_source(cell, "models", cell.model_name, lock, MODEL_DIR)
     drafter = (_hub_source(cell, "drafters", cell.drafter_name, lock, DRAFTER_DIR)
-               if cell.drafter.repository else None)
+               if cell.drafter_model else None)
     if model["kind"] == "hub" or drafter:
         files.append(("files/fetch-hub-files.py",
                       str(TOOL_FILES / "serve/files/fetch-hub-files.py")))
