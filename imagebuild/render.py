@@ -19,7 +19,7 @@ import jinja2
 
 from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
-from imagebuild.lock.lockfile import Lock
+from imagebuild.lock.lockfile import Lock, served_files
 from imagebuild.spec.config import EngineRealization
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
@@ -114,7 +114,7 @@ def _hub_source(cell: Cell, kind: str, name: str, lock: Lock | None, dest: str) 
             "not resolved in the lock", pin=name,
             fix=f"run `python build.py lock --update {name}` where the Hub is reachable")
     return {"kind": "hub", "repository": pin.repository, "revision": entry["sha"],
-            "dest": dest, "groups": weight_groups(entry["files"]),
+            "dest": dest, "groups": weight_groups(served_files(entry["files"], pin.exclude)),
             "manifest": f"{kind[:-1]}-files.json"}
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from imagebuild.docker import inspect_image
 from imagebuild.errors import UserError
-from imagebuild.lock.lockfile import Lock, read_lock
+from imagebuild.lock.lockfile import Lock, read_lock, served_files
 from imagebuild.render import LABEL_NS
 from imagebuild.spec.matrix import Cell
 from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, ServeCommand, serve_command
@@ -22,13 +22,14 @@ SMALL_FILE = 50 * 2**20  # the weight_groups threshold: small files are hashed, 
 DEFAULT_TARGET = {"gpu": False, "concurrency": [8], "boot_timeout_s": 600, "memory_limit": "8g"}
 
 
-def _files(lock: Lock | None, kind: str, name: str, dest: str) -> dict[str, dict] | None:
+def _files(lock: Lock | None, kind: str, name: str, dest: str,
+           exclude: list[str] | tuple[str, ...] = ()) -> dict[str, dict] | None:
     """path in the container -> expected size and, for small files, hash."""
     entry = lock.entry(kind, name) if lock else None
     if not entry or entry.get("files") is None:
         return None
     out: dict[str, dict] = {}
-    for f in entry["files"]:
+    for f in served_files(entry["files"], exclude):
         want: dict[str, Any] = {"size": f["size"]}
         if f["size"] < SMALL_FILE:
             if f.get("sha256"):
@@ -90,9 +91,9 @@ def expectations_for(cell: Cell, lock: Lock | None) -> dict[str, Any]:
         "boot_timeout_s": target.boot_timeout_s,
         "memory_limit": target.memory_limit,
     })
-    model = _files(lock, "models", cell.model_name, MODEL_DIR)
-    drafter = (_files(lock, "drafters", cell.drafter_name, DRAFTER_DIR)
-               if cell.drafter_model else {})
+    model = _files(lock, "models", cell.model_name, MODEL_DIR, cell.model.exclude)
+    drafter = (_files(lock, "drafters", cell.drafter_name, DRAFTER_DIR, cell.drafter.exclude)
+               if cell.drafter and cell.drafter.repository else {})
     exp["files"] = None if model is None or drafter is None else {**model, **drafter}
     return exp
 

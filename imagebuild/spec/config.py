@@ -224,6 +224,10 @@ class HubPin(Strict):
     repository: str | None = None
     revision: str | None = None
     track: str | None = None
+    # repository files the image leaves out (fnmatch globs on their paths, e.g.
+    # "original/*": Llama repos carry Meta's consolidated weights beside the safetensors)
+    exclude: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
+        default_factory=list)
 
     @field_validator("revision")
     @classmethod
@@ -234,8 +238,8 @@ class HubPin(Strict):
     def _revision_or_track(self) -> HubPin:
         if self.repository and (self.revision is None) == (self.track is None):
             raise ValueError("give exactly one of `revision` (a commit SHA) or `track` (a branch)")
-        if not self.repository and (self.revision or self.track):
-            raise ValueError("`revision`/`track` need a `repository`")
+        if not self.repository and (self.revision or self.track or self.exclude):
+            raise ValueError("`revision`/`track`/`exclude` need a `repository`")
         return self
 
 
