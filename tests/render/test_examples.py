@@ -5,7 +5,7 @@ serving); nothing in imagebuild knows their names, and nothing here does either:
 `examples/*/matrix.yaml` is found, copied, locked against the recorded Hub answers
 (tests/fixtures/hub; the committed example locks leave Hub pins unresolved, as `lock`
 does offline) and run through plan, check and render for every engine it defines.
-UPDATE_GOLDEN=1 rewrites tests/render/golden/examples/.
+UPDATE_GOLDEN=1 rewrites tests/render/golden-examples/.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from imagebuild.spec import matrix as mx
 from tests.fixtures.preflight.fixture_hub import lock_matrix
 
 EXAMPLES = sorted(p.parent for p in (REPO_ROOT / "examples").glob("*/matrix.yaml"))
-GOLDEN = Path(__file__).parent / "golden" / "examples"
+GOLDEN = Path(__file__).parent / "golden-examples"
 DATE = "2026-07-01"
 HADOLINT = shutil.which("hadolint") or str(Path(os.sys.executable).parent / "hadolint")
 

@@ -194,3 +194,11 @@ def test_flag_reading_takes_the_last_occurrence() -> None:
     assert flags.flag_value(argv, "enforce-eager") is True
     assert flags.flag_value(argv, "dtype") is None
     assert flags.flag_values(argv, "served-model-name") == ["c"]
+
+
+def test_a_tool_parser_smoke_cannot_drive_is_a_warning_before_the_build(locked: Path) -> None:
+    edit(locked, "tool-call-parser: hermes", "tool-call-parser: openai")
+    findings = check(locked, target="cpu", engine="dflashfix")
+    assert not blocking_rules(findings)
+    (f,) = [f for f in findings if f.rule == "tool-call-probe"]
+    assert f.severity == "warning" and "'openai' parser" in f.message and "harmony" in f.message

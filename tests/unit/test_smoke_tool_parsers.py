@@ -82,3 +82,26 @@ def test_vllm_parsers_read_the_forced_calls(tmp_path: Path):
     for parser in TOOL_CALL_TEXT:
         assert got[parser] == {"called": True,
                                "calls": [["get_weather", {"city": "Paris"}]]}, parser
+
+
+def _serving_suite():
+    import importlib.util
+
+    path = REPO_ROOT / "imagebuild" / "smoke" / "suite" / "test_serving.py"
+    spec = importlib.util.spec_from_file_location("smoke_suite_serving", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("parser", ["openai", "a_plugin_parser"])
+def test_smoke_says_a_parser_is_not_covered_instead_of_crashing(parser: str) -> None:
+    """Before: a profile with a parser the probe had no text for (llama3_json then) failed
+    smoke with a KeyError."""
+    serving = _serving_suite()
+    with pytest.raises(pytest.skip.Exception) as info:
+        serving.test_forced_tool_call_is_parsed(
+            chat=None, expect={"tools": True, "tool_parser": parser}, log=None)
+    assert str(info.value).startswith(f"not covered: the forced tool-call probe has no "
+                                      f"text for the {parser!r} parser")
