@@ -17,6 +17,7 @@ from imagebuild import REPO_ROOT
 from imagebuild.cli import main
 from imagebuild.errors import UserError
 from imagebuild.plan import cell_pins, format_table, make_jobs
+from imagebuild.release.notes import release_notes
 from imagebuild.render import serve_labels
 from imagebuild.smoke.checks import expected_checks
 from imagebuild.smoke.expect import expectations_for
@@ -89,6 +90,9 @@ def test_plain_cells_in_plan_labels_and_pins(matrix_dir: Path) -> None:
     assert "drafter  none (no speculative decoding)\n" in format_table((job,), "") + "\n"
     labels = dict(serve_labels(cell, lm, {"script": "x", "seed": 0}, None))
     assert labels["io.imagebuild.speculative.method"] == "none"
+    notes = release_notes((job,), {})
+    assert "drafter none (no speculative decoding)" in notes
+    assert "--speculative-config" not in notes
 
 
 def test_preflight_runs_no_drafter_rule_on_plain_cells(locked: Path) -> None:

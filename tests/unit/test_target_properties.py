@@ -185,3 +185,17 @@ def test_the_disk_estimate_follows_how_the_engine_is_built(locked: Path) -> None
     need = {name: builder.disk_need(t.engine_from, "engine", prefix_cached=False)
             for name, t in lm.matrix.targets.items()}
     assert need == {"spark2": 60 * gib, "cpu": 15 * gib}
+
+
+def test_an_image_outside_the_matrix_asks_for_gpus_by_what_it_is() -> None:
+    """`smoke IMAGE_REF` of an image whose cell left matrix.yaml: GPUs are requested when
+    the image is built on NVIDIA's CUDA images, whatever its target was called."""
+    from imagebuild.smoke.expect import expectations_from_labels
+
+    def info(cell: str, env: list[str]) -> dict:
+        return {"Id": "sha256:" + "9" * 64, "Config": {"Cmd": [], "Env": env, "Labels": {
+            "io.imagebuild.cell": cell, "io.imagebuild.engine": "gone"}}}
+
+    cuda_env = ["PATH=/usr/bin", "NVIDIA_VISIBLE_DEVICES=all", "CUDA_VERSION=13.0.1"]
+    assert expectations_from_labels("x", info=info("spark2/a", cuda_env))["gpu"] is True
+    assert expectations_from_labels("x", info=info("laptop/a", ["PATH=/usr/bin"]))["gpu"] is False
