@@ -124,7 +124,7 @@ def test_the_speculative_check_reports_not_applicable_with_the_reason() -> None:
         spec.test_speculative_decoding_fires(api=None, chat=None,
                                              expect={"speculative_method": None},
                                              log=None, record_property=None)
-    assert str(info.value).startswith("not applicable: the cell serves without speculative")
+    assert str(info.value).startswith("the cell serves without speculative decoding")
 
 
 def test_none_is_reserved_for_plain_serving(matrix_dir: Path) -> None:
