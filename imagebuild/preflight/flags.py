@@ -133,7 +133,8 @@ class CellView:
         elif flag == "limit-mm-per-prompt":
             path = ("models", c.model_name, "multimodal")
         elif flag == "speculative-config":
-            path = ("drafters", c.drafter_name)
+            # a plain cell has no drafter: what shapes its cache is the model
+            path = ("drafters", c.drafter_name) if c.drafter else ("models", c.model_name)
         else:
             path = ("profiles", c.profile_name, "args")
         return self.lm.located.where(path)
