@@ -27,7 +27,9 @@ def _release(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
     _matrix(p)
     p.add_argument("--tag", required=tag_required,
                    help="DATE-NAME, e.g. 2026-06-18-dflashfix (NAME: an engine patch set)")
-    p.add_argument("--target", default=None, help="a target of matrix.yaml (default: detected)")
+    p.add_argument("--target", default=None,
+                   help="a target of matrix.yaml, or `all` (default: the target whose "
+                        "properties fit this host)")
     p.add_argument("--only", default=None, metavar="GLOB",
                    help="only cells whose id (target/image) or image matches GLOB")
 
@@ -130,7 +132,9 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
     _release(p)
-    p.add_argument("--format", choices=("table", "json", "github"), default="table")
+    p.add_argument("--format", choices=("table", "json", "github", "targets"), default="table",
+                   help="github: one strategy.matrix entry per cell with its runner labels; "
+                        "targets: one entry per target (properties, runner, cell count)")
 
     p = sub.add_parser("render", help="render Dockerfiles (base, engine, serve per cell)")
     _release(p, tag_required=False)
@@ -242,12 +246,14 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from imagebuild.job import preflight
-    from imagebuild.plan import format_json, format_table, github_matrix
+    from imagebuild.plan import format_json, format_table, github_matrix, target_matrix
 
     plan = _plan(args)
     preflight(plan)
     if args.format == "github":
         print(json.dumps(github_matrix(plan.jobs), separators=(",", ":")))
+    elif args.format == "targets":
+        print(json.dumps(target_matrix(plan), separators=(",", ":")))
     elif args.format == "json":
         print(format_json(plan))
     else:

@@ -13,23 +13,25 @@ from __future__ import annotations
 import functools
 import json
 import os
-import platform
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import UserError
+from imagebuild.host import probe_host
 from imagebuild.lock.lockfile import Lock, read_lock
 from imagebuild.lock.resolve import sha256_file
+from imagebuild.spec import hardware
 from imagebuild.spec import matrix as mx
+from imagebuild.spec.hardware import Host, runner
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import ServeCommand, serve_command
 from imagebuild.spec.tags import ReleaseTag, parse_tag
 
 UNRESOLVED = "UNRESOLVED"
 LATEST = "latest"
+ALL_TARGETS = "all"  # --target all: every target's cells (what a release workflow fans out)
 REGISTRY_ENV = "IMAGEBUILD_REGISTRY"
 NAMESPACE_ENV = "IMAGEBUILD_NAMESPACE"
 
@@ -112,11 +114,11 @@ class Job:
         c = self.cell
         return {
             "cell": c.id, "family": c.family, "target": c.target_name,
-            "platform": c.target.platform, "runner": list(c.target.runner),
+            "platform": c.target.platform, "runner": runner(c.target),
             "image": c.image, "repository": self.image.name, "release_tag": str(self.tag),
             "refs": [self.release_ref, self.latest_ref],
             "engine": c.engine_name, "model": c.model_name, "drafter": c.drafter_name,
-            "method": c.drafter.method, "profile": c.profile_name,
+            "method": c.method, "profile": c.profile_name,
             "pins": dict(self.pins), "serve": list(self.serve.argv),
         }
 
@@ -146,21 +148,16 @@ class Plan:
                 "target_reason": self.target_reason}
 
 
-def detect_target() -> tuple[str, str]:
-    """(target, why) when --target is not given: gb10 on a GB10 host, else cpu."""
+def detect_target(lm: LoadedMatrix, host: Host | None = None) -> tuple[str, str]:
+    """(target, why) when --target is not given: the target whose properties fit this
+    host (platform, GPU compute capability; spec/hardware.match), or IMAGEBUILD_TARGET."""
     forced = os.environ.get("IMAGEBUILD_TARGET")
     if forced:
+        if forced != ALL_TARGETS and forced not in lm.matrix.targets:
+            raise UserError(f"IMAGEBUILD_TARGET={forced} is not a target of matrix.yaml",
+                            fix=f"use one of: {', '.join(lm.matrix.targets)}")
         return forced, f"IMAGEBUILD_TARGET={forced}"
-    if platform.machine() in ("aarch64", "arm64"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            out = ""
-        if "GB10" in out:
-            return "gb10", f"this host has a GB10 GPU ({out.strip().splitlines()[0]})"
-        return "cpu", "arm64 host without a GB10 GPU (nvidia-smi shows none)"
-    return "cpu", f"this host is {platform.machine()} without a GB10 GPU"
+    return hardware.match(lm.matrix.targets, host or probe_host())
 
 
 # patch files are hashed once per run, not once per cell
@@ -191,12 +188,9 @@ def cell_pins(cell: Cell, lm: LoadedMatrix, lock: Lock | None) -> dict[str, Any]
     model = _hub_pin(lock, "models", cell.model_name, m.repository, m.revision, m.track)
     if model is None and m.generate:
         model = {"generated": m.generate.script, "seed": m.generate.seed}
-    return {
-        "engine": engine,
-        "model": model,
-        "drafter": _hub_pin(lock, "drafters", cell.drafter_name, d.repository, d.revision,
-                            d.track) or {"method": d.method},
-    }
+    drafter = d and _hub_pin(lock, "drafters", cell.drafter_name, d.repository, d.revision,
+                             d.track)
+    return {"engine": engine, "model": model, "drafter": drafter or {"method": cell.method}}
 
 
 def make_jobs(lm: LoadedMatrix, cells: list[Cell] | tuple[Cell, ...], tag: ReleaseTag,
@@ -215,13 +209,15 @@ def load_plan(matrix: Path | None, tag: str | None, target: str | None = None,
     cells = mx.expand(lm)
     rtag = parse_tag(tag, lm.engines_versions()) if tag else None
     if target:
-        if target not in lm.matrix.targets:
+        if target != ALL_TARGETS and target not in lm.matrix.targets:
             raise UserError(f"unknown target {target!r}",
-                            fix=f"use one of: {', '.join(lm.matrix.targets)}")
+                            fix=f"use one of: {', '.join(lm.matrix.targets)} (or "
+                                f"{ALL_TARGETS})")
         why = "--target"
     else:
-        target, why = detect_target()
-    selected = mx.select(cells, engine=rtag.name if rtag else None, target=target, only=only)
+        target, why = detect_target(lm)
+    selected = mx.select(cells, engine=rtag.name if rtag else None,
+                         target=None if target == ALL_TARGETS else target, only=only)
     if not selected:
         raise UserError(
             f"no cell matches (target {target}"
@@ -237,12 +233,29 @@ def load_plan(matrix: Path | None, tag: str | None, target: str | None = None,
 
 
 def github_matrix(jobs: tuple[Job, ...]) -> dict[str, Any]:
-    """The object a workflow feeds to `strategy.matrix` via fromJSON."""
+    """The object a workflow feeds to `strategy.matrix` via fromJSON: one entry per cell,
+    with the runner labels of its target (`runs-on: ${{ matrix.runner }}`)."""
     return {"include": [{
         "cell": j.id, "image": j.cell.image, "target": j.cell.target_name,
-        "platform": j.cell.target.platform, "runner": list(j.cell.target.runner),
+        "platform": j.cell.target.platform, "runner": runner(j.cell.target),
         "release_tag": str(j.tag),
     } for j in jobs]}
+
+
+def target_matrix(plan: Plan) -> dict[str, Any]:
+    """One entry per target the plan has cells of, for per-target workflow jobs (check,
+    promote, notes): `strategy.matrix` via fromJSON, like github_matrix."""
+    by_target: dict[str, int] = {}
+    for cell in plan.cells:
+        by_target[cell.target_name] = by_target.get(cell.target_name, 0) + 1
+    out = []
+    for name, count in by_target.items():
+        t = plan.lm.matrix.targets[name]
+        out.append({"target": name, "platform": t.platform, "accelerator": t.accelerator,
+                    "compute_capability": t.compute_capability,
+                    "unified_memory": t.unified_memory, "runner": runner(t),
+                    "traits": sorted(hardware.traits(t)), "cells": count})
+    return {"include": out}
 
 
 def pin_text(pin: Mapping[str, Any] | None) -> str:
@@ -265,12 +278,13 @@ def format_table(jobs: tuple[Job, ...], header: str) -> str:
                   else e["wheel"])
         patches = ", ".join(p["file"] for p in e["patches"]) or "no patches"
         out += [
-            f"{j.id}  [{c.target.platform}; runs on {', '.join(c.target.runner)}]",
+            f"{j.id}  [{c.target.platform}; runs on {', '.join(runner(c.target))}]",
             f"  refs     {j.release_ref}",
             f"           {j.latest_ref} (moved last, after smoke)",
             f"  engine   {c.engine_name} vLLM {e['vllm']}: {origin} + {patches}",
             f"  model    {c.model_name}: {pin_text(j.pins['model'])}",
-            f"  drafter  {c.drafter_name} ({c.drafter.method}): {pin_text(j.pins['drafter'])}",
+            f"  drafter  {c.speculation}"
+            + (f": {pin_text(j.pins['drafter'])}" if c.drafter else ""),
             f"  profile  {c.profile_name}",
         ]
     return "\n".join(out)

@@ -19,7 +19,7 @@ import jinja2
 
 from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
-from imagebuild.lock.lockfile import Lock
+from imagebuild.lock.lockfile import Lock, served_files
 from imagebuild.spec.config import EngineRealization
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
@@ -106,6 +106,7 @@ def _header(template: str) -> str:
 
 def _hub_source(cell: Cell, kind: str, name: str, lock: Lock | None, dest: str) -> dict:
     pin = cell.model if kind == "models" else cell.drafter
+    assert pin is not None  # called for a drafter only when the cell has a drafter model
     entry = lock.entry(kind, name) if lock else None
     if not entry or not entry.get("sha") or entry.get("files") is None:
         raise Unresolved(
@@ -113,7 +114,7 @@ def _hub_source(cell: Cell, kind: str, name: str, lock: Lock | None, dest: str) 
             "not resolved in the lock", pin=name,
             fix=f"run `python build.py lock --update {name}` where the Hub is reachable")
     return {"kind": "hub", "repository": pin.repository, "revision": entry["sha"],
-            "dest": dest, "groups": weight_groups(entry["files"]),
+            "dest": dest, "groups": weight_groups(served_files(entry["files"], pin.exclude)),
             "manifest": f"{kind[:-1]}-files.json"}
 
 
@@ -190,7 +191,7 @@ def serve_labels(cell: Cell, lm: LoadedMatrix, model: dict, drafter: dict | None
         f"{LABEL_NS}.patchset.sha256": _patchset_digest(lm, real.patches),
         f"{LABEL_NS}.profile": cell.profile_name,
         f"{LABEL_NS}.served-names": ",".join(cell.model.served_names),
-        f"{LABEL_NS}.speculative.method": cell.drafter.method,
+        f"{LABEL_NS}.speculative.method": cell.method,
         f"{LABEL_NS}.model.repository": model.get("repository", model.get("script", "")),
         f"{LABEL_NS}.model.revision": model.get("revision", f"seed-{model.get('seed', '')}"),
     }
@@ -210,7 +211,7 @@ def render_serve(lm: LoadedMatrix, cell: Cell, lock: Lock | None) -> Rendered:
     else:
         model = _hub_source(cell, "models", cell.model_name, lock, MODEL_DIR)
     drafter = (_hub_source(cell, "drafters", cell.drafter_name, lock, DRAFTER_DIR)
-               if cell.drafter.repository else None)
+               if cell.drafter_model else None)
     if model["kind"] == "hub" or drafter:
         files.append(("files/fetch-hub-files.py",
                       str(TOOL_FILES / "serve/files/fetch-hub-files.py")))

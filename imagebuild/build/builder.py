@@ -42,11 +42,13 @@ PREFIX_LABEL = "io.imagebuild.prefix"
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
 DEFAULT_CA = "/etc/ssl/certs/ca-certificates.crt"
 GiB = 2**30
-# Free disk a build needs, by (target, kind): (nothing cached, expensive prefix cached).
-# A cold cpu engine writes ~2.8 GB of layers plus ~3 GB of wheels in the pip cache and
-# the unpacked copies in between; once its pip layers exist, a patch change writes < 1 GB.
-# A gb10 engine compiles after the patches, so a warm build still needs its build tree.
-DISK_NEED = {("cpu", "engine"): (15 * GiB, 2 * GiB), ("gb10", "engine"): (60 * GiB, 30 * GiB)}
+# Free disk a build needs, by (how the target's engine is made: engine_from, kind):
+# (nothing cached, expensive prefix cached). A cold wheel (cpu) engine writes ~2.8 GB of
+# layers plus ~3 GB of wheels in the pip cache and the unpacked copies in between; once
+# its pip layers exist, a patch change writes < 1 GB. A source (CUDA) engine compiles
+# after the patches, so a warm build still needs its build tree (~30 GB on a GB10).
+DISK_NEED = {("wheel", "engine"): (15 * GiB, 2 * GiB),
+             ("source", "engine"): (60 * GiB, 30 * GiB)}
 DISK_NEED_OTHER = 2 * GiB  # base (imported rootfs) and serve (tiny model or manifests)
 STEP = re.compile(r"^#(\d+) \[(?:[\w.-]+ )?\s*\d+/\d+\] (?!FROM )")  # FROM is no step
 CACHED = re.compile(r"^#(\d+) CACHED")
@@ -189,7 +191,7 @@ class Builder:
         self.data_root = "/var/lib/docker"
         self.records: list[BuildRecord] = []
         self._done: dict[str, BuildRecord] = {}
-        self._target = "cpu"
+        self._target = "wheel"  # the target's engine_from: what the disk estimate reads
 
     # -- context assembly -------------------------------------------------------------
     def _context(self, rendered: Rendered, name: str) -> Path:
@@ -220,7 +222,7 @@ class Builder:
                         "generator changed on purpose")
         for kind, name, pin in (("models", cell.model_name, cell.model),
                                 ("drafters", cell.drafter_name, cell.drafter)):
-            if pin.repository:
+            if pin is not None and pin.repository:
                 entry = self.lock.entry(kind, name) or {}
                 manifest = {"repository": pin.repository, "revision": entry["sha"],
                             "files": entry["files"]}
@@ -314,7 +316,7 @@ class Builder:
         from imagebuild.build.bootstrap import ensure_base_image
 
         t = cell.target
-        self._target = cell.target_name
+        self._target = t.engine_from
         records = []
         base_key = f"base/{cell.target_name}"
         if base_key not in self._done:

@@ -7,6 +7,7 @@ it could not learn are null, never invented, and building a cell that needs them
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,13 @@ def read_lock(root: Path) -> Lock | None:
         raise UserError(f"{LOCK_NAME} has version {data.get('version')!r}, expected "
                         f"{LOCK_VERSION}", fix="regenerate it with `python build.py lock`")
     return Lock(data=data, path=path)
+
+
+def served_files(files: list[dict[str, Any]], exclude: list[str] | tuple[str, ...]
+                 ) -> list[dict[str, Any]]:
+    """The locked files an image carries: all of the pinned revision's, minus those a
+    pattern of the pin's `exclude` matches."""
+    return [f for f in files if not any(fnmatch.fnmatchcase(f["path"], p) for p in exclude)]
 
 
 def hub_disagreement(pin: HubPin, entry: dict[str, Any] | None) -> str | None:

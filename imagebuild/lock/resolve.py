@@ -196,7 +196,7 @@ def verify_cells(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
                                     fix=f"run `python build.py lock --update {name}`",
                                     where=lm.located.where((kind, name)))
                 continue
-            if not pin.repository:
+            if pin is None or not pin.repository:
                 continue
             why = hub_disagreement(pin, entry)
             if why:

@@ -38,7 +38,7 @@ BY_ID = {r.id: r for r in RULES}
 
 def _hub_pins(cell: Cell) -> list[tuple[str, str, str | None]]:
     return [("models", cell.model_name, cell.model.repository),
-            ("drafters", cell.drafter_name, cell.drafter.repository)]
+            ("drafters", cell.drafter_name, cell.drafter_model)]
 
 
 def check(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None,

@@ -180,10 +180,10 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None) -> list[F
     views = []
     for cell, label in zip(cells, labels, strict=True):
         model = store.get("models", cell.model_name, cell.model.repository)
-        drafter = (store.get("drafters", cell.drafter_name, cell.drafter.repository)
-                   if cell.drafter.repository else None)
+        drafter = (store.get("drafters", cell.drafter_name, cell.drafter_model)
+                   if cell.drafter_model else None)
         v = CellView(lm=lm, cell=cell, cmd=serve_command(cell),
-                     vision=checkpoint.has_vision(model), label=label)
+                     family=checkpoint.model_family(model), label=label)
         views.append(v)
         findings += flags.check_cell(v)
         refused = serve_args.check_cell(v)

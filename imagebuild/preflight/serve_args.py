@@ -300,7 +300,7 @@ def _model_and_drafter(v: CellView, cli: dict[str, Any]) -> list[Finding]:
             where=where(("models", v.cell.model_name, "quantization"))))
     fields = cli["options"].get("speculative-config", {}).get("fields")
     if fields:
-        for key in speculative_config(v.cell):
+        for key in speculative_config(v.cell) or {}:
             if key not in fields:
                 out.append(BY_ID["serve-flag-value"].finding(
                     v.label, f"--speculative-config has no key {key!r}{_suggest(key, fields)}",

@@ -111,7 +111,7 @@ def release_notes(jobs: tuple[Job, ...], facts: dict[str, ImageFacts]) -> str:
         by_digest = job.image.by_digest(f.digest) if f.digest else None
         out += [f"## {cell.image}", "",
                 f"`{job.id}` · {cell.target.platform} · model {cell.model_name} · drafter "
-                f"{cell.drafter_name} ({cell.drafter.method}) · profile {cell.profile_name}", "",
+                f"{cell.speculation} · profile {cell.profile_name}", "",
                 "```sh", f"docker pull {job.release_ref}"]
         out += [f"docker pull {by_digest}"] if by_digest else [
             "# not pushed: no digest in the registry for this tag"]

@@ -22,6 +22,7 @@ from pydantic import (
 
 from imagebuild.errors import UserError
 from imagebuild.spec.dockerref import check_path, check_reference, check_registry
+from imagebuild.spec.profiles import resolve_extends
 from imagebuild.spec.repopaths import check_relative
 from imagebuild.spec.values import BadValue, memory_bytes, pep440
 from imagebuild.spec.yamlpos import TAG, Located, explain, load_located, quote_fix, shorten
@@ -81,9 +82,37 @@ class BenchSettings(Strict):
     regression_threshold: float | None = Field(default=None, ge=0, le=1)
 
 
+# What serves a speculative method needs, and the word for none (plain serving).
+SpecMethod = Literal["dflash", "mtp", "eagle", "eagle3", "ngram"]
+NO_SPECULATION = "none"
+Method = Literal["none", "dflash", "mtp", "eagle", "eagle3", "ngram"]
+
+
+def _capability(value: str | float) -> str:
+    """A CUDA compute capability as nvidia-smi prints it ("12.1"); an unquoted 12.1 is
+    read the same (no capability has a two-digit minor, so the float is unambiguous)."""
+    text = f"{value:.1f}" if isinstance(value, float) else str(value)
+    if isinstance(value, bool) or not re.fullmatch(r"\d{1,2}\.\d", text):
+        raise BadValue(f"compute capability {value!r} is not MAJOR.MINOR",
+                       "write it as nvidia-smi --query-gpu=compute_cap shows it, e.g. "
+                       "\"12.1\" (GB10), \"12.0\" (RTX 5090), \"9.0\" (H100)")
+    return text
+
+
+ComputeCapability = Annotated[str | float, AfterValidator(_capability)]
+
+
 class Target(Strict):
+    """A machine class images are built for and served on, described by what it is: the
+    rules, the runner, the disk estimate and host detection read these properties, never
+    the target's name (spec/hardware.py)."""
+
     platform: Literal["linux/arm64", "linux/amd64"]
     description: str
+    # what runs the model: an NVIDIA GPU through CUDA, or the CPU engine
+    accelerator: Literal["cuda", "cpu"] = "cpu"
+    compute_capability: ComputeCapability | None = None  # cuda: the GPU's, e.g. "12.1"
+    unified_memory: bool = False  # the GPU shares the host's memory (GB10)
     base_image: ImageRef
     runtime_image: ImageRef | None = None
     bootstrap: dict[str, str] | None = None  # cpu: debootstrap suite/mirror when no pull works
@@ -93,20 +122,68 @@ class Target(Strict):
     nvcc_threads: Annotated[int, Field(ge=1, le=64)] | None = None
     torch_index: str | None = None
     expect_cuda_arch: str | None = None
-    runner: list[str] = Field(min_length=1)
-    gpu: bool = False
+    runner: list[str] | None = Field(default=None, min_length=1)  # None: from the properties
     smoke_concurrency: list[Concurrency] = Field(min_length=1)
     boot_timeout_s: int = Field(ge=10, le=86400)
     memory_limit: MemorySize
     bench: BenchSettings | None = None  # None: the whole job does not bench this target
 
+    @property
+    def gpu(self) -> bool:
+        return self.accelerator == "cuda"
+
     @model_validator(mode="after")
-    def _source_needs_toolchain(self) -> Target:
-        if self.engine_from == "source" and not (self.torch_index and self.expect_cuda_arch):
-            raise ValueError("a source-built target needs torch_index and expect_cuda_arch")
-        if self.engine_from == "wheel" and self.expect_cuda_arch:
-            raise ValueError("expect_cuda_arch only applies to source-built (CUDA) targets")
+    def _fields_of_its_kind(self) -> Target:
+        """Each kind of target has what it needs to render and run (never `FROM None`)."""
+        cuda = self.accelerator == "cuda"
+        if cuda and self.compute_capability is None:
+            raise BadValue("a cuda target needs compute_capability (rules, runner and host "
+                           "detection read it)",
+                           "add compute_capability as nvidia-smi --query-gpu=compute_cap "
+                           "shows it on the target machine, e.g. \"12.1\" for GB10")
+        if not cuda and (self.compute_capability is not None or self.unified_memory):
+            raise BadValue("compute_capability and unified_memory describe a GPU, but this "
+                           "target's accelerator is cpu",
+                           "set accelerator: cuda, or remove the GPU properties")
+        if self.engine_from == "source":
+            missing = [name for name in SOURCE_NEEDS if getattr(self, name) is None]
+            if missing or not cuda:
+                raise BadValue(
+                    "a source-built target compiles vLLM for CUDA: it needs accelerator: "
+                    f"cuda and {', '.join(SOURCE_NEEDS)}"
+                    + (f" (missing: {', '.join(missing)})" if missing else ""),
+                    "add " + ", ".join(missing or ["accelerator: cuda"]) + "; runtime_image "
+                    "is the slim image the engine is installed into, e.g. "
+                    "nvcr.io/nvidia/cuda:13.0.1-runtime-ubuntu24.04")
+            assert self.expect_cuda_arch is not None and self.compute_capability is not None
+            _arch_matches(self.expect_cuda_arch, str(self.compute_capability))
+        if self.engine_from == "wheel":
+            if cuda:
+                raise BadValue("engine_from: wheel installs vLLM's CPU wheel (the engine "
+                               "template's wheel stage); a cuda target builds from source",
+                               "set engine_from: source with a source realization, or "
+                               "accelerator: cpu")
+            if self.expect_cuda_arch:
+                raise BadValue("expect_cuda_arch only applies to source-built (CUDA) targets",
+                               "remove expect_cuda_arch")
         return self
+
+
+# What a source build renders from (images/engine/Dockerfile.j2): without them the engine
+# would say `FROM None AS runtime` or install from index None.
+SOURCE_NEEDS = ("runtime_image", "expect_cuda_arch", "torch_index")
+CUDA_ARCH = re.compile(r"^sm_(\d{1,2})(\d)[af]?$")
+
+
+def _arch_matches(arch: str, capability: str) -> None:
+    m = CUDA_ARCH.match(arch)
+    if not m:
+        raise BadValue(f"expect_cuda_arch {arch!r} is not a CUDA arch such as sm_121a",
+                       "write sm_<major><minor>[a], e.g. sm_121a for GB10")
+    if f"{m.group(1)}.{m.group(2)}" != capability:
+        raise BadValue(f"expect_cuda_arch {arch} is for compute capability "
+                       f"{m.group(1)}.{m.group(2)}, but the target's compute_capability is "
+                       f"{capability}", "make the two describe the same GPU")
 
 
 class SourcePin(Strict):
@@ -147,6 +224,10 @@ class HubPin(Strict):
     repository: str | None = None
     revision: str | None = None
     track: str | None = None
+    # repository files the image leaves out (fnmatch globs on their paths, e.g.
+    # "original/*": Llama repos carry Meta's consolidated weights beside the safetensors)
+    exclude: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
+        default_factory=list)
 
     @field_validator("revision")
     @classmethod
@@ -157,8 +238,8 @@ class HubPin(Strict):
     def _revision_or_track(self) -> HubPin:
         if self.repository and (self.revision is None) == (self.track is None):
             raise ValueError("give exactly one of `revision` (a commit SHA) or `track` (a branch)")
-        if not self.repository and (self.revision or self.track):
-            raise ValueError("`revision`/`track` need a `repository`")
+        if not self.repository and (self.revision or self.track or self.exclude):
+            raise ValueError("`revision`/`track`/`exclude` need a `repository`")
         return self
 
 
@@ -184,7 +265,7 @@ class Model(HubPin):
 
 
 class Drafter(HubPin):
-    method: Literal["dflash", "mtp", "eagle", "eagle3", "ngram"]
+    method: SpecMethod
     description: str
     num_speculative_tokens: int = Field(ge=1, le=32)
     options: dict[str, Any] = Field(default_factory=dict)  # extra speculative-config keys
@@ -200,16 +281,36 @@ class Drafter(HubPin):
         return self
 
 
+def _plain() -> list[Method]:
+    return ["none"]
+
+
 class Profile(Strict):
+    """How a server runs: serve flags, environment, what smoke expects. `extends` names a
+    profile whose fields this one starts from (spec/profiles.py resolves it before this
+    schema sees the profile: args and env merged, the child's values win)."""
+
     description: str
-    target: Name
-    methods: list[Literal["dflash", "mtp", "eagle", "eagle3", "ngram"]] = Field(min_length=1)
+    extends: Name | None = None
+    target: Name | None = None  # None: usable on every target
+    # speculative methods it serves; `none` is plain serving (the default)
+    methods: list[Method] = Field(default_factory=lambda: _plain(), min_length=1)
     port: int = Field(default=8000, ge=1, le=65535)
     args: dict[str, str | int | float | bool | dict[str, Any]] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
-    acceptance_floor: float = Field(ge=0, le=1)
+    acceptance_floor: float | None = Field(default=None, ge=0, le=1)
     reasoning: bool = True
     tools: bool = True
+
+    @model_validator(mode="after")
+    def _floor_for_speculation(self) -> Profile:
+        speculative = [m for m in self.methods if m != NO_SPECULATION]
+        if speculative and self.acceptance_floor is None:
+            raise BadValue(f"the profile serves {', '.join(speculative)} but has no "
+                           "acceptance_floor",
+                           "add acceptance_floor: the accepted/draft token ratio smoke must "
+                           "see, e.g. 0.2 (DFlash) or 0.4 (MTP)")
+        return self
 
 
 class Waiver(Strict):
@@ -227,7 +328,8 @@ class Include(Strict):
 class Axes(Strict):
     engine: list[Name] = Field(min_length=1)
     model: list[Name] = Field(min_length=1)
-    drafter: list[Name] = Field(min_length=1)
+    # `none` serves without speculative decoding; leaving the axis out means [none]
+    drafter: list[Name] = Field(default_factory=lambda: [NO_SPECULATION], min_length=1)
     profile: list[Name] = Field(min_length=1)
     include: list[Include] = Field(default_factory=list)
     exclude: list[Include] = Field(default_factory=list)
@@ -253,7 +355,7 @@ class Matrix(Strict):
     targets: dict[Name, Target] = Field(min_length=1)
     engines: dict[Name, Engine] = Field(min_length=1)
     models: dict[Name, Model] = Field(min_length=1)
-    drafters: dict[Name, Drafter] = Field(min_length=1)
+    drafters: dict[Name, Drafter] = Field(default_factory=dict)  # none: plain serving only
     profiles: dict[Name, Profile] = Field(min_length=1)
     images: dict[Name, ImageFamily] = Field(min_length=1)
 
@@ -354,6 +456,7 @@ def load_matrix(path: Path, display: str | None = None) -> tuple[Matrix, Located
                         f"targets, ...), not a {type(located.data).__name__}",
                         fix="start from the repository's matrix.yaml (README reference)",
                         where=located.where(()))
+    located = resolve_extends(located)
     return validate(located), located
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
 from imagebuild.spec.config import (
+    NO_SPECULATION,
     Drafter,
     Engine,
     EngineRealization,
@@ -53,8 +54,8 @@ class Cell:
     realization: EngineRealization
     model_name: str
     model: Model
-    drafter_name: str
-    drafter: Drafter
+    drafter_name: str  # `none` when the cell serves without speculative decoding
+    drafter: Drafter | None
     profile_name: str
     profile: Profile
     waivers: tuple[Waiver, ...]
@@ -62,6 +63,23 @@ class Cell:
     @property
     def id(self) -> str:
         return f"{self.target_name}/{self.image}"
+
+    @property
+    def method(self) -> str:
+        """The speculative method it serves, `none` for plain serving."""
+        return self.drafter.method if self.drafter else NO_SPECULATION
+
+    @property
+    def speculation(self) -> str:
+        """How people read it: `zlab (dflash)`, or that the cell serves plainly."""
+        if self.drafter is None:
+            return "none (no speculative decoding)"
+        return f"{self.drafter_name} ({self.drafter.method})"
+
+    @property
+    def drafter_model(self) -> str | None:
+        """The drafter's Hub repository, when its method loads a drafter model."""
+        return self.drafter.repository if self.drafter else None
 
 
 @dataclass(frozen=True)
@@ -96,13 +114,17 @@ def _check_refs(lm: LoadedMatrix) -> None:
         if model.generate:
             _repo_file(lm, ("models", mname, "generate", "script"), lm.root,
                        model.generate.script, "generator script")
+    if NO_SPECULATION in m.drafters:
+        raise _err(loc, ("drafters", NO_SPECULATION),
+                   f"{NO_SPECULATION!r} is the reserved drafter name for serving without "
+                   "speculative decoding", "give this drafter another name")
     for dname, drafter in m.drafters.items():
         for i, t in enumerate(drafter.targets):
             if t not in m.targets:
                 raise _err(loc, ("drafters", dname, "targets", i), f"unknown target {t!r}",
                            f"use one of: {', '.join(m.targets)}")
     for pname, prof in m.profiles.items():
-        if prof.target not in m.targets:
+        if prof.target is not None and prof.target not in m.targets:
             raise _err(loc, ("profiles", pname, "target"), f"unknown target {prof.target!r}",
                        f"use one of: {', '.join(m.targets)}")
     for ename, engine in m.engines.items():
@@ -168,14 +190,16 @@ def _expand_family(lm: LoadedMatrix, fname: str, fam: ImageFamily) -> list[Cell]
         raise _err(loc, base + ("target",), f"unknown target {fam.target!r}",
                    f"use one of: {', '.join(m.targets)}")
     pools: dict[str, dict[str, object]] = {
-        "engine": dict(m.engines), "model": dict(m.models), "drafter": dict(m.drafters),
-        "profile": dict(m.profiles)}
+        "engine": dict(m.engines), "model": dict(m.models),
+        "drafter": {**m.drafters, NO_SPECULATION: None}, "profile": dict(m.profiles)}
     for axis in AXES:
         for i, value in enumerate(getattr(fam.matrix, axis)):
             if value not in pools[axis]:
                 raise _err(loc, base + ("matrix", axis, i),
                            f"axis {axis} names {value!r}, which is not defined under "
-                           f"`{axis}s:`", f"define it or use one of: {', '.join(pools[axis])}")
+                           f"`{axis}s:`", f"define it or use one of: {', '.join(pools[axis])}"
+                           + (f" ({NO_SPECULATION}: no speculative decoding)"
+                              if axis == "drafter" else ""))
     for kind in ("include", "exclude"):
         for i, entry in enumerate(getattr(fam.matrix, kind)):
             for axis in AXES:
@@ -209,18 +233,20 @@ def _expand_family(lm: LoadedMatrix, fname: str, fam: ImageFamily) -> list[Cell]
         ctx = {"family": fname, **combo}
         where = f"{fname} {combo}"
         engine, model = m.engines[combo["engine"]], m.models[combo["model"]]
-        drafter, profile = m.drafters[combo["drafter"]], m.profiles[combo["profile"]]
+        drafter, profile = m.drafters.get(combo["drafter"]), m.profiles[combo["profile"]]
+        method = drafter.method if drafter else NO_SPECULATION
         checks = [
             (fam.target in engine.realize, "engine", f"engine {combo['engine']} has no "
              f"realization for target {fam.target}"),
             (fam.target in model.targets, "model", f"model {combo['model']} is not built for "
              f"target {fam.target}"),
-            (fam.target in drafter.targets, "drafter", f"drafter {combo['drafter']} is not "
-             f"built for target {fam.target}"),
-            (profile.target == fam.target, "profile", f"profile {combo['profile']} is for "
-             f"target {profile.target}, not {fam.target}"),
-            (drafter.method in profile.methods, "profile", f"profile {combo['profile']} "
-             f"serves {', '.join(profile.methods)}, not {drafter.method}"),
+            (drafter is None or fam.target in drafter.targets, "drafter", f"drafter "
+             f"{combo['drafter']} is not built for target {fam.target}"),
+            (profile.target in (None, fam.target), "profile", f"profile {combo['profile']} is "
+             f"for target {profile.target}, not {fam.target}"),
+            (method in profile.methods, "profile", f"profile {combo['profile']} serves "
+             f"{', '.join(profile.methods)}, not {method}"
+             + (" (plain serving: no drafter)" if method == NO_SPECULATION else "")),
         ]
         for ok, axis, message in checks:
             if not ok:

@@ -26,8 +26,11 @@ def _compact(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def speculative_config(cell: Cell) -> dict[str, Any]:
+def speculative_config(cell: Cell) -> dict[str, Any] | None:
+    """--speculative-config of the cell; None when it serves without speculation."""
     d = cell.drafter
+    if d is None:
+        return None
     spec: dict[str, Any] = {"method": d.method}
     if d.repository:
         spec["model"] = DRAFTER_DIR
@@ -68,7 +71,9 @@ def serve_command(cell: Cell) -> ServeCommand:
             argv.append(_compact(value) if isinstance(value, dict) else str(value))
     if model.multimodal:
         argv += ["--limit-mm-per-prompt", _compact(model.multimodal)]
-    argv += ["--speculative-config", _compact(speculative_config(cell))]
+    spec = speculative_config(cell)
+    if spec is not None:
+        argv += ["--speculative-config", _compact(spec)]
     env = {**BASE_ENV, **prof.env}
     host = str(prof.args.get("host", "127.0.0.1"))
     port = int(prof.args.get("port", prof.port))  # type: ignore[arg-type]

@@ -92,7 +92,7 @@ MERGES_OF_MERGES = "a: &a {k0: v, k1: v, k2: v, k3: v, k4: v, k5: v, k6: v, k7: 
     f"{b}: &{b} {{<<: [{', '.join(['*' + a] * 9)}]}}\n"
     for a, b in zip("abcdefgh", "bcdefghi", strict=True))
 DEEP = "schema: 1\npublish: " + "[" * 900 + "]" * 900 + "\n"
-CPU_ARGS = "    args:\n      host: 127.0.0.1\n      port: 8000\n      max-model-len: 512\n"
+CPU_ARGS = "    methods: [ngram]\n    args:\n      max-model-len: 512\n"
 
 CASES = [
     # --- the file itself -------------------------------------------------------------------------
@@ -184,8 +184,9 @@ CASES = [
     Case("yes-as-tool-parser", sub("      tool-call-parser: hermes",
                                    "      tool-call-parser: yes"),
          "YAML read yes as the boolean true", line_of="tool-call-parser: yes"),
-    Case("quoted-boolean-for-gpu", sub("    gpu: true", '    gpu: "true"'),
-         "valid boolean", line_of='gpu: "true"'),
+    Case("quoted-boolean-for-unified-memory", sub("    unified_memory: true",
+                                                  '    unified_memory: "true"'),
+         "valid boolean", line_of='unified_memory: "true"'),
     Case("yes-as-timeout", sub("    boot_timeout_s: 300", "    boot_timeout_s: yes"),
          "YAML read yes as the boolean true", line_of="boot_timeout_s: yes"),
     # --- numbers out of range --------------------------------------------------------------------
@@ -302,8 +303,10 @@ CASES = [
     Case("flag-owned-by-imagebuild", sub("      max-num-seqs: 8", "      max-num-seqs: 8\n"
                                                                 "      model: /other"),
          "written by imagebuild", line_of="model: /other"),
-    Case("flag-port-out-of-range", sub("      port: 8000\n      max-model-len: 512",
-                                       "      port: 80000\n      max-model-len: 512"),
+    # the port is set once in the `loopback` profile the others extend: the error names
+    # that line, where it is written
+    Case("flag-port-out-of-range", sub("      host: 127.0.0.1\n      port: 8000\n",
+                                       "      host: 127.0.0.1\n      port: 80000\n"),
          "port 80000 is outside", line_of="port: 80000"),
     Case("flag-gpu-memory-over-one", sub("      max-num-seqs: 8", "      max-num-seqs: 8\n"
                                          "      gpu-memory-utilization: 1.5"),
@@ -435,6 +438,7 @@ def _plan_stdout(root: Path, argv: list[str]) -> str:
 MERGED_PROFILES = """\
   cpu-lean:
     description: the cpu profile's args with fewer sequences, through a merge key
+    extends: loopback
     target: cpu
     methods: [ngram]
     args:
@@ -443,6 +447,7 @@ MERGED_PROFILES = """\
     acceptance_floor: 0.3
   cpu-leaner:
     description: two merged mappings; the earlier one wins
+    extends: loopback
     target: cpu
     methods: [ngram]
     args:

@@ -20,7 +20,8 @@ def _counters(api) -> tuple[float | None, float | None, str]:
 def test_speculative_decoding_fires(api, chat, expect, log, record_property):
     method = expect["speculative_method"]
     if not method:
-        pytest.skip("the cell serves without speculative decoding")
+        pytest.skip("the cell serves without speculative decoding (drafter none: no "
+                    "--speculative-config, so there are no draft tokens to count)")
     draft0, acc0, _ = _counters(api)
     if draft0 is None:
         pytest.fail(f"speculative decoding is off: /metrics has no {SPEC_DRAFT}, but the cell "
