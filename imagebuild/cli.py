@@ -102,6 +102,14 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="output dir (default build/bench/)")
 
 
+def _untrusted_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accept-untrusted-bench", dest="accept_untrusted", default=None,
+                   metavar="REASON",
+                   help="promote although bench levels are flagged as untrusted (the gate "
+                        "then compares the other levels only); REASON is recorded with the "
+                        "release")
+
+
 def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
     _matrix(p)
     p.add_argument("--image", default=None, metavar="GLOB",
@@ -127,6 +135,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-regression", default=None, metavar="REASON",
                    help="let a release slower than latest become latest; REASON goes into "
                         "its stored results and release notes")
+    _untrusted_arg(p)
 
     p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
     _release(p)
@@ -159,6 +168,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="say what would be written")
     p.add_argument("--no-latest", action="store_true", help="push and tag, keep latest")
     p.add_argument("--accept-regression", default=None, metavar="REASON")
+    _untrusted_arg(p)
 
     p = sub.add_parser("promote", help="move latest to an already pushed release")
     _release(p)
@@ -166,6 +176,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-regression", default=None, metavar="REASON",
                    help="promote although its tok/s fell more than the threshold below "
                         "latest; the reason is recorded with the release")
+    _untrusted_arg(p)
 
     p = sub.add_parser("rollback", help="move latest back to an older release (server-side)")
     _registry_args(p)
@@ -231,7 +242,8 @@ def cmd_release(args: argparse.Namespace) -> int:
     plan = _plan(args)
     return run_release(plan, ReleaseOptions(out=_out(args, plan), dry_run=args.dry_run,
                                             bench=not args.no_bench,
-                                            accept_regression=args.accept_regression))
+                                            accept_regression=args.accept_regression,
+                                            accept_untrusted=args.accept_untrusted))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -341,8 +353,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     client = registry_client(plan)
     publish_jobs(client, plan.jobs, load_verdicts(plan.jobs, out), dry_run=args.dry_run)
     if not args.no_latest:
-        promote(plan, client, accept_regression=args.accept_regression, forward_only=True,
-                dry_run=args.dry_run)
+        promote(plan, client, accept_regression=args.accept_regression,
+                accept_untrusted=args.accept_untrusted, forward_only=True, dry_run=args.dry_run)
     return 0
 
 
@@ -352,7 +364,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     plan = _plan(args)
     # a release slower than latest beyond the threshold needs a written reason
     promote(plan, registry_client(plan), accept_regression=args.accept_regression,
-            dry_run=args.dry_run)
+            accept_untrusted=args.accept_untrusted, dry_run=args.dry_run)
     return 0
 
 

@@ -25,6 +25,7 @@ class ReleaseOptions:
     dry_run: bool = False
     bench: bool = True
     accept_regression: str | None = None
+    accept_untrusted: str | None = None
 
 
 def preflight(plan: Plan) -> None:
@@ -94,28 +95,29 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None
             continue
         repo = job.image.repository
         info = inspect_image(job.release_ref)
-        if store.get_results(client, repo, info["Id"]) is not None:
-            print(f"{job.id}: bench results for {info['Id'][:19]} already stored")
+        if store.stored(client, repo, str(job.tag)) is not None:
+            print(f"{job.id}: bench results for {job.tag} already stored")
             continue
         prompt_set, load_kw, settings = load_settings(
             b.concurrency, b.prompts, requests=b.requests, duration=None,
             max_tokens=b.max_tokens)
         doc = bench_image(job.release_ref, info, prompt_set=prompt_set, levels=b.concurrency,
                           load_kw=load_kw, settings=settings, label=str(job.tag))
-        digest = store.put_results(client, repo, doc)
+        digest = store.put_results(client, repo, str(job.tag), doc)
         md = results.markdown(doc)
         print(md + f"stored with {repo}:{job.tag} ({digest[:19]})")
         write_outputs(doc, out, md)
 
 
 def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
-            forward_only: bool = False, dry_run: bool = False) -> None:
+            accept_untrusted: str | None = None, forward_only: bool = False,
+            dry_run: bool = False) -> None:
     from imagebuild.release.latest import promote_jobs
 
     promote_jobs(client, plan.jobs,
                  default_threshold=plan.lm.matrix.publish.regression_threshold,
-                 accept_regression=accept_regression, forward_only=forward_only,
-                 dry_run=dry_run)
+                 accept_regression=accept_regression, accept_untrusted=accept_untrusted,
+                 forward_only=forward_only, dry_run=dry_run)
 
 
 def run_release(plan: Plan, opts: ReleaseOptions) -> int:
@@ -141,6 +143,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     publish_jobs(client, plan.jobs, verdicts, dry_run=False)
     if opts.bench:
         bench_jobs(client, plan.jobs, opts.out / "bench")
-    promote(plan, client, accept_regression=opts.accept_regression, forward_only=True)
+    promote(plan, client, accept_regression=opts.accept_regression,
+            accept_untrusted=opts.accept_untrusted, forward_only=True)
     return 0
 

@@ -163,7 +163,7 @@ def _registry_steps(args: argparse.Namespace, ref: str, doc: dict[str, Any]
     from imagebuild.bench import compare, store
     from imagebuild.registry.client import RegistryClient
 
-    image, _tag = ImageRef.parse(ref)
+    image, tag = ImageRef.parse(ref)
     repo = image.repository
     reg = RegistryClient(image.registry)
     deltas, base = None, None
@@ -174,8 +174,9 @@ def _registry_steps(args: argparse.Namespace, ref: str, doc: dict[str, Any]
                             fix="run `build.py bench --store` on that release first")
         deltas = compare.deltas(doc, base)
     if args.store:
-        if not doc["image"].get("id"):
-            raise UserError("--store needs an image, not --url", fix="give IMAGE_REF")
-        print(f"stored: {repo}:{store.bench_tag(doc['image']['id'])} "
-              f"({store.put_results(reg, repo, doc)})")
+        if not doc["image"].get("id") or not tag:
+            raise UserError("--store needs a released image (REGISTRY/REPO:RELEASE-TAG), "
+                            "not --url", fix="give the release's IMAGE_REF or --tag T")
+        digest = store.put_results(reg, repo, tag, doc)
+        print(f"stored with {repo}:{tag} as a referrer of its manifest ({digest[:19]})")
     return deltas, base

@@ -36,10 +36,12 @@ def without_flag(argv: list[str], flag: str) -> list[str]:
 @contextlib.contextmanager
 def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
             drop_flags: tuple[str, ...] = (), set_flags: tuple[tuple[str, str], ...] = (),
-            cpuset: str | None = None, log=print) -> Iterator[Container]:
+            cpuset: str | None = None, environment: dict[str, str] | None = None,
+            log=print) -> Iterator[Container]:
     """The image's own serve command, minus `drop_flags`, with `set_flags` (flag, value)
     replacing or adding values: how a variant of a release is measured without a rebuild.
-    `cpuset` (docker --cpuset-cpus) keeps the server off the load generator's cores."""
+    `cpuset` (docker --cpuset-cpus) keeps the server off the load generator's cores;
+    `environment` adds to the image's own (how a profile's env setting is tried out)."""
     command = list(info.get("Config", {}).get("Cmd") or [])
     for flag in drop_flags + tuple(f for f, _ in set_flags):
         command = without_flag(command, flag)
@@ -52,7 +54,8 @@ def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
     c = Container(f"imagebuild-bench-{secrets.token_hex(4)}", spec.port)
     try:
         engine().run(image, list(spec.command), name=c.name, labels={LABEL: "1"},
-                     **sdk_run_kwargs(spec))
+                     **sdk_run_kwargs(spec), **({"environment": environment}
+                                                if environment else {}))
         t0 = time.monotonic()
         timeout = float(expect.get("boot_timeout_s") or 600)
         while True:
