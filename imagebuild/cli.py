@@ -187,6 +187,12 @@ def parser() -> argparse.ArgumentParser:
     _registry_args(p, dry_run=False)
     p.add_argument("--format", choices=("table", "json"), default="table")
 
+    p = sub.add_parser("history", help="tok/s and TTFT per concurrency across every release "
+                                       "of an image, from the registry (PNG + markdown)")
+    _registry_args(p, dry_run=False)
+    p.add_argument("--out", type=Path, default=None,
+                   help="where history-<image>.png/.md go (default: build/bench/)")
+
     p = sub.add_parser("prune", help="delete old releases (never latest or its rollback)")
     _registry_args(p)
     p.add_argument("--keep", type=int, required=True, help="newest N releases to keep")
@@ -197,8 +203,9 @@ def parser() -> argparse.ArgumentParser:
                    help="build dir holding smoke/<target>/<engine>/<image>/verdict.json "
                         "(default: build/)")
     p.add_argument("--asset-dir", "--plot-dir", dest="asset_dir", type=Path, default=None,
-                   metavar="DIR", help="write the release assets there: <image>.compose.yaml "
-                                       "and bench-<image>.png per image (linked in the notes)")
+                   metavar="DIR", help="write the release assets there: <image>.compose.yaml, "
+                                       "bench-<image>.png and history-<image>.png/.md per "
+                                       "image (linked in the notes)")
     p.add_argument("--asset-url", default=None, metavar="URL",
                    help="prefix of the plot links (the GitHub release's download URL; "
                         "default: the bare file name)")
@@ -403,6 +410,18 @@ def cmd_releases(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    from imagebuild import REPO_ROOT
+    from imagebuild.bench import history
+
+    client, repos = _repositories(args)
+    for repo in repos:
+        h = history.gather(client, repo)
+        paths = history.write(h, args.out or REPO_ROOT / "build" / "bench")
+        print(paths["md"].read_text() + f"png: {paths['png']}\nmd: {paths['md']}\n")
+    return 0
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     from imagebuild.release.prune import prune
 
@@ -420,14 +439,17 @@ def cmd_notes(args: argparse.Namespace) -> int:
         gather,
         release_notes,
         write_compose_files,
+        write_histories,
         write_plots,
     )
 
     plan = _plan(args)
-    facts = gather(registry_client(plan), plan.jobs, args.smoke_dir or plan.lm.root / "build")
+    client = registry_client(plan)
+    facts = gather(client, plan.jobs, args.smoke_dir or plan.lm.root / "build")
     if args.asset_dir:
         write_compose_files(facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
+        facts = write_histories(client, facts, plan.jobs, args.asset_dir, args.asset_url or "")
     print(release_notes(plan.jobs, facts), end="")
     return 0
 
@@ -477,7 +499,8 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "check": cmd_check, "smoke": cmd_smoke, "release": cmd_release,
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
-            "notes": cmd_notes, "pins": cmd_pins, "bench": cmd_bench}
+            "notes": cmd_notes, "pins": cmd_pins, "bench": cmd_bench,
+            "history": cmd_history}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ class ImageFacts:
     bench_previous: dict[str, Any] | None = None  # ... with `previous`
     accepted_regression: str | None = None  # the reason promote was given
     plot: str | None = None  # where the notes link the PNG (asset URL or file name)
+    history: str | None = None  # where the notes link the bench history of every release
 
 
 def run_spec(job: Job, ref: str) -> RunSpec:
@@ -80,6 +81,14 @@ def _smoke(v: dict[str, Any] | None) -> list[str]:
         rows.append(f"| {name} | {c.get('outcome')}" + (f" ({measured})" if measured else "")
                     + " |")
     return rows
+
+
+def _history(job: Job, f: ImageFacts) -> list[str]:
+    if f.history:
+        return [f"[Bench history of every release]({f.history}) (tok/s and TTFT per "
+                "concurrency level, `latest` and rollbacks marked)", ""]
+    return [f"Bench history of every release: `python build.py history --image "
+            f"{job.cell.image}`", ""]
 
 
 def _bench(f: ImageFacts) -> list[str]:
@@ -129,7 +138,7 @@ def release_notes(jobs: tuple[Job, ...], facts: dict[str, ImageFacts]) -> str:
                 f"| engine | {_engine(job.pins['engine'])} |",
                 f"| model | {_pin(job.pins['model'])} |",
                 f"| drafter | {_pin(job.pins['drafter'])} |", "", "Smoke:", ""]
-        out += _smoke(f.verdict) + ["", "Benchmark:", ""] + _bench(f)
+        out += _smoke(f.verdict) + ["", "Benchmark:", ""] + _bench(f) + _history(job, f)
     out += ["## Rollback", ""]
     if previous:
         out += ["```sh"] + [f"python build.py rollback --to {p}" for p in previous] + ["```"]
@@ -207,4 +216,20 @@ def write_plots(facts: dict[str, ImageFacts], jobs: tuple[Job, ...], out_dir: Pa
         runs = [f.bench] + ([f.bench_previous] if f.bench_previous else [])
         plot(runs, out_dir / name, title=f"{job.cell.image} - {job.tag}")
         done[job.id] = replace(f, plot=url_base + name)
+    return done
+
+
+def write_histories(client: Any, facts: dict[str, ImageFacts], jobs: tuple[Job, ...],
+                    out_dir: Path, url_base: str) -> dict[str, ImageFacts]:
+    """history-<image>.png/.md per image (every release's stored bench results), linked
+    from the notes at `url_base + file name`."""
+    from dataclasses import replace
+
+    from imagebuild.bench import history
+
+    done = dict(facts)
+    for job in jobs:
+        paths = history.write(history.gather(client, job.image.repository), out_dir, url_base)
+        done[job.id] = replace(done.get(job.id, ImageFacts(None, None, None)),
+                               history=url_base + paths["md"].name)
     return done
