@@ -83,7 +83,8 @@ def _label(p: Point) -> str:
                                                            else "")
 
 
-def plot(h: History, out: Path) -> Path:
+def figure(h: History) -> Any:
+    """The matplotlib Figure: left tok/s, right TTFT p50, one line per level."""
     import matplotlib  # imported here: only the plots need it
 
     matplotlib.use("Agg")
@@ -95,7 +96,7 @@ def plot(h: History, out: Path) -> Path:
                              (axes[1], "ttft_p50_ms", "TTFT p50 (ms)")):
         for c in h.concurrency:
             ys = h.series(c, what)
-            (line,) = ax.plot(xs, ys, marker="o", label=f"c={c}")
+            (line,) = ax.plot(xs, ys, marker="o", label=f"c={c}", gid=f"c={c}")
             bad = [(x, y) for x, y, p in zip(xs, ys, h.points, strict=True)
                    if p.levels.get(c) and p.levels[c].flags]
             if bad:  # untrusted figures: hollow, so nobody reads them as equals
@@ -114,6 +115,13 @@ def plot(h: History, out: Path) -> Path:
     fig.suptitle(f"{h.repo}: every release (green: latest, red: rolled back from; hollow: "
                  "untrusted figures)", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot(h: History, out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = figure(h)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)

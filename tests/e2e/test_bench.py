@@ -43,8 +43,10 @@ def _measure(set_flags: tuple[tuple[str, str], ...]) -> list[dict]:
     return levels
 
 
-def _release(client: RegistryClient, tag: str) -> str:
-    """A minimal passed release (its own config, so its own image id); returns the id."""
+def _release(client: RegistryClient, tag: str, image_id: str | None = None) -> str:
+    """A minimal passed release (its own config, so its own image id); returns the id.
+    `image_id`: the release records that image instead (a local image's, so `bench
+    --store` of that image finds its release without pushing gigabytes)."""
     config = json.dumps({"architecture": "amd64", "os": "linux", "tag": tag}).encode()
     cfg = client.put_blob(REPO, config)
     layer = client.put_blob(REPO, b"layer of " + tag.encode())
@@ -53,9 +55,9 @@ def _release(client: RegistryClient, tag: str) -> str:
                            "digest": cfg, "size": len(config)},
                 "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
                             "digest": layer, "size": len(b"layer of " + tag.encode())}],
-                "annotations": {A_TAG: tag, A_SMOKE: "passed", A_IMAGE: cfg}}
+                "annotations": {A_TAG: tag, A_SMOKE: "passed", A_IMAGE: image_id or cfg}}
     client.put_manifest(REPO, tag, json.dumps(manifest).encode(), OCI_MANIFEST)
-    return cfg
+    return image_id or cfg
 
 
 def test_slower_release_is_refused_as_latest_unless_accepted(cpu_serve_image) -> None:
@@ -81,7 +83,7 @@ def test_slower_release_is_refused_as_latest_unless_accepted(cpu_serve_image) ->
         for tag, levels in ((FAST, fast_levels), (SLOW, slow_levels)):
             doc = document(image={"id": ids[tag], "tag": tag, "ref": IMAGE},
                            settings={}, levels=levels, started="t")
-            store.put_results(client, REPO, doc)
+            store.put_results(client, REPO, tag, doc)
         client.copy_tag(REPO, FAST, "latest")
         assert store.release_results(client, REPO, FAST)["levels"] == fast_levels
 
@@ -92,7 +94,7 @@ def test_slower_release_is_refused_as_latest_unless_accepted(cpu_serve_image) ->
                                   accept_regression="serial build to test the gate",
                                   log=lambda _: None)
         assert ok.regressions and "serial build" in ok.notes_markdown()
-        _doc, ann = store.get_results(client, REPO, ids[SLOW])
+        ann = store.stored(client, REPO, SLOW).annotations
         assert ann[store.A_ACCEPTED] == "serial build to test the gate"
         # the other way round is no regression: the faster one passes the gate freely
         client.copy_tag(REPO, SLOW, "latest")
@@ -109,9 +111,9 @@ def test_put_blob_and_stored_results_round_trip() -> None:
         image_id = _release(client, FAST)
         doc = document(image={"id": image_id, "tag": FAST}, settings={"x": 1},
                        levels=[{"concurrency": 1, "output_tok_s": 10.0}], started="t")
-        store.put_results(client, REPO, doc)
+        store.put_results(client, REPO, FAST, doc)
         assert store.release_results(client, REPO, FAST) == doc
-        assert store.bench_tag(image_id) in client.tags(REPO)
+        assert store.referrers_tag(client.digest(REPO, FAST)) in client.tags(REPO)
         assert store.release_results(client, REPO, "latest") is None  # no latest yet
 
 
@@ -134,8 +136,10 @@ def test_bench_command_writes_results_stores_them_and_compares(cpu_serve_image, 
                                  "tpot_ms": None, "itl_ms": None, "e2e_ms": None,
                                  "client_cpu_ms_per_request": 0.0} for c in (1, 2)],
                         started="t")
-        store.put_results(client, REPO, base)
+        store.put_results(client, REPO, FAST, base)
         ref = f"{reg.host}/{REPO}:2026-06-18-v0.23.0-dflashfix"
+        # the release this run is stored with, recording the local image
+        _release(client, "2026-06-18-v0.23.0-dflashfix", inspect_image(IMAGE)["Id"])
         subprocess.run(["/usr/bin/docker", "tag", IMAGE, ref], check=True)
         try:
             proc = subprocess.run(
@@ -156,4 +160,4 @@ def test_bench_command_writes_results_stores_them_and_compares(cpu_serve_image, 
         assert "vs baseline" in next(tmp_path.glob("*.md")).read_text()
         # a real server beats the baseline's 1 tok/s by far: the delta is positive
         assert re.search(r"\| 1 \| 4 \| 0 \| [\d,.]+ \| \+[\d,.]+% \|", proc.stdout), proc.stdout
-        assert store.get_results(client, REPO, run["image"]["id"])[0] == run
+        assert store.release_results(client, REPO, "2026-06-18-v0.23.0-dflashfix") == run
