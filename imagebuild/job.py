@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imagebuild import progress
 from imagebuild.errors import UserError
 from imagebuild.plan import Job, Plan, format_table
 from imagebuild.registry.client import RegistryClient
@@ -72,7 +73,8 @@ def publish_jobs(client: RegistryClient, jobs: tuple[Job, ...], verdicts: dict[s
     from imagebuild.release.publish import publish_job
 
     for job in jobs:
-        result = publish_job(client, job, verdicts[job.id], dry_run=dry_run)
+        with progress.stage("publish", job.id):
+            result = publish_job(client, job, verdicts[job.id], dry_run=dry_run)
         if dry_run:
             print(f"{job.id}: dry run, nothing written")
         else:
@@ -101,8 +103,10 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None
         prompt_set, load_kw, settings = load_settings(
             b.concurrency, b.prompts, requests=b.requests, duration=None,
             max_tokens=b.max_tokens)
-        doc = bench_image(job.release_ref, info, prompt_set=prompt_set, levels=b.concurrency,
-                          load_kw=load_kw, settings=settings, label=str(job.tag))
+        with progress.stage("bench", job.id):
+            doc = bench_image(job.release_ref, info, prompt_set=prompt_set,
+                              levels=b.concurrency, load_kw=load_kw, settings=settings,
+                              label=str(job.tag))
         digest = store.put_results(client, repo, str(job.tag), doc)
         md = results.markdown(doc)
         print(md + f"stored with {repo}:{job.tag} ({digest[:19]})")

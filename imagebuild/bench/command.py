@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import functools
 import json
 import os
 import re
@@ -14,6 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imagebuild import progress
 from imagebuild.bench import client, prompts, results
 from imagebuild.errors import UserError
 from imagebuild.plan import ImageRef
@@ -23,24 +23,27 @@ if TYPE_CHECKING:
 
 
 def measure(base_url: str, *, prompt_set: list[prompts.Prompt], levels: list[int],
-            load_kw: dict[str, Any], log: Callable[[str], None] = print,
-            progress: bool = True) -> tuple[list[dict[str, Any]], str]:
+            load_kw: dict[str, Any], log: Callable[[str], None] = print
+            ) -> tuple[list[dict[str, Any]], str]:
     """Run every level against a live server: (level summaries, served model name)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     model = asyncio.run(client.served_model(base_url))
     load = client.Load(model=model, **load_kw)
     out = []
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), disable=not progress) as bar:
-        for c in levels:
-            total = load.requests if load.requests is not None else None
-            task = bar.add_task(f"c={c}", total=total)
-            level = asyncio.run(client.run_level(base_url, prompt_set, c, load,
-                                                 tick=functools.partial(bar.advance, task)))
-            out.append(results.summarize(level))
-            lv = out[-1]
-            log(f"c={c}: {lv['output_tok_s']:,.1f} tok/s, {lv['errors']} errors")
+    for c in levels:
+        done = [0]
+
+        def tick(c: int = c, done: list[int] = done) -> None:
+            done[0] += 1
+            of = f" of {load.requests}" if load.requests is not None else ""
+            progress.wait(f"bench c={c}", f"{done[0]}{of} requests")
+
+        progress.wait(f"bench c={c}", "warm-up request")
+        level = asyncio.run(client.run_level(base_url, prompt_set, c, load, tick=tick))
+        out.append(results.summarize(level))
+        lv = out[-1]
+        flags = "; ".join(f["code"] for f in lv["flags"])
+        log(f"c={c}: {lv['output_tok_s']:,.1f} tok/s, {lv['errors']} errors"
+            + (f", UNTRUSTED ({flags})" if flags else ""))
     return out, model
 
 
@@ -135,16 +138,19 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
     out_root = args.out or REPO_ROOT / "build" / "bench"
     if args.url:
         started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
-        levels, _model = measure(args.url, prompt_set=prompt_set, levels=concurrency,
-                                 load_kw=load_kw)
+        with progress.stage("bench", args.url):
+            levels, _model = measure(args.url, prompt_set=prompt_set, levels=concurrency,
+                                     load_kw=load_kw)
         docs: Iterable[tuple[str, dict[str, Any]]] = [(args.url, results.document(
             image={"ref": args.url, "id": None, "tag": None, "label": args.label},
             settings=settings, levels=levels, started=started))]
     else:  # one image at a time: each is written (and stored) before the next boots
-        docs = ((ref, bench_image(ref, inspect_image(ref), prompt_set=prompt_set,
-                                  levels=concurrency, load_kw=load_kw, settings=settings,
-                                  server_cpus=args.server_cpus, label=args.label))
-                for ref in refs)
+        def one(ref: str) -> dict[str, Any]:
+            with progress.stage("bench", ref):
+                return bench_image(ref, inspect_image(ref), prompt_set=prompt_set,
+                                   levels=concurrency, load_kw=load_kw, settings=settings,
+                                   server_cpus=args.server_cpus, label=args.label)
+        docs = ((ref, one(ref)) for ref in refs)
     for ref, doc in docs:
         deltas, baseline = None, None
         if args.baseline or args.store:

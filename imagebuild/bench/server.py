@@ -11,6 +11,7 @@ from typing import Any
 
 import requests
 
+from imagebuild import progress
 from imagebuild.docker import engine, image_user
 from imagebuild.errors import OperationFailed
 from imagebuild.runspec import RunSpec, sdk_run_kwargs
@@ -59,6 +60,7 @@ def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
         t0 = time.monotonic()
         timeout = float(expect.get("boot_timeout_s") or 600)
         while True:
+            progress.wait("boot", f"waiting for /health ({time.monotonic() - t0:.0f}s)")
             try:
                 if requests.get(c.base_url + "/health", timeout=2).status_code == 200:
                     break

@@ -38,8 +38,7 @@ def _measure(set_flags: tuple[tuple[str, str], ...]) -> list[dict]:
     with serving(IMAGE, info, expectations_from_labels(IMAGE, info=info),
                  set_flags=set_flags) as c:
         levels, _ = measure(c.base_url, prompt_set=prompts.select("structured"), levels=[4, 8],
-                            load_kw={"max_tokens": 96, "requests": 12, "duration_s": None},
-                            progress=False)
+                            load_kw={"max_tokens": 96, "requests": 12, "duration_s": None})
     return levels
 
 

@@ -1,0 +1,61 @@
+"""Progress lines: one per stage, cell and new wait; counters redraw on a terminal only,
+and a log (GitHub Actions) gets no carriage returns and at most one line per heartbeat."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from imagebuild import progress
+
+
+class Term(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _run(out: io.StringIO, clock: list[float], monkeypatch) -> None:
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(progress, "_T0", clock[0] - 62)
+    with progress.stage("publish", "cpu/cpu-tiny-ngram", out=out):
+        progress.wait("push", "0 of 6,495 MB")
+        for mb in (100, 200, 300):  # within one heartbeat: a counter, not news
+            clock[0] += 1
+            progress.wait("push", f"{mb} of 6,495 MB")
+        clock[0] += progress.HEARTBEAT_S
+        progress.wait("push", "2,000 of 6,495 MB")
+        progress.wait("verify", "config digest")
+    progress.wait("push", "outside any stage: nothing")
+
+
+def test_a_log_gets_plain_lines_throttled_by_the_heartbeat(monkeypatch) -> None:
+    out, clock = io.StringIO(), [1000.0]
+    _run(out, clock, monkeypatch)
+    text = out.getvalue()
+    assert "\r" not in text and "\x1b" not in text
+    lines = [re.fullmatch(r"\[progress +([\d:]+)\] (\S+) (\S+) +([\d.]+)s  (.*)", ln)
+             for ln in text.splitlines()]
+    assert all(lines), text
+    assert [m[5] for m in lines] == [
+        "started", "push: 0 of 6,495 MB", "push: 2,000 of 6,495 MB", "verify: config digest",
+        "done in 18.0s"]
+    assert {(m[2], m[3]) for m in lines} == {("publish", "cpu/cpu-tiny-ngram")}
+    assert (lines[0][1], lines[2][1], lines[2][4]) == ("1:02", "1:20", "18.0")
+
+
+def test_a_terminal_redraws_the_counter_in_place(monkeypatch) -> None:
+    out, clock = Term(), [1000.0]
+    _run(out, clock, monkeypatch)
+    text = out.getvalue()
+    assert text.count("\r\x1b[2K") == 4  # 100, 200, 300 and 2,000 MB redraw one line
+    assert "push: 300 of 6,495 MB\n" not in text  # ... and a new wait starts a new line
+    assert text.endswith("done in 18.0s\n")
+
+
+def test_a_failing_stage_says_it_stopped() -> None:
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt), progress.stage("bench", "c", out=out):
+        raise KeyboardInterrupt
+    assert out.getvalue().splitlines()[-1].endswith("stopped: KeyboardInterrupt")
