@@ -95,10 +95,11 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                    help="store the results in the registry next to the image's release")
     p.add_argument("--label", default=None, help="legend name of this run in the plot")
     p.add_argument("--server-cpus", default=None, metavar="LIST",
-                   help="pin the server container to these CPUs (docker --cpuset-cpus)")
+                   help="pin the server container to these CPUs (docker --cpuset-cpus; "
+                        "default: every CPU but the client's)")
     p.add_argument("--client-cpus", type=_cpus, default=None, metavar="LIST",
-                   help="pin this load generator to these CPUs (e.g. 1 or 2-3), so client "
-                        "and server do not take each other's cores")
+                   help="pin this load generator to these CPUs (e.g. 1 or 2-3; default: the "
+                        "last CPU), so client and server do not take each other's cores")
     p.add_argument("--out", type=Path, default=None, help="output dir (default build/bench/)")
 
 

@@ -93,7 +93,9 @@ async def timed_request(session: aiohttp.ClientSession, url: str, body: dict) ->
     t0 = time.time()
     events: list[float] = []
     async with session.post(url, json=body) as resp:
-        port = resp.connection.transport.get_extra_info("sockname")[1]  # type: ignore[union-attr]
+        conn = resp.connection  # None once a short response was read whole
+        port = (conn.transport.get_extra_info("sockname")[1]
+                if conn is not None and conn.transport is not None else None)
         async for data in client._events(resp):
             if data != "[DONE]" and json.loads(data).get("choices"):
                 events.append(time.time())
@@ -211,8 +213,10 @@ def main() -> int:
                          f"tcp src port {c.port}"], stdout=fh, stderr=subprocess.DEVNULL)
                     time.sleep(1)
                 t_before, me_before = threads(pids), threads([os.getpid()])
+                t_outer = time.perf_counter()
                 reqs, held, wall, srv_ttft = asyncio.run(
                     level(c.base_url, ps, lv, args.requests, args.max_tokens, model))
+                outer = time.perf_counter() - t_outer  # warm-up and scrapes included
                 t_after, me_after = threads(pids), threads([os.getpid()])
                 if dump is not None:
                     time.sleep(0.5)
@@ -232,8 +236,8 @@ def main() -> int:
                    "client_loop_wait": (None if held.wait_s is None
                                         else round(held.wait_s / wall, 3)),
                    "client_loop_lag_ms_p90": held.lag_p90_ms(),
-                   "client_threads": usage(me_before, me_after, wall),
-                   "server_processes": usage(t_before, t_after, wall)}
+                   "client_threads": usage(me_before, me_after, outer),
+                   "server_processes": usage(t_before, t_after, outer)}
             doc["levels"].append(row)
             print(json.dumps({k: v for k, v in row.items()
                               if k not in ("server_processes", "client_threads")}), flush=True)

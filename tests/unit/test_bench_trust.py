@@ -130,3 +130,19 @@ def test_unflagged_runs_gate_as_before_and_old_documents_count_as_trusted() -> N
     res, recorded = _judge(_gate_doc({1: 99}), base)
     assert res.regressions == [] and recorded == {} and res.untrusted == {}
     assert trust.untrusted(base) == {}
+
+
+def test_placement_never_shares_a_cpu_between_server_and_client() -> None:
+    from imagebuild.bench.placement import choose
+
+    auto = choose(available={0, 1})
+    assert (auto.server_cpus, auto.client_cpus) == ("0", frozenset({1}))
+    wide = choose(available=set(range(20)))
+    assert wide.client_cpus == frozenset({19}) and wide.server_cpus == ",".join(
+        str(c) for c in range(19))
+    # one side given: the other gets what is left, not "anywhere" (issue 15's run with
+    # only the client pinned read every token of a request at once)
+    assert choose(client_cpus={0}, available={0, 1}).server_cpus == "1"
+    assert choose(server_cpus="0-2", available={0, 1, 2, 3}).client_cpus == frozenset({3})
+    assert choose(available={0}).server_cpus is None  # one CPU: nothing to split
+    assert choose(available={0}).why.startswith("not split")
