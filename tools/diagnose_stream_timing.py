@@ -14,6 +14,7 @@ as events parsed long after their packets arrived. Prints one JSON document per 
 
     flock /tmp/imagebuild-heavy.lock .venv/bin/python tools/diagnose_stream_timing.py \
         IMAGE_REF [--server-cpus 0] [--client-cpus 1] [--env K=V ...] [--levels 1,4]
+    .venv/bin/python tools/diagnose_stream_timing.py --table-from docs/data/burst-diagnosis.json
 """
 
 from __future__ import annotations
@@ -174,9 +175,47 @@ def analyse(reqs: list[dict], pkts: dict[int, list[float]] | None) -> dict[str, 
     return out
 
 
+PLACEMENTS = {  # how each run placed server and client, in words
+    (None, None): "none (the whole job before the fix)",
+    (None, "1"): "client on CPU 1 only",
+    (None, "0"): "client on CPU 0 only",
+    ("0", "1"): "server on CPU 0, client on CPU 1 (the fix)",
+}
+
+
+def table(runs: list[dict]) -> str:
+    """The README table: one row per run, each cell `c=1 / c=4` (the levels run)."""
+    def cells(run: dict, fn) -> str:
+        return " / ".join(fn(lv) for lv in run["levels"])
+
+    def engine_core(lv: dict) -> str:
+        cpu = next((p["cpu"] for p in lv["server_processes"]
+                    if "EngineCor" in " ".join(p["busiest_threads"])), None)
+        return "-" if cpu is None else f"{cpu:.0%}"
+
+    levels = " / ".join(f"c={lv['concurrency']}" for lv in runs[0]["levels"])
+    out = [f"| placement | run | client TTFT p50 ms ({levels}) | vLLM's own TTFT mean ms "
+           "| gaps under 0.2 ms, client | ... on the wire | client waited for a CPU "
+           "| EngineCore CPU | events/s |", "|" + "---|" * 9]
+    for run in runs:
+        out.append(" | ".join([
+            f"| {PLACEMENTS.get((run['server_cpus'], run['client_cpus']), '?')}",
+            run["label"],
+            cells(run, lambda lv: f"{lv['client_ttft_ms_p50']:.1f}"),
+            cells(run, lambda lv: f"{lv['server_ttft_ms_mean']:.1f}"),
+            cells(run, lambda lv: f"{lv['client_gaps_under_0.2ms']:.0%}"),
+            cells(run, lambda lv: f"{lv['wire_gaps_under_0.2ms']:.0%}"),
+            cells(run, lambda lv: f"{lv['client_loop_wait']:.0%}"),
+            cells(run, engine_core),
+            cells(run, lambda lv: f"{lv['events_per_s']:.0f}")]) + " |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("image")
+    ap.add_argument("image", nargs="?")
+    ap.add_argument("--table-from", type=Path, default=None, metavar="JSON",
+                    help="print the table of saved runs (a list of --out documents)")
     ap.add_argument("--server-cpus", default=None)
     ap.add_argument("--client-cpus", default=None)
     ap.add_argument("--env", action="append", default=[], metavar="K=V")
@@ -186,6 +225,11 @@ def main() -> int:
     ap.add_argument("--label", default="")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    if args.table_from:
+        print(table(json.loads(args.table_from.read_text())["runs"]))
+        return 0
+    if not args.image:
+        ap.error("IMAGE_REF is needed to measure")
     if args.client_cpus:
         os.sched_setaffinity(0, {int(x) for x in args.client_cpus.split(",")})
     env = dict(e.split("=", 1) for e in args.env)

@@ -35,6 +35,7 @@ class ImageFacts:
     bench: dict[str, Any] | None = None  # results stored with this release
     bench_previous: dict[str, Any] | None = None  # ... with `previous`
     accepted_regression: str | None = None  # the reason promote was given
+    accepted_untrusted: str | None = None  # why flagged figures were not compared
     plot: str | None = None  # where the notes link the PNG (asset URL or file name)
     history: str | None = None  # where the notes link the bench history of every release
 
@@ -103,6 +104,9 @@ def _bench(f: ImageFacts) -> list[str]:
         out += [f"vs baseline: output tok/s against `{f.previous}`.", ""]
     if f.accepted_regression:
         out += [f"**Accepted throughput regression:** {f.accepted_regression}", ""]
+    if f.accepted_untrusted:
+        out += ["**Promoted without comparing untrusted bench figures:** "
+                f"{f.accepted_untrusted}", ""]
     if f.plot:
         out += [f"![tok/s and TTFT against concurrency]({f.plot})", ""]
     return out
@@ -164,7 +168,7 @@ def _stored_bench(client: Any, repo: str, tag: str | None
 def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, ImageFacts]:
     """Digests, earlier releases and stored bench results from the registry, verdicts
     from the smoke reports."""
-    from imagebuild.bench.store import A_ACCEPTED
+    from imagebuild.bench.store import A_ACCEPTED, A_UNTRUSTED
     from imagebuild.release.records import list_releases
     from imagebuild.smoke.paths import verdict_path
 
@@ -181,7 +185,7 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
         facts[job.id] = ImageFacts(
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
-            accepted_regression=ann.get(A_ACCEPTED))
+            accepted_regression=ann.get(A_ACCEPTED), accepted_untrusted=ann.get(A_UNTRUSTED))
     return facts
 
 
