@@ -62,7 +62,9 @@ def choose(server_cpus: str | None = None, client_cpus: set[int] | None = None,
     choice, the last CPU this process may use goes to the client, the rest to the server."""
     cpus = set(available if available is not None else os.sched_getaffinity(0))
     if server_cpus and client_cpus:
-        return Placement(server_cpus, frozenset(client_cpus), "given")
+        return Placement(server_cpus, frozenset(client_cpus),
+                         f"given: server on CPU {server_cpus}, client on CPU "
+                         f"{cpuset(client_cpus)}")
     if client_cpus:
         rest = cpus - client_cpus
         return Placement(cpuset(rest) if rest else None, frozenset(client_cpus),

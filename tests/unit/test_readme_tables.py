@@ -30,3 +30,8 @@ def test_client_comparison_table_is_its_data() -> None:
     assert tool.table(rows) in readme
     if "streams" in rows[0]:
         assert tool.table(rows, "ours", "streams") in readme
+
+
+def test_placement_before_after_table_is_its_data() -> None:
+    runs = json.loads((ROOT / "docs/data/placement-before-after.json").read_text())["runs"]
+    assert _tool("bench_runs_table").table(runs) in (ROOT / "README.md").read_text()
