@@ -94,9 +94,10 @@ def figure(h: History) -> Any:
     fig, axes = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(xs) + 4), 4.6))
     for ax, what, ylabel in ((axes[0], "tok_s", "output tok/s (aggregate)"),
                              (axes[1], "ttft_p50_ms", "TTFT p50 (ms)")):
-        for c in h.concurrency:
+        for i, c in enumerate(h.concurrency):
             ys = h.series(c, what)
-            (line,) = ax.plot(xs, ys, marker="o", label=f"c={c}", gid=f"c={c}")
+            (line,) = ax.plot(xs, ys, marker="o", label=f"c={c}", gid=f"c={c}",
+                              color=f"C{i}")
             bad = [(x, y) for x, y, p in zip(xs, ys, h.points, strict=True)
                    if p.levels.get(c) and p.levels[c].flags]
             if bad:  # untrusted figures: hollow, so nobody reads them as equals
@@ -104,7 +105,7 @@ def figure(h: History) -> Any:
                         markerfacecolor="white", markeredgecolor=line.get_color())
         for x, p in zip(xs, h.points, strict=True):
             if p.is_latest:
-                ax.axvspan(x - 0.3, x + 0.3, color="tab:green", alpha=0.12)
+                ax.axvspan(x - 0.3, x + 0.3, color="gold", alpha=0.25)
             if p.rolled_back:
                 ax.axvspan(x - 0.3, x + 0.3, color="tab:red", alpha=0.10, hatch="//")
         ax.set_xticks(xs, [_label(p) for p in h.points], rotation=20, ha="right", fontsize=8)
@@ -112,8 +113,8 @@ def figure(h: History) -> Any:
         ax.set_xlim(-0.5, len(xs) - 0.5)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, title="concurrency", title_fontsize=8)
-    fig.suptitle(f"{h.repo}: every release (green: latest, red: rolled back from; hollow: "
-                 "untrusted figures)", fontsize=10)
+    fig.suptitle(f"{h.repo}: every release (yellow: latest, red: rolled back from; "
+                 "hollow: untrusted figures)", fontsize=10)
     fig.tight_layout()
     return fig
 

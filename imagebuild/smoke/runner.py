@@ -116,6 +116,7 @@ def _run_suite(out: Path, config: dict[str, Any], env: dict[str, str], console: 
         # together, from us, after we have seen it (a terminal's Ctrl-C reaches us only)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=full_env, cwd=out, start_new_session=True)
+        booted = False
         try:
             assert proc.stdout
             for line in proc.stdout:
@@ -123,6 +124,9 @@ def _run_suite(out: Path, config: dict[str, Any], env: dict[str, str], console: 
                 console.print(line.rstrip("\n"), markup=False, highlight=False)
                 if line.startswith("booting "):  # the suite's one line per boot phase
                     progress.wait("boot", line.rsplit(" · ", 1)[-1].strip())
+                    booted = True
+                elif booted:
+                    progress.wait("checks", "the smoke suite runs against the server")
             code = proc.wait()
         except KeyboardInterrupt:
             # let pytest run its own teardown (compose down), then stop waiting
