@@ -125,8 +125,10 @@ def markdown(doc: dict[str, Any], deltas: dict[int, dict[str, float]] | None = N
                  ("**UNTRUSTED** (" + ", ".join(f["code"] for f in lv["flags"]) + ")"
                   if lv.get("flags") else "ok" if "flags" in lv else "not checked")]
         if deltas is not None:
-            d = deltas.get(lv["concurrency"], {}).get("output_tok_s")
-            cells.insert(4, "-" if d is None else f"{d:+.1%}")
+            dl = deltas.get(lv["concurrency"], {})
+            d = dl.get("output_tok_s")
+            cells.insert(4, ("-" if d is None else f"{d:+.1%}")
+                         + (" (untrusted)" if dl.get("untrusted") else ""))
         rows.append("| " + " | ".join(cells) + " |")
     why = trust.summary(doc)
     tail = ("\n**Untrusted figures** (the gate will not compare them silently):\n\n"

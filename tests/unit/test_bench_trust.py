@@ -146,3 +146,14 @@ def test_placement_never_shares_a_cpu_between_server_and_client() -> None:
     assert choose(server_cpus="0-2", available={0, 1, 2, 3}).client_cpus == frozenset({3})
     assert choose(available={0}).server_cpus is None  # one CPU: nothing to split
     assert choose(available={0}).why.startswith("not split")
+
+
+def test_deltas_against_a_flagged_baseline_say_so() -> None:
+    from imagebuild.bench import compare
+
+    base = _level(ttft=0.140, gap=0.00001, server_ttft=0.0128)  # the burst
+    cand = _level(ttft=0.018, gap=0.003, server_ttft=0.012)
+    d = compare.deltas(_doc([cand]), _doc([base]))
+    assert d[1]["untrusted"] == 1.0
+    assert "(untrusted) |" in results.markdown(_doc([cand]), d)
+    assert "untrusted" not in compare.deltas(_doc([cand]), _doc([cand]))[1]
