@@ -126,12 +126,21 @@ def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None
 
 def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     from imagebuild.build.builder import build_jobs
+    from imagebuild.smoke.paths import cell_dir
     from imagebuild.smoke.runner import smoke_jobs
+    from imagebuild.stagewatch import BuildWatch, SmokeWatch
 
     buildable(plan)
     print(format_table(plan.jobs, plan.header()))
-    build_jobs(plan.lm, plan.lock, plan.jobs, out_dir=opts.out)
-    verdicts = smoke_jobs(plan.jobs, out_root=opts.out)
+    verdicts = {}
+    for job in plan.jobs:  # one progress line per stage and cell (stagewatch.py)
+        watch = BuildWatch()
+        with progress.stage("build", job.id, poll=watch.poll):
+            build_jobs(plan.lm, plan.lock, (job,), out_dir=opts.out, log=watch.log)
+    for job in plan.jobs:
+        with progress.stage("smoke", job.id,
+                            poll=SmokeWatch(cell_dir(opts.out, job.cell)).poll):
+            verdicts.update(smoke_jobs((job,), out_root=opts.out))
     failed = [v for v in verdicts.values() if not v["passed"]]
     for v in verdicts.values():
         print(f"smoke {'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")

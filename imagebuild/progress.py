@@ -17,12 +17,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TextIO
 
 HEARTBEAT_S = 15.0
+POLL_S = 1.0
+Poll = Callable[[], "tuple[str, str] | None"]  # (what, detail) a stage waits for now
 _T0 = time.monotonic()  # the run's start: every line shows the time since it
 
 
@@ -42,6 +45,7 @@ class Stage:
     detail: str = ""
     printed_at: float = 0.0
     redrawing: bool = False  # a terminal line waits for its newline
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def line(self, text: str) -> str:
         now = time.monotonic()
@@ -60,6 +64,10 @@ class Stage:
         self.printed_at = time.monotonic()
 
     def wait(self, what: str, detail: str = "") -> None:
+        with self.lock:
+            self._wait(what, detail)
+
+    def _wait(self, what: str, detail: str) -> None:
         if what == self.what and detail == self.detail:
             return
         new = what != self.what
@@ -73,20 +81,37 @@ class Stage:
             self._emit(text)
 
     def finish(self, outcome: str) -> None:
-        self._emit(self.line(outcome))
+        with self.lock:
+            self._emit(self.line(outcome))
 
 
 _current: contextvars.ContextVar[Stage | None] = contextvars.ContextVar("stage", default=None)
 
 
 @contextlib.contextmanager
-def stage(name: str, cell: str, out: TextIO | None = None) -> Iterator[Stage]:
+def stage(name: str, cell: str, out: TextIO | None = None,
+          poll: Poll | None = None) -> Iterator[Stage]:
     """A stage of one cell: a line when it starts, when it waits for something new, and
-    when it ends (with how it ended)."""
+    when it ends (with how it ended). `poll`, asked every POLL_S from a thread, tells
+    what the stage waits for when its code cannot say (it runs in another process)."""
     out = out or sys.stderr
     st = Stage(name, cell, out, tty=out.isatty())
     st._emit(st.line("started"))
     token = _current.set(st)
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(POLL_S):
+            try:
+                found = poll() if poll else None
+            except Exception:  # noqa: BLE001 - progress must never break a stage
+                found = None
+            if found:
+                st.wait(*found)
+
+    watcher = threading.Thread(target=watch, daemon=True, name=f"progress-{name}")
+    if poll:
+        watcher.start()
     try:
         yield st
     except BaseException as exc:
@@ -95,6 +120,9 @@ def stage(name: str, cell: str, out: TextIO | None = None) -> Iterator[Stage]:
     else:
         st.finish(f"done in {time.monotonic() - st.started:.1f}s")
     finally:
+        stop.set()
+        if poll:
+            watcher.join(timeout=5)
         _current.reset(token)
 
 

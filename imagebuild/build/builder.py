@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imagebuild import progress
 from imagebuild.build.buildjobs import choose_parallelism, host_resources
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.resolve import generate_model, sha256_file
@@ -302,7 +301,6 @@ class Builder:
                 last = (last + [line])[-25:]
                 if m := STEP.match(line):
                     steps.add(m.group(1))
-                    progress.wait(f"{kind} image", line.split(" ", 1)[-1][:100])
                     if sys.stderr.isatty() or os.environ.get("IMAGEBUILD_VERBOSE"):
                         self.log(f"  [{kind}] {line[:150]}")
                 elif m := CACHED.match(line):
@@ -380,6 +378,5 @@ def build_jobs(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,
     assert lock is not None, "buildable() refuses a plan without a lock"
     builder = Builder(lm, lock, out_dir=out_dir, log=log)
     for job in jobs:
-        with progress.stage("build", job.id):
-            builder.build_cell(job.cell, job.release_ref)
+        builder.build_cell(job.cell, job.release_ref)
     return builder.records

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from imagebuild import REPO_ROOT, progress
+from imagebuild import REPO_ROOT
 from imagebuild.docker import engine, image_user, inspect_image
 from imagebuild.runspec import RunSpec, compose_yaml
 from imagebuild.smoke.checks import missing_checks
@@ -116,17 +116,11 @@ def _run_suite(out: Path, config: dict[str, Any], env: dict[str, str], console: 
         # together, from us, after we have seen it (a terminal's Ctrl-C reaches us only)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=full_env, cwd=out, start_new_session=True)
-        booted = False
         try:
             assert proc.stdout
             for line in proc.stdout:
                 log.write(line)
                 console.print(line.rstrip("\n"), markup=False, highlight=False)
-                if line.startswith("booting "):  # the suite's one line per boot phase
-                    progress.wait("boot", line.rsplit(" · ", 1)[-1].strip())
-                    booted = True
-                elif booted:
-                    progress.wait("checks", "the smoke suite runs against the server")
             code = proc.wait()
         except KeyboardInterrupt:
             # let pytest run its own teardown (compose down), then stop waiting
@@ -260,6 +254,5 @@ def smoke_jobs(jobs: tuple[Job, ...], *, out_root: Path | None = None, **kw: Any
     verdicts = {}
     for job in jobs:
         out = cell_dir(out_root or REPO_ROOT / "build", job.cell)
-        with progress.stage("smoke", job.id):
-            verdicts[job.id] = smoke_image(job.release_ref, dict(job.expect), out, **kw)
+        verdicts[job.id] = smoke_image(job.release_ref, dict(job.expect), out, **kw)
     return verdicts

@@ -59,3 +59,25 @@ def test_a_failing_stage_says_it_stopped() -> None:
     with pytest.raises(KeyboardInterrupt), progress.stage("bench", "c", out=out):
         raise KeyboardInterrupt
     assert out.getvalue().splitlines()[-1].endswith("stopped: KeyboardInterrupt")
+
+
+def test_a_poll_reports_what_another_process_is_doing(tmp_path, monkeypatch) -> None:
+    """The smoke suite runs in its own process: its container log gives the boot phase,
+    its boot record the checks (stagewatch.SmokeWatch, polled by the stage)."""
+    import time
+
+    from imagebuild.stagewatch import SmokeWatch
+
+    monkeypatch.setattr(progress, "POLL_S", 0.02)
+    out = io.StringIO()
+    watch = SmokeWatch(tmp_path)
+    with progress.stage("smoke", "cpu/x", out=out, poll=watch.poll):
+        time.sleep(0.1)
+        (tmp_path / "container.log").write_text("INFO Starting to load model /model\n")
+        time.sleep(0.1)
+        (tmp_path / "boot.json").write_text("{}")
+        time.sleep(0.1)
+    lines = [ln.split("  ")[-1] for ln in out.getvalue().splitlines()]
+    assert lines[1] == "boot: starting the container"
+    assert lines[2] == "boot: loading weights"
+    assert "checks: the smoke suite runs against the server" in lines
