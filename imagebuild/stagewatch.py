@@ -51,7 +51,8 @@ class BuildWatch:
         steps = [m for line in _tail(self.log_path) if (m := _STEP.match(line))]
         if not steps:
             return None
-        return f"{self.kind} image", f"[{steps[-1][1]}] {steps[-1][2][:90]}"
+        # each step is news (a line of its own), not a counter
+        return f"{self.kind} image: [{steps[-1][1]}] {steps[-1][2][:90]}", ""
 
 
 class SmokeWatch:
@@ -71,10 +72,10 @@ class SmokeWatch:
 
     def poll(self) -> tuple[str, str] | None:
         if self._fresh("boot.json"):
-            return "checks", "the smoke suite runs against the server"
+            return "checks: the smoke suite runs against the server", ""
         log = self._fresh("container.log")
         if log is None:
-            return "boot", "starting the container"
+            return "boot: starting the container", ""
         try:
             lines = log.read_text(errors="replace").splitlines()
         except OSError:
@@ -82,4 +83,4 @@ class SmokeWatch:
         for line in lines[self.seen:]:
             self.phase = phase_after(self.phase, line)
         self.seen = len(lines)
-        return "boot", self.phase
+        return f"boot: {self.phase}", ""  # each phase is news, not a counter

@@ -78,6 +78,6 @@ def test_a_poll_reports_what_another_process_is_doing(tmp_path, monkeypatch) -> 
         (tmp_path / "boot.json").write_text("{}")
         time.sleep(0.1)
     lines = [ln.split("  ")[-1] for ln in out.getvalue().splitlines()]
-    assert lines[1] == "boot: starting the container"
+    assert lines[1] == "boot: starting the container"  # a new phase is a new line
     assert lines[2] == "boot: loading weights"
     assert "checks: the smoke suite runs against the server" in lines
