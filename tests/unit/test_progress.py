@@ -63,21 +63,25 @@ def test_a_failing_stage_says_it_stopped() -> None:
 
 def test_a_poll_reports_what_another_process_is_doing(tmp_path, monkeypatch) -> None:
     """The smoke suite runs in its own process: its container log gives the boot phase,
-    its boot record the checks (stagewatch.SmokeWatch, polled by the stage)."""
+    its boot record the checks (stagewatch.SmokeWatch); the stage asks from a thread."""
     import time
 
     from imagebuild.stagewatch import SmokeWatch
 
-    monkeypatch.setattr(progress, "POLL_S", 0.02)
-    out = io.StringIO()
     watch = SmokeWatch(tmp_path)
-    with progress.stage("smoke", "cpu/x", out=out, poll=watch.poll):
-        time.sleep(0.1)
-        (tmp_path / "container.log").write_text("INFO Starting to load model /model\n")
-        time.sleep(0.1)
-        (tmp_path / "boot.json").write_text("{}")
-        time.sleep(0.1)
+    assert watch.poll() == ("boot: starting the container", "")
+    (tmp_path / "container.log").write_text("INFO Starting to load model /model\n")
+    assert watch.poll() == ("boot: loading weights", "")
+    (tmp_path / "boot.json").write_text("{}")
+    assert watch.poll() == ("checks: the smoke suite runs against the server", "")
+
+    monkeypatch.setattr(progress, "POLL_S", 0.01)
+    answers = iter([("boot: loading weights", ""), ("checks: running", "")])
+    out = io.StringIO()
+    with progress.stage("smoke", "cpu/x", out=out, poll=lambda: next(answers, None)):
+        deadline = time.monotonic() + 10
+        while "checks: running" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
     lines = [ln.split("  ")[-1] for ln in out.getvalue().splitlines()]
-    assert lines[1] == "boot: starting the container"  # a new phase is a new line
-    assert lines[2] == "boot: loading weights"
-    assert "checks: the smoke suite runs against the server" in lines
+    assert lines == ["started", "boot: loading weights", "checks: running", lines[-1]]
+    assert lines[-1].startswith("done in")
