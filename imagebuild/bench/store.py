@@ -179,3 +179,28 @@ def annotate(client: RegistryClient, repo: str, tag: str, extra: dict[str, str])
     keep = {k: v for k, v in found.annotations.items()
             if k not in (A_IMAGE_ID, A_TAG, A_CREATED)}
     put_results(client, repo, tag, found.doc, annotations={**keep, **extra})
+
+
+def forget(client: RegistryClient, repo: str, digest: str) -> int:
+    """Delete the results attached to manifest `digest` (a release being pruned) and its
+    referrers tag when nothing else is listed there; how many artifacts went."""
+    ours, _how = _ours(client, repo, digest)
+    gone = 0
+    for desc in ours:
+        try:
+            client.delete_manifest(repo, desc["digest"])
+            gone += 1
+        except (Unsupported, NotFound):
+            pass
+    others = [m for m in _fallback_index(client, repo, digest)
+              if m.get("artifactType") != ARTIFACT_TYPE]
+    try:
+        if others:
+            index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": others}
+            client.put_manifest(repo, referrers_tag(digest), json.dumps(
+                index, sort_keys=True, separators=(",", ":")).encode(), OCI_INDEX)
+        elif client.head_manifest(repo, referrers_tag(digest)):
+            client.delete_tag(repo, referrers_tag(digest))
+    except (Unsupported, NotFound):
+        pass
+    return gone

@@ -180,3 +180,19 @@ def test_history_of_three_releases_has_three_points_per_line(registry, tmp_path)
     assert (tmp_path / "history-cpu-tiny-ngram.png").read_bytes()[:4] == b"\x89PNG"
     assert f"| **{TAGS[1]}** (latest) | passed | 101.0 | 310.0 |" in md
     assert f"| {TAGS[2]} (rolled back) | passed | 102.0 | 320.0 (untrusted) |" in md
+
+
+def test_pruning_a_release_deletes_its_results(registry) -> None:
+    from imagebuild.release.prune import prune
+
+    _reg, client = registry
+    digests = [_release(client, tag) for tag in TAGS]
+    artifacts = [store.put_results(client, REPO, tag, _doc(tag, {1: 1.0})) for tag in TAGS]
+    client.copy_tag(REPO, TAGS[2], "latest")
+    plan = prune(client, REPO, 1, log=lambda _: None, settle=0)
+    assert plan.delete == [TAGS[0]]  # the middle one is the rollback target
+    tags = client.tags(REPO)
+    assert store.referrers_tag(digests[0]) not in tags
+    with pytest.raises(Exception, match="not found|404"):
+        client.get_manifest(REPO, artifacts[0])
+    assert [store.stored(client, REPO, t).digest for t in TAGS[1:]] == artifacts[1:]
