@@ -12,7 +12,7 @@ Prints per level the pooled figures of both clients and their relative differenc
     .venv/bin/python tools/compare_client_with_vllm_bench.py [IMAGE_REF] [--levels 1,4,8]
         [--requests 32] [--rounds 2] [--server-cpus 0] [--client-cpus 1]
     .venv/bin/python tools/compare_client_with_vllm_bench.py \
-        --tables-from build/bench/vllm_compare.json
+        --tables-from docs/data/vllm-compare.json   # the README's tables
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from imagebuild.bench import client, legacy_client, metrics, prompts  # noqa: E402
+from imagebuild.bench import client, metrics, prompts  # noqa: E402
 from imagebuild.bench.results import cpu_model  # noqa: E402
 from imagebuild.bench.server import serving  # noqa: E402
 from imagebuild.docker import engine, inspect_image  # noqa: E402
@@ -51,13 +51,12 @@ def server_ttft(before: dict[str, float], after: dict[str, float]) -> tuple[floa
             after.get(metrics.TTFT_COUNT, 0) - before.get(metrics.TTFT_COUNT, 0))
 
 
-def run_ours(base_url: str, ps: list[prompts.Prompt], c: int, n: int, max_tokens: int,
-             impl=client) -> dict:
-    """Our client (`impl`: the load generator module; `streams` is the previous one)."""
+def run_ours(base_url: str, ps: list[prompts.Prompt], c: int, n: int, max_tokens: int
+             ) -> dict:
     model = asyncio.run(client.served_model(base_url))
-    load = impl.Load(model=model, max_tokens=max_tokens, requests=n)
+    load = client.Load(model=model, max_tokens=max_tokens, requests=n)
     # run_level sends one uncounted warm-up request before it scrapes /metrics
-    level = asyncio.run(impl.run_level(base_url, ps, c, load))
+    level = asyncio.run(client.run_level(base_url, ps, c, load))
     ok = [r for r in level.results if r.ok]
     span = max(r.end for r in ok) - min(r.start for r in ok)
     srv = level.server.server_ttft_mean_s if level.server else None
@@ -126,9 +125,9 @@ def main() -> int:
     ap.add_argument("--prompts", default="structured,prose")
     ap.add_argument("--server-cpus", default="0", help="docker --cpuset-cpus ('' = none)")
     ap.add_argument("--client-cpus", default="1", help="CPUs of both clients ('' = any)")
-    ap.add_argument("--clients", default="ours,vllm",
-                    help="which clients take turns: ours, vllm, streams (the previous "
-                         "asyncio-streams client, for the aiohttp side-by-side)")
+    ap.add_argument("--clients", default="ours,vllm", help="which clients take turns: ours, "
+                    "vllm (the previous asyncio-streams client, `streams`, was measured "
+                    "in docs/data/vllm-compare.json and then removed)")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "vllm_compare.json")
     ap.add_argument("--tables-from", type=Path, default=None, metavar="JSON",
                     help="print the tables of an earlier run's --out file; measure nothing")
@@ -168,8 +167,7 @@ def main() -> int:
                             c.base_url, model, tok, dataset, level, args.requests,
                             args.max_tokens, Path(tmp) / f"vllm-c{level}-{rnd}.json", cpus)
                     else:
-                        out = run_ours(c.base_url, ps, level, args.requests, args.max_tokens,
-                                       legacy_client if who == "streams" else client)
+                        out = run_ours(c.base_url, ps, level, args.requests, args.max_tokens)
                     runs[who].append(out)
                     print(f"c={level} round {rnd + 1} {who}: "
                           f"{out['tokens'] / out['wall_s']:.1f} tok/s", flush=True)
@@ -188,6 +186,7 @@ def main() -> int:
     return 0
 
 
+# "streams": the previous hand-written asyncio-streams client, in the saved data only
 NAMES = {"ours": "ours", "vllm": "vLLM", "streams": "previous client"}
 
 
