@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 # HTTP, chat template, tokenization, SSE framing and the client's read: what separates
-# the client's TTFT from vLLM's own histogram on a healthy run. Measured 4-11 ms on the
+# the client's TTFT from vLLM's own histogram on a healthy run. Measured 2-11 ms on the
 # cpu image on 2 cores for both this client and `vllm bench serve` (README); allowed:
 # the larger of 15 ms and a quarter of the client's TTFT (queueing in the API server
 # grows with load, and is real latency)
