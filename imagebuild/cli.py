@@ -97,11 +97,20 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                    help="store the results in the registry next to the image's release")
     p.add_argument("--label", default=None, help="legend name of this run in the plot")
     p.add_argument("--server-cpus", default=None, metavar="LIST",
-                   help="pin the server container to these CPUs (docker --cpuset-cpus)")
+                   help="pin the server container to these CPUs (docker --cpuset-cpus; "
+                        "default: every CPU but the client's)")
     p.add_argument("--client-cpus", type=_cpus, default=None, metavar="LIST",
-                   help="pin this load generator to these CPUs (e.g. 1 or 2-3), so client "
-                        "and server do not take each other's cores")
+                   help="pin this load generator to these CPUs (e.g. 1 or 2-3; default: the "
+                        "last CPU), so client and server do not take each other's cores")
     p.add_argument("--out", type=Path, default=None, help="output dir (default build/bench/)")
+
+
+def _untrusted_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accept-untrusted-bench", dest="accept_untrusted", default=None,
+                   metavar="REASON",
+                   help="promote although bench levels are flagged as untrusted (the gate "
+                        "then compares the other levels only); REASON is recorded with the "
+                        "release")
 
 
 def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
@@ -129,6 +138,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-regression", default=None, metavar="REASON",
                    help="let a release slower than latest become latest; REASON goes into "
                         "its stored results and release notes")
+    _untrusted_arg(p)
 
     p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
     _release(p)
@@ -163,6 +173,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="say what would be written")
     p.add_argument("--no-latest", action="store_true", help="push and tag, keep latest")
     p.add_argument("--accept-regression", default=None, metavar="REASON")
+    _untrusted_arg(p)
 
     p = sub.add_parser("promote", help="move latest to an already pushed release")
     _release(p)
@@ -170,6 +181,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-regression", default=None, metavar="REASON",
                    help="promote although its tok/s fell more than the threshold below "
                         "latest; the reason is recorded with the release")
+    _untrusted_arg(p)
 
     p = sub.add_parser("rollback", help="move latest back to an older release (server-side)")
     _registry_args(p)
@@ -179,6 +191,12 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("releases", help="list releases in the registry, newest first")
     _registry_args(p, dry_run=False)
     p.add_argument("--format", choices=("table", "json"), default="table")
+
+    p = sub.add_parser("history", help="tok/s and TTFT per concurrency across every release "
+                                       "of an image, from the registry (PNG + markdown)")
+    _registry_args(p, dry_run=False)
+    p.add_argument("--out", type=Path, default=None,
+                   help="where history-<image>.png/.md go (default: build/bench/)")
 
     p = sub.add_parser("prune", help="delete old releases (never latest or its rollback)")
     _registry_args(p)
@@ -190,8 +208,9 @@ def parser() -> argparse.ArgumentParser:
                    help="build dir holding smoke/<target>/<engine>/<image>/verdict.json "
                         "(default: build/)")
     p.add_argument("--asset-dir", "--plot-dir", dest="asset_dir", type=Path, default=None,
-                   metavar="DIR", help="write the release assets there: <image>.compose.yaml "
-                                       "and bench-<image>.png per image (linked in the notes)")
+                   metavar="DIR", help="write the release assets there: <image>.compose.yaml, "
+                                       "bench-<image>.png and history-<image>.png/.md per "
+                                       "image (linked in the notes)")
     p.add_argument("--asset-url", default=None, metavar="URL",
                    help="prefix of the plot links (the GitHub release's download URL; "
                         "default: the bare file name)")
@@ -241,7 +260,8 @@ def cmd_release(args: argparse.Namespace) -> int:
     plan = _plan(args)
     return run_release(plan, ReleaseOptions(out=_out(args, plan), dry_run=args.dry_run,
                                             bench=not args.no_bench,
-                                            accept_regression=args.accept_regression))
+                                            accept_regression=args.accept_regression,
+                                            accept_untrusted=args.accept_untrusted))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -354,8 +374,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     client = registry_client(plan)
     publish_jobs(client, plan.jobs, load_verdicts(plan.jobs, out), dry_run=args.dry_run)
     if not args.no_latest:
-        promote(plan, client, accept_regression=args.accept_regression, forward_only=True,
-                dry_run=args.dry_run)
+        promote(plan, client, accept_regression=args.accept_regression,
+                accept_untrusted=args.accept_untrusted, forward_only=True, dry_run=args.dry_run)
     return 0
 
 
@@ -365,7 +385,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     plan = _plan(args)
     # a release slower than latest beyond the threshold needs a written reason
     promote(plan, registry_client(plan), accept_regression=args.accept_regression,
-            dry_run=args.dry_run)
+            accept_untrusted=args.accept_untrusted, dry_run=args.dry_run)
     return 0
 
 
@@ -404,6 +424,18 @@ def cmd_releases(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    from imagebuild import REPO_ROOT, work_root
+    from imagebuild.bench import history
+
+    client, repos = _repositories(args)
+    for repo in repos:
+        h = history.gather(client, repo)
+        paths = history.write(h, args.out or work_root(REPO_ROOT) / "build" / "bench")
+        print(paths["md"].read_text() + f"png: {paths['png']}\nmd: {paths['md']}\n")
+    return 0
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     from imagebuild.release.prune import prune
 
@@ -421,14 +453,17 @@ def cmd_notes(args: argparse.Namespace) -> int:
         gather,
         release_notes,
         write_compose_files,
+        write_histories,
         write_plots,
     )
 
     plan = _plan(args)
-    facts = gather(registry_client(plan), plan.jobs, args.smoke_dir or _build_dir(plan))
+    client = registry_client(plan)
+    facts = gather(client, plan.jobs, args.smoke_dir or _build_dir(plan))
     if args.asset_dir:
         write_compose_files(facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
+        facts = write_histories(client, facts, plan.jobs, args.asset_dir, args.asset_url or "")
     print(release_notes(plan.jobs, facts), end="")
     return 0
 
@@ -478,7 +513,8 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "check": cmd_check, "smoke": cmd_smoke, "release": cmd_release,
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
-            "notes": cmd_notes, "pins": cmd_pins, "bench": cmd_bench}
+            "notes": cmd_notes, "pins": cmd_pins, "bench": cmd_bench,
+            "history": cmd_history}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imagebuild import progress
 from imagebuild.errors import UserError
 from imagebuild.plan import Job, Plan, format_table
 from imagebuild.registry.client import RegistryClient
@@ -25,6 +26,7 @@ class ReleaseOptions:
     dry_run: bool = False
     bench: bool = True
     accept_regression: str | None = None
+    accept_untrusted: str | None = None
 
 
 def preflight(plan: Plan) -> None:
@@ -71,7 +73,8 @@ def publish_jobs(client: RegistryClient, jobs: tuple[Job, ...], verdicts: dict[s
     from imagebuild.release.publish import publish_job
 
     for job in jobs:
-        result = publish_job(client, job, verdicts[job.id], dry_run=dry_run)
+        with progress.stage("publish", job.id):
+            result = publish_job(client, job, verdicts[job.id], dry_run=dry_run)
         if dry_run:
             print(f"{job.id}: dry run, nothing written")
         else:
@@ -94,38 +97,50 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None
             continue
         repo = job.image.repository
         info = inspect_image(job.release_ref)
-        if store.get_results(client, repo, info["Id"]) is not None:
-            print(f"{job.id}: bench results for {info['Id'][:19]} already stored")
+        if store.stored(client, repo, str(job.tag)) is not None:
+            print(f"{job.id}: bench results for {job.tag} already stored")
             continue
         prompt_set, load_kw, settings = load_settings(
             b.concurrency, b.prompts, requests=b.requests, duration=None,
             max_tokens=b.max_tokens)
-        doc = bench_image(job.release_ref, info, prompt_set=prompt_set, levels=b.concurrency,
-                          load_kw=load_kw, settings=settings, label=str(job.tag))
-        digest = store.put_results(client, repo, doc)
+        with progress.stage("bench", job.id):
+            doc = bench_image(job.release_ref, info, prompt_set=prompt_set,
+                              levels=b.concurrency, load_kw=load_kw, settings=settings,
+                              label=str(job.tag))
+        digest = store.put_results(client, repo, str(job.tag), doc)
         md = results.markdown(doc)
         print(md + f"stored with {repo}:{job.tag} ({digest[:19]})")
         write_outputs(doc, out, md)
 
 
 def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
-            forward_only: bool = False, dry_run: bool = False) -> None:
+            accept_untrusted: str | None = None, forward_only: bool = False,
+            dry_run: bool = False) -> None:
     from imagebuild.release.latest import promote_jobs
 
     promote_jobs(client, plan.jobs,
                  default_threshold=plan.lm.matrix.publish.regression_threshold,
-                 accept_regression=accept_regression, forward_only=forward_only,
-                 dry_run=dry_run)
+                 accept_regression=accept_regression, accept_untrusted=accept_untrusted,
+                 forward_only=forward_only, dry_run=dry_run)
 
 
 def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     from imagebuild.build.builder import build_jobs
+    from imagebuild.smoke.paths import cell_dir
     from imagebuild.smoke.runner import smoke_jobs
+    from imagebuild.stagewatch import BuildWatch, SmokeWatch
 
     buildable(plan)
     print(format_table(plan.jobs, plan.header()))
-    build_jobs(plan.lm, plan.lock, plan.jobs, out_dir=opts.out)
-    verdicts = smoke_jobs(plan.jobs, out_root=opts.out)
+    verdicts = {}
+    for job in plan.jobs:  # one progress line per stage and cell (stagewatch.py)
+        watch = BuildWatch()
+        with progress.stage("build", job.id, poll=watch.poll):
+            build_jobs(plan.lm, plan.lock, (job,), out_dir=opts.out, log=watch.log)
+    for job in plan.jobs:
+        with progress.stage("smoke", job.id,
+                            poll=SmokeWatch(cell_dir(opts.out, job.cell)).poll):
+            verdicts.update(smoke_jobs((job,), out_root=opts.out))
     failed = [v for v in verdicts.values() if not v["passed"]]
     for v in verdicts.values():
         print(f"smoke {'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")
@@ -141,6 +156,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     publish_jobs(client, plan.jobs, verdicts, dry_run=False)
     if opts.bench:
         bench_jobs(client, plan.jobs, opts.out / "bench")
-    promote(plan, client, accept_regression=opts.accept_regression, forward_only=True)
+    promote(plan, client, accept_regression=opts.accept_regression,
+            accept_untrusted=opts.accept_untrusted, forward_only=True)
     return 0
 

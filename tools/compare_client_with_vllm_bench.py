@@ -12,7 +12,7 @@ Prints per level the pooled figures of both clients and their relative differenc
     .venv/bin/python tools/compare_client_with_vllm_bench.py [IMAGE_REF] [--levels 1,4,8]
         [--requests 32] [--rounds 2] [--server-cpus 0] [--client-cpus 1]
     .venv/bin/python tools/compare_client_with_vllm_bench.py \
-        --tables-from build/bench/vllm_compare.json
+        --tables-from docs/data/vllm-compare.json   # the README's tables
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from imagebuild.bench import client, metrics, prompts  # noqa: E402
+from imagebuild.bench.results import cpu_model  # noqa: E402
 from imagebuild.bench.server import serving  # noqa: E402
 from imagebuild.docker import engine, inspect_image  # noqa: E402
 from imagebuild.smoke.expect import expectations_from_labels  # noqa: E402
@@ -63,6 +64,7 @@ def run_ours(base_url: str, ps: list[prompts.Prompt], c: int, n: int, max_tokens
     return {"tokens": sum(r.output_tokens for r in ok), "wall_s": span,
             "errors": len(level.results) - len(ok), "ttfts_ms": [1000 * r.ttft_s for r in ok],
             "tpots_ms": [1000 * t for r in ok if (t := r.tpot_s) is not None],
+            "itls_ms": [1000 * g for r in ok for g in r.itl_s],
             "server_ttft": ttft, "client_cpu_ms_per_request":
             1000 * level.client_cpu_s / max(1, len(level.results))}
 
@@ -92,6 +94,8 @@ def run_vllm(base_url: str, model: str, tokenizer: Path, dataset: Path, c: int, 
     ok = [t for t, e in zip(doc["ttfts"], doc["errors"], strict=True) if not e]
     return {"tokens": doc["total_output_tokens"], "wall_s": doc["duration"],
             "errors": doc["failed"], "ttfts_ms": [1000 * t for t in ok],
+            "itls_ms": [1000 * g for gaps, e in zip(doc.get("itls") or [], doc["errors"],
+                                                     strict=False) if not e for g in gaps],
             "tpots_ms": [], "server_ttft": server_ttft(before, after),
             "summary": {k: doc[k] for k in ("output_throughput", "median_ttft_ms",
                                             "mean_ttft_ms", "median_tpot_ms", "duration")}}
@@ -105,7 +109,10 @@ def pooled(runs: list[dict]) -> dict:
             "per_round_tok_s": [r["tokens"] / r["wall_s"] for r in runs],
             "ttft_p50_ms": statistics.median(ttfts), "ttft_mean_ms": statistics.fmean(ttfts),
             "errors": sum(r["errors"] for r in runs), "requests": len(ttfts),
-            "server_ttft_mean_ms": 1000 * srv_sum / srv_n if srv_n else None}
+            "server_ttft_mean_ms": 1000 * srv_sum / srv_n if srv_n else None,
+            "itl_p50_ms": statistics.median(itls) if (itls := [g for r in runs
+                                                               for g in r.get("itls_ms", [])])
+            else None}
 
 
 def main() -> int:
@@ -118,15 +125,19 @@ def main() -> int:
     ap.add_argument("--prompts", default="structured,prose")
     ap.add_argument("--server-cpus", default="0", help="docker --cpuset-cpus ('' = none)")
     ap.add_argument("--client-cpus", default="1", help="CPUs of both clients ('' = any)")
+    ap.add_argument("--clients", default="ours,vllm", help="which clients take turns: ours, "
+                    "vllm (the previous asyncio-streams client, `streams`, was measured "
+                    "in docs/data/vllm-compare.json and then removed)")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "bench" / "vllm_compare.json")
     ap.add_argument("--tables-from", type=Path, default=None, metavar="JSON",
                     help="print the tables of an earlier run's --out file; measure nothing")
     args = ap.parse_args()
     if args.tables_from:
         rows = json.loads(args.tables_from.read_text())["levels"]
-        print(own_tables(rows) + "\n\nside by side:\n\n" + table(rows))
+        print(report(rows))
         return 0
     levels = [int(x) for x in args.levels.split(",")]
+    load_before = os.getloadavg()
     cpus = {int(x) for x in args.client_cpus.split(",")} if args.client_cpus else None
     if cpus:
         os.sched_setaffinity(0, cpus)
@@ -144,77 +155,95 @@ def main() -> int:
         dataset.write_text(json.dumps([
             {"conversations": [{"from": "human", "value": ps[i % len(ps)].text},
                                {"from": "gpt", "value": "-"}]} for i in range(args.requests)]))
+        names = args.clients.split(",")
         for level in levels:
-            ours, theirs = [], []
+            runs: dict[str, list[dict]] = {n: [] for n in names}
             for rnd in range(args.rounds):
-                order = ("ours", "vllm") if rnd % 2 == 0 else ("vllm", "ours")
+                # rotate the order each round, so a drift of the machine hits all alike
+                order = names[rnd % len(names):] + names[:rnd % len(names)]
                 for who in order:
-                    if who == "ours":
-                        ours.append(run_ours(c.base_url, ps, level, args.requests,
-                                             args.max_tokens))
-                    else:
-                        theirs.append(run_vllm(
+                    if who == "vllm":
+                        out = run_vllm(
                             c.base_url, model, tok, dataset, level, args.requests,
-                            args.max_tokens, Path(tmp) / f"vllm-c{level}-{rnd}.json", cpus))
-                    last = (ours if who == "ours" else theirs)[-1]
+                            args.max_tokens, Path(tmp) / f"vllm-c{level}-{rnd}.json", cpus)
+                    else:
+                        out = run_ours(c.base_url, ps, level, args.requests, args.max_tokens)
+                    runs[who].append(out)
                     print(f"c={level} round {rnd + 1} {who}: "
-                          f"{last['tokens'] / last['wall_s']:.1f} tok/s", flush=True)
-            rows.append({"concurrency": level, "ours": pooled(ours), "vllm": pooled(theirs),
-                         "ours_runs": ours, "vllm_runs": theirs})
+                          f"{out['tokens'] / out['wall_s']:.1f} tok/s", flush=True)
+            row: dict = {"concurrency": level}
+            for who, rs in runs.items():
+                row[who], row[f"{who}_runs"] = pooled(rs), rs
+            rows.append(row)
     settings = {k: getattr(args, k) for k in ("image", "requests", "rounds", "max_tokens",
-                                               "prompts", "server_cpus", "client_cpus")}
+                                               "prompts", "server_cpus", "client_cpus",
+                                               "clients")}
+    settings["loadavg_before"] = load_before
+    settings["hardware"] = cpu_model()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"settings": settings, "levels": rows}, indent=1) + "\n")
-    print(own_tables(rows) + "\n\nside by side:\n\n" + table(rows))
+    print(report(rows))
     return 0
 
 
-def own_tables(rows: list[dict]) -> str:
-    """Each client's own figures, run by run: ours, then vLLM's from its saved results."""
-    def runs(xs: list[float], digits: int = 1) -> str:
-        return " / ".join(f"{x:.{digits}f}" for x in xs)
-    out = ["ours (imagebuild bench client):", "",
-           "| c | requests | tok/s per run | pooled tok/s | TTFT p50 ms | TTFT mean ms "
-           "| TPOT p50 ms | errors |", "|" + "---|" * 8]
-    for r in rows:
-        o = r["ours"]
-        tpot = statistics.median(t for x in r["ours_runs"] for t in x["tpots_ms"])
-        out.append(f"| {r['concurrency']} | {o['requests']} | {runs(o['per_round_tok_s'])} "
-                   f"| {o['tok_s']:.1f} | {o['ttft_p50_ms']:.1f} | {o['ttft_mean_ms']:.1f} "
-                   f"| {tpot:.2f} | {o['errors']} |")
-    out += ["", "vLLM's own `vllm bench serve` (its saved summaries):", "",
-            "| c | requests | output_throughput per run | pooled tok/s | median_ttft_ms per run "
-            "| pooled TTFT p50 ms | pooled TTFT mean ms | median_tpot_ms per run | failed |",
-            "|" + "---|" * 9]
-    for r in rows:
-        v, sums = r["vllm"], [x["summary"] for x in r["vllm_runs"]]
-        out.append(
-            f"| {r['concurrency']} | {v['requests']} "
-            f"| {runs([x['output_throughput'] for x in sums])} | {v['tok_s']:.1f} "
-            f"| {runs([x['median_ttft_ms'] for x in sums])} | {v['ttft_p50_ms']:.1f} "
-            f"| {v['ttft_mean_ms']:.1f} | {runs([x['median_tpot_ms'] for x in sums], 2)} "
-            f"| {v['errors']} |")
+# "streams": the previous hand-written asyncio-streams client, in the saved data only
+NAMES = {"ours": "ours", "vllm": "vLLM", "streams": "previous client"}
+
+
+def report(rows: list[dict]) -> str:
+    """Everything a run shows: the README table (ours vs vLLM), then ours vs the previous
+    client when it took part, then each client's runs one by one."""
+    out = ["ours vs vLLM's `vllm bench serve` (the README table):", "", table(rows)]
+    if "streams" in rows[0]:
+        out += ["", "aiohttp client (ours) vs the previous asyncio-streams client:", "",
+                table(rows, "ours", "streams")]
+    out += ["", "runs:", "", runs_table(rows)]
     return "\n".join(out)
 
 
-def table(rows: list[dict]) -> str:
-    out = ["| c | ours tok/s | vLLM tok/s | diff | ours TTFT p50 ms | vLLM TTFT p50 ms | diff "
-           "| ours TTFT mean ms | vLLM TTFT mean ms | diff | server TTFT mean ms during ours "
-           "/ during vLLM | client CPU ms/req (ours) |", "|" + "---|" * 12]
-    for r in rows:
-        o, v = r["ours"], r["vllm"]
-        cpu = statistics.fmean(x["client_cpu_ms_per_request"] for x in r["ours_runs"])
+def _pct(a: float, b: float) -> str:
+    return f"{a / b - 1:+.1%}"
 
-        def ms(x: float | None) -> str:
-            return "-" if x is None else f"{x:.1f}"
+
+def table(rows: list[dict], a: str = "ours", b: str = "vllm") -> str:
+    """Pooled figures of clients a and b per level, with vLLM's own TTFT histogram read
+    around the runs of each."""
+    na, nb = NAMES[a], NAMES[b]
+    out = [f"| c | {na} tok/s | {nb} tok/s | diff | {na} TTFT p50 ms | {nb} TTFT p50 ms | diff "
+           f"| server TTFT mean during {na} / during {nb} | {na} / {nb} TTFT mean ms "
+           f"| {na} / {nb} ITL p50 ms | client CPU ms/req ({na}) |", "|" + "---|" * 11]
+    for r in rows:
+        x, y = r[a], r[b]
+
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f}"
+        cpus = [q["client_cpu_ms_per_request"] for q in r[f"{a}_runs"]
+                if "client_cpu_ms_per_request" in q]
+        cpu = f"{statistics.fmean(cpus):.1f}" if cpus else "-"
         out.append(
-            f"| {r['concurrency']} | {o['tok_s']:.1f} | {v['tok_s']:.1f} "
-            f"| {o['tok_s'] / v['tok_s'] - 1:+.1%} "
-            f"| {o['ttft_p50_ms']:.1f} | {v['ttft_p50_ms']:.1f} "
-            f"| {o['ttft_p50_ms'] / v['ttft_p50_ms'] - 1:+.1%} "
-            f"| {o['ttft_mean_ms']:.1f} | {v['ttft_mean_ms']:.1f} "
-            f"| {o['ttft_mean_ms'] / v['ttft_mean_ms'] - 1:+.1%} "
-            f"| {ms(o['server_ttft_mean_ms'])} / {ms(v['server_ttft_mean_ms'])} | {cpu:.2f} |")
+            f"| {r['concurrency']} | {x['tok_s']:.1f} | {y['tok_s']:.1f} "
+            f"| {_pct(x['tok_s'], y['tok_s'])} | {x['ttft_p50_ms']:.1f} "
+            f"| {y['ttft_p50_ms']:.1f} | {_pct(x['ttft_p50_ms'], y['ttft_p50_ms'])} "
+            f"| {ms(x['server_ttft_mean_ms'])} / {ms(y['server_ttft_mean_ms'])} "
+            f"| {x['ttft_mean_ms']:.1f} / {y['ttft_mean_ms']:.1f} "
+            f"| {ms(x.get('itl_p50_ms'))} / {ms(y.get('itl_p50_ms'))} "
+            f"| {cpu} |")
+    return "\n".join(out)
+
+
+def runs_table(rows: list[dict]) -> str:
+    def per_run(rs: list[dict], fn) -> str:
+        return " / ".join(f"{fn(q):.1f}" for q in rs)
+
+    out = ["| c | client | tok/s per run | TTFT p50 ms per run | errors |",
+           "|---|---|---|---|---|"]
+    for r in rows:
+        for who in (k for k in NAMES if k in r):
+            rs = r[f"{who}_runs"]
+            out.append(f"| {r['concurrency']} | {NAMES[who]} "
+                       f"| {per_run(rs, lambda q: q['tokens'] / q['wall_s'])} "
+                       f"| {per_run(rs, lambda q: statistics.median(q['ttfts_ms']))} "
+                       f"| {sum(q['errors'] for q in rs)} |")
     return "\n".join(out)
 
 

@@ -4,20 +4,30 @@ Figures follow vLLM's own benchmark (vllm/benchmarks/serve.py) so the two agree:
 TTFT is the first streamed chunk that carries a choice, ITL the gaps between later chunks,
 TPOT (E2E - TTFT) / (output tokens - 1), output tokens from the stream's usage record.
 `ignore_eos` keeps output lengths fixed, so releases are compared on the same work.
+
+HTTP is aiohttp, as in vLLM's benchmark. Each worker owns one session holding one
+keep-alive connection, so the server pays no accept and handshake per request (real
+clients do not make it pay them either) and workers never wait on each other's pool.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from imagebuild.bench import http, metrics
+import aiohttp
+
+from imagebuild.bench import clientcpu, metrics
 from imagebuild.bench.prompts import Prompt
+
+# a level of long generations on a slow host may take minutes; a hung server must not
+# hang the bench forever (vLLM's benchmark allows 6 h)
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=3600, sock_connect=30)
+SMALL_TIMEOUT = aiohttp.ClientTimeout(total=30)
 
 
 @dataclass
@@ -45,6 +55,7 @@ class Level:
     wall_s: float
     client_cpu_s: float  # this process's CPU time during the level
     server: metrics.LevelMetrics | None
+    client: clientcpu.ClientLoad | None = None  # how held back the client itself was
 
 
 @dataclass(frozen=True)
@@ -62,15 +73,45 @@ def payload(model: str, prompt: Prompt, load: Load) -> dict[str, Any]:
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
-async def one_request(url: str, body: dict[str, Any],
-                      conn: http.Connection | None = None) -> RequestResult:
+def worker_session() -> aiohttp.ClientSession:
+    """One keep-alive connection, no proxy from the environment (loopback servers)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1),
+                                 timeout=REQUEST_TIMEOUT, trust_env=False)
+
+
+async def _events(resp: aiohttp.ClientResponse):
+    """Server-sent events' data fields as they arrive ('[DONE]' included)."""
+    buf = b""
+    async for chunk in resp.content.iter_any():
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    yield line[5:].strip().decode()
+
+
+async def one_request(session: aiohttp.ClientSession, url: str,
+                      body: dict[str, Any]) -> RequestResult:
     r = RequestResult(ok=False, start=time.perf_counter())
     last = end = r.start  # last chunk with a choice; last chunk of any kind
     try:
-        # read to the end of the body (it closes right after [DONE]), so the keep-alive
-        # connection can carry the next request
-        async with contextlib.aclosing(http.post_sse(url, body, conn)) as stream:
-            async for data in stream:
+        for attempt in (0, 1):
+            try:
+                resp = await session.post(url, json=body)
+                break
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                # before any response: a kept-alive connection the server had closed while
+                # idle. Once more, on a fresh connection
+                if attempt:
+                    raise
+                r.start = last = end = time.perf_counter()
+        async with resp:
+            if resp.status != 200:
+                text = (await resp.read())[:300].decode(errors="replace")
+                raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
+                                                  message=f"HTTP {resp.status}: {text}")
+            async for data in _events(resp):
                 now = time.perf_counter()
                 if data == "[DONE]":
                     continue
@@ -86,7 +127,9 @@ async def one_request(url: str, body: dict[str, Any],
                 end = now
         r.ok = r.ttft_s > 0 and r.output_tokens > 0
         r.error = "" if r.ok else "stream ended without tokens"
-    except (OSError, http.HTTPError, ValueError, asyncio.IncompleteReadError) as exc:
+    except aiohttp.ClientResponseError as exc:
+        r.error = exc.message[:300]
+    except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
         r.error = f"{type(exc).__name__}: {exc}"[:300]
     r.end = time.perf_counter()
     r.e2e_s = end - r.start
@@ -99,11 +142,12 @@ async def run_level(base_url: str, prompts: list[Prompt], concurrency: int, load
     url = base_url + "/v1/chat/completions"
     # one uncounted request first, as vLLM's benchmark does: the first request after boot
     # pays one-off warm-up costs that are no property of the release
-    await one_request(url, payload(load.model, prompts[0], load))
+    async with worker_session() as s:
+        await one_request(s, url, payload(load.model, prompts[0], load))
     before = await _scrape(base_url)
     results: list[RequestResult] = []
     counter = iter(range(1 << 30))
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    t0 = time.perf_counter()
     deadline = t0 + load.duration_s if load.duration_s else None
 
     def next_index() -> int | None:
@@ -115,30 +159,37 @@ async def run_level(base_url: str, prompts: list[Prompt], concurrency: int, load
         return i
 
     async def worker() -> None:
-        conn = http.Connection()
-        try:
+        async with worker_session() as session:
             while (i := next_index()) is not None:
                 results.append(await one_request(
-                    url, payload(load.model, prompts[i % len(prompts)], load), conn))
+                    session, url, payload(load.model, prompts[i % len(prompts)], load)))
                 tick()
-        finally:
-            conn.close()
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    async with clientcpu.watching() as held:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
     after = await _scrape(base_url)
     server = metrics.delta(before, after) if before is not None and after is not None else None
-    return Level(concurrency, results, wall, cpu, server)
+    return Level(concurrency, results, wall, held.cpu_s, server, held)
+
+
+async def get_text(url: str) -> str:
+    async with aiohttp.ClientSession(timeout=SMALL_TIMEOUT, trust_env=False) as s, \
+            s.get(url) as resp:
+        if resp.status != 200:
+            raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
+                                              message=f"GET {url}: HTTP {resp.status}")
+        return await resp.text()
 
 
 async def _scrape(base_url: str) -> dict[str, float] | None:
     try:
-        return metrics.parse(await http.get_text(base_url + "/metrics"))
-    except (TimeoutError, OSError, http.HTTPError):
+        return metrics.parse(await get_text(base_url + "/metrics"))
+    except (TimeoutError, aiohttp.ClientError, OSError):
         return None
 
 
 async def served_model(base_url: str) -> str:
     """The first name /v1/models lists (the server's primary --served-model-name)."""
-    data = json.loads(await http.get_text(base_url + "/v1/models"))
+    data = json.loads(await get_text(base_url + "/v1/models"))
     return str(data["data"][0]["id"])

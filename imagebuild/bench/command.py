@@ -6,15 +6,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import functools
 import json
-import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagebuild.bench import client, prompts, results
+from imagebuild import progress
+from imagebuild.bench import client, placement, prompts, results
+from imagebuild.bench.placement import Placement
 from imagebuild.errors import UserError
 from imagebuild.plan import ImageRef
 
@@ -23,24 +23,27 @@ if TYPE_CHECKING:
 
 
 def measure(base_url: str, *, prompt_set: list[prompts.Prompt], levels: list[int],
-            load_kw: dict[str, Any], log: Callable[[str], None] = print,
-            progress: bool = True) -> tuple[list[dict[str, Any]], str]:
+            load_kw: dict[str, Any], log: Callable[[str], None] = print
+            ) -> tuple[list[dict[str, Any]], str]:
     """Run every level against a live server: (level summaries, served model name)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     model = asyncio.run(client.served_model(base_url))
     load = client.Load(model=model, **load_kw)
     out = []
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeElapsedColumn(), disable=not progress) as bar:
-        for c in levels:
-            total = load.requests if load.requests is not None else None
-            task = bar.add_task(f"c={c}", total=total)
-            level = asyncio.run(client.run_level(base_url, prompt_set, c, load,
-                                                 tick=functools.partial(bar.advance, task)))
-            out.append(results.summarize(level))
-            lv = out[-1]
-            log(f"c={c}: {lv['output_tok_s']:,.1f} tok/s, {lv['errors']} errors")
+    for c in levels:
+        done = [0]
+
+        def tick(c: int = c, done: list[int] = done) -> None:
+            done[0] += 1
+            of = f" of {load.requests}" if load.requests is not None else ""
+            progress.wait(f"bench c={c}", f"{done[0]}{of} requests")
+
+        progress.wait(f"bench c={c}", "warm-up request")
+        level = asyncio.run(client.run_level(base_url, prompt_set, c, load, tick=tick))
+        out.append(results.summarize(level))
+        lv = out[-1]
+        flags = "; ".join(f["code"] for f in lv["flags"])
+        log(f"c={c}: {lv['output_tok_s']:,.1f} tok/s, {lv['errors']} errors"
+            + (f", UNTRUSTED ({flags})" if flags else ""))
     return out, model
 
 
@@ -75,20 +78,24 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
 
 def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prompt],
                 levels: list[int], load_kw: dict[str, Any], settings: dict[str, Any],
-                server_cpus: str | None = None, label: str | None = None,
+                place: Placement | None = None, label: str | None = None,
                 log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Start `ref` hardened on loopback, measure every level, remove it: one results doc."""
+    """Start `ref` hardened on loopback, measure every level, remove it: one results doc.
+    Server and client run on separate CPUs (`place`, by default split automatically)."""
     from imagebuild.bench.server import serving
     from imagebuild.smoke.expect import expectations_from_labels
 
+    place = place or placement.choose()
+    log(f"placement: {place.why}")
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
     meta = _image_meta(ref, info)
-    with serving(ref, info, expectations_from_labels(ref, info=info), cpuset=server_cpus,
-                 log=log) as c:
+    with serving(ref, info, expectations_from_labels(ref, info=info),
+                 cpuset=place.server_cpus, log=log) as c, place.client_pinned():
         measured, _model = measure(c.base_url, prompt_set=prompt_set, levels=levels,
                                    load_kw=load_kw, log=log)
     meta["label"] = label
-    return results.document(image=meta, settings=settings, levels=measured, started=started)
+    return results.document(image=meta, settings={**settings, **place.as_settings()},
+                            levels=measured, started=started)
 
 
 def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | None,
@@ -125,26 +132,29 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
         target.requests if target else None)
     max_tokens = args.max_tokens or (target.max_tokens if target else 128)
     prompt_arg = args.prompts or (target.prompts if target else "structured,prose")
-    if args.client_cpus:
-        os.sched_setaffinity(0, args.client_cpus)
+    place = placement.choose(args.server_cpus, args.client_cpus)
     prompt_set, load_kw, settings = load_settings(
         concurrency, prompt_arg, requests=requests, duration=args.duration,
-        max_tokens=max_tokens, extra={
-            "server_cpus": args.server_cpus,
-            "client_cpus": sorted(args.client_cpus) if args.client_cpus else None})
+        max_tokens=max_tokens)
     out_root = args.out or work_root(plan.lm.root if plan else REPO_ROOT) / "build" / "bench"
     if args.url:
         started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
-        levels, _model = measure(args.url, prompt_set=prompt_set, levels=concurrency,
-                                 load_kw=load_kw)
+        # a server we did not start: only the client can be placed
+        place = placement.choose(client_cpus=args.client_cpus) if args.client_cpus else \
+            placement.Placement(None, None, "not placed: --url")
+        with progress.stage("bench", args.url), place.client_pinned():
+            levels, _model = measure(args.url, prompt_set=prompt_set, levels=concurrency,
+                                     load_kw=load_kw)
         docs: Iterable[tuple[str, dict[str, Any]]] = [(args.url, results.document(
             image={"ref": args.url, "id": None, "tag": None, "label": args.label},
-            settings=settings, levels=levels, started=started))]
+            settings={**settings, **place.as_settings()}, levels=levels, started=started))]
     else:  # one image at a time: each is written (and stored) before the next boots
-        docs = ((ref, bench_image(ref, inspect_image(ref), prompt_set=prompt_set,
-                                  levels=concurrency, load_kw=load_kw, settings=settings,
-                                  server_cpus=args.server_cpus, label=args.label))
-                for ref in refs)
+        def one(ref: str) -> dict[str, Any]:
+            with progress.stage("bench", ref):
+                return bench_image(ref, inspect_image(ref), prompt_set=prompt_set,
+                                   levels=concurrency, load_kw=load_kw, settings=settings,
+                                   place=place, label=args.label)
+        docs = ((ref, one(ref)) for ref in refs)
     for ref, doc in docs:
         deltas, baseline = None, None
         if args.baseline or args.store:
@@ -163,7 +173,7 @@ def _registry_steps(args: argparse.Namespace, ref: str, doc: dict[str, Any]
     from imagebuild.bench import compare, store
     from imagebuild.registry.client import RegistryClient
 
-    image, _tag = ImageRef.parse(ref)
+    image, tag = ImageRef.parse(ref)
     repo = image.repository
     reg = RegistryClient(image.registry)
     deltas, base = None, None
@@ -174,8 +184,9 @@ def _registry_steps(args: argparse.Namespace, ref: str, doc: dict[str, Any]
                             fix="run `build.py bench --store` on that release first")
         deltas = compare.deltas(doc, base)
     if args.store:
-        if not doc["image"].get("id"):
-            raise UserError("--store needs an image, not --url", fix="give IMAGE_REF")
-        print(f"stored: {repo}:{store.bench_tag(doc['image']['id'])} "
-              f"({store.put_results(reg, repo, doc)})")
+        if not doc["image"].get("id") or not tag:
+            raise UserError("--store needs a released image (REGISTRY/REPO:RELEASE-TAG), "
+                            "not --url", fix="give the release's IMAGE_REF or --tag T")
+        digest = store.put_results(reg, repo, tag, doc)
+        print(f"stored with {repo}:{tag} as a referrer of its manifest ({digest[:19]})")
     return deltas, base

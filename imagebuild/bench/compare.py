@@ -17,7 +17,8 @@ def _rel(new: float | None, old: float | None) -> float | None:
 
 
 def deltas(candidate: dict[str, Any], baseline: dict[str, Any]) -> dict[int, dict[str, float]]:
-    """Relative change per shared concurrency level: tok/s, TTFT p50, TPOT p50."""
+    """Relative change per shared concurrency level: tok/s, TTFT p50, TPOT p50; and
+    `untrusted` 1.0 where either run's level is flagged (bench/trust.py)."""
     base = _by_level(baseline)
     out: dict[int, dict[str, float]] = {}
     for c, lv in _by_level(candidate).items():
@@ -32,6 +33,8 @@ def deltas(candidate: dict[str, Any], baseline: dict[str, Any]) -> dict[int, dic
                              (b.get("tpot_ms") or {}).get("median")),
         }
         out[c] = {k: v for k, v in figures.items() if v is not None}
+        if lv.get("flags") or b.get("flags"):
+            out[c]["untrusted"] = 1.0
     return out
 
 

@@ -1,18 +1,30 @@
-"""The regression gate `promote` runs before moving latest (issue 8, matrix.yaml
+"""The regression gate `promote` runs before moving latest (matrix.yaml
 `publish.regression_threshold`): a release slower than current latest at any concurrency
 level by more than the threshold does not become latest unless a reason is given; the
-reason is recorded on the release's stored bench results."""
+reason is recorded on the release's stored bench results.
+
+The gate compares only figures both runs can vouch for (bench/trust.py). A level flagged
+on either side is not compared silently: promotion stops and says why, unless the user
+accepts promoting without that comparison (`--accept-untrusted-bench REASON`, recorded
+like an accepted regression). The two acceptances are separate on purpose: one says
+"slower is fine", the other "we could not tell"; the remaining trusted levels are still
+gated for regressions either way.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from imagebuild.bench import store
+from imagebuild.bench import store, trust
 from imagebuild.bench.compare import Regression, regressions
 from imagebuild.errors import UserError
 from imagebuild.registry.client import RegistryClient
-from imagebuild.release.records import resolve_tag
+from imagebuild.release.records import read_release, resolve_tag
+
+UNTRUSTED_FIX = ('re-run the bench where nothing else competes for the CPUs (`build.py bench '
+                 '--tag T --store`), or promote without that comparison: '
+                 '--accept-untrusted-bench "why"')
 
 
 @dataclass
@@ -20,27 +32,51 @@ class GateResult:
     regressions: list[Regression] = field(default_factory=list)
     accepted_reason: str | None = None
     note: str = ""  # why the gate had nothing to compare, when it had not
+    untrusted: dict[int, list[str]] = field(default_factory=dict)  # level -> reasons
+    accepted_untrusted: str | None = None
 
     def notes_markdown(self) -> str:
         """A paragraph for the release notes ('' when there was nothing to say)."""
-        if not self.regressions:
-            return ""
-        lines = "\n".join(f"- {r.line()}" for r in self.regressions)
-        return (f"**Accepted throughput regression** vs the previous latest: "
-                f"{self.accepted_reason}\n\n{lines}\n")
+        out = ""
+        if self.untrusted:
+            lines = "\n".join(f"- c={c}: {'; '.join(r)}" for c, r in sorted(self.untrusted.items()))
+            out += (f"**Promoted without comparing untrusted bench figures**: "
+                    f"{self.accepted_untrusted}\n\n{lines}\n")
+        if self.regressions:
+            lines = "\n".join(f"- {r.line()}" for r in self.regressions)
+            out += (("\n" if out else "") + f"**Accepted throughput regression** vs the "
+                    f"previous latest: {self.accepted_reason}\n\n{lines}\n")
+        return out
+
+
+def _flagged(cand: dict, base: dict, shared: set[int]) -> dict[int, list[str]]:
+    """Reasons per shared level, from either run ('latest:' marks the baseline's)."""
+    mine, theirs = trust.untrusted(cand), trust.untrusted(base)
+    out: dict[int, list[str]] = {}
+    for c in sorted(shared):
+        reasons = [f["reason"] for f in mine.get(c, [])]
+        reasons += [f"latest: {f['reason']}" for f in theirs.get(c, [])]
+        if reasons:
+            out[c] = reasons
+    return out
+
+
+def _without(doc: dict, levels: set[int]) -> dict:
+    return {**doc, "levels": [lv for lv in doc.get("levels", [])
+                              if int(lv["concurrency"]) not in levels]}
 
 
 def check_promotion(client: RegistryClient, repo: str, to: str, *, threshold: float,
                     accept_regression: str | None = None,
+                    accept_untrusted: str | None = None,
                     log: Callable[[str], None] = print) -> GateResult:
-    """Raise UserError when `to` regresses against latest and no reason is given."""
+    """Raise UserError when `to` regresses against latest, or when the figures to compare
+    are flagged, and no reason is given for it."""
     tag = resolve_tag(client, repo, to)
-    latest_id = store.release_image_id(client, repo, "latest")
-    cand_id = store.release_image_id(client, repo, tag)
-    if latest_id is None or cand_id is None or latest_id == cand_id:
+    latest, cand_rel = read_release(client, repo, "latest"), read_release(client, repo, tag)
+    if latest is None or cand_rel is None or latest.digest == cand_rel.digest:
         return GateResult(note="no other latest to compare with")
-    base = store.get_results(client, repo, latest_id)
-    cand = store.get_results(client, repo, cand_id)
+    base, cand = store.stored(client, repo, "latest"), store.stored(client, repo, tag)
     if base is None:
         log(f"{repo}: latest has no bench results; regression gate not applied")
         return GateResult(note="latest has no bench results")
@@ -48,14 +84,41 @@ def check_promotion(client: RegistryClient, repo: str, to: str, *, threshold: fl
         log(f"{repo}: {tag} has no bench results (run `build.py bench --tag ...`); "
             "regression gate not applied")
         return GateResult(note=f"{tag} has no bench results")
-    found = regressions(cand[0], base[0], threshold)
-    if not found:
-        return GateResult()
-    what = "; ".join(r.line() for r in found)
-    if not accept_regression:
-        raise UserError(
-            f"{repo}: {tag} is slower than latest by more than {threshold:.0%}: {what}",
-            fix='promote anyway with --accept-regression "why it is acceptable"')
-    store.annotate(client, repo, cand_id, {store.A_ACCEPTED: accept_regression})
-    log(f"{repo}: regression accepted ({accept_regression}): {what}")
-    return GateResult(found, accept_regression)
+    result, recorded = judge(cand.doc, base.doc, what=f"{repo}: {tag}", threshold=threshold,
+                             accept_regression=accept_regression,
+                             accept_untrusted=accept_untrusted, log=log)
+    if recorded:
+        store.annotate(client, repo, tag, recorded)
+    return result
+
+
+def judge(cand: dict, base: dict, *, what: str, threshold: float,
+          accept_regression: str | None, accept_untrusted: str | None,
+          log: Callable[[str], None] = print) -> tuple[GateResult, dict[str, str]]:
+    """The gate's decision on two results documents: (result, annotations to record on
+    the candidate's stored results). Raises UserError on a refusal."""
+    shared = ({int(lv["concurrency"]) for lv in cand.get("levels", [])}
+              & {int(lv["concurrency"]) for lv in base.get("levels", [])})
+    flagged = _flagged(cand, base, shared)
+    recorded: dict[str, str] = {}
+    if flagged:
+        why = "; ".join(f"c={c}: {' / '.join(r)}" for c, r in flagged.items())
+        if not accept_untrusted:
+            raise UserError(f"{what} vs latest: the bench figures cannot be trusted at "
+                            f"{len(flagged)} of {len(shared)} shared level(s), so the "
+                            f"regression gate cannot compare them: {why}", fix=UNTRUSTED_FIX)
+        log(f"{what}: not comparing untrusted levels ({accept_untrusted}): {why}")
+        recorded[store.A_UNTRUSTED] = accept_untrusted
+    found = regressions(_without(cand, set(flagged)), _without(base, set(flagged)), threshold)
+    if found:
+        lines = "; ".join(r.line() for r in found)
+        if not accept_regression:
+            raise UserError(
+                f"{what} is slower than latest by more than {threshold:.0%}: {lines}",
+                fix='promote anyway with --accept-regression "why it is acceptable"')
+        log(f"{what}: regression accepted ({accept_regression}): {lines}")
+        recorded[store.A_ACCEPTED] = accept_regression
+    note = "no trusted level to compare" if flagged and set(flagged) == shared else ""
+    return GateResult(found, accept_regression if found else None, note=note,
+                      untrusted=flagged,
+                      accepted_untrusted=accept_untrusted if flagged else None), recorded

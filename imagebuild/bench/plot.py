@@ -1,4 +1,5 @@
-"""The PNG: output tok/s and TTFT p50 against concurrency, one line per release."""
+"""The PNG: output tok/s and TTFT p50 against concurrency, one line per release; levels
+whose figures are flagged as untrusted are drawn hollow."""
 
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ def plot(runs: list[dict[str, Any]], out: Path, title: str = "") -> Path:
         cs = [lv["concurrency"] for lv in levels]
         label = str(doc["image"].get("label") or doc["image"].get("tag")
                     or doc["image"].get("ref"))
-        ax_tps.plot(cs, [lv["output_tok_s"] for lv in levels], marker="o", label=label)
-        ax_ttft.plot(cs, [(lv["ttft_ms"] or {}).get("median") for lv in levels], marker="o",
-                     label=label)
+        for ax, ys in ((ax_tps, [lv["output_tok_s"] for lv in levels]),
+                       (ax_ttft, [(lv["ttft_ms"] or {}).get("median") for lv in levels])):
+            (line,) = ax.plot(cs, ys, marker="o", label=label)
+            bad = [(c, y) for c, y, lv in zip(cs, ys, levels, strict=True)
+                   if lv.get("flags") and y is not None]
+            if bad:  # untrusted figures (bench/trust.py): hollow, never read as equals
+                ax.plot(*zip(*bad, strict=True), linestyle="none", marker="o", markersize=11,
+                        markerfacecolor="white", markeredgecolor=line.get_color(),
+                        label=f"{label}: untrusted")
     for ax, ylabel in ((ax_tps, "output tok/s (aggregate)"), (ax_ttft, "TTFT p50 (ms)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")

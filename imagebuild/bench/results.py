@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from imagebuild.bench import trust
 from imagebuild.bench.client import Level
 
 SCHEMA = "imagebuild.bench/v1"
@@ -45,8 +46,10 @@ def summarize(level: Level) -> dict[str, Any]:
         "itl_ms": stats([x for r in ok for x in r.itl_s], 1000),
         "e2e_ms": stats([r.e2e_s for r in ok], 1000),
         "output_tokens_per_request": stats([float(r.output_tokens) for r in ok]),
+        "itl_collapsed_share": trust.collapsed_share([1000 * x for r in ok for x in r.itl_s]),
         # the client's own cost: CPU time this process spent per request
         "client_cpu_ms_per_request": 1000 * level.client_cpu_s / max(1, len(level.results)),
+        "client": _client(level),
         "spec_decode": None,
         "server_ttft_mean_ms": None,
     }
@@ -58,7 +61,18 @@ def summarize(level: Level) -> dict[str, Any]:
                                   "accepted_tokens": srv.accepted,
                                   "acceptance": srv.acceptance,
                                   "mean_accepted_length": srv.mean_accepted_length}
+    out["flags"] = trust.flags(out)
     return out
+
+
+def _client(level: Level) -> dict[str, float | None] | None:
+    """How held back the load generator was (shares of the level's wall time)."""
+    c, wall = level.client, level.wall_s
+    if c is None or wall <= 0:
+        return None
+    return {"cpu_share": c.cpu_s / wall,
+            "wait_share": None if c.wait_s is None else c.wait_s / wall,
+            "loop_lag_p90_ms": c.lag_p90_ms()}
 
 
 def cpu_model() -> str:
@@ -91,7 +105,8 @@ def markdown(doc: dict[str, Any], deltas: dict[int, dict[str, float]] | None = N
             f"tokens per request\n\n")
     cols = ["c", "req", "err", "tok/s", "req/s", "TTFT p50 ms", "TTFT p90 ms",
             "TTFT mean ms (server's)", "TPOT p50 ms",
-            "ITL p50 ms", "E2E p50 ms", "accept", "mean acc len", "client CPU ms/req"]
+            "ITL p50 ms", "E2E p50 ms", "accept", "mean acc len", "client CPU ms/req",
+            "figures"]
     if deltas is not None:
         cols.insert(4, "vs baseline")
     rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -106,9 +121,16 @@ def markdown(doc: dict[str, Any], deltas: dict[int, dict[str, float]] | None = N
                  _f((lv["itl_ms"] or {}).get("median"), 2),
                  _f((lv["e2e_ms"] or {}).get("median")),
                  _f(sd.get("acceptance"), 2), _f(sd.get("mean_accepted_length"), 2),
-                 _f(lv["client_cpu_ms_per_request"], 2)]
+                 _f(lv["client_cpu_ms_per_request"], 2),
+                 ("**UNTRUSTED** (" + ", ".join(f["code"] for f in lv["flags"]) + ")"
+                  if lv.get("flags") else "ok" if "flags" in lv else "not checked")]
         if deltas is not None:
-            d = deltas.get(lv["concurrency"], {}).get("output_tok_s")
-            cells.insert(4, "-" if d is None else f"{d:+.1%}")
+            dl = deltas.get(lv["concurrency"], {})
+            d = dl.get("output_tok_s")
+            cells.insert(4, ("-" if d is None else f"{d:+.1%}")
+                         + (" (untrusted)" if dl.get("untrusted") else ""))
         rows.append("| " + " | ".join(cells) + " |")
-    return head + "\n".join(rows) + "\n"
+    why = trust.summary(doc)
+    tail = ("\n**Untrusted figures** (the gate will not compare them silently):\n\n"
+            + "\n".join(f"- {line}" for line in why.splitlines()) + "\n") if why else ""
+    return head + "\n".join(rows) + "\n" + tail

@@ -11,6 +11,7 @@ from typing import Any
 
 import requests
 
+from imagebuild import progress
 from imagebuild.docker import engine, image_user
 from imagebuild.errors import OperationFailed
 from imagebuild.runspec import RunSpec, sdk_run_kwargs
@@ -36,10 +37,12 @@ def without_flag(argv: list[str], flag: str) -> list[str]:
 @contextlib.contextmanager
 def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
             drop_flags: tuple[str, ...] = (), set_flags: tuple[tuple[str, str], ...] = (),
-            cpuset: str | None = None, log=print) -> Iterator[Container]:
+            cpuset: str | None = None, environment: dict[str, str] | None = None,
+            log=print) -> Iterator[Container]:
     """The image's own serve command, minus `drop_flags`, with `set_flags` (flag, value)
     replacing or adding values: how a variant of a release is measured without a rebuild.
-    `cpuset` (docker --cpuset-cpus) keeps the server off the load generator's cores."""
+    `cpuset` (docker --cpuset-cpus) keeps the server off the load generator's cores;
+    `environment` adds to the image's own (how a profile's env setting is tried out)."""
     command = list(info.get("Config", {}).get("Cmd") or [])
     for flag in drop_flags + tuple(f for f, _ in set_flags):
         command = without_flag(command, flag)
@@ -52,10 +55,12 @@ def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
     c = Container(f"imagebuild-bench-{secrets.token_hex(4)}", spec.port)
     try:
         engine().run(image, list(spec.command), name=c.name, labels={LABEL: "1"},
-                     **sdk_run_kwargs(spec))
+                     **sdk_run_kwargs(spec), **({"environment": environment}
+                                                if environment else {}))
         t0 = time.monotonic()
         timeout = float(expect.get("boot_timeout_s") or 600)
         while True:
+            progress.wait("boot", f"waiting for /health ({time.monotonic() - t0:.0f}s)")
             try:
                 if requests.get(c.base_url + "/health", timeout=2).status_code == 200:
                     break

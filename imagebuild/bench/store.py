@@ -1,94 +1,206 @@
-"""Bench results kept in the registry, next to the release they measured.
+"""Bench results kept in the registry, attached to the release they measured.
 
-An OCI artifact (one JSON layer) tagged `sha256-<image id hex>.bench`: the tag-schema
-fallback signing tools use where a registry has no referrers API, so any registry works
-and any machine finds the results of a release from its manifest alone. Keyed by the
-image id (config digest) because that is what the local image and the pushed release
-share: a run on the local image before publish and the release after it name the same id.
+Stored as an OCI 1.1 artifact (one JSON layer) whose `subject` is the release manifest,
+so tools that list what belongs to an image find them (`oras discover`, the registry's
+referrers API). Registries with the referrers API index the subject themselves (they
+answer the push with `OCI-Subject`); on the others (distribution 2.8, the embedded
+registry) the pusher keeps the OCI fallback: an image index tagged
+`sha256-<manifest digest hex>` listing the referrers. `latest` is the same manifest as its
+release, so it carries the same results.
+
+One result set per release: a re-run or an annotation (an accepted regression) replaces
+the previous one in the index, and the replaced artifact is deleted where the registry
+allows deletes. Releases benched before this layout keep their results under the old tag
+`sha256-<image id hex>.bench` (no subject); they are read from there.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from imagebuild.errors import UserError
-from imagebuild.registry.client import OCI_MANIFEST, NotFound, RegistryClient, sha256_digest
-from imagebuild.release.records import A_IMAGE, read_release, resolve_tag
+from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient
+from imagebuild.registry.errors import NotFound, Unsupported
+from imagebuild.release.records import A_IMAGE, Release, read_release, resolve_tag
+from imagebuild.release.records import A_TAG as RELEASE_TAG
 
 ARTIFACT_TYPE = "application/vnd.imagebuild.bench.v1+json"
 EMPTY = "application/vnd.oci.empty.v1+json"
 ANN = "io.imagebuild.bench"
 A_IMAGE_ID, A_TAG, A_ACCEPTED = f"{ANN}.image-id", f"{ANN}.tag", f"{ANN}.accepted-regression"
+A_UNTRUSTED = f"{ANN}.accepted-untrusted"  # why flagged figures were let through the gate
+A_CREATED = "org.opencontainers.image.created"
+A_TITLE = "org.opencontainers.image.title"  # the file name `oras pull` writes
+FILE_NAME = "bench.json"
 
 
-def bench_tag(image_id: str) -> str:
-    algo, _, hexpart = image_id.partition(":")
+@dataclass(frozen=True)
+class Stored:
+    doc: dict[str, Any]
+    annotations: dict[str, str]
+    digest: str  # the artifact manifest
+    found_by: str  # referrers-api | referrers-tag | legacy-tag
+
+
+def referrers_tag(digest: str) -> str:
+    """The OCI referrers tag schema: `<alg>-<hex>` of the subject's manifest digest."""
+    algo, _, hexpart = digest.partition(":")
     if algo != "sha256" or len(hexpart) != 64:
-        raise UserError(f"not an image id: {image_id!r}", fix="use the sha256:<hex> image id")
-    return f"sha256-{hexpart}.bench"
+        raise UserError(f"not a manifest digest: {digest!r}", fix="use sha256:<hex>")
+    return f"sha256-{hexpart}"
 
 
-def put_results(client: RegistryClient, repo: str, doc: dict[str, Any], *,
+def legacy_tag(image_id: str) -> str:
+    """Where results were stored before they became referrers (by image id)."""
+    return referrers_tag(image_id) + ".bench"
+
+
+def _release(client: RegistryClient, repo: str, tag: str) -> Release | None:
+    return read_release(client, repo, tag if tag == "latest" else resolve_tag(client, repo, tag))
+
+
+def _descriptor(rel: Release) -> dict[str, Any]:
+    return {"mediaType": rel.media_type, "digest": rel.digest, "size": len(rel.body)}
+
+
+def _fallback_index(client: RegistryClient, repo: str, digest: str) -> list[dict[str, Any]]:
+    try:
+        raw, _media, _ = client.get_manifest(repo, referrers_tag(digest))
+    except NotFound:
+        return []
+    return list(json.loads(raw).get("manifests") or [])
+
+
+def put_results(client: RegistryClient, repo: str, tag: str, doc: dict[str, Any], *,
                 annotations: dict[str, str] | None = None) -> str:
-    """Store (or replace) the run of doc["image"]["id"]; returns the artifact's digest."""
-    image_id = doc["image"]["id"]
+    """Attach `doc` to release `tag` (replacing earlier results); the artifact's digest."""
+    rel = _release(client, repo, tag)
+    if rel is None:
+        raise UserError(f"{repo}:{tag} is not in the registry",
+                        fix="publish the release first; results are stored with it")
+    image_id = rel.annotations.get(A_IMAGE) or rel.image_id
+    measured = (doc.get("image") or {}).get("id")
+    if measured and measured != image_id:
+        raise UserError(f"these results measured {measured[:19]}, but {repo}:{tag} is "
+                        f"{image_id[:19]}", fix="bench the image the release holds")
     body = json.dumps(doc, sort_keys=True, indent=1).encode()
-    empty = b"{}"
-    layer = client.put_blob(repo, body)
-    config = client.put_blob(repo, empty)
+    layer, config = client.put_blob(repo, body), client.put_blob(repo, b"{}")
+    ann = {A_IMAGE_ID: image_id, A_TAG: rel.annotations.get(RELEASE_TAG, tag),
+           A_CREATED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(annotations or {})}
     manifest = {
         "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
-        "config": {"mediaType": EMPTY, "digest": config, "size": len(empty)},
-        "layers": [{"mediaType": ARTIFACT_TYPE, "digest": layer, "size": len(body)}],
-        "annotations": {A_IMAGE_ID: image_id, A_TAG: str(doc["image"].get("tag") or ""),
-                        **(annotations or {})},
+        "config": {"mediaType": EMPTY, "digest": config, "size": 2},
+        "layers": [{"mediaType": ARTIFACT_TYPE, "digest": layer, "size": len(body),
+                    "annotations": {A_TITLE: FILE_NAME}}],
+        "subject": _descriptor(rel),
+        "annotations": ann,
     }
     raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    assert sha256_digest(body) == layer
-    return client.put_manifest(repo, bench_tag(image_id), raw, OCI_MANIFEST)
+    old = [m["digest"] for m in _ours(client, repo, rel.digest)[0]]
+    digest, indexed = client.put_referrer(repo, raw, OCI_MANIFEST)
+    if not indexed:
+        others = [m for m in _fallback_index(client, repo, rel.digest)
+                  if m.get("artifactType") != ARTIFACT_TYPE]
+        index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": others + [{
+            "mediaType": OCI_MANIFEST, "digest": digest, "size": len(raw),
+            "artifactType": ARTIFACT_TYPE, "annotations": ann}]}
+        client.put_manifest(repo, referrers_tag(rel.digest),
+                            json.dumps(index, sort_keys=True, separators=(",", ":")).encode(),
+                            OCI_INDEX)
+    for stale in old:
+        if stale != digest:
+            try:
+                client.delete_manifest(repo, stale)
+            except (Unsupported, NotFound):
+                pass  # unreferenced now; the registry's garbage collection has it
+    return digest
 
 
-def get_results(client: RegistryClient, repo: str,
-                image_id: str) -> tuple[dict[str, Any], dict[str, str]] | None:
-    """(results, artifact annotations) stored for an image id, or None."""
+def _ours(client: RegistryClient, repo: str,
+          digest: str) -> tuple[list[dict[str, Any]], str]:
+    """Our artifacts' descriptors attached to manifest `digest`, newest first, and how
+    they were found."""
+    found = client.referrers(repo, digest, ARTIFACT_TYPE)
+    how = "referrers-api"
+    if found is None:
+        found, how = _fallback_index(client, repo, digest), "referrers-tag"
+    ours = [m for m in found if m.get("artifactType") == ARTIFACT_TYPE]
+    ours.sort(key=lambda m: (m.get("annotations") or {}).get(A_CREATED, ""), reverse=True)
+    return ours, how
+
+
+def _read(client: RegistryClient, repo: str, ref: str, how: str) -> Stored | None:
     try:
-        raw, _media, _digest = client.get_manifest(repo, bench_tag(image_id))
+        raw, _media, digest = client.get_manifest(repo, ref)
     except NotFound:
         return None
     manifest = json.loads(raw)
     if manifest.get("artifactType") != ARTIFACT_TYPE or not manifest.get("layers"):
         return None
     doc = json.loads(client.get_blob(repo, manifest["layers"][0]["digest"]))
-    return doc, manifest.get("annotations") or {}
+    return Stored(doc, dict(manifest.get("annotations") or {}), digest, how)
 
 
-def annotate(client: RegistryClient, repo: str, image_id: str, extra: dict[str, str]) -> None:
-    """Add annotations to a stored run (the accepted-regression reason): a new manifest,
-    same tag, same blobs."""
-    found = get_results(client, repo, image_id)
-    if found is None:
-        raise UserError(f"{repo}: no bench results for {image_id}", fix="run `build.py bench`")
-    doc, ann = found
-    keep = {k: v for k, v in ann.items() if k not in (A_IMAGE_ID, A_TAG)}
-    put_results(client, repo, doc, annotations={**keep, **extra})
-
-
-def release_image_id(client: RegistryClient, repo: str, tag: str) -> str | None:
-    """The image id a release tag (or `latest`) records, None when the tag does not exist."""
-    rel = read_release(client, repo, tag if tag == "latest" else resolve_tag(client, repo, tag))
+def stored(client: RegistryClient, repo: str, tag: str) -> Stored | None:
+    """The results stored with release `tag` (or `latest`), None when there are none."""
+    rel = _release(client, repo, tag)
     if rel is None:
         return None
-    return rel.annotations.get(A_IMAGE) or rel.image_id
+    ours, how = _ours(client, repo, rel.digest)
+    for desc in ours:
+        found = _read(client, repo, desc["digest"], how)
+        if found is not None:
+            return found
+    image_id = rel.annotations.get(A_IMAGE) or rel.image_id
+    return _read(client, repo, legacy_tag(image_id), "legacy-tag") if image_id else None
+
+
+def release_results(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] | None:
+    found = stored(client, repo, tag)
+    return found.doc if found else None
 
 
 def release_stored(client: RegistryClient, repo: str,
                    tag: str) -> tuple[dict[str, Any], dict[str, str]] | None:
     """(results, annotations) stored with release `tag`, or None."""
-    image_id = release_image_id(client, repo, tag)
-    return get_results(client, repo, image_id) if image_id else None
+    found = stored(client, repo, tag)
+    return (found.doc, found.annotations) if found else None
 
 
-def release_results(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] | None:
-    found = release_stored(client, repo, tag)
-    return found[0] if found else None
+def annotate(client: RegistryClient, repo: str, tag: str, extra: dict[str, str]) -> None:
+    """Add annotations to a release's results (an accepted regression's reason): the same
+    results stored again with them, replacing the previous artifact."""
+    found = stored(client, repo, tag)
+    if found is None:
+        raise UserError(f"{repo}:{tag} has no bench results", fix="run `build.py bench`")
+    keep = {k: v for k, v in found.annotations.items()
+            if k not in (A_IMAGE_ID, A_TAG, A_CREATED)}
+    put_results(client, repo, tag, found.doc, annotations={**keep, **extra})
+
+
+def forget(client: RegistryClient, repo: str, digest: str) -> int:
+    """Delete the results attached to manifest `digest` (a release being pruned) and its
+    referrers tag when nothing else is listed there; how many artifacts went."""
+    ours, _how = _ours(client, repo, digest)
+    gone = 0
+    for desc in ours:
+        try:
+            client.delete_manifest(repo, desc["digest"])
+            gone += 1
+        except (Unsupported, NotFound):
+            pass
+    others = [m for m in _fallback_index(client, repo, digest)
+              if m.get("artifactType") != ARTIFACT_TYPE]
+    try:
+        if others:
+            index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": others}
+            client.put_manifest(repo, referrers_tag(digest), json.dumps(
+                index, sort_keys=True, separators=(",", ":")).encode(), OCI_INDEX)
+        elif client.head_manifest(repo, referrers_tag(digest)):
+            client.delete_tag(repo, referrers_tag(digest))
+    except (Unsupported, NotFound):
+        pass
+    return gone

@@ -196,6 +196,7 @@ def _kind_of(path: str) -> str:
         ("/manifests/", "manifest"),
         ("/blobs/", "blob"),
         ("/tags/list", "tags"),
+        ("/referrers/", "referrers"),
         ("/_catalog", "catalog"),
     ):
         if marker in path:
@@ -205,7 +206,7 @@ def _kind_of(path: str) -> str:
 
 def _scope_for(method: str, path: str) -> str | None:
     """The token scope a request needs (distribution's token auth spec)."""
-    m = re.match(r"^/v2/(.+?)/(?:manifests|blobs|tags)/", path)
+    m = re.match(r"^/v2/(.+?)/(?:manifests|blobs|tags|referrers)/", path)
     if m:
         action = {"GET": "pull", "HEAD": "pull", "DELETE": "delete"}.get(method, "pull,push")
         return f"repository:{m.group(1)}:{action}"
@@ -521,6 +522,36 @@ class RegistryClient:
                 fix="the registry rewrote the manifest; this registry cannot retag by bytes",
             )
         return digest
+
+    def put_referrer(self, repo: str, body: bytes, media_type: str) -> tuple[str, bool]:
+        """PUT a manifest that has a `subject`, by digest: (digest, whether the registry
+        indexed the subject itself). OCI 1.1 registries answer with an `OCI-Subject`
+        header; without it the pusher maintains the referrers tag (`sha256-<hex>`)."""
+        digest = sha256_digest(body)
+        resp = self._request("PUT", f"/v2/{repo}/manifests/{digest}", data=body,
+                             headers={"Content-Type": media_type})
+        if resp.status_code not in (200, 201):
+            self._fail(resp, f"PUT manifest {repo}@{digest}", f"repository:{repo}:pull,push")
+        return digest, bool(resp.headers.get("OCI-Subject"))
+
+    def referrers(self, repo: str, digest: str,
+                  artifact_type: str | None = None) -> list[dict[str, Any]] | None:
+        """Descriptors of the manifests whose `subject` is repo@digest, through the OCI
+        referrers API; None when the registry has no such API (404: use the tag schema)."""
+        _check_repo(repo)
+        if not is_digest(digest):
+            raise UserError(f"referrers needs a digest, got {digest!r}")
+        query = f"?{urlencode({'artifactType': artifact_type})}" if artifact_type else ""
+        resp = self._request("GET", f"/v2/{repo}/referrers/{digest}{query}",
+                             headers={"Accept": OCI_INDEX})
+        if resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            self._fail(resp, f"referrers of {repo}@{digest}", f"repository:{repo}:pull")
+        manifests = list(json.loads(resp.content).get("manifests") or [])
+        if artifact_type:  # the filter is optional for registries (OCI-Filters-Applied)
+            manifests = [m for m in manifests if m.get("artifactType") == artifact_type]
+        return manifests
 
     def copy_tag(self, repo: str, src_ref: str, dst_tag: str) -> str:
         """Point dst_tag at src_ref's manifest server-side: manifest bytes only, no blobs.

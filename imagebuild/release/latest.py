@@ -159,10 +159,12 @@ def advance(client: RegistryClient, repo: str, tag: ReleaseTag, *, dry_run: bool
 
 
 def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_threshold: float,
-                 accept_regression: str | None, forward_only: bool = False,
-                 dry_run: bool = False, log: Log = print) -> list[Move]:
+                 accept_regression: str | None, accept_untrusted: str | None = None,
+                 forward_only: bool = False, dry_run: bool = False,
+                 log: Log = print) -> list[Move]:
     """Regression gate for every job first (a refusal moves nothing), then latest.
-    `forward_only` (the whole job, publish): a release older than latest leaves it alone."""
+    `forward_only` (the whole job, publish): a release older than latest leaves it alone.
+    `accept_untrusted`: promote although flagged bench figures could not be compared."""
     ready = []
     for job in jobs:
         repo = job.image.repository
@@ -175,7 +177,8 @@ def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_thres
                 continue
         check_promotion(client, repo, str(job.tag),
                         threshold=threshold_for(job, default_threshold),
-                        accept_regression=accept_regression, log=log)
+                        accept_regression=accept_regression,
+                        accept_untrusted=accept_untrusted, log=log)
         ready.append(job)
     return [set_latest(client, j.image.repository, str(j.tag), mode="promote", dry_run=dry_run,
                        log=log) for j in ready]

@@ -35,7 +35,9 @@ class ImageFacts:
     bench: dict[str, Any] | None = None  # results stored with this release
     bench_previous: dict[str, Any] | None = None  # ... with `previous`
     accepted_regression: str | None = None  # the reason promote was given
+    accepted_untrusted: str | None = None  # why flagged figures were not compared
     plot: str | None = None  # where the notes link the PNG (asset URL or file name)
+    history: str | None = None  # where the notes link the bench history of every release
 
 
 def run_spec(job: Job, ref: str) -> RunSpec:
@@ -82,6 +84,14 @@ def _smoke(v: dict[str, Any] | None) -> list[str]:
     return rows
 
 
+def _history(job: Job, f: ImageFacts) -> list[str]:
+    if f.history:
+        return [f"[Bench history of every release]({f.history}) (tok/s and TTFT per "
+                "concurrency level, `latest` and rollbacks marked)", ""]
+    return [f"Bench history of every release: `python build.py history --image "
+            f"{job.cell.image}`", ""]
+
+
 def _bench(f: ImageFacts) -> list[str]:
     from imagebuild.bench import compare, results
 
@@ -94,6 +104,9 @@ def _bench(f: ImageFacts) -> list[str]:
         out += [f"vs baseline: output tok/s against `{f.previous}`.", ""]
     if f.accepted_regression:
         out += [f"**Accepted throughput regression:** {f.accepted_regression}", ""]
+    if f.accepted_untrusted:
+        out += ["**Promoted without comparing untrusted bench figures:** "
+                f"{f.accepted_untrusted}", ""]
     if f.plot:
         out += [f"![tok/s and TTFT against concurrency]({f.plot})", ""]
     return out
@@ -129,7 +142,7 @@ def release_notes(jobs: tuple[Job, ...], facts: dict[str, ImageFacts]) -> str:
                 f"| engine | {_engine(job.pins['engine'])} |",
                 f"| model | {_pin(job.pins['model'])} |",
                 f"| drafter | {_pin(job.pins['drafter'])} |", "", "Smoke:", ""]
-        out += _smoke(f.verdict) + ["", "Benchmark:", ""] + _bench(f)
+        out += _smoke(f.verdict) + ["", "Benchmark:", ""] + _bench(f) + _history(job, f)
     out += ["## Rollback", ""]
     if previous:
         out += ["```sh"] + [f"python build.py rollback --to {p}" for p in previous] + ["```"]
@@ -155,7 +168,7 @@ def _stored_bench(client: Any, repo: str, tag: str | None
 def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, ImageFacts]:
     """Digests, earlier releases and stored bench results from the registry, verdicts
     from the smoke reports."""
-    from imagebuild.bench.store import A_ACCEPTED
+    from imagebuild.bench.store import A_ACCEPTED, A_UNTRUSTED
     from imagebuild.release.records import list_releases
     from imagebuild.smoke.paths import verdict_path
 
@@ -172,7 +185,7 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
         facts[job.id] = ImageFacts(
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
-            accepted_regression=ann.get(A_ACCEPTED))
+            accepted_regression=ann.get(A_ACCEPTED), accepted_untrusted=ann.get(A_UNTRUSTED))
     return facts
 
 
@@ -207,4 +220,20 @@ def write_plots(facts: dict[str, ImageFacts], jobs: tuple[Job, ...], out_dir: Pa
         runs = [f.bench] + ([f.bench_previous] if f.bench_previous else [])
         plot(runs, out_dir / name, title=f"{job.cell.image} - {job.tag}")
         done[job.id] = replace(f, plot=url_base + name)
+    return done
+
+
+def write_histories(client: Any, facts: dict[str, ImageFacts], jobs: tuple[Job, ...],
+                    out_dir: Path, url_base: str) -> dict[str, ImageFacts]:
+    """history-<image>.png/.md per image (every release's stored bench results), linked
+    from the notes at `url_base + file name`."""
+    from dataclasses import replace
+
+    from imagebuild.bench import history
+
+    done = dict(facts)
+    for job in jobs:
+        paths = history.write(history.gather(client, job.image.repository), out_dir, url_base)
+        done[job.id] = replace(done.get(job.id, ImageFacts(None, None, None)),
+                               history=url_base + paths["md"].name)
     return done

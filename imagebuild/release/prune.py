@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from imagebuild.bench import store
 from imagebuild.errors import UserError
 from imagebuild.registry.client import RegistryClient
 from imagebuild.release.lease import LEASE_TAG, holding_lease
@@ -60,7 +61,8 @@ def prune(client: RegistryClient, repo: str, keep: int, *, dry_run: bool = False
                        log=log, settle=settle):
         plan = plan_prune(client, repo, keep)  # again, under the lease: latest may have moved
         for tag in plan.delete:
-            client.delete_tag(repo, tag)
+            digest = client.delete_tag(repo, tag)
+            store.forget(client, repo, digest)  # its bench results go with it
     _log_prune(plan, False, log)
     return plan
 

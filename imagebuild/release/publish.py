@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import docker
 import docker.errors
 
+from imagebuild import progress
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import (
     OCI_MANIFEST,
@@ -119,9 +120,16 @@ def docker_push(image_id: str, name: str, tag: str, creds: Credentials | None) -
     api = _docker_api()
     api.tag(image_id, name, tag)
     digest = None
+    layers: dict[str, tuple[int, int]] = {}  # layer -> (bytes sent, size) for progress
     try:
         for event in api.push(name, tag=tag, stream=True, decode=True,
                               auth_config=_auth(creds, name.split("/")[0])):
+            if (detail := event.get("progressDetail")) and detail.get("total"):
+                layers[event.get("id", "")] = (int(detail.get("current") or 0),
+                                               int(detail["total"]))
+                progress.wait("push", f"{sum(c for c, _ in layers.values()) / 1e6:,.0f} of "
+                                      f"{sum(t for _, t in layers.values()) / 1e6:,.0f} MB "
+                                      f"in {len(layers)} layer(s) being sent")
             if "error" in event:
                 raise OperationFailed(f"docker push {name}:{tag} failed: {event['error']}",
                                       fix="check the registry; re-running resumes the push")

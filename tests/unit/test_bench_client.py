@@ -58,7 +58,8 @@ async def _with_server(fn):
 def test_one_request_times_first_chunk_and_gaps() -> None:
     async def go(base: str) -> client.RequestResult:
         body = client.payload("tiny", Prompt("t", "t", "hi"), client.Load("tiny"))
-        return await client.one_request(base + "/v1/chat/completions", body)
+        async with client.worker_session() as session:
+            return await client.one_request(session, base + "/v1/chat/completions", body)
 
     r = asyncio.run(_with_server(go))
     assert r.ok and r.output_tokens == TOKENS
@@ -71,7 +72,8 @@ def test_one_request_times_first_chunk_and_gaps() -> None:
 def test_http_error_is_a_counted_error_not_an_exception() -> None:
     async def go(base: str) -> client.RequestResult:
         body = client.payload("other", Prompt("t", "t", "hi"), client.Load("other"))
-        return await client.one_request(base + "/v1/chat/completions", body)
+        async with client.worker_session() as session:
+            return await client.one_request(session, base + "/v1/chat/completions", body)
 
     r = asyncio.run(_with_server(go))
     assert not r.ok and "HTTP 404" in r.error

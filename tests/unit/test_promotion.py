@@ -28,7 +28,8 @@ def calls(monkeypatch, jobs):
     seen: dict[str, list] = {"gate": [], "moved": []}
     slow = jobs[1].image.repository
 
-    def gate(client, repo, tag, *, threshold, accept_regression, log=print):
+    def gate(client, repo, tag, *, threshold, accept_regression, accept_untrusted=None,
+             log=print):
         seen["gate"].append((repo, threshold))
         if repo == slow and not accept_regression:
             raise UserError(f"{repo}: slower than latest", fix="--accept-regression")
