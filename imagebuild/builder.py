@@ -329,7 +329,7 @@ class Builder:
         base = self._done[base_key]
         engine_key = f"engine/{cell.target_name}/{cell.engine_name}"
         if engine_key not in self._done:
-            rendered = render_engine(self.lm, cell.target_name, cell.engine_name)
+            rendered = render_engine(self.lm, cell.target_name, cell.engine_name, self.lock)
             ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-engine")
             args = {"BASE_IMAGE": base.ref}
             if cell.realization.source:

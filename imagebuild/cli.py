@@ -270,6 +270,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
     print(f"wrote {path.name} ({len(dumps(data))} bytes)")
     if unresolved:
         print(f"unresolved (cells using them refuse to build): {', '.join(unresolved)}")
+        for name, e in data["bases"].items():
+            if e.get("status") != "resolved":
+                print(f"  bases/{name}: {e['fix']}")
     return 0
 
 
