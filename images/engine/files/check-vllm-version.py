@@ -33,7 +33,6 @@ import zipfile
 from pathlib import Path
 
 
-
 def public(version: str) -> str:
     return version.split("+", 1)[0]
 
