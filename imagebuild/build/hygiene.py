@@ -87,7 +87,7 @@ class Local:
 
     id: str
     tags: list[str]
-    created: str
+    used: str  # last_used(): ISO time, compared as text
     layers: tuple[str, ...]
     parent: str | None
     size: int
@@ -110,6 +110,14 @@ class CleanPlan:
         return out
 
 
+def last_used(attrs: dict[str, Any]) -> str:
+    """When this engine last tagged the image (a build, or build.py re-tagging an image it
+    found by its inputs): the image's age on this runner. Its `Created` is no such thing:
+    BuildKit takes it from cached steps, which may predate older images."""
+    tagged = (attrs.get("Metadata") or {}).get("LastTagTime") or ""
+    return tagged if tagged and not tagged.startswith("0001-") else attrs.get("Created", "")
+
+
 def _locals(client: Any, serve_repos: set[str], chain_repos: set[str]) -> dict[str, Local]:
     found: dict[str, Local] = {}
     for image in client.images.list():
@@ -129,7 +137,7 @@ def _locals(client: Any, serve_repos: set[str], chain_repos: set[str]) -> dict[s
         if not releases and not chain:
             continue
         labels = (attrs.get("Config") or {}).get("Labels") or {}
-        found[image.id] = Local(image.id, tags, attrs.get("Created", ""),
+        found[image.id] = Local(image.id, tags, last_used(attrs),
                                 tuple((attrs.get("RootFS") or {}).get("Layers") or ()),
                                 labels.get(PARENT_LABEL), int(attrs.get("Size") or 0),
                                 releases, chain, ours)
@@ -180,7 +188,7 @@ def plan_clean(images: dict[str, Local], keep: int,
         for anc in _ancestors(images[img_id], images):
             kept_images.setdefault(anc, f"built into {kept_images[img_id]}")
     kept_serve = [images[i] for i in kept_images if images[i].releases]
-    cutoff = min((i.created for i in kept_serve), default=None)
+    cutoff = min((i.used for i in kept_serve), default=None)
     remove: dict[str, list[str]] = {}
     for img in images.values():
         if img.id in kept_images:
@@ -191,8 +199,8 @@ def plan_clean(images: dict[str, Local], keep: int,
             continue
         if img.releases:
             remove[img.id] = img.ours
-        elif img.chain and cutoff is not None and img.created < cutoff:
-            # older than every kept release and built into none of them
+        elif img.chain and cutoff is not None and img.used < cutoff:
+            # last used before every kept release and built into none of them
             remove[img.id] = img.ours
     drop = sorted(tags - set(why))
     return CleanPlan(why, drop, remove, kept_images)
@@ -229,7 +237,7 @@ def runner_clean(client: Any, *, serve_repos: dict[str, str], chain_repos: set[s
     root = client.info().get("DockerRootDir", "/var/lib/docker")
     before = shutil.disk_usage(root).free if os.path.isdir(root) else None
     verb = "would remove" if dry_run else "removed"
-    for img_id, tags in sorted(plan.remove.items(), key=lambda kv: images[kv[0]].created):
+    for img_id, tags in sorted(plan.remove.items(), key=lambda kv: images[kv[0]].used):
         img = images[img_id]
         what = ", ".join(tags) or img_id[:19]
         others = [t for t in img.tags if t not in tags]

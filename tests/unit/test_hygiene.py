@@ -47,7 +47,7 @@ def test_keeps_newest_latest_rollback_and_what_they_were_built_from():
     }
     assert set(plan.kept_images) == {"s1", "e1", "b1", "s2"}
     assert plan.kept_images["b1"].startswith("built into")  # via the parent label
-    assert "e9" not in plan.remove  # newer than every kept release
+    assert "e9" not in plan.remove  # used after every kept release
 
 
 def test_nothing_local_to_age_out_keeps_every_chain_image():
