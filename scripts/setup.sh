@@ -16,6 +16,7 @@ command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
 command -v git >/dev/null || need_pkgs+=(git)
+command -v redis-server >/dev/null || need_pkgs+=(redis-server)  # shared compile-cache tests
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   $SUDO apt-get update -qq
