@@ -40,8 +40,14 @@ def _exists(ref: str) -> bool:
     return _docker("image", "inspect", ref).returncode == 0
 
 
-def _all_images() -> set[str]:
-    return set(_docker("image", "ls", "-aq", "--no-trunc").stdout.split())
+def _all_images(*, but_inputs_only: bool = False) -> set[str]:
+    """Ids of the engine's images; optionally without those only an inputs tag names
+    (runner-clean drops those tags wherever they are: they keep nothing alive)."""
+    import docker
+
+    images = docker.from_env().images.list()
+    return {i.id for i in images if not (but_inputs_only and i.tags and all(
+        t.startswith("imagebuild/inputs:") for t in i.tags))}
 
 
 class Chains:
@@ -134,7 +140,8 @@ def test_runner_clean_keeps_by_release_age_and_never_the_cache(
             set_latest(client, "rctest/cpu-tiny-ngram", R[2], log=lambda _: None)
             assert read_release(client, "rctest/cpu-tiny-ngram", "latest").annotations[
                 "io.imagebuild.release.tag"] == R[2]
-            others = _all_images() - {b0, e0, s0, b1, e1, s1, s2, b2, e2, s3, orphan}
+            others = (_all_images(but_inputs_only=True)
+                      - {b0, e0, s0, b1, e1, s1, s2, b2, e2, s3, orphan})
 
             assert main(["runner-clean", "--matrix", str(matrix), "--keep", "1",
                          "--dry-run"]) == 0
