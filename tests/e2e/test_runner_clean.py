@@ -171,10 +171,11 @@ def test_runner_clean_keeps_by_release_age_and_never_the_cache(
             ctx = tmp_path / "reader"
             ctx.mkdir()
             (ctx / "Dockerfile").write_text(
-                f"FROM {DEFAULT_BASE_REF}\n"
+                f"FROM {DEFAULT_BASE_REF}\nARG NONCE\n"
                 f"RUN --mount=type=cache,id={target},target=/c cat /c/stamp\n")
-            proc = _docker("build", "--network", "host", "--no-cache", "--progress", "plain",
-                           str(ctx))
+            # a new ARG value forces the RUN; --no-cache would also hand it a fresh mount
+            proc = _docker("build", "--network", "host", "--progress", "plain",
+                           "--build-arg", f"NONCE={uuid.uuid4().hex}", str(ctx))
             assert proc.returncode == 0 and stamp in proc.stdout + proc.stderr, proc.stderr
         finally:
             c.cleanup()
