@@ -2,4 +2,16 @@
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+BUNDLE_DIR = PACKAGE_DIR / "_bundle"  # what an installed package carries (setup.py)
+_CHECKOUT = PACKAGE_DIR.parent
+# Templates, tool files and the default matrix: beside the package in a checkout, inside
+# it (imagebuild/_bundle) once installed.
+REPO_ROOT = (_CHECKOUT if (_CHECKOUT / "images").is_dir()
+             and (_CHECKOUT / "matrix.yaml").is_file() else BUNDLE_DIR)
+
+
+def work_root(matrix_root: Path) -> Path:
+    """Where build/ and .cache/ go: beside the matrix, or the current directory when the
+    matrix is the installed package's own default (site-packages is no place for them)."""
+    return Path.cwd() if matrix_root.resolve() == BUNDLE_DIR else matrix_root

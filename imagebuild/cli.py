@@ -1,5 +1,10 @@
-"""Command line: `python build.py [SUBCOMMAND] ...`. Parses arguments, calls one module per
-stage, turns ImagebuildError into one message and its exit code (DESIGN.md)."""
+"""Command line: `python build.py [COMMAND] ...`.
+
+The parser, and one small function per command that turns arguments into a call of the
+module that does the work. Every command that works on a release gets its jobs the same
+way (`plan.load_plan`); ImagebuildError becomes one message and its exit code (0 ok, 1 a
+build/test/publish step failed, 2 bad input, 130 interrupted).
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,103 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import ImagebuildError, UserError
+from imagebuild.errors import ImagebuildError, UserError
+
+# ------------------------------------------------------------------------------ parser
 
 
-def _common(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
+def _matrix(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matrix", type=Path, default=None,
                    help="matrix.yaml to read (default: the repository's)")
+
+
+def _release(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
+    _matrix(p)
     p.add_argument("--tag", required=tag_required,
                    help="DATE-NAME, e.g. 2026-06-18-dflashfix (NAME: an engine patch set)")
-    p.add_argument("--target", default=None, help="gb10 or cpu (default: detected)")
+    p.add_argument("--target", default=None,
+                   help="a target of matrix.yaml, or `all` (default: the target whose "
+                        "properties fit this host)")
     p.add_argument("--only", default=None, metavar="GLOB",
                    help="only cells whose id (target/image) or image matches GLOB")
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError("comma-separated positive integers, e.g. 1,8,32,64")
+    return out
+
+
+def _cpus(text: str) -> set[int]:
+    """'0', '1,3' or '2-5' (the cpuset syntax docker takes) as a set of CPU numbers."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        out = set()
+    if not out:
+        raise argparse.ArgumentTypeError("CPU numbers such as 1, 1,3 or 2-5")
+    return out
+
+
+def _smoke_args(p: argparse.ArgumentParser) -> None:
+    _release(p, tag_required=False)
+    p.add_argument("image", nargs="?", default=None, metavar="IMAGE_REF",
+                   help="a local serve image; expectations from its labels and cell")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output dir (default: build/smoke/<target>/<engine>/<image>/, or "
+                        "build/smoke/ref/<ref>/ for IMAGE_REF)")
+    p.add_argument("--boot-timeout", type=float, default=None, metavar="S",
+                   help="override the target's boot_timeout_s")
+    p.add_argument("--stall-limit", type=float, default=None, metavar="S",
+                   help="silent-log seconds before boot counts as the spawn hang "
+                        "(default: boot timeout / 4, within 60..180)")
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    _release(p, tag_required=False)
+    p.add_argument("image", nargs="?", default=None, metavar="IMAGE_REF",
+                   help="a local serve image (started hardened on loopback, then removed)")
+    p.add_argument("--url", default=None,
+                   help="measure an already running server (http://127.0.0.1:PORT) instead")
+    p.add_argument("--concurrency", type=_positive_ints, default=None, metavar="C,C,..",
+                   help="levels (default: the target's bench settings with --tag, else "
+                        "1,8,32,64)")
+    p.add_argument("--prompts", default=None, metavar="SETS|FILE.jsonl",
+                   help="built-in sets (structured,prose) or a JSONL file of your own")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--requests", type=int, default=None, metavar="N",
+                      help="requests per level (default: the target's, else 32)")
+    load.add_argument("--duration", type=float, default=None, metavar="S",
+                      help="seconds per level instead of a request count")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="output tokens per request, fixed by ignore_eos (default: the "
+                        "target's, else 128)")
+    p.add_argument("--baseline", default=None, metavar="TAG",
+                   help="show deltas against the results stored with release TAG")
+    p.add_argument("--store", action="store_true",
+                   help="store the results in the registry next to the image's release")
+    p.add_argument("--label", default=None, help="legend name of this run in the plot")
+    p.add_argument("--server-cpus", default=None, metavar="LIST",
+                   help="pin the server container to these CPUs (docker --cpuset-cpus)")
+    p.add_argument("--client-cpus", type=_cpus, default=None, metavar="LIST",
+                   help="pin this load generator to these CPUs (e.g. 1 or 2-3), so client "
+                        "and server do not take each other's cores")
+    p.add_argument("--out", type=Path, default=None, help="output dir (default build/bench/)")
+
+
+def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
+    _matrix(p)
+    p.add_argument("--image", default=None, metavar="GLOB",
+                   help="image name or repository glob (default: every image)")
+    if dry_run:
+        p.add_argument("--dry-run", action="store_true", help="say what would be written")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,9 +117,11 @@ def parser() -> argparse.ArgumentParser:
         prog="build.py",
         description="matrix.yaml -> tested, tagged, rollback-able vLLM serving images.")
     sub = ap.add_subparsers(dest="command")
-    p = sub.add_parser("release", help="the whole job (the default: `build.py --tag T`): "
-                                       "plan, lock check, preflight, build, smoke, publish")
-    _common(p)
+
+    p = sub.add_parser("release", help="the whole job (the default: `build.py --tag T`): plan, "
+                                       "lock check, preflight, build, smoke, publish, bench, "
+                                       "regression gate, latest")
+    _release(p)
     p.add_argument("--out", type=Path, default=None, help="build dir (default: build/)")
     p.add_argument("--dry-run", action="store_true", help="no registry writes")
     p.add_argument("--no-bench", action="store_true",
@@ -36,76 +129,78 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-regression", default=None, metavar="REASON",
                    help="let a release slower than latest become latest; REASON goes into "
                         "its stored results and release notes")
+
     p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
-    _common(p)
-    p.add_argument("--format", choices=("table", "json", "github"), default="table")
+    _release(p)
+    p.add_argument("--format", choices=("table", "json", "github", "targets"), default="table",
+                   help="github: one strategy.matrix entry per cell with its runner labels; "
+                        "targets: one entry per target (properties, runner, cell count)")
+
     p = sub.add_parser("render", help="render Dockerfiles (base, engine, serve per cell)")
-    _common(p, tag_required=False)
+    _release(p, tag_required=False)
     p.add_argument("--out", type=Path, default=None, help="output dir (default: rendered/)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when the committed rendered files are stale")
+
     p = sub.add_parser("check", help="preflight: KV-cache layout, serve-flag traps, "
                                      "checkpoint and pin rules (exit 2 on any error)")
-    _common(p)
+    _release(p)
     p.add_argument("--format", choices=("table", "json"), default="table")
+
     p = sub.add_parser("build", help="build base, engine and serve images per cell (BuildKit)")
-    _common(p)
+    _release(p)
     p.add_argument("--out", type=Path, default=None,
                    help="where logs, contexts and build records go (default: build/)")
-    p = sub.add_parser("smoke", help="run serve images hardened and check they serve "
-                                     "correctly (exit 1 when one fails)")
-    _common(p, tag_required=False)
-    from .smoke.command import add_arguments as smoke_arguments
 
-    smoke_arguments(p)
-    p = sub.add_parser("bench", help="measure a serve image: TTFT, TPOT, tok/s per "
-                                     "concurrency level, speculative acceptance; plot")
-    _common(p, tag_required=False)
-    from .bench.command import add_arguments as bench_arguments
+    _smoke_args(sub.add_parser("smoke", help="run serve images hardened and check they serve "
+                                             "correctly (exit 1 when one fails)"))
+    _bench_args(sub.add_parser("bench", help="measure a serve image: TTFT, TPOT, tok/s per "
+                                             "concurrency level, speculative acceptance; plot"))
 
-    bench_arguments(p)
-    p = sub.add_parser("publish", help="push cells that passed smoke by digest, verify, "
-                                       "tag the release and move latest")
-    _common(p)
+    p = sub.add_parser("publish", help="push cells that passed smoke by digest, verify, tag "
+                                       "the release, then move latest (regression gate)")
+    _release(p)
     p.add_argument("--dry-run", action="store_true", help="say what would be written")
     p.add_argument("--no-latest", action="store_true", help="push and tag, keep latest")
+    p.add_argument("--accept-regression", default=None, metavar="REASON")
+
     p = sub.add_parser("promote", help="move latest to an already pushed release")
-    _common(p)
+    _release(p)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--accept-regression", default=None, metavar="REASON",
                    help="promote although its tok/s fell more than the threshold below "
                         "latest; the reason is recorded with the release")
-    for name, helptext in (("rollback", "move latest back to an older release (server-side)"),
-                           ("releases", "list releases in the registry, newest first"),
-                           ("prune", "delete old releases (never latest or its rollback)")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--matrix", type=Path, default=None)
-        p.add_argument("--image", default=None, metavar="GLOB",
-                       help="image name or repository glob (default: every image)")
-        if name == "rollback":
-            p.add_argument("--to", required=True, help="release tag, full or DATE-NAME")
-            p.add_argument("--all", action="store_true", help="every image (the default)")
-        if name == "prune":
-            p.add_argument("--keep", type=int, required=True, help="newest N releases to keep")
-        if name != "releases":
-            p.add_argument("--dry-run", action="store_true")
-        else:
-            p.add_argument("--format", choices=("table", "json"), default="table")
+
+    p = sub.add_parser("rollback", help="move latest back to an older release (server-side)")
+    _registry_args(p)
+    p.add_argument("--to", required=True, help="release tag, full or DATE-NAME")
+    p.add_argument("--all", action="store_true", help="every image (the default)")
+
+    p = sub.add_parser("releases", help="list releases in the registry, newest first")
+    _registry_args(p, dry_run=False)
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+    p = sub.add_parser("prune", help="delete old releases (never latest or its rollback)")
+    _registry_args(p)
+    p.add_argument("--keep", type=int, required=True, help="newest N releases to keep")
+
     p = sub.add_parser("notes", help="GitHub release notes of a release (markdown)")
-    _common(p)
+    _release(p)
     p.add_argument("--smoke-dir", type=Path, default=None,
                    help="build dir holding smoke/<target>/<engine>/<image>/verdict.json "
                         "(default: build/)")
-    p.add_argument("--plot-dir", type=Path, default=None, metavar="DIR",
-                   help="write bench-<image>.png per image there and link it in the notes")
+    p.add_argument("--asset-dir", "--plot-dir", dest="asset_dir", type=Path, default=None,
+                   metavar="DIR", help="write the release assets there: <image>.compose.yaml "
+                                       "and bench-<image>.png per image (linked in the notes)")
     p.add_argument("--asset-url", default=None, metavar="URL",
                    help="prefix of the plot links (the GitHub release's download URL; "
                         "default: the bare file name)")
+
     p = sub.add_parser("pins", help="watch pinned models and drafters for upstream moves")
     verbs = p.add_subparsers(dest="pins_command", required=True)
     w = verbs.add_parser("watch", help="compare each pin's upstream head with the lock and "
                                        "run preflight on a moved head")
-    w.add_argument("--matrix", type=Path, default=None)
+    _matrix(w)
     w.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     w.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="also write one issue body (.md) and title (.title) per moved pin")
@@ -115,11 +210,11 @@ def parser() -> argparse.ArgumentParser:
                                             "newest N releases, latest and its rollback "
                                             "target (with the images they are built from); "
                                             "never BuildKit's cache mounts")
-    p.add_argument("--matrix", type=Path, default=None)
+    _matrix(p)
     p.add_argument("--keep", type=int, required=True, help="newest N local releases to keep")
     p.add_argument("--dry-run", action="store_true", help="say what would go")
     p = sub.add_parser("lock", help="resolve every pin into matrix.lock.json")
-    p.add_argument("--matrix", type=Path, default=None)
+    _matrix(p)
     p.add_argument("--update", action="append", default=[], metavar="NAME",
                    help="re-resolve NAME (a model, drafter or target), moving a tracked branch")
     p.add_argument("--check", action="store_true",
@@ -127,84 +222,70 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _context(args: argparse.Namespace):
-    from . import matrix as mx
-    from .lockfile import read_lock
-    from .plan import detect_target
-    from .tags import parse_tag
-
-    lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    cells = mx.expand(lm)
-    tag = parse_tag(args.tag, lm.engines_versions()) if args.tag else None
-    if args.target:
-        if args.target not in lm.matrix.targets:
-            raise UserError(f"unknown target {args.target!r}",
-                            fix=f"use one of: {', '.join(lm.matrix.targets)}")
-        target, why = args.target, "--target"
-    else:
-        target, why = detect_target()
-    selected = mx.select(cells, engine=tag.name if tag else None, target=target,
-                         only=args.only)
-    if not selected:
-        raise UserError(
-            f"no cell matches (target {target}"
-            + (f", engine {tag.name}" if tag else "")
-            + (f", --only {args.only}" if args.only else "") + ")",
-            fix="check --target/--only against `build.py plan --format json`")
-    return lm, selected, tag, target, why, read_lock(lm.root)
+# ---------------------------------------------------------------------------- commands
 
 
-def _preflight(lm, cells, lock) -> None:
-    """Errors block (exit 2), warnings print: what plan and build run before anything."""
-    from .preflight.findings import format_table, has_errors
-    from .preflight.run import run_checks
+def _plan(args: argparse.Namespace):
+    from imagebuild.plan import load_plan
 
-    findings = run_checks(lm, cells, lock)
-    shown = [f for f in findings if f.severity != "info"]
-    if shown:
-        print(format_table(shown, show_info=False), file=sys.stderr)
-    if has_errors(findings):
-        raise UserError("preflight found errors (listed above)",
-                        fix="fix them, or waive a rule in matrix.yaml with a written reason; "
-                            "`python build.py check --tag T` shows the details")
+    return load_plan(args.matrix, args.tag, args.target, args.only)
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    from .preflight.findings import has_errors
-    from .preflight.run import render, run_checks
+def _build_dir(plan) -> Path:
+    from imagebuild import work_root
 
-    lm, cells, tag, target, why, lock = _context(args)
-    findings = run_checks(lm, cells, lock)
-    print(render(findings, args.format, {"tag": str(tag), "target": target,
-                                         "target_reason": why}))
-    return 2 if has_errors(findings) else 0
+    return work_root(plan.lm.root) / "build"
+
+
+def _out(args: argparse.Namespace, plan) -> Path:
+    return args.out or _build_dir(plan)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from imagebuild.job import ReleaseOptions, run_release
+
+    plan = _plan(args)
+    return run_release(plan, ReleaseOptions(out=_out(args, plan), dry_run=args.dry_run,
+                                            bench=not args.no_bench,
+                                            accept_regression=args.accept_regression))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .plan import format_json, format_table, github_matrix, plan_rows
+    from imagebuild.job import preflight
+    from imagebuild.plan import format_json, format_table, github_matrix, target_matrix
 
-    lm, cells, tag, target, why, lock = _context(args)
-    _preflight(lm, cells, lock)
-    rows = plan_rows(cells, lm, tag, lock)
+    plan = _plan(args)
+    preflight(plan)
     if args.format == "github":
-        print(json.dumps(github_matrix(rows), separators=(",", ":")))
+        print(json.dumps(github_matrix(plan.jobs), separators=(",", ":")))
+    elif args.format == "targets":
+        print(json.dumps(target_matrix(plan), separators=(",", ":")))
     elif args.format == "json":
-        print(format_json(rows, {"tag": str(tag), "target": target, "target_reason": why}))
+        print(format_json(plan))
     else:
-        print(format_table(rows, f"release {tag} · target {target} ({why}) · "
-                                 f"{len(rows)} cell(s)"))
+        print(format_table(plan.jobs, plan.header()))
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from imagebuild.preflight.findings import has_errors
+    from imagebuild.preflight.run import render, run_checks
+
+    plan = _plan(args)
+    findings = run_checks(plan.lm, list(plan.cells), plan.lock)
+    print(render(findings, args.format, plan.meta()))
+    return 2 if has_errors(findings) else 0
+
+
 def cmd_render(args: argparse.Namespace) -> int:
-    from . import matrix as mx
-    from .lockfile import read_lock
-    from .render import render_all, stale, write
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.render import render_all, stale, write
+    from imagebuild.spec import matrix as mx
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
     cells = mx.expand(lm)
     if args.tag:
-        _, cells, _, _, _, _ = _context(args)
+        cells = list(_plan(args).cells)
     elif args.target or args.only:
         cells = mx.select(cells, target=args.target, only=args.only)
     out_dir = args.out or lm.root / "rendered"
@@ -229,37 +310,184 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _buildable(args: argparse.Namespace):
-    """Context of a command that builds: pins locked and resolved, preflight clean."""
-    from .lock import verify_cells
-    from .plan import plan_rows
-
-    lm, cells, tag, target, why, lock = _context(args)
-    verify_cells(lm, cells, lock)
-    _preflight(lm, cells, lock)
-    assert lock is not None and tag is not None
-    return lm, cells, tag, target, why, lock, plan_rows(cells, lm, tag, lock)
-
-
 def cmd_build(args: argparse.Namespace) -> int:
-    from .builder import build_cells
+    from imagebuild.build.builder import build_jobs
+    from imagebuild.job import buildable
 
-    lm, cells, tag, target, why, lock, rows = _buildable(args)
-    refs = {r["cell"]: r["refs"][0] for r in rows}
-    print(f"building {len(cells)} cell(s) of {tag} for target {target} ({why})")
-    records = build_cells(lm, lock, cells, refs, out_dir=args.out or lm.root / "build")
-    for rec in records:
+    plan = buildable(_plan(args))
+    print(f"building {len(plan.jobs)} cell(s) of {plan.tag} for target {plan.target} "
+          f"({plan.target_reason})")
+    for rec in build_jobs(plan.lm, plan.lock, plan.jobs, out_dir=_out(args, plan)):
         how = ("reused (same inputs)" if rec.avoided else
                f"{rec.wall_s:.1f}s, {rec.steps_run} run / {rec.steps_cached} cached")
-        size = f"{rec.size_bytes / 1e6:.0f} MB"
-        print(f"  {rec.kind:6} {rec.ref}  {rec.image_id[:19]}  {size}  {how}")
+        print(f"  {rec.kind:6} {rec.ref}  {rec.image_id[:19]}  "
+              f"{rec.size_bytes / 1e6:.0f} MB  {how}")
+    return 0
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    """0 when every image passed, 1 when one failed (its verdict says why)."""
+    from imagebuild.smoke.runner import smoke_jobs, smoke_ref
+
+    kw = {"boot_timeout_s": args.boot_timeout, "stall_s": args.stall_limit}
+    if bool(args.image) == bool(args.tag):
+        raise UserError("give IMAGE_REF or --tag T (one of them)",
+                        fix="`build.py smoke IMAGE_REF` or `build.py smoke --tag T`")
+    if args.image:
+        verdicts = [smoke_ref(args.image, out_dir=args.out, **kw)]
+    else:
+        plan = _plan(args)
+        verdicts = list(smoke_jobs(plan.jobs, out_root=_out(args, plan), **kw).values())
+    for v in verdicts:
+        print(f"{'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")
+    return 0 if all(v["passed"] for v in verdicts) else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from imagebuild.bench.command import run
+
+    plan = _plan(args) if args.tag else None
+    return run(args, plan)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from imagebuild.job import load_verdicts, promote, publish_jobs, registry_client
+
+    plan = _plan(args)
+    if plan.tag is None:
+        raise UserError("publish needs --tag", fix="pass the release's --tag")
+    out = _build_dir(plan)
+    client = registry_client(plan)
+    publish_jobs(client, plan.jobs, load_verdicts(plan.jobs, out), dry_run=args.dry_run)
+    if not args.no_latest:
+        promote(plan, client, accept_regression=args.accept_regression, forward_only=True,
+                dry_run=args.dry_run)
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from imagebuild.job import promote, registry_client
+
+    plan = _plan(args)
+    # a release slower than latest beyond the threshold needs a written reason
+    promote(plan, registry_client(plan), accept_regression=args.accept_regression,
+            dry_run=args.dry_run)
+    return 0
+
+
+def _repositories(args: argparse.Namespace):
+    from imagebuild.plan import destination
+    from imagebuild.registry.client import RegistryClient
+    from imagebuild.release.repositories import repositories
+    from imagebuild.spec import matrix as mx
+
+    lm = mx.load(args.matrix.resolve() if args.matrix else None)
+    dest = destination(lm)
+    client = RegistryClient(dest.registry)
+    return client, repositories(client, dest, [c.image for c in mx.expand(lm)], args.image)
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from imagebuild.release.latest import set_latest_many
+
+    client, repos = _repositories(args)
+    moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run)
+    print(f"rollback to {args.to}: {len(moves)} image(s) in "
+          f"{sum(m.seconds for m in moves):.2f} s")
+    return 0
+
+
+def cmd_releases(args: argparse.Namespace) -> int:
+    from imagebuild.release.records import format_releases, list_releases
+
+    client, repos = _repositories(args)
+    if args.format == "json":
+        print(json.dumps({r: [x.as_json() for x in list_releases(client, r)] for r in repos},
+                         indent=2))
+        return 0
+    for repo in repos:
+        print(format_releases(repo, list_releases(client, repo)))
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from imagebuild.release.prune import prune
+
+    if args.keep < 1:
+        raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
+    client, repos = _repositories(args)
+    for repo in repos:
+        prune(client, repo, args.keep, dry_run=args.dry_run)
+    return 0
+
+
+def cmd_runner_clean(args: argparse.Namespace) -> int:
+    from imagebuild.build.hygiene import (
+        base_repo,
+        docker_client,
+        engine_repo,
+        protected_releases,
+        runner_clean,
+    )
+    from imagebuild.plan import destination
+    from imagebuild.registry.client import RegistryClient
+    from imagebuild.spec import matrix as mx
+
+    if args.keep < 1:
+        raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
+    lm = mx.load(args.matrix.resolve() if args.matrix else None)
+    dest = destination(lm)
+    cells = mx.expand(lm)
+    serve = {f"{dest.registry}/{dest.namespace}/{c.image}": f"{dest.namespace}/{c.image}"
+             for c in cells}
+    chain = {base_repo(t) for t in lm.matrix.targets} | {
+        engine_repo(c.target_name, c.engine_name) for c in cells}
+    # latest and its rollback target come from the registry: never guessed
+    protected = protected_releases(RegistryClient(dest.registry), sorted(set(serve.values())))
+    runner_clean(docker_client(), serve_repos=serve, chain_repos=chain, keep=args.keep,
+                 protected=protected, dry_run=args.dry_run)
+    return 0
+
+
+def cmd_notes(args: argparse.Namespace) -> int:
+    from imagebuild.job import registry_client
+    from imagebuild.release.notes import (
+        gather,
+        release_notes,
+        write_compose_files,
+        write_plots,
+    )
+
+    plan = _plan(args)
+    facts = gather(registry_client(plan), plan.jobs, args.smoke_dir or _build_dir(plan))
+    if args.asset_dir:
+        write_compose_files(facts, plan.jobs, args.asset_dir)
+        facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
+    print(release_notes(plan.jobs, facts), end="")
+    return 0
+
+
+def cmd_pins(args: argparse.Namespace) -> int:
+    """Exit 0 whenever the watch ran: a failing head is news for an issue, not a CI error."""
+    from imagebuild.lock.hub import HubClient
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.lock.pinwatch import render, watch, write_issue_files
+    from imagebuild.spec import matrix as mx
+
+    lm = mx.load(args.matrix.resolve() if args.matrix else None)
+    names = set(args.only)
+    reports = watch(lm, read_lock(lm.root), HubClient(),
+                    only=(lambda kind, name: name in names) if names else None)
+    if args.out:
+        write_issue_files(reports, args.out)
+    print(render(reports, args.format))
     return 0
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from . import matrix as mx
-    from .lock import build_lock, dumps, verify_cells, write_lock
-    from .lockfile import LOCK_NAME, read_lock
+    from imagebuild.lock.lockfile import LOCK_NAME, read_lock
+    from imagebuild.lock.resolve import build_lock, dumps, verify_cells, write_lock
+    from imagebuild.spec import matrix as mx
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
     cells = mx.expand(lm)
@@ -267,7 +495,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
         verify_cells(lm, cells, read_lock(lm.root), allow_unresolved=True)
         print(f"{LOCK_NAME} agrees with matrix.yaml")
         return 0
-    from .hub import HubClient
+    from imagebuild.lock.hub import HubClient
 
     print(f"locking {lm.located.file}")
     data = build_lock(lm, HubClient(), update=set(args.update))
@@ -281,198 +509,6 @@ def cmd_lock(args: argparse.Namespace) -> int:
             if e.get("status") != "resolved":
                 print(f"  bases/{name}: {e['fix']}")
     return 0
-
-
-def _client(lm):
-    from .plan import registry_for
-    from .registry import RegistryClient
-
-    reg = registry_for(lm)
-    return reg, RegistryClient(reg.host)
-
-
-def _repositories(lm, client, reg, pattern: str | None) -> list[str]:
-    """Repositories to act on: the registry's catalog under our namespace where it serves
-    one (so any machine can roll back), else the images matrix.yaml knows."""
-    from . import matrix as mx
-    from .errors import OperationFailed
-    from .release import catalog_repositories, match_repositories
-
-    try:
-        repos = catalog_repositories(client, reg.namespace)
-    except (UserError, OperationFailed):
-        repos = sorted({f"{reg.namespace}/{c.image}" for c in mx.expand(lm)})
-    chosen = match_repositories(repos, pattern)
-    if not chosen:
-        raise UserError(f"no repository under {reg.host}/{reg.namespace} matches "
-                        f"{pattern or '*'}", fix="check --image against `build.py releases`")
-    return chosen
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench.command import run
-
-    return run(args, context=_context)
-
-
-def cmd_smoke(args: argparse.Namespace) -> int:
-    from .smoke.command import run
-
-    return run(args, context=_context)
-
-
-def _publish(lm, cells, rows, out: Path, *, dry_run: bool, latest: bool = True) -> None:
-    from .publish import load_verdict, publish
-    from .release import split_repository
-    from .smoke.paths import verdict_path
-
-    _, client = _client(lm)
-    for cell, row in zip(cells, rows, strict=True):
-        _, repo = split_repository(row["repository"])
-        verdict = load_verdict(verdict_path(out, cell))
-        result = publish(client, repo, local_ref=row["refs"][0], release_tag=row["release_tag"],
-                         verdict=verdict, pins=row["pins"], move_to_latest=latest,
-                         dry_run=dry_run)
-        if dry_run:
-            print(f"{row['cell']}: dry run, nothing written")
-            continue
-        print(f"{row['cell']}: {'pushed' if result.pushed else 'already pushed'} "
-              f"{result.digest}; latest {'moved' if result.latest_moved else 'unchanged'}")
-
-
-def cmd_release(args: argparse.Namespace) -> int:
-    """The whole job. Nothing is pushed unless every cell of the tag passed smoke; latest
-    moves only after the bench, past the regression gate."""
-    from .builder import build_cells
-    from .plan import format_table
-    from .smoke.runner import smoke_cells
-
-    lm, cells, tag, target, why, lock, rows = _buildable(args)
-    print(format_table(rows, f"release {tag} · target {target} ({why}) · {len(rows)} cell(s)"))
-    out = args.out or lm.root / "build"
-    refs = {r["cell"]: r["refs"][0] for r in rows}
-    build_cells(lm, lock, cells, refs, out_dir=out)
-    verdicts = smoke_cells(lm, cells, refs, lock, out_root=out)
-    failed = [v for v in verdicts if not v["passed"]]
-    for v in verdicts:
-        print(f"smoke {'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")
-    if failed:
-        print(f"{len(failed)} cell(s) failed smoke: nothing pushed, no tag moved", file=sys.stderr)
-        return 1
-    if args.dry_run:
-        _publish(lm, cells, rows, out, dry_run=True)
-        print("dry run: no bench stored, latest not moved")
-        return 0
-    _publish(lm, cells, rows, out, dry_run=False, latest=False)
-    from .promotion import bench_release, promote_rows
-
-    _, client = _client(lm)
-    if not args.no_bench:
-        bench_release(client, cells, rows, out / "bench")
-    promote_rows(lm, client, cells, rows, accept_regression=args.accept_regression,
-                 forward_only=True)
-    return 0
-
-
-def cmd_publish(args: argparse.Namespace) -> int:
-    from .plan import plan_rows
-
-    lm, cells, tag, target, why, lock = _context(args)
-    rows = plan_rows(cells, lm, tag, lock)
-    _publish(lm, cells, rows, lm.root / "build", dry_run=args.dry_run, latest=not args.no_latest)
-    return 0
-
-
-def cmd_promote(args: argparse.Namespace) -> int:
-    from .plan import plan_rows
-    from .promotion import promote_rows
-
-    lm, cells, tag, target, why, lock = _context(args)
-    _, client = _client(lm)
-    # a release slower than latest beyond the threshold needs a written reason
-    promote_rows(lm, client, cells, plan_rows(cells, lm, tag, lock),
-                 accept_regression=args.accept_regression, dry_run=args.dry_run)
-    return 0
-
-
-def _registry_args(args: argparse.Namespace):
-    from . import matrix as mx
-
-    lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    reg, client = _client(lm)
-    return lm, reg, client, _repositories(lm, client, reg, args.image)
-
-
-def cmd_rollback(args: argparse.Namespace) -> int:
-    from .release import set_latest_many
-
-    _, _, client, repos = _registry_args(args)
-    moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run)
-    total = sum(m.seconds for m in moves)
-    print(f"rollback to {args.to}: {len(moves)} image(s) in {total:.2f} s")
-    return 0
-
-
-def cmd_releases(args: argparse.Namespace) -> int:
-    from .release import format_releases, list_releases
-
-    _, _, client, repos = _registry_args(args)
-    if args.format == "json":
-        print(json.dumps({r: [x.as_json() for x in list_releases(client, r)] for r in repos},
-                         indent=2))
-        return 0
-    for repo in repos:
-        print(format_releases(repo, list_releases(client, repo)))
-    return 0
-
-
-def cmd_prune(args: argparse.Namespace) -> int:
-    from .release import prune
-
-    if args.keep < 1:
-        raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
-    _, _, client, repos = _registry_args(args)
-    for repo in repos:
-        prune(client, repo, args.keep, dry_run=args.dry_run)
-    return 0
-
-
-def cmd_runner_clean(args: argparse.Namespace) -> int:
-    from . import matrix as mx
-    from .build.hygiene import (
-        base_repo,
-        docker_client,
-        engine_repo,
-        protected_releases,
-        runner_clean,
-    )
-    from .release import split_repository
-
-    if args.keep < 1:
-        raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
-    lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    reg, client = _client(lm)
-    cells = mx.expand(lm)
-    serve = {reg.repo(c.image): split_repository(reg.repo(c.image))[1] for c in cells}
-    chain = {base_repo(t) for t in lm.matrix.targets} | {
-        engine_repo(c.target_name, c.engine_name) for c in cells}
-    # latest and its rollback target come from the registry: never guessed
-    protected = protected_releases(client, sorted(set(serve.values())))
-    runner_clean(docker_client(), serve_repos=serve, chain_repos=chain, keep=args.keep,
-                 protected=protected, dry_run=args.dry_run)
-    return 0
-
-
-def cmd_notes(args: argparse.Namespace) -> int:
-    from .notes import cmd_notes as run
-
-    return run(args, context=_context)
-
-
-def cmd_pins(args: argparse.Namespace) -> int:
-    from .pinwatch import cmd_pins as run
-
-    return run(args)
 
 
 COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": cmd_build,
@@ -500,5 +536,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
+    except BrokenPipeError:  # `build.py plan ... | head`: the reader left, nothing to say
+        sys.stderr.close()
+        return 141

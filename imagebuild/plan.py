@@ -1,54 +1,163 @@
-"""`plan`: the cells a tag builds, each with image references, tags and every pin."""
+"""`plan`: the spine of every command. One frozen `Job` per cell of a release, made once.
+
+A Job carries what every later stage needs, already parsed: the cell, the release tag as
+a `ReleaseTag`, where the image lives as an `ImageRef` (built here, never split back
+from a string), every pin and the serve command. Build, smoke, publish, bench, promote
+and notes take Jobs; none re-parses a tag or a reference. Models: cibuildwheel's frozen
+BuildOptions (options made once), docker-stacks' `Config.full_image()` (a reference is
+composed in one place).
+"""
 
 from __future__ import annotations
 
 import functools
 import json
 import os
-import platform
-import subprocess
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from .lock import sha256_file
-from .lockfile import Lock
-from .matrix import Cell, LoadedMatrix
-from .servecmd import serve_command
-from .tags import ReleaseTag
+from imagebuild.errors import UserError
+from imagebuild.host import probe_host
+from imagebuild.lock.lockfile import Lock, read_lock
+from imagebuild.lock.resolve import sha256_file
+from imagebuild.spec import hardware
+from imagebuild.spec import matrix as mx
+from imagebuild.spec.hardware import Host, runner
+from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.servecmd import ServeCommand, serve_command
+from imagebuild.spec.tags import ReleaseTag, parse_tag
 
 UNRESOLVED = "UNRESOLVED"
+LATEST = "latest"
+ALL_TARGETS = "all"  # --target all: every target's cells (what a release workflow fans out)
+REGISTRY_ENV = "IMAGEBUILD_REGISTRY"
+NAMESPACE_ENV = "IMAGEBUILD_NAMESPACE"
 
 
 @dataclass(frozen=True)
-class Registry:
-    host: str
+class ImageRef:
+    """One image repository in one registry: `registry/repository`."""
+
+    registry: str  # host[:port]
+    repository: str  # namespace/image: the path the distribution API takes
+
+    @property
+    def name(self) -> str:
+        return f"{self.registry}/{self.repository}"
+
+    def at(self, tag: str) -> str:
+        return f"{self.name}:{tag}"
+
+    def by_digest(self, digest: str) -> str:
+        return f"{self.name}@{digest}"
+
+    @classmethod
+    def parse(cls, text: str) -> tuple[ImageRef, str | None]:
+        """A reference a user typed (`host[:port]/path[:tag][@digest]`) -> (ImageRef, tag).
+        The one place a reference string is taken apart; ours are composed, not parsed."""
+        host, _, rest = text.partition("/")
+        if not rest or not ("." in host or ":" in host or host == "localhost"):
+            raise UserError(f"{text!r} does not start with a registry host",
+                            fix="use REGISTRY/NAMESPACE/IMAGE:TAG, e.g. "
+                                "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:latest")
+        path = rest.split("@", 1)[0]
+        repo, sep, tag = path.rpartition(":")
+        if not sep or "/" in tag:
+            repo, tag = path, ""
+        return cls(host, repo), tag or None
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a matrix publishes: its registry and namespace (environment overrides)."""
+
+    registry: str
     namespace: str
 
-    def repo(self, image: str) -> str:
-        return f"{self.host}/{self.namespace}/{image}"
+    def image(self, name: str) -> ImageRef:
+        return ImageRef(self.registry, f"{self.namespace}/{name}")
 
 
-def registry_for(lm: LoadedMatrix) -> Registry:
+def destination(lm: LoadedMatrix) -> Destination:
     pub = lm.matrix.publish
-    return Registry(host=os.environ.get("IMAGEBUILD_REGISTRY", pub.registry),
-                    namespace=os.environ.get("IMAGEBUILD_NAMESPACE", pub.namespace))
+    return Destination(registry=os.environ.get(REGISTRY_ENV, pub.registry),
+                       namespace=os.environ.get(NAMESPACE_ENV, pub.namespace))
 
 
-def detect_target() -> tuple[str, str]:
-    """(target, why) when --target is not given: gb10 on a GB10 host, else cpu."""
+@dataclass(frozen=True)
+class Job:
+    """One cell of one release, resolved once."""
+
+    cell: Cell
+    tag: ReleaseTag
+    image: ImageRef
+    pins: Mapping[str, Any]
+    serve: ServeCommand
+    expect: Mapping[str, Any]  # what a healthy container of it shows (smoke)
+
+    @property
+    def id(self) -> str:
+        return self.cell.id
+
+    @property
+    def release_ref(self) -> str:
+        """`registry/namespace/image:release-tag`: also the local tag `build` gives it."""
+        return self.image.at(str(self.tag))
+
+    @property
+    def latest_ref(self) -> str:
+        return self.image.at(LATEST)
+
+    def as_json(self) -> dict[str, Any]:
+        c = self.cell
+        return {
+            "cell": c.id, "family": c.family, "target": c.target_name,
+            "platform": c.target.platform, "runner": runner(c.target),
+            "image": c.image, "repository": self.image.name, "release_tag": str(self.tag),
+            "refs": [self.release_ref, self.latest_ref],
+            "engine": c.engine_name, "model": c.model_name, "drafter": c.drafter_name,
+            "method": c.method, "profile": c.profile_name,
+            "pins": dict(self.pins), "serve": list(self.serve.argv),
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The jobs of one command invocation and the context they were made in."""
+
+    lm: LoadedMatrix
+    lock: Lock | None
+    tag: ReleaseTag | None
+    target: str
+    target_reason: str
+    cells: tuple[Cell, ...]
+    jobs: tuple[Job, ...] = field(default=())  # empty without a tag
+
+    @property
+    def destination(self) -> Destination:
+        return destination(self.lm)
+
+    def header(self) -> str:
+        return (f"release {self.tag} · target {self.target} ({self.target_reason}) · "
+                f"{len(self.jobs)} cell(s)")
+
+    def meta(self) -> dict[str, Any]:
+        return {"tag": str(self.tag), "target": self.target,
+                "target_reason": self.target_reason}
+
+
+def detect_target(lm: LoadedMatrix, host: Host | None = None) -> tuple[str, str]:
+    """(target, why) when --target is not given: the target whose properties fit this
+    host (platform, GPU compute capability; spec/hardware.match), or IMAGEBUILD_TARGET."""
     forced = os.environ.get("IMAGEBUILD_TARGET")
     if forced:
+        if forced != ALL_TARGETS and forced not in lm.matrix.targets:
+            raise UserError(f"IMAGEBUILD_TARGET={forced} is not a target of matrix.yaml",
+                            fix=f"use one of: {', '.join(lm.matrix.targets)}")
         return forced, f"IMAGEBUILD_TARGET={forced}"
-    if platform.machine() in ("aarch64", "arm64"):
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            out = ""
-        if "GB10" in out:
-            return "gb10", f"this host has a GB10 GPU ({out.strip().splitlines()[0]})"
-        return "cpu", "arm64 host without a GB10 GPU (nvidia-smi shows none)"
-    return "cpu", f"this host is {platform.machine()} without a GB10 GPU"
+    return hardware.match(lm.matrix.targets, host or probe_host())
 
 
 # patch files are hashed once per run, not once per cell
@@ -79,51 +188,77 @@ def cell_pins(cell: Cell, lm: LoadedMatrix, lock: Lock | None) -> dict[str, Any]
     model = _hub_pin(lock, "models", cell.model_name, m.repository, m.revision, m.track)
     if model is None and m.generate:
         model = {"generated": m.generate.script, "seed": m.generate.seed}
-    return {
-        "engine": engine,
-        "model": model,
-        "drafter": _hub_pin(lock, "drafters", cell.drafter_name, d.repository, d.revision,
-                            d.track) or {"method": d.method},
-    }
+    drafter = d and _hub_pin(lock, "drafters", cell.drafter_name, d.repository, d.revision,
+                             d.track)
+    return {"engine": engine, "model": model, "drafter": drafter or {"method": cell.method}}
 
 
-def plan_rows(cells: list[Cell], lm: LoadedMatrix, tag: ReleaseTag,
-              lock: Lock | None) -> list[dict[str, Any]]:
-    reg = registry_for(lm)
-    rows = []
-    for cell in cells:
-        repo = reg.repo(cell.image)
-        cmd = serve_command(cell)
-        rows.append({
-            "cell": cell.id,
-            "family": cell.family,
-            "target": cell.target_name,
-            "platform": cell.target.platform,
-            "runner": list(cell.target.runner),
-            "image": cell.image,
-            "repository": repo,
-            "release_tag": str(tag),
-            "refs": [f"{repo}:{tag}", f"{repo}:latest"],
-            "engine": cell.engine_name,
-            "model": cell.model_name,
-            "drafter": cell.drafter_name,
-            "method": cell.drafter.method,
-            "profile": cell.profile_name,
-            "pins": cell_pins(cell, lm, lock),
-            "serve": list(cmd.argv),
-        })
-    return rows
+def make_jobs(lm: LoadedMatrix, cells: list[Cell] | tuple[Cell, ...], tag: ReleaseTag,
+              lock: Lock | None) -> tuple[Job, ...]:
+    from imagebuild.smoke.expect import expectations_for
+
+    dest = destination(lm)
+    return tuple(Job(cell=c, tag=tag, image=dest.image(c.image), pins=cell_pins(c, lm, lock),
+                     serve=serve_command(c), expect=expectations_for(c, lock)) for c in cells)
 
 
-def github_matrix(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The object a workflow feeds to `strategy.matrix` via fromJSON."""
+def load_plan(matrix: Path | None, tag: str | None, target: str | None = None,
+              only: str | None = None) -> Plan:
+    """Matrix -> cells of the target (and tag's engine) -> one Job per cell."""
+    lm = mx.load(matrix.resolve() if matrix else None)
+    cells = mx.expand(lm)
+    rtag = parse_tag(tag, lm.engines_versions()) if tag else None
+    if target:
+        if target != ALL_TARGETS and target not in lm.matrix.targets:
+            raise UserError(f"unknown target {target!r}",
+                            fix=f"use one of: {', '.join(lm.matrix.targets)} (or "
+                                f"{ALL_TARGETS})")
+        why = "--target"
+    else:
+        target, why = detect_target(lm)
+    selected = mx.select(cells, engine=rtag.name if rtag else None,
+                         target=None if target == ALL_TARGETS else target, only=only)
+    if not selected:
+        raise UserError(
+            f"no cell matches (target {target}"
+            + (f", engine {rtag.name}" if rtag else "")
+            + (f", --only {only}" if only else "") + ")",
+            fix="check --target/--only against `build.py plan --format json`")
+    lock = read_lock(lm.root)
+    jobs = make_jobs(lm, selected, rtag, lock) if rtag else ()
+    return Plan(lm, lock, rtag, target, why, tuple(selected), jobs)
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def github_matrix(jobs: tuple[Job, ...]) -> dict[str, Any]:
+    """The object a workflow feeds to `strategy.matrix` via fromJSON: one entry per cell,
+    with the runner labels of its target (`runs-on: ${{ matrix.runner }}`)."""
     return {"include": [{
-        "cell": r["cell"], "image": r["image"], "target": r["target"],
-        "platform": r["platform"], "runner": r["runner"], "release_tag": r["release_tag"],
-    } for r in rows]}
+        "cell": j.id, "image": j.cell.image, "target": j.cell.target_name,
+        "platform": j.cell.target.platform, "runner": runner(j.cell.target),
+        "release_tag": str(j.tag),
+    } for j in jobs]}
 
 
-def _pin_text(pin: dict[str, Any] | None) -> str:
+def target_matrix(plan: Plan) -> dict[str, Any]:
+    """One entry per target the plan has cells of, for per-target workflow jobs (check,
+    promote, notes): `strategy.matrix` via fromJSON, like github_matrix."""
+    by_target: dict[str, int] = {}
+    for cell in plan.cells:
+        by_target[cell.target_name] = by_target.get(cell.target_name, 0) + 1
+    out = []
+    for name, count in by_target.items():
+        t = plan.lm.matrix.targets[name]
+        out.append({"target": name, "platform": t.platform, "accelerator": t.accelerator,
+                    "compute_capability": t.compute_capability,
+                    "unified_memory": t.unified_memory, "runner": runner(t),
+                    "traits": sorted(hardware.traits(t)), "cells": count})
+    return {"include": out}
+
+
+def pin_text(pin: Mapping[str, Any] | None) -> str:
     if not pin:
         return "-"
     if "repository" in pin:
@@ -132,27 +267,28 @@ def _pin_text(pin: dict[str, Any] | None) -> str:
         return f"{pin['repository']}@{rev}"
     if "generated" in pin:
         return f"generated by {pin['generated']} seed {pin['seed']}"
-    return pin.get("method", "-")
+    return str(pin.get("method", "-"))
 
 
-def format_table(rows: list[dict[str, Any]], header: str) -> str:
+def format_table(jobs: tuple[Job, ...], header: str) -> str:
     out = [header]
-    for r in rows:
-        e = r["pins"]["engine"]
+    for j in jobs:
+        c, e = j.cell, j.pins["engine"]
         origin = (f"{e['source']['repository']}@{e['source']['commit'][:12]}" if "source" in e
                   else e["wheel"])
         patches = ", ".join(p["file"] for p in e["patches"]) or "no patches"
         out += [
-            f"{r['cell']}  [{r['platform']}; runs on {', '.join(r['runner'])}]",
-            f"  refs     {r['refs'][0]}",
-            f"           {r['refs'][1]} (moved last, after smoke)",
-            f"  engine   {r['engine']} vLLM {e['vllm']}: {origin} + {patches}",
-            f"  model    {r['model']}: {_pin_text(r['pins']['model'])}",
-            f"  drafter  {r['drafter']} ({r['method']}): {_pin_text(r['pins']['drafter'])}",
-            f"  profile  {r['profile']}",
+            f"{j.id}  [{c.target.platform}; runs on {', '.join(runner(c.target))}]",
+            f"  refs     {j.release_ref}",
+            f"           {j.latest_ref} (moved last, after smoke)",
+            f"  engine   {c.engine_name} vLLM {e['vllm']}: {origin} + {patches}",
+            f"  model    {c.model_name}: {pin_text(j.pins['model'])}",
+            f"  drafter  {c.speculation}"
+            + (f": {pin_text(j.pins['drafter'])}" if c.drafter else ""),
+            f"  profile  {c.profile_name}",
         ]
     return "\n".join(out)
 
 
-def format_json(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    return json.dumps({**meta, "cells": rows}, indent=2)
+def format_json(plan: Plan) -> str:
+    return json.dumps({**plan.meta(), "cells": [j.as_json() for j in plan.jobs]}, indent=2)

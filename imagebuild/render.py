@@ -17,12 +17,12 @@ from typing import Any
 
 import jinja2
 
-from . import REPO_ROOT
-from .config import CompileCache, EngineRealization
-from .errors import UserError
-from .lockfile import Lock
-from .matrix import Cell, LoadedMatrix
-from .servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
+from imagebuild import REPO_ROOT
+from imagebuild.errors import UserError
+from imagebuild.lock.lockfile import Lock, served_files
+from imagebuild.spec.config import CompileCache, EngineRealization
+from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
 
 LABEL_NS = "io.imagebuild"
 # Files the templates ship with (launcher, patch applier, arch gate): they belong to this
@@ -119,6 +119,7 @@ def _header(template: str) -> str:
 
 def _hub_source(cell: Cell, kind: str, name: str, lock: Lock | None, dest: str) -> dict:
     pin = cell.model if kind == "models" else cell.drafter
+    assert pin is not None  # called for a drafter only when the cell has a drafter model
     entry = lock.entry(kind, name) if lock else None
     if not entry or not entry.get("sha") or entry.get("files") is None:
         raise Unresolved(
@@ -126,7 +127,7 @@ def _hub_source(cell: Cell, kind: str, name: str, lock: Lock | None, dest: str) 
             "not resolved in the lock", pin=name,
             fix=f"run `python build.py lock --update {name}` where the Hub is reachable")
     return {"kind": "hub", "repository": pin.repository, "revision": entry["sha"],
-            "dest": dest, "groups": weight_groups(entry["files"]),
+            "dest": dest, "groups": weight_groups(served_files(entry["files"], pin.exclude)),
             "manifest": f"{kind[:-1]}-files.json"}
 
 
@@ -193,6 +194,8 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str,
     if real.wheel:
         files.append(("files/requirements.txt", real.wheel.requirements))
         files.append(("files/vllm-serve.py", str(TOOL_FILES / "engine/files/vllm-serve.py")))
+        files.append(("files/slim-torch-cuda.py",
+                      str(TOOL_FILES / "engine/files/slim-torch-cuda.py")))
     if target.expect_cuda_arch:
         files.append(("files/check-cuda-arch.py",
                       str(TOOL_FILES / "engine/files/check-cuda-arch.py")))
@@ -240,7 +243,7 @@ def serve_labels(cell: Cell, lm: LoadedMatrix, model: dict, drafter: dict | None
         f"{LABEL_NS}.patchset.sha256": _patchset_digest(lm, real.patches),
         f"{LABEL_NS}.profile": cell.profile_name,
         f"{LABEL_NS}.served-names": ",".join(cell.model.served_names),
-        f"{LABEL_NS}.speculative.method": cell.drafter.method,
+        f"{LABEL_NS}.speculative.method": cell.method,
         f"{LABEL_NS}.model.repository": model.get("repository", model.get("script", "")),
         f"{LABEL_NS}.model.revision": model.get("revision", f"seed-{model.get('seed', '')}"),
     }
@@ -260,7 +263,7 @@ def render_serve(lm: LoadedMatrix, cell: Cell, lock: Lock | None) -> Rendered:
     else:
         model = _hub_source(cell, "models", cell.model_name, lock, MODEL_DIR)
     drafter = (_hub_source(cell, "drafters", cell.drafter_name, lock, DRAFTER_DIR)
-               if cell.drafter.repository else None)
+               if cell.drafter_model else None)
     if model["kind"] == "hub" or drafter:
         files.append(("files/fetch-hub-files.py",
                       str(TOOL_FILES / "serve/files/fetch-hub-files.py")))

@@ -15,7 +15,14 @@ command -v dockerd >/dev/null || need_pkgs+=(docker.io)
 command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
+# smoke brings each image up from its compose file (pytest-docker); compose v2 where the
+# docker plugin exists, else Debian's docker-compose
+docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null \
+  || need_pkgs+=(docker-compose)
 command -v git >/dev/null || need_pkgs+=(git)
+# the unit tests of the cpu engine's CUDA stubs build small libraries
+command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
+command -v readelf >/dev/null || need_pkgs+=(binutils)
 command -v redis-server >/dev/null || need_pkgs+=(redis-server)  # shared compile-cache tests
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import http, metrics
-from .prompts import Prompt
+from imagebuild.bench import http, metrics
+from imagebuild.bench.prompts import Prompt
 
 
 @dataclass

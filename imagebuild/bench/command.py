@@ -1,6 +1,5 @@
-"""`build.py bench IMAGE_REF|--tag T [...]`, ready to wire (like smoke/command.py):
-cli.py adds the shared flags (`--matrix/--tag/--target/--only`), then `add_arguments(p)`,
-and calls `run(args, context=_context)`."""
+"""`build.py bench IMAGE_REF|--tag T|--url URL`: measure, write JSON/markdown/plot, and
+optionally compare with a stored baseline and store the results in the registry."""
 
 from __future__ import annotations
 
@@ -13,65 +12,14 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import UserError
-from . import client, prompts, results
+from imagebuild.bench import client, prompts, results
+from imagebuild.errors import UserError
+from imagebuild.plan import ImageRef
 
-
-def _levels(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        out = []
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError("comma-separated positive integers, e.g. 1,8,32,64")
-    return out
-
-
-def _cpus(text: str) -> set[int]:
-    """'0', '1,3' or '2-5' (the cpuset syntax docker takes) as a set of CPU numbers."""
-    out: set[int] = set()
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.partition("-")
-            out.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        out = set()
-    if not out:
-        raise argparse.ArgumentTypeError("CPU numbers such as 1, 1,3 or 2-5")
-    return out
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("image", nargs="?", default=None, metavar="IMAGE_REF",
-                   help="a local serve image (started hardened on loopback, then removed)")
-    p.add_argument("--url", default=None,
-                   help="measure an already running server (http://127.0.0.1:PORT) instead")
-    p.add_argument("--concurrency", type=_levels, default=None, metavar="C,C,..",
-                   help="levels (default: the target's bench settings with --tag, else "
-                        "1,8,32,64)")
-    p.add_argument("--prompts", default=None, metavar="SETS|FILE.jsonl",
-                   help="built-in sets (structured,prose) or a JSONL file of your own")
-    load = p.add_mutually_exclusive_group()
-    load.add_argument("--requests", type=int, default=None, metavar="N",
-                      help="requests per level (default: the target's, else 32)")
-    load.add_argument("--duration", type=float, default=None, metavar="S",
-                      help="seconds per level instead of a request count")
-    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
-                   help="output tokens per request, fixed by ignore_eos (default: the "
-                        "target's, else 128)")
-    p.add_argument("--baseline", default=None, metavar="TAG",
-                   help="show deltas against the results stored with release TAG")
-    p.add_argument("--store", action="store_true",
-                   help="store the results in the registry next to the image's release")
-    p.add_argument("--label", default=None, help="legend name of this run in the plot")
-    p.add_argument("--server-cpus", default=None, metavar="LIST",
-                   help="pin the server container to these CPUs (docker --cpuset-cpus)")
-    p.add_argument("--client-cpus", type=_cpus, default=None, metavar="LIST",
-                   help="pin this load generator to these CPUs (e.g. 1 or 2-3), so client "
-                        "and server do not take each other's cores")
-    p.add_argument("--out", type=Path, default=None, help="output dir (default build/bench/)")
+if TYPE_CHECKING:
+    from imagebuild.plan import Plan
 
 
 def measure(base_url: str, *, prompt_set: list[prompts.Prompt], levels: list[int],
@@ -118,7 +66,7 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
     paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     paths["md"].write_text(markdown)
     try:
-        from .plot import plot
+        from imagebuild.bench.plot import plot
         paths["png"] = plot([doc, *(others or [])], out_dir / f"{stem}.png")
     except ImportError:  # matplotlib missing: the numbers still stand
         pass
@@ -130,8 +78,8 @@ def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prom
                 server_cpus: str | None = None, label: str | None = None,
                 log: Callable[[str], None] = print) -> dict[str, Any]:
     """Start `ref` hardened on loopback, measure every level, remove it: one results doc."""
-    from ..smoke.expect import expectations_from_labels
-    from .server import serving
+    from imagebuild.bench.server import serving
+    from imagebuild.smoke.expect import expectations_from_labels
 
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
     meta = _image_meta(ref, info)
@@ -158,20 +106,19 @@ def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | No
     return prompt_set, load_kw, settings
 
 
-def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) -> int:
-    from .. import REPO_ROOT
-    from ..smoke.expect import inspect_image
+def run(args: argparse.Namespace, plan: Plan | None) -> int:
+    """`plan`: the jobs of --tag (None for IMAGE_REF or --url)."""
+    from imagebuild import REPO_ROOT, work_root
+    from imagebuild.docker import inspect_image
 
     if sum(bool(x) for x in (args.image, args.tag, args.url)) != 1:
         raise UserError("give one of IMAGE_REF, --tag T or --url URL",
                         fix="e.g. `build.py bench 127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:TAG`")
     refs = [args.image] if args.image else []
     target = None
-    if args.tag:
-        from ..plan import plan_rows
-        lm, cells, tag, _target, _why, lock = context(args)
-        refs = [r["refs"][0] for r in plan_rows(cells, lm, tag, lock)]
-        target = cells[0].target.bench if cells else None
+    if plan is not None:
+        refs = [j.release_ref for j in plan.jobs]
+        target = plan.jobs[0].cell.target.bench if plan.jobs else None
     # flags win; then the target's bench settings in matrix.yaml (with --tag); then defaults
     concurrency = args.concurrency or (target.concurrency if target else [1, 8, 32, 64])
     requests = args.requests if args.requests is not None or args.duration else (
@@ -185,7 +132,7 @@ def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) 
         max_tokens=max_tokens, extra={
             "server_cpus": args.server_cpus,
             "client_cpus": sorted(args.client_cpus) if args.client_cpus else None})
-    out_root = args.out or REPO_ROOT / "build" / "bench"
+    out_root = args.out or work_root(plan.lm.root if plan else REPO_ROOT) / "build" / "bench"
     if args.url:
         started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
         levels, _model = measure(args.url, prompt_set=prompt_set, levels=concurrency,
@@ -213,14 +160,12 @@ def run(args: argparse.Namespace, context: Callable[[argparse.Namespace], Any]) 
 def _registry_steps(args: argparse.Namespace, ref: str, doc: dict[str, Any]
                     ) -> tuple[dict[int, dict[str, float]] | None, dict[str, Any] | None]:
     """Baseline deltas (and the baseline's results) and/or storing this run."""
-    from ..registry import RegistryClient
-    from . import compare, store
+    from imagebuild.bench import compare, store
+    from imagebuild.registry.client import RegistryClient
 
-    host, _, rest = ref.partition("/")
-    repo = rest.rsplit(":", 1)[0].split("@")[0]
-    if not rest or "." not in host and ":" not in host:
-        raise UserError(f"{ref} does not name a registry", fix="use REGISTRY/REPO:TAG")
-    reg = RegistryClient(host)
+    image, _tag = ImageRef.parse(ref)
+    repo = image.repository
+    reg = RegistryClient(image.registry)
     deltas, base = None, None
     if args.baseline:
         base = store.release_results(reg, repo, args.baseline)

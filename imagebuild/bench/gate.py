@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import UserError
-from ..registry import RegistryClient
-from ..release import resolve_tag
-from . import store
-from .compare import Regression, regressions
+from imagebuild.bench import store
+from imagebuild.bench.compare import Regression, regressions
+from imagebuild.errors import UserError
+from imagebuild.registry.client import RegistryClient
+from imagebuild.release.records import resolve_tag
 
 
 @dataclass

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UserError
+from imagebuild.errors import UserError
 
 
 @dataclass(frozen=True)

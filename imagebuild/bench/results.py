@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .client import Level
+from imagebuild.bench.client import Level
 
 SCHEMA = "imagebuild.bench/v1"
 

@@ -1,18 +1,23 @@
-"""Start a serve image for a benchmark the way smoke does (hardened, loopback, free port),
-wait for /health, and always remove it."""
+"""Start a serve image for a benchmark the way it is run everywhere (runspec.py: hardened,
+loopback, a free port), wait for /health, and always remove it."""
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import requests
 
-from ..errors import OperationFailed
-from ..smoke.container import Container, image_user, launch
-from ..smoke.dockercli import docker
+from imagebuild.docker import engine, image_user
+from imagebuild.errors import OperationFailed
+from imagebuild.runspec import RunSpec, sdk_run_kwargs
+from imagebuild.smoke.boot import Container
+from imagebuild.smoke.runner import free_port
+
+LABEL = "io.imagebuild.bench"
 
 
 def without_flag(argv: list[str], flag: str) -> list[str]:
@@ -40,10 +45,14 @@ def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
         command = without_flag(command, flag)
     for flag, value in set_flags:
         command += [flag, value]
-    user = image_user(image, info.get("Config", {}).get("User") or "")
-    c = launch(image, command, memory=expect["memory_limit"], gpu=expect["gpu"], user=user,
-               cpuset=cpuset)
+    spec = RunSpec(image=image, command=tuple(command), memory=expect.get("memory_limit"),
+                   gpu=bool(expect.get("gpu")),
+                   user=image_user(image, info.get("Config", {}).get("User") or ""),
+                   cpuset=cpuset).at_port(free_port())
+    c = Container(f"imagebuild-bench-{secrets.token_hex(4)}", spec.port)
     try:
+        engine().run(image, list(spec.command), name=c.name, labels={LABEL: "1"},
+                     **sdk_run_kwargs(spec))
         t0 = time.monotonic()
         timeout = float(expect.get("boot_timeout_s") or 600)
         while True:
@@ -53,8 +62,9 @@ def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
             except requests.RequestException:
                 pass
             if not c.running():
-                tail = docker("logs", "--tail", "20", c.name, check=False).stderr[-1500:]
-                raise OperationFailed(f"{image} exited while booting:\n{tail}",
+                tail = b"".join(engine().logs(c.name, follow=False))[-1500:]
+                raise OperationFailed(f"{image} exited while booting:\n"
+                                      f"{tail.decode(errors='replace')}",
                                       fix=f"run `build.py smoke {image}` for a diagnosis")
             if time.monotonic() - t0 > timeout:
                 raise OperationFailed(f"{image} not healthy after {timeout:.0f} s",
@@ -63,4 +73,4 @@ def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
         log(f"server up in {time.monotonic() - t0:.1f} s on {c.base_url}")
         yield c
     finally:
-        c.remove()
+        engine().remove_container(c.name)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import UserError
-from ..registry import OCI_MANIFEST, NotFound, RegistryClient, sha256_digest
-from ..release import A_IMAGE, read_release, resolve_tag
+from imagebuild.errors import UserError
+from imagebuild.registry.client import OCI_MANIFEST, NotFound, RegistryClient, sha256_digest
+from imagebuild.release.records import A_IMAGE, read_release, resolve_tag
 
 ARTIFACT_TYPE = "application/vnd.imagebuild.bench.v1+json"
 EMPTY = "application/vnd.oci.empty.v1+json"

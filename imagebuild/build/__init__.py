@@ -1,1 +1,1 @@
-"""Building images: BuildKit driving, bootstrap, build parallelism, patches, sources, runner hygiene."""
+"""Building images: BuildKit builds, the debootstrapped base, compile parallelism, patch series, the vLLM source, package indexes, runner hygiene."""

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import OperationFailed
-from ..tags import parse_release_tag
+from imagebuild.errors import OperationFailed
+from imagebuild.spec.tags import parse_release_tag
 
 INPUTS_REPO = "imagebuild/inputs"  # builder.INPUTS_REPO (no import: builder imports us)
 PARENT_LABEL = "io.imagebuild.parent"
@@ -209,7 +209,7 @@ def plan_clean(images: dict[str, Local], keep: int,
 def protected_releases(client: Any, repos: Iterable[str]) -> dict[tuple[str, str], str]:
     """(repository path, tag) of each repository's latest and its rollback target: the
     newest passed release older than latest (as `prune` keeps them in the registry)."""
-    from ..release import list_releases
+    from imagebuild.release.records import list_releases
 
     out: dict[tuple[str, str], str] = {}
     for repo in repos:

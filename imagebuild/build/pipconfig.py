@@ -15,7 +15,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from ..errors import OperationFailed
+from imagebuild.errors import OperationFailed
 
 # Where pip takes a setting from, strongest first: PIP_* variables, a command's own
 # section of the configuration files, then their [global] section.

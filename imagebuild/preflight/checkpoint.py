@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..lockfile import LOCK_NAME, Lock
-from .findings import Finding, Rule
-from .flags import CellView, flag_value, flag_values
+from imagebuild.lock.lockfile import LOCK_NAME, Lock
+from imagebuild.preflight.families import Family, family
+from imagebuild.preflight.findings import Finding, Rule
+from imagebuild.preflight.flags import CellView, flag_value, flag_values
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -69,7 +70,8 @@ BY_ID = {r.id: r for r in RULES}
 # What cannot be checked without a model's / a drafter's metadata.
 SKIPPED = {
     "models": ("quantization-matches-checkpoint", "vision-weights-nested",
-               "max-model-len-supported", "kv-page-unify"),
+               "max-model-len-supported", "kv-page-unify", "keep-vision-on",
+               "multimodal-modalities", "no-mamba-block-size"),
     "drafters": ("dflash-target-layers", "drafter-fits-target", "kv-page-unify"),
 }
 
@@ -178,8 +180,9 @@ def _replace(cp: Checkpoint, **kw: Any) -> Checkpoint:
 
 # --- facts read from metadata ---------------------------------------------------------------
 
-def has_vision(cp: Checkpoint) -> bool | None:
-    return None if cp.config is None else isinstance(cp.config.get("vision_config"), dict)
+def model_family(cp: Checkpoint) -> Family | None:
+    """What the checkpoint is (architecture, traits); None without its config.json."""
+    return None if cp.config is None else family(cp.config)
 
 
 def quant_method(cp: Checkpoint) -> str | None:
@@ -354,9 +357,9 @@ def check_cell(v: CellView, model: Checkpoint, drafter: Checkpoint | None) -> li
     out += quantization(v, model) + nested_vision(v, model) + max_model_len(v, model)
     if drafter is not None:
         out += missing_metadata(v, drafter)
-        if BY_ID["dflash-target-layers"].applies(v.cell.target_name, v.method):
+        if v.applies(BY_ID["dflash-target-layers"]):
             out += target_layers(v, model, drafter)
-        if BY_ID["drafter-fits-target"].applies(v.cell.target_name, v.method):
+        if v.applies(BY_ID["drafter-fits-target"]):
             out += drafter_fit(v, model, drafter)
     return out
 

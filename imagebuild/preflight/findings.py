@@ -18,18 +18,29 @@ MATRIX = "matrix"  # the `cell` of findings that concern no single cell
 
 @dataclass(frozen=True)
 class Rule:
-    """A named check. `targets`/`methods` None means it applies to every target/method."""
+    """A named check, scoped to what it is about; None means no limit on that side.
+
+    `hardware`: target traits it needs, all of them (spec/hardware.py: cuda,
+    unified-memory, sm_121, native-fp4, ...); `model`: checkpoint traits it needs
+    (preflight/families.py: vision, gdn, hybrid), read from the locked config.json, so
+    such a rule is skipped (and said to be) while the model's metadata is unknown;
+    `methods`: speculative methods it is about (`none` is plain serving)."""
 
     id: str
     severity: str
     why: str  # the measured fact behind the rule (DOMAIN.md)
     fix: str
-    targets: tuple[str, ...] | None = None
-    methods: tuple[str, ...] | None = None  # speculative methods (drafter.method)
+    hardware: tuple[str, ...] | None = None
+    methods: tuple[str, ...] | None = None
+    model: tuple[str, ...] | None = None
     waivable: bool = True
 
-    def applies(self, target: str, method: str) -> bool:
-        return ((self.targets is None or target in self.targets)
+    def applies(self, hardware: frozenset[str], method: str,
+                model: frozenset[str] | None = frozenset()) -> bool:
+        """`model` None: the checkpoint's traits are unknown (no locked metadata)."""
+        if self.model is not None and (model is None or not set(self.model) <= model):
+            return False
+        return ((self.hardware is None or set(self.hardware) <= hardware)
                 and (self.methods is None or method in self.methods))
 
     def finding(self, cell: str, message: str, *, fix: str | None = None,

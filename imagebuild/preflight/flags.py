@@ -4,6 +4,12 @@ each, applied to a cell's resolved command line (servecmd.serve_command) and env
 Rules read the argv the image will run, not matrix.yaml fields, so a trap is caught however
 it got in (profile args, model fields, drafter options). The value vLLM uses is the last
 occurrence of a flag (argparse), so that is the one checked.
+
+Each rule is scoped to what it is about (findings.Rule): the hardware traits of the target
+(spec/hardware.py; the traps were measured on a GB10: compute capability 12.1, unified
+memory, native FP4), the speculative method, and the checkpoint's own traits
+(preflight/families.py, from its locked config.json). A target's or model's name never
+decides.
 """
 
 from __future__ import annotations
@@ -13,11 +19,22 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..matrix import Cell, LoadedMatrix
-from ..servecmd import ServeCommand
-from .findings import Finding, Rule
+from imagebuild.preflight.families import Family, modalities
+from imagebuild.preflight.findings import Finding, Rule
+from imagebuild.smoke.probes import tool_probe
+from imagebuild.spec.hardware import traits
+from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.servecmd import ServeCommand
 
-GB10 = ("gb10",)  # DGX Spark: unified memory, the target the traps were measured on
+# Hardware the traps are about (spec/hardware.py traits). GB10 is compute capability 12.1
+# with unified memory and native FP4.
+UNIFIED = ("cuda", "unified-memory")  # the GPU's memory is the host's
+MEASURED_ON_GB10 = ("cuda", "sm_121")  # measured there; other GPUs were not
+NATIVE_FP4 = ("cuda", "native-fp4")  # CUTLASS FP4 kernels exist; Marlin is the fallback
+CUDA = ("cuda",)
+# limits suggested per modality when a vision model's are missing (DOMAIN.md: 4 images,
+# 2 videos for Qwen3.6)
+SUGGESTED_LIMITS = {"image": 4, "video": 2, "audio": 1}
 AEON_DRAFTER_PREFIX = "AEON-7/AEON-DFlash-"
 MAX_BATCHED_TOKENS = 32768  # torch.compile range ceiling on GB10 (16384 is right)
 MAX_GPU_MEM_UTIL = 0.88  # unified memory: 0.85 alone, 0.70 when shared
@@ -75,20 +92,29 @@ class CellView:
     lm: LoadedMatrix
     cell: Cell
     cmd: ServeCommand
-    vision: bool | None = None  # checkpoint ships a vision tower (None: metadata unknown)
+    family: Family | None = None  # what the model's checkpoint is (None: metadata unknown)
     label: str = ""  # how findings name the cell (cell.id, plus @engine when ambiguous)
     env: dict[str, str] = field(init=False)
     spec: dict = field(init=False)
+    hardware: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", dict(self.cmd.env))
         object.__setattr__(self, "spec", speculative(self.cmd.argv))
+        object.__setattr__(self, "hardware", traits(self.cell.target))
         if not self.label:
             object.__setattr__(self, "label", self.cell.id)
 
     @property
     def method(self) -> str:
         return str(self.spec.get("method") or "none")
+
+    @property
+    def model_traits(self) -> frozenset[str] | None:
+        return None if self.family is None else self.family.traits
+
+    def applies(self, rule: Rule) -> bool:
+        return rule.applies(self.hardware, self.method, self.model_traits)
 
     def flag(self, name: str) -> str | bool | None:
         return flag_value(self.cmd.argv, name)
@@ -107,7 +133,8 @@ class CellView:
         elif flag == "limit-mm-per-prompt":
             path = ("models", c.model_name, "multimodal")
         elif flag == "speculative-config":
-            path = ("drafters", c.drafter_name)
+            # a plain cell has no drafter: what shapes its cache is the model
+            path = ("drafters", c.drafter_name) if c.drafter else ("models", c.model_name)
         else:
             path = ("profiles", c.profile_name, "args")
         return self.lm.located.where(path)
@@ -133,18 +160,21 @@ RULES = (
     Rule("no-force-fp8-marlin", "error",
          "VLLM_TEST_FORCE_FP8_MARLIN forces the Marlin MoE path; CUTLASS NVFP4 MoE is faster "
          "for 256x8 experts on GB10",
-         "remove VLLM_TEST_FORCE_FP8_MARLIN from the profile env", targets=GB10),
+         "remove VLLM_TEST_FORCE_FP8_MARLIN from the profile env", hardware=NATIVE_FP4),
     Rule("max-batched-tokens-ceiling", "error",
          f"--max-num-batched-tokens above {MAX_BATCHED_TOKENS} exceeds the compile-range "
-         "ceiling on GB10",
-         "set max-num-batched-tokens: 16384", targets=GB10),
+         "ceiling measured on GB10 (compute capability 12.1)",
+         "set max-num-batched-tokens: 16384", hardware=MEASURED_ON_GB10),
     Rule("gpu-mem-util-unified", "error",
-         f"GB10 shares 128 GB between CPU and GPU: --gpu-memory-utilization above "
-         f"{MAX_GPU_MEM_UTIL} (vLLM's default is {VLLM_DEFAULT_GPU_MEM_UTIL}) starves the host",
-         "set gpu-memory-utilization: 0.85 (0.70 when the Spark is shared)", targets=GB10),
+         f"on unified memory (GB10: 128 GB shared by CPU and GPU) --gpu-memory-utilization "
+         f"above {MAX_GPU_MEM_UTIL} (vLLM's default is {VLLM_DEFAULT_GPU_MEM_UTIL}) starves "
+         "the host",
+         "set gpu-memory-utilization: 0.85 (0.70 when the machine is shared)",
+         hardware=UNIFIED),
     Rule("no-mamba-block-size", "error",
-         "--mamba-block-size breaks hybrid GDN models on vLLM 0.23",
-         "remove mamba-block-size from the profile args"),
+         "--mamba-block-size breaks hybrid Gated DeltaNet models (Qwen3-Next, Qwen3.5/3.6) "
+         "on vLLM 0.23",
+         "remove mamba-block-size from the profile args", model=("gdn",)),
     Rule("dflash-no-kv-cache-dtype", "error",
          "with DFlash, a --kv-cache-dtype other than auto collapses acceptance toward 0% "
          "(~6x slower)",
@@ -159,19 +189,34 @@ RULES = (
          "draft compute",
          f"set num_speculative_tokens: {DFLASH_SPEC_TOKENS}", methods=("dflash",)),
     Rule("keep-vision-on", "error",
-         "the Qwen3.6 targets are multimodal; serving them without "
-         "--limit-mm-per-prompt '{\"image\":4,\"video\":2}' drops image input (applies where "
-         "the checkpoint has a vision tower, and on gb10 when its metadata is not locked)",
-         "set the model's multimodal: {image: 4, video: 2}"),
+         "a checkpoint with a vision tower (Qwen3.6: images and video) is served for its "
+         "images: the model's `multimodal` limits state them (--limit-mm-per-prompt), and "
+         "smoke sends an image; --language-model-only or an image limit of 0 turns the "
+         "tower off",
+         "set the model's multimodal limits for the modalities its architecture takes",
+         model=("vision",)),
+    Rule("multimodal-modalities", "error",
+         "vLLM takes only the modalities an architecture's processor supports and ignores "
+         "other keys of --limit-mm-per-prompt: a limit for one the model does not take "
+         "promises input the server refuses (an image limit on a model without images "
+         "fails smoke's image check)",
+         "keep only the modalities the model's architecture takes"),
     Rule("attention-backend-flash-attn", "error",
-         "DFlash KV sharing is only tested with the flash_attn backend on GB10",
-         "set attention-backend: flash_attn in the profile args", targets=GB10,
+         "DFlash KV sharing is only tested with the flash_attn backend (measured on GB10); "
+         "flash_attn is a CUDA backend",
+         "set attention-backend: flash_attn in the profile args", hardware=CUDA,
          methods=("dflash",)),
     Rule("aeon-max-num-seqs", "error",
-         f"the AEON drafter on the Spark's unified memory needs --max-num-seqs <= "
+         f"the AEON drafter on unified memory (the Spark) needs --max-num-seqs <= "
          f"{AEON_MAX_NUM_SEQS} (vLLM's default is {VLLM_DEFAULT_MAX_NUM_SEQS})",
          f"use a profile with max-num-seqs: {AEON_MAX_NUM_SEQS} for AEON drafter cells",
-         targets=GB10, methods=("dflash",)),
+         hardware=UNIFIED, methods=("dflash",)),
+    Rule("tool-call-probe", "warning",
+         "smoke forces one tool call in the format of the profile's tool parser and checks "
+         "vLLM parses it back; for a parser it has no text for, the image's tool calls go "
+         "untested (smoke says so instead of failing)",
+         "use a parser smoke covers, or add its text to imagebuild/smoke/probes.py "
+         "TOOL_CALL_TEXT"),
     Rule("no-pip-install-in-image", "error",
          "a pip install into a built image changes what was tested and is lost on restart; "
          "rebuild instead",
@@ -253,29 +298,59 @@ def _spec_tokens(r: Rule, v: CellView) -> list[Finding]:
     return []
 
 
+def suggested_limits(v: CellView) -> str:
+    """The `multimodal:` to write for this checkpoint: the modalities vLLM takes for its
+    architecture (image alone when that cannot be told)."""
+    assert v.family is not None
+    takes, _ = modalities(v.family, v.cell.engine.vllm_version)
+    shown = [m for m in SUGGESTED_LIMITS if m in (takes or ["image"])]
+    return "{" + ", ".join(f"{m}: {SUGGESTED_LIMITS[m]}" for m in shown) + "}"
+
+
 def _vision(r: Rule, v: CellView) -> list[Finding]:
-    expected = v.vision if v.vision is not None else v.cell.target_name in GB10
-    if not expected:
-        return []
+    assert v.family is not None  # the rule needs the `vision` trait (Rule.model)
+    fix = f"set the model's multimodal: {suggested_limits(v)} ({v.family.name})"
     if v.flag("language-model-only") is not None:
         return [r.finding(v.label, "--language-model-only turns the vision tower off",
-                          where=v.where("language-model-only"))]
+                          where=v.where("language-model-only"), fix=fix)]
     raw = v.flag("limit-mm-per-prompt")
     if not isinstance(raw, str):
-        why = "the checkpoint has a vision tower" if v.vision else "gb10 targets are multimodal"
-        return [r.finding(v.label, f"no --limit-mm-per-prompt, but {why}",
-                          where=v.where("limit-mm-per-prompt"))]
+        return [r.finding(v.label, f"no --limit-mm-per-prompt, but the checkpoint "
+                                     f"({v.family.name}) has a vision tower",
+                          where=v.where("limit-mm-per-prompt"), fix=fix)]
     try:
         limits = json.loads(raw)
     except json.JSONDecodeError:
         limits = None
     if not isinstance(limits, dict):
         return [r.finding(v.label, f"--limit-mm-per-prompt {raw!r} is not a JSON object",
-                          where=v.where("limit-mm-per-prompt"))]
+                          where=v.where("limit-mm-per-prompt"), fix=fix)]
     if not isinstance(limits.get("image"), int) or limits["image"] < 1:
         return [r.finding(v.label, f"--limit-mm-per-prompt {raw} allows no images",
-                          where=v.where("limit-mm-per-prompt"))]
+                          where=v.where("limit-mm-per-prompt"), fix=fix)]
     return []
+
+
+def _modalities(r: Rule, v: CellView) -> list[Finding]:
+    raw = v.flag("limit-mm-per-prompt")
+    if v.family is None or not isinstance(raw, str):
+        return []  # metadata unknown (metadata-missing says so) or nothing promised
+    try:
+        limits = json.loads(raw)
+    except json.JSONDecodeError:
+        return []  # keep-vision-on / serve-args report the malformed value
+    takes, how = modalities(v.family, v.cell.engine.vllm_version)
+    if not isinstance(limits, dict) or takes is None:
+        return []
+    extra = [m for m in limits if m not in takes and limits[m]]
+    if not extra:
+        return []
+    keep = {m: n for m, n in limits.items() if m in takes}
+    fix = ("set the model's multimodal: {" + ", ".join(f"{m}: {n}" for m, n in keep.items())
+           + "}" if keep else "remove the model's multimodal limits")
+    return [r.finding(v.label, f"--limit-mm-per-prompt names {', '.join(extra)}, but {how}",
+                      where=v.where("limit-mm-per-prompt"), fix=fix,
+                      severity=None if "image" in extra else "warning")]
 
 
 def _flash_attn(r: Rule, v: CellView) -> list[Finding]:
@@ -291,7 +366,7 @@ def _flash_attn(r: Rule, v: CellView) -> list[Finding]:
 
 
 def _aeon_seqs(r: Rule, v: CellView) -> list[Finding]:
-    if not (v.cell.drafter.repository or "").startswith(AEON_DRAFTER_PREFIX):
+    if not (v.cell.drafter_model or "").startswith(AEON_DRAFTER_PREFIX):
         return []
     raw = v.flag("max-num-seqs")
     n = VLLM_DEFAULT_MAX_NUM_SEQS if raw is None else as_int(raw)
@@ -300,6 +375,17 @@ def _aeon_seqs(r: Rule, v: CellView) -> list[Finding]:
         return [r.finding(v.label, f"--max-num-seqs {said} with the AEON drafter "
                                      f"(> {AEON_MAX_NUM_SEQS})", where=v.where("max-num-seqs"))]
     return []
+
+
+def _tool_probe(r: Rule, v: CellView) -> list[Finding]:
+    parser = v.flag("tool-call-parser")
+    if not (v.cell.profile.tools and v.flag("enable-auto-tool-choice") is True
+            and isinstance(parser, str)):
+        return []
+    regex, why = tool_probe(parser)
+    return [] if regex is not None else [
+        r.finding(v.label, f"--tool-call-parser {parser}: {why}",
+                  where=v.where("tool-call-parser"))]
 
 
 def _pip(r: Rule, v: CellView) -> list[Finding]:
@@ -322,8 +408,10 @@ CHECKS: dict[str, Callable[[Rule, CellView], list[Finding]]] = {
     "dflash-no-attention-backend-in-spec-config": _spec_backend,
     "dflash-spec-tokens": _spec_tokens,
     "keep-vision-on": _vision,
+    "multimodal-modalities": _modalities,
     "attention-backend-flash-attn": _flash_attn,
     "aeon-max-num-seqs": _aeon_seqs,
+    "tool-call-probe": _tool_probe,
     "no-pip-install-in-image": _pip,
 }
 assert set(CHECKS) == set(BY_ID)
@@ -332,6 +420,6 @@ assert set(CHECKS) == set(BY_ID)
 def check_cell(v: CellView) -> list[Finding]:
     out: list[Finding] = []
     for rule in RULES:
-        if rule.applies(v.cell.target_name, v.method):
+        if v.applies(rule):
             out += CHECKS[rule.id](rule, v)
     return out

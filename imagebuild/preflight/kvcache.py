@@ -1,65 +1,74 @@
 """Predict vLLM 0.23's KV-cache page layout from config.json files, before any boot.
 
-vLLM keeps every layer's cache in pages of one size. On a hybrid target (Gated DeltaNet +
-full attention) a drafter whose attention page outgrows the fixed-size GDN state page makes
-`unify_kv_cache_spec_page_size` fail at engine start (DOMAIN.md "Why the page-size assert
-happens"). This module replays, in plain arithmetic, what vLLM 0.23.0 does:
+vLLM keeps every layer's cache in pages of one size. On a hybrid target (attention plus layers
+with a fixed-size recurrent state: Mamba1/2, Gated DeltaNet, short convolutions, linear
+attention) the attention block size is raised until an attention page covers the state page,
+and a drafter whose attention page outgrows it makes `unify_kv_cache_spec_page_size` fail at
+engine start. This module replays, in plain arithmetic, what vLLM 0.23.0 does (kv/ holds the
+parts):
 
-1. layer specs: `Attention.get_kv_cache_spec` (attention.py) and
-   `MambaBase.get_kv_cache_spec` (mamba/abstract.py), GDN state shapes and dtypes from
-   `MambaStateShapeCalculator/MambaStateDtypeCalculator.gated_delta_net_state_*`;
-2. the hybrid block size: `Platform._align_hybrid_block_size` (platforms/interface.py),
-   chosen from the target alone; the mamba page is padded up to the attention page;
-3. `get_kv_cache_groups` (v1/core/kv_cache_utils.py): models whose layers are all of one
-   type skip unification; the rest go through `unify_kv_cache_spec_page_size`.
+1. dtypes (kv/dtypes.py): every `--kv-cache-dtype`, what `auto` becomes for the checkpoint's
+   own KV quantization (ModelOpt, compressed-tensors), per-token-head scales, NVFP4 and
+   TurboQuant page sizes;
+2. layers (kv/families.py): each hybrid family's layer pattern, attention shapes and state
+   shapes, read as its model code reads its config; plain attention models below;
+3. block sizes (kv/align.py): prefix-caching mode, chunk alignment, the hybrid alignment and
+   the block-size checks vLLM asserts;
+4. `get_kv_cache_groups` (kv/unify.py): models whose layers are all of one type skip
+   unification; the rest go through `unify_kv_cache_spec_page_size`.
 
-`pad_mamba=True` models the `dflashfix` patch set: inside unify, a mamba page smaller than
-the largest page is padded up to it instead of hitting the assert.
+A layout the model does not know (an unknown recurrent architecture, a missing config field)
+raises CannotPredict: callers report that as a warning, never as a pass. `pad_mamba=True`
+models the `dflashfix` patch set: inside unify, a mamba page smaller than the largest page is
+padded up to it instead of hitting the assert.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from imagebuild.errors import UserError
+from imagebuild.preflight.kv import families
+from imagebuild.preflight.kv.align import MLA_BACKENDS, Alignment, Sizing, align
+from imagebuild.preflight.kv.attention import drafter_layers, plain_attention, text_config
+from imagebuild.preflight.kv.dtypes import (
+    CACHE_DTYPES,
+    MAMBA_DTYPES,
+    STORAGE,
+    AttnPage,
+    canonical_model_dtype,
+    checkpoint_kv,
+    tq_slot_size,
+)
+from imagebuild.preflight.kv.errors import CannotPredict, VllmRefuses
+from imagebuild.preflight.kv.layout import AttnLayer, MambaLayer, ModelLayout
+from imagebuild.preflight.kv.unify import (
+    FinalLayer,
+    LayerSpec,
+    needs_unify,
+    simulate_unify,
+    without_hybrid_manager,
+)
 
-# Bytes per element, keyed by the dtype strings vLLM accepts (torch_utils.STR_DTYPE_TO_TORCH_DTYPE:
-# every fp8 flavour is stored as uint8).
-_DTYPE_BYTES = {
-    "float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
-}
-# Canonical names used in predictions and in the oracle protocol.
-_CANONICAL = {"float": "float32", "half": "float16", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+_text_config = text_config  # hf_text_config, as tests and callers read it
 
-# Smallest kernel block size of each attention backend (get_supported_kernel_block_sizes).
-# All are 16 in 0.23 (flash_attn gives [16, 32, 64] for hybrids with float32 mamba state,
-# MultipleOf(16) otherwise). vLLM then takes max(this, block_size): on the CPU platform the
-# default block size is 128 (platforms/cpu.py), so the effective alignment there is 128.
-_BACKEND_ALIGNMENT = {
-    "flash_attn": 16, "flashinfer": 16, "triton_attn": 16, "flex_attention": 16,
-    "cpu_attn": 16, "rocm_attn": 16, "rocm_aiter_fa": 16, "rocm_aiter_unified_attn": 16,
-}
+__all__ = [
+    "CannotPredict", "FinalLayer", "KVFlags", "KVPrediction", "LayerSpec", "OUTCOMES",
+    "layout_for_oracle", "needs_unify", "predict", "simulate_unify",
+]
 
-# Architectures whose `auto` mamba_ssm_cache_dtype is taken from config.json's mamba_ssm_dtype
-# (models/config.py MODELS_CONFIG_MAP -> Qwen3_5ForConditionalGenerationConfig).
-_SSM_DTYPE_FROM_CONFIG = {
-    "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "ColQwen3_5",
-}
-
-OUTCOMES = ("ok", "AssertionError", "NotImplementedError")
+OUTCOMES = ("ok", "AssertionError", "NotImplementedError", "ValueError")
 _SPEC_METHODS = (None, "mtp", "dflash", "eagle", "eagle3", "ngram")
 
 
 @dataclass(frozen=True)
 class KVFlags:
-    """The serve flags that shape the KV cache (names follow `vllm serve`)."""
+    """The serve flags (and platform facts) that shape the KV cache; names follow `vllm serve`."""
 
     tensor_parallel_size: int = 1
-    kv_cache_dtype: str = "auto"  # auto|bfloat16|float16|fp8|fp8_e4m3|fp8_e5m2
+    kv_cache_dtype: str = "auto"  # any of kv.dtypes.CACHE_DTYPES
     mamba_cache_dtype: str = "auto"  # auto|float32|float16|bfloat16
     mamba_ssm_cache_dtype: str = "auto"
     block_size: int | None = None  # --block-size
@@ -70,46 +79,19 @@ class KVFlags:
     kernel_block_alignment: int = 16  # used when attention_backend is None or unknown
     # CUDA platforms start from 16; the CPU platform starts from 128 (platforms/cpu.py).
     default_block_size: int = 16
-    # Prefix caching puts Qwen3.5 mamba layers in "align" mode: 2 + k state pages per
-    # request instead of 1 + k (MambaSpec.max_memory_usage_bytes). It does not move the
-    # block size for GDN models (they lack mamba "all" mode support).
-    enable_prefix_caching: bool = True
+    # --enable-prefix-caching / --no-enable-prefix-caching; None: vLLM's default, which is
+    # off for hybrid and attention-free models and on for the rest (EngineArgs).
+    enable_prefix_caching: bool | None = True
     max_model_len: int | None = None  # mamba block size when prefix caching is off
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One layer's cache spec as vLLM builds it, before page-size unification."""
-
-    name: str
-    owner: str  # "target" | "drafter"
-    kind: str  # "full" | "sliding" | "mamba"
-    block_size: int
-    dtype: str  # attention: KV dtype; mamba: dtype of the first (conv) state
-    page_bytes: int  # page_size_bytes, including vLLM's own mamba alignment padding
-    num_kv_heads: int | None = None  # per tensor-parallel rank
-    head_size: int | None = None
-    sliding_window: int | None = None
-    shapes: tuple[tuple[int, ...], ...] | None = None  # mamba: (conv, ssm)
-    dtypes: tuple[str, ...] | None = None  # mamba
-    page_size_padded: int | None = None  # mamba
-
-    @property
-    def bytes_per_token(self) -> int | None:
-        """Attention bytes per cached token (K and V); None for mamba state."""
-        if self.kind == "mamba":
-            return None
-        return self.page_bytes // self.block_size
-
-
-@dataclass(frozen=True)
-class FinalLayer:
-    """A layer after unification (what the KV cache manager would allocate)."""
-
-    name: str
-    block_size: int
-    page_bytes: int
-    padded_by_dflashfix: bool = False
+    mamba_block_size: int | None = None  # --mamba-block-size
+    mamba_cache_mode: str = "none"  # --mamba-cache-mode (none = let vLLM pick)
+    enable_chunked_prefill: bool | None = None
+    max_num_batched_tokens: int | None = None  # --max-num-batched-tokens
+    # the platform's default when the flag is absent; None: unknown (CUDA: 2048 or 8192)
+    default_max_num_batched_tokens: int | None = None
+    kv_cache_dtype_skip_layers: tuple[str, ...] = ()  # --kv-cache-dtype-skip-layers
+    disable_hybrid_kv_cache_manager: bool = False
+    platform: str = "cuda"  # "cuda" | "cpu" (vLLM's CPU platform: no MLA, blocks of 128)
 
 
 @dataclass(frozen=True)
@@ -119,14 +101,14 @@ class KVPrediction:
     hybrid: bool
     attention_block_size: int  # block size every attention layer starts with
     kernel_block_alignment: int  # effective: max(backend minimum, starting block size)
-    mamba_page_bytes: int | None  # GDN state page before any padding
+    mamba_page_bytes: int | None  # state page the alignment sizes from, before padding
     mamba_padding_pct: float  # vLLM's own alignment padding, as it logs it
     unify_needed: bool  # False when all layers are of one type (no unification runs)
-    outcome: str  # "ok" | "AssertionError" | "NotImplementedError"
+    outcome: str  # "ok" | "AssertionError" | "NotImplementedError" | "ValueError"
     padded_by_dflashfix: bool  # ok only because pad_mamba padded mamba pages
     # Extra mamba memory per request that the dflashfix padding costs: every mamba layer's
     # page grows from vLLM's own (attention-aligned) size to the largest page, times the
-    # state pages each request holds (1 + k, or 2 + k with prefix caching; k = spec tokens).
+    # state pages each request holds (1 + k, or 2 + k in "align" mode; k = spec tokens).
     extra_bytes_per_request: int
     max_page_bytes: int
     final_layers: tuple[FinalLayer, ...]  # empty when unification fails
@@ -134,6 +116,12 @@ class KVPrediction:
     cause: str
     fix: str | None
     flags: KVFlags = field(default_factory=KVFlags)
+    family: str = ""
+    cache_dtype: str = "auto"  # cache_config.cache_dtype once the layers are built
+    cache_dtype_source: str = ""
+    mamba_block_size: int | None = None
+    mamba_cache_mode: str = "none"
+    prefix_caching: bool = True
 
     @property
     def layers(self) -> tuple[LayerSpec, ...]:
@@ -156,102 +144,181 @@ def predict(
     flags: KVFlags,
     *,
     pad_mamba: bool = False,
+    hf_quant_config: dict | None = None,
 ) -> KVPrediction:
-    """Predict the KV layout and whether vLLM 0.23 unifies it (see module docstring)."""
+    """Predict the KV layout and whether vLLM 0.23 unifies it (see module docstring).
+
+    Raises CannotPredict when the layout is not known, UserError for inputs vLLM would reject
+    while reading them (a TP size that does not divide the heads, an unknown dtype)."""
     _check_flags(flags)
-    text = _text_config(target_config)
-    arch = _architecture(target_config)
-    tp = flags.tensor_parallel_size
+    text = text_config(target_config)
     method = flags.speculative_method
     num_spec = flags.num_speculative_tokens if method else 0
+    try:
+        model_dtype = _model_dtype(target_config, text, flags)
+        ckpt = checkpoint_kv(target_config, hf_quant_config)
+        cache_dtype, source = _cache_dtype(flags, ckpt)
+        ctx = families.Ctx(flags.tensor_parallel_size, num_spec, model_dtype,
+                           flags.mamba_cache_dtype, flags.mamba_ssm_cache_dtype)
+        layout = read_layout(target_config, text, ctx)
+        drafter = drafter_layers(method, layout, text, drafter_config, flags)
+        if layout.hybrid and cache_dtype.startswith("turboquant_") and not (
+                layout.tq_attention_indices):
+            raise VllmRefuses(
+                "NotImplementedError", "TurboQuant KV cache requires identifiable "
+                "full-attention layers, but none were found in the hybrid model config.",
+                f"{layout.family}'s config names no full-attention layer the way TurboQuant "
+                "looks for them (layer_types / layers_block_type / attn_type_list)",
+                "use another --kv-cache-dtype for this model")
+        skip = _skip_layers(flags, layout, cache_dtype, text)
+        if skip and drafter:
+            raise CannotPredict("layers kept out of KV quantization (--kv-cache-dtype-skip-"
+                                "layers, TurboQuant's boundary layers) with a drafter: which "
+                                "drafter layers the indices match is not modelled")
+        sizing = Sizing(
+            platform=flags.platform, backend=(flags.attention_backend or "").lower() or None,
+            default_block_size=flags.default_block_size,
+            kernel_alignment=flags.kernel_block_alignment, tp=flags.tensor_parallel_size,
+            cache_dtype=cache_dtype, model_dtype=model_dtype, block_size=flags.block_size,
+            mamba_block_size=flags.mamba_block_size, mamba_cache_mode=flags.mamba_cache_mode,
+            prefix_caching=flags.enable_prefix_caching,
+            chunked_prefill=flags.enable_chunked_prefill,
+            max_model_len=_max_model_len(text, flags),
+            max_num_batched_tokens=flags.max_num_batched_tokens,
+            default_max_num_batched_tokens=flags.default_max_num_batched_tokens,
+            skip_layers=skip)
+        if layout.mla and sizing.platform == "cpu":
+            raise VllmRefuses("NotImplementedError", "MLA is not supported on CPU.",
+                              f"{layout.family} uses multi-head latent attention, which vLLM's "
+                              "CPU backend does not run")
+        if layout.mla and cache_dtype == "nvfp4":
+            raise VllmRefuses("ValueError", "nvfp4 KV cache is not supported with MLA",
+                              "vLLM 0.23 refuses --kv-cache-dtype nvfp4 for multi-head latent "
+                              "attention", "use fp8 or auto")
+        if layout.mla and layout.hybrid and sizing.backend not in MLA_BACKENDS:
+            raise CannotPredict(
+                f"{layout.family} uses multi-head latent attention: the MLA backend vLLM picks "
+                "on this GPU sets the block alignment (16 to 128 tokens); name it with "
+                "--attention-backend to predict the layout")
+        has_attention = bool(drafter) or any(isinstance(x, AttnLayer) for x in layout.layers)
+        al = align(layout, sizing, has_attention)
+        return _finish(layout, drafter, al, flags, cache_dtype, source, model_dtype, skip,
+                       num_spec, pad_mamba)
+    except VllmRefuses as exc:
+        return _refused(exc, flags)
 
-    model_dtype = _model_dtype(target_config, text, flags)
-    kv_dtype = _kv_cache_dtype(target_config, flags, model_dtype)
-    kv_bytes = _DTYPE_BYTES[kv_dtype]
-    # CacheConfig.sliding_window: the target's window, only when not interleaved (arg_utils).
-    layer_types = _layer_types(text)
-    cache_window = None if len(set(layer_types)) > 1 else _sliding_window(text)
 
-    kv_heads, head_size = _attention_shape(text, tp, "target config")
-    attn_1 = kv_heads * 2 * head_size * kv_bytes  # FullAttentionSpec(block_size=1) page
+def read_layout(cfg: dict, text: dict, ctx: families.Ctx) -> ModelLayout:
+    """The family's layout, plain attention for non-recurrent models, or CannotPredict."""
+    arch = _architecture(cfg)
+    reader = families.FAMILIES.get(arch)
+    if reader is not None:
+        return reader(cfg, ctx)
+    if arch in families.UNMODELLED_RECURRENT:
+        raise CannotPredict(f"{arch} ({families.UNMODELLED_RECURRENT[arch]}) keeps a "
+                            "recurrent state whose KV layout this preflight does not model")
+    recurrent = sorted(k for k in families.RECURRENT_KEYS if k in text or k in cfg)
+    kinds = set(text.get("layer_types") or []) & families.RECURRENT_LAYER_TYPES
+    if recurrent or kinds:
+        what = ", ".join(recurrent + sorted(kinds))
+        raise CannotPredict(f"architecture {arch or '(none)'} is not a family this preflight "
+                            f"knows, and its config has recurrent-state fields ({what}): an "
+                            "unknown hybrid layout")
+    return plain_attention(cfg, text, ctx)
 
-    hybrid = "mamba" in layer_types
-    mamba_shapes: tuple[tuple[int, ...], ...] = ()
-    mamba_dtypes: tuple[str, ...] = ()
-    mamba_page = 0
-    if hybrid:
-        mamba_shapes = _gdn_shapes(text, tp, num_spec)
-        mamba_dtypes = _gdn_dtypes(text, arch, flags, model_dtype)
-        mamba_page = sum(
-            math.prod(s) * _DTYPE_BYTES[d] for s, d in zip(mamba_shapes, mamba_dtypes, strict=True)
-        )
 
-    start_block = flags.block_size or flags.default_block_size
-    backend_min = _BACKEND_ALIGNMENT.get(
-        (flags.attention_backend or "").lower(), flags.kernel_block_alignment
-    )
-    alignment = max(backend_min, start_block)
-    block = start_block
-    padded: int | None = None
-    pct = 0.0
-    if hybrid and mamba_page:
-        # _align_hybrid_block_size, non-"all" mamba cache mode: the smallest multiple of the
-        # alignment whose attention page covers the mamba page; then pad mamba up to it.
-        need = alignment * -(-mamba_page // (alignment * attn_1))
-        block = max(block, need)
-        if block * attn_1 != mamba_page:
-            padded = block * attn_1
-            pct = 100 * (padded - mamba_page) / mamba_page
-    mamba_block = block if flags.enable_prefix_caching else (
-        flags.max_model_len or int(text.get("max_position_embeddings") or block)
-    )
+# --- from layers and block sizes to specs, unify, explanation ---------------------------------
 
-    target_layers = []
-    for i, kind in enumerate(layer_types):
-        name = f"model.layers.{i}"
-        if kind == "mamba":
-            target_layers.append(LayerSpec(
-                name=name, owner="target", kind="mamba", block_size=mamba_block,
-                dtype=mamba_dtypes[0], page_bytes=padded or mamba_page,
-                shapes=mamba_shapes, dtypes=mamba_dtypes, page_size_padded=padded,
-            ))
-        else:
-            window = _sliding_window(text) if kind == "sliding" else cache_window
-            target_layers.append(_attn_layer(
-                name, "target", block, kv_heads, head_size, kv_dtype, window))
-
-    drafter_layers = _drafter_layers(
-        method, text, drafter_config, flags, block, kv_dtype, cache_window, len(layer_types))
-
-    specs = target_layers + drafter_layers
+def _finish(layout: ModelLayout, drafter: list[AttnLayer], al: Alignment, flags: KVFlags,
+            cache_dtype: str, source: str, model_dtype: str, skip: tuple[str, ...],
+            num_spec: int, pad_mamba: bool) -> KVPrediction:
+    target = [_spec(x, "target", al, cache_dtype, model_dtype, skip) for x in layout.layers]
+    drafts = [_spec(x, "drafter", al, cache_dtype, model_dtype, skip) for x in drafter]
+    specs = target + drafts
+    for s, layer in zip(target, layout.layers, strict=True):
+        if isinstance(layer, MambaLayer) and s.page_size_padded is not None and (
+                s.page_size_padded < layer.page_bytes):
+            raise VllmRefuses(
+                "AssertionError", "assert self.page_size_padded >= page_size",
+                f"{layout.family}'s layers add the {num_spec} speculative tokens to their conv "
+                f"state ({layer.page_bytes} B) but get_mamba_state_shape_from_config does not, "
+                f"so the page vLLM padded to ({s.page_size_padded} B) is too small",
+                "serve this model without speculative decoding, or with fewer speculative "
+                "tokens")
+    if flags.disable_hybrid_kv_cache_manager:
+        converted = without_hybrid_manager(specs)
+        if converted is None:
+            raise VllmRefuses(
+                "ValueError", "Hybrid KV cache manager is disabled but failed to convert the "
+                "KV cache specs to one unified type.",
+                "--disable-hybrid-kv-cache-manager needs all layers to be one attention type; "
+                f"{layout.family} mixes {sorted({s.kind for s in specs})}",
+                "drop --disable-hybrid-kv-cache-manager")
+        specs = converted
     unify_needed = needs_unify(specs)
     if unify_needed:
         outcome, message, finals = simulate_unify(specs, pad_mamba)
     else:
         outcome, message = "ok", ""
         finals = [FinalLayer(s.name, s.block_size, s.page_bytes) for s in specs]
-    max_page = max(s.page_bytes for s in specs)
+    max_page = max((s.page_bytes for s in specs), default=0)
     by_fix = any(f.padded_by_dflashfix for f in finals)
-
     n_mamba = sum(1 for s in specs if s.kind == "mamba")
-    pages_per_request = (2 if flags.enable_prefix_caching else 1) + num_spec
+    pages_per_request = (2 if al.mamba_cache_mode == "align" else 1) + num_spec
     extra = 0
     if by_fix:
-        stock = padded or mamba_page
+        stock = al.padded or al.mamba_page
         extra = n_mamba * (max_page - stock) * pages_per_request
-
-    cause, fix = _explain(
-        outcome, by_fix, specs, finals, max_page, block, attn_1, mamba_page, extra, method,
-        unify_needed,
-    )
+    attn_1 = al.attn_page_1 or (next((s.bytes_per_token for s in specs if s.kind != "mamba"),
+                                     0) or 0)
+    cause, fix = _explain(outcome, by_fix, specs, max_page, al.block_size, attn_1,
+                          al.mamba_page, extra, flags.speculative_method, unify_needed,
+                          layout.family)
     return KVPrediction(
-        target_layers=tuple(target_layers), drafter_layers=tuple(drafter_layers),
-        hybrid=hybrid, attention_block_size=block, kernel_block_alignment=alignment,
-        mamba_page_bytes=mamba_page or None, mamba_padding_pct=round(pct, 4),
-        unify_needed=unify_needed, outcome=outcome, padded_by_dflashfix=by_fix,
-        extra_bytes_per_request=extra, max_page_bytes=max_page,
+        target_layers=tuple(specs[:len(target)]), drafter_layers=tuple(specs[len(target):]),
+        hybrid=layout.hybrid, attention_block_size=al.block_size,
+        kernel_block_alignment=al.kernel_alignment, mamba_page_bytes=al.mamba_page or None,
+        mamba_padding_pct=al.padding_pct, unify_needed=unify_needed, outcome=outcome,
+        padded_by_dflashfix=by_fix, extra_bytes_per_request=extra, max_page_bytes=max_page,
         final_layers=tuple(finals), message=message, cause=cause, fix=fix, flags=flags,
-    )
+        family=layout.family, cache_dtype=cache_dtype, cache_dtype_source=source,
+        mamba_block_size=al.mamba_block_size, mamba_cache_mode=al.mamba_cache_mode,
+        prefix_caching=al.prefix_caching)
+
+
+def _spec(layer: AttnLayer | MambaLayer, owner: str, al: Alignment, cache_dtype: str,
+          model_dtype: str, skip: tuple[str, ...]) -> LayerSpec:
+    if isinstance(layer, MambaLayer):
+        return LayerSpec(
+            name=layer.name, owner=owner, kind="mamba", block_size=al.mamba_block_size or 0,
+            dtype=layer.dtypes[0], page_bytes=al.padded or layer.page_bytes,
+            shapes=layer.shapes, dtypes=layer.dtypes, page_size_padded=al.padded,
+            mamba_type=layer.mamba_type)
+    dtype = cache_dtype
+    if skip and (str(layer.index) in skip or (layer.sliding_window and "sliding_window" in skip)):
+        dtype = "auto"  # Attention.__init__: skipped layers keep the model dtype
+    storage = model_dtype if dtype == "auto" else STORAGE[dtype]
+    # SlidingWindowSpec has no TurboQuant layout; TQFullAttentionSpec is for full layers only
+    tq = (tq_slot_size(dtype, layer.head_size)
+          if dtype.startswith("turboquant_") and not layer.sliding_window and not layer.mla
+          else None)
+    page = AttnPage(layer.num_kv_heads, layer.head_size, layer.head_size_v, dtype, storage,
+                    mla=layer.mla, tq_slot=tq, scales=not layer.mla).bytes(al.block_size)
+    return LayerSpec(
+        name=layer.name, owner=owner, kind="sliding" if layer.sliding_window else "full",
+        block_size=al.block_size, dtype=model_dtype if dtype == "auto" else dtype,
+        page_bytes=page, num_kv_heads=layer.num_kv_heads, head_size=layer.head_size,
+        sliding_window=layer.sliding_window or None, head_size_v=layer.head_size_v,
+        tq_slot=tq, mla=layer.mla)
+
+
+def _refused(exc: VllmRefuses, flags: KVFlags) -> KVPrediction:
+    return KVPrediction(
+        target_layers=(), drafter_layers=(), hybrid=False, attention_block_size=0,
+        kernel_block_alignment=0, mamba_page_bytes=None, mamba_padding_pct=0.0,
+        unify_needed=False, outcome=exc.kind, padded_by_dflashfix=False,
+        extra_bytes_per_request=0, max_page_bytes=0, final_layers=(), message=exc.message,
+        cause=exc.cause, fix=exc.fix, flags=flags)
 
 
 def layout_for_oracle(prediction: KVPrediction) -> dict:
@@ -267,8 +334,11 @@ def layout_for_oracle(prediction: KVPrediction) -> dict:
             "block_size": s.block_size,
             "num_kv_heads": s.num_kv_heads,
             "head_size": s.head_size,
+            "head_size_v": s.head_size_v,
             "dtype": s.dtype,
             "sliding_window": s.sliding_window,
+            "tq_slot": s.tq_slot,
+            "mla": s.mla,
             "shapes": [list(x) for x in s.shapes] if s.shapes else None,
             "dtypes": list(s.dtypes) if s.dtypes else None,
             "page_size_padded": s.page_size_padded,
@@ -276,241 +346,57 @@ def layout_for_oracle(prediction: KVPrediction) -> dict:
     return {"specs": specs}
 
 
-# --- unification (v1/core/kv_cache_utils.py) ------------------------------------------------
-
-def needs_unify(specs: list[LayerSpec] | tuple[LayerSpec, ...]) -> bool:
-    """get_kv_cache_groups skips unify when all layers are one type with one block size."""
-    if len({s.block_size for s in specs}) > 1:
-        return True
-    kinds = {s.kind for s in specs}
-    if kinds == {"full"} or kinds == {"mamba"}:
-        return False
-    if kinds == {"sliding"}:
-        return len({s.sliding_window for s in specs}) > 1
-    return True
-
-
-def simulate_unify(
-    specs: list[LayerSpec] | tuple[LayerSpec, ...], pad_mamba: bool = False
-) -> tuple[str, str, list[FinalLayer]]:
-    """unify_kv_cache_spec_page_size, plus the dflashfix mamba padding when pad_mamba.
-
-    Returns (outcome, vLLM's exception text, final layers). dflashfix is modelled as: a mamba
-    page smaller than the largest is padded up to it before the divisibility check.
-    """
-    pages = {s.page_bytes for s in specs}
-    if len(pages) <= 1:
-        return "ok", "", [FinalLayer(s.name, s.block_size, s.page_bytes) for s in specs]
-    top = max(pages)
-    finals = []
-    for s in specs:
-        if s.page_bytes == top:
-            finals.append(FinalLayer(s.name, s.block_size, top))
-            continue
-        if pad_mamba and s.kind == "mamba":
-            finals.append(FinalLayer(s.name, s.block_size, top, padded_by_dflashfix=True))
-            continue
-        if top % s.page_bytes:
-            return "NotImplementedError", (
-                "The page size of the layer is not divisible by the maximum page size. "
-                "Cannot unify by adjusting block_size."
-            ), []
-        if s.kind == "mamba":
-            # replace(block_size=...) does not change a mamba page: the assert fires.
-            return "AssertionError", "assert new_spec.page_size_bytes == max_page_size", []
-        ratio = top // s.page_bytes
-        finals.append(FinalLayer(s.name, s.block_size * ratio, top))
-    return "ok", "", finals
-
-
-# --- layer specs ------------------------------------------------------------------------------
-
-def _attn_layer(name, owner, block, kv_heads, head_size, kv_dtype, window) -> LayerSpec:
-    # FullAttentionSpec/SlidingWindowSpec: block x heads x (head_size + head_size_v) x bytes;
-    # a sliding window does not change the page.
-    page = block * kv_heads * 2 * head_size * _DTYPE_BYTES[kv_dtype]
-    return LayerSpec(
-        name=name, owner=owner, kind="sliding" if window else "full", block_size=block,
-        dtype=kv_dtype, page_bytes=page, num_kv_heads=kv_heads, head_size=head_size,
-        sliding_window=window or None,
-    )
-
-
-def _drafter_layers(method, text, drafter, flags, block, kv_dtype, cache_window, n_target):
-    tp = flags.tensor_parallel_size
-    if method in (None, "ngram"):
-        return []
-    if method == "mtp":
-        # qwen3_5_mtp.py: mtp_num_hidden_layers decoder layers of type full_attention with
-        # the target's attention shape; DeepSeek-style configs call it num_nextn_predict_layers.
-        n = text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers"))
-        if not n:
-            raise UserError(
-                "speculative method 'mtp' but the target config has no MTP layers "
-                "(mtp_num_hidden_layers / num_nextn_predict_layers)",
-                fix="use a drafter (dflash/eagle) or a target that ships an MTP head",
-            )
-        heads, size = _attention_shape(text, tp, "target config")
-        return [
-            _attn_layer(f"mtp.layers.{n_target + i}", "drafter", block, heads, size,
-                        kv_dtype, cache_window)
-            for i in range(int(n))
-        ]
-    if drafter is None:
-        raise UserError(
-            f"speculative method {method!r} needs the drafter's config.json",
-            fix="pin a drafter in matrix.yaml so its config can be read",
-        )
-    dtext = _text_config(drafter)
-    heads, size = _attention_shape(dtext, tp, "drafter config")
-    n = _require_int(dtext, "num_hidden_layers", "drafter config")
-    layers = []
-    dtypes = dtext.get("layer_types") or []
-    for i in range(n):
-        if method == "dflash":
-            # qwen3_dflash.py builds Attention without per_layer_sliding_window, so 0.23
-            # ignores the drafter's own window and uses CacheConfig's (the target's).
-            window = cache_window
-        else:
-            # llama.py (EAGLE drafters): sliding per layer_types, else CacheConfig's window.
-            is_sliding = i < len(dtypes) and dtypes[i] == "sliding_attention"
-            window = _sliding_window(dtext) if is_sliding else cache_window
-        layers.append(_attn_layer(
-            f"drafter.layers.{n_target + i}", "drafter", block, heads, size, kv_dtype, window))
-    return layers
-
-
-def _gdn_shapes(text: dict, tp: int, num_spec: int) -> tuple[tuple[int, ...], ...]:
-    """gated_delta_net_state_shape, conv state in the default "SD" layout."""
-    nk = _require_int(text, "linear_num_key_heads", "target config")
-    nv = _require_int(text, "linear_num_value_heads", "target config")
-    dk = _require_int(text, "linear_key_head_dim", "target config")
-    dv = _require_int(text, "linear_value_head_dim", "target config")
-    kernel = _require_int(text, "linear_conv_kernel_dim", "target config")
-    conv_dim = dk * nk * 2 + dv * nv
-    for what, value in (("conv dim", conv_dim), ("linear_num_value_heads", nv)):
-        if value % tp:
-            raise UserError(
-                f"tensor_parallel_size {tp} does not divide the GDN {what} ({value})",
-                fix="pick a tensor-parallel size that divides the linear-attention heads",
-            )
-    return ((kernel - 1 + num_spec, conv_dim // tp), (nv // tp, dv, dk))
-
-
-def _gdn_dtypes(text: dict, arch: str, flags: KVFlags, model_dtype: str) -> tuple[str, str]:
-    conv = model_dtype if flags.mamba_cache_dtype == "auto" else _canon(flags.mamba_cache_dtype)
-    ssm_flag = flags.mamba_ssm_cache_dtype
-    if ssm_flag == "auto" and arch in _SSM_DTYPE_FROM_CONFIG and text.get("mamba_ssm_dtype"):
-        ssm_flag = text["mamba_ssm_dtype"]
-    ssm = conv if ssm_flag == "auto" else _canon(ssm_flag)
-    return conv, ssm
-
-
 # --- config reading ---------------------------------------------------------------------------
-
-def _text_config(cfg: dict) -> dict:
-    """hf_text_config: the nested text_config of multimodal configs, else the config itself."""
-    if not isinstance(cfg, dict):
-        raise UserError("config.json must be a JSON object", fix="check the file's contents")
-    text = cfg.get("text_config")
-    return text if isinstance(text, dict) else cfg
-
 
 def _architecture(cfg: dict) -> str:
     archs = cfg.get("architectures") or [""]
     return str(archs[0])
 
 
-def _layer_types(text: dict) -> list[str]:
-    """Per target layer: "full", "sliding" or "mamba" (GDN linear attention)."""
-    n = _require_int(text, "num_hidden_layers", "target config")
-    raw = text.get("layer_types")
-    if raw is None and text.get("full_attention_interval"):
-        every = int(text["full_attention_interval"])
-        raw = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
-    if raw is None:
-        return ["full"] * n
-    if len(raw) != n:
-        raise UserError(
-            f"layer_types has {len(raw)} entries but num_hidden_layers is {n}",
-            fix="fix the target config.json",
-        )
-    table = {"linear_attention": "mamba", "sliding_attention": "sliding",
-             "full_attention": "full", "attention": "full"}
-    unknown = sorted({t for t in raw if t not in table})
-    if unknown:
-        raise UserError(
-            f"layer types {unknown} are not modelled by the KV-cache preflight",
-            fix="only GDN linear, full and sliding attention layers are supported",
-        )
-    return [table[t] for t in raw]
-
-
-def _sliding_window(cfg: dict) -> int | None:
-    # transformers' Qwen2/Qwen3 configs drop the window when use_sliding_window is false.
-    if cfg.get("use_sliding_window") is False:
-        return None
-    window = cfg.get("sliding_window")
-    return int(window) if window else None
-
-
-def _attention_shape(text: dict, tp: int, where: str) -> tuple[int, int]:
-    """(KV heads per rank, head size), with the divisibility the Qwen/Llama layers assert."""
-    heads = _require_int(text, "num_attention_heads", where)
-    kv = int(text.get("num_key_value_heads") or heads)
-    head_size = text.get("head_dim") or _require_int(text, "hidden_size", where) // heads
-    if heads % tp:
-        raise UserError(
-            f"tensor_parallel_size {tp} does not divide num_attention_heads {heads} ({where})",
-            fix="pick a tensor-parallel size that divides the attention heads",
-        )
-    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
-        raise UserError(
-            f"tensor_parallel_size {tp} and num_key_value_heads {kv} do not divide ({where})",
-            fix="pick a tensor-parallel size that divides (or is a multiple of) the KV heads",
-        )
-    return max(1, kv // tp), int(head_size)  # KV heads replicate when fewer than tp
-
-
 def _model_dtype(cfg: dict, text: dict, flags: KVFlags) -> str:
     if flags.model_dtype and flags.model_dtype != "auto":
-        return _canon(flags.model_dtype)
+        return canonical_model_dtype(flags.model_dtype)
     raw = cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get(
         "torch_dtype") or "float32"
-    dtype = _canon(str(raw).replace("torch.", ""))
+    dtype = canonical_model_dtype(str(raw))
     # _resolve_auto_dtype: float32 checkpoints are served in the platform's preferred
     # dtype, bfloat16 on GB10 (and on AVX512-bf16 CPUs).
     return "bfloat16" if dtype == "float32" else dtype
 
 
-def _kv_cache_dtype(cfg: dict, flags: KVFlags, model_dtype: str) -> str:
-    """--kv-cache-dtype; `auto` follows a checkpoint's FP8 KV scheme, else the model dtype."""
+def _cache_dtype(flags: KVFlags, ckpt) -> tuple[str, str]:
+    """cache_config.cache_dtype once the attention layers exist."""
     if flags.kv_cache_dtype != "auto":
-        return _canon(flags.kv_cache_dtype)
-    quant = cfg.get("quantization_config") or {}
-    scheme = quant.get("kv_cache_scheme") or quant.get("kv_cache_quant_algo")
-    if isinstance(scheme, dict) and scheme.get("num_bits") == 8 and scheme.get("type") == "float":
-        return "fp8"
-    if isinstance(scheme, str) and scheme.lower().startswith("fp8"):
-        return "fp8"
-    return model_dtype
+        if flags.kv_cache_dtype == "fp8_e5m2" and ckpt.kv_method:
+            raise VllmRefuses(
+                "ValueError", "fp8_e5m2 kv-cache is not supported with fp8 checkpoints.",
+                "the checkpoint's quantization loads KV scales for FP8 E4M3; vLLM refuses "
+                "--kv-cache-dtype fp8_e5m2 with it", "use --kv-cache-dtype fp8 (or auto)")
+        return flags.kv_cache_dtype, "--kv-cache-dtype"
+    if ckpt.cache_dtype not in (None, "auto"):
+        return ckpt.cache_dtype, ckpt.source
+    return "auto", "model dtype"
 
 
-def _canon(dtype: str) -> str:
-    d = dtype.lower()
-    if d not in _DTYPE_BYTES:
-        raise UserError(
-            f"unknown cache/model dtype {dtype!r}",
-            fix=f"use one of {sorted(_DTYPE_BYTES)}",
-        )
-    return _CANONICAL.get(d, d)
+def _skip_layers(flags: KVFlags, layout: ModelLayout, cache_dtype: str,
+                 text: dict) -> tuple[str, ...]:
+    """--kv-cache-dtype-skip-layers, plus TurboQuant's boundary layers on dense models."""
+    skip = set(flags.kv_cache_dtype_skip_layers)
+    if cache_dtype.startswith("turboquant_") and not layout.hybrid:
+        n = int(text.get("num_hidden_layers") or 0)
+        k = min(2, n // 2)
+        skip |= {str(i) for i in (*range(k), *range(n - k, n))}
+    return tuple(sorted(skip))
 
 
-def _require_int(cfg: dict, key: str, where: str) -> int:
-    value = cfg.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise UserError(f"{where} lacks a positive integer {key!r}", fix="fix the config.json")
-    return value
+def _max_model_len(text: dict, flags: KVFlags) -> int:
+    if flags.max_model_len:
+        return flags.max_model_len
+    keys = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+            "model_max_length", "max_target_positions", "max_sequence_length",
+            "max_seq_length", "seq_len")
+    found = [int(text[k]) for k in keys if isinstance(text.get(k), int)]
+    return min(found) if found else 2048
 
 
 def _check_flags(flags: KVFlags) -> None:
@@ -523,9 +409,19 @@ def _check_flags(flags: KVFlags) -> None:
         raise UserError("tensor_parallel_size must be >= 1 and num_speculative_tokens >= 0")
     if flags.block_size is not None and flags.block_size < 1:
         raise UserError("--block-size must be a positive integer")
-    for value in (flags.kv_cache_dtype, flags.mamba_cache_dtype, flags.mamba_ssm_cache_dtype):
-        if value != "auto":
-            _canon(value)
+    if flags.kv_cache_dtype not in CACHE_DTYPES:
+        raise UserError(f"--kv-cache-dtype {flags.kv_cache_dtype!r} is not one vLLM 0.23 accepts",
+                        fix=f"use one of {list(CACHE_DTYPES)}")
+    for name, value in (("--mamba-cache-dtype", flags.mamba_cache_dtype),
+                        ("--mamba-ssm-cache-dtype", flags.mamba_ssm_cache_dtype)):
+        if value not in MAMBA_DTYPES:
+            raise UserError(f"{name} {value!r} is not one vLLM 0.23 accepts",
+                            fix=f"use one of {list(MAMBA_DTYPES)}")
+    if flags.platform not in ("cuda", "cpu"):
+        raise UserError(f"platform {flags.platform!r} is not modelled (cuda or cpu)")
+    if flags.mamba_cache_mode not in ("none", "all", "align"):
+        raise UserError(f"--mamba-cache-mode {flags.mamba_cache_mode!r} is not one of "
+                        "all, align, none")
 
 
 # --- explanation ------------------------------------------------------------------------------
@@ -536,25 +432,27 @@ _PIN_FIX = (
 )
 
 
-def _explain(outcome, by_fix, specs, finals, top, block, attn_1, mamba_page, extra, method,
-             unify_needed) -> tuple[str, str | None]:
+def _explain(outcome, by_fix, specs, top, block, attn_1, mamba_page, extra, method,
+             unify_needed, family) -> tuple[str, str | None]:
+    if not specs:
+        return "the model keeps no KV cache", None
     biggest = next(s for s in specs if s.page_bytes == top)
     if outcome == "ok" and not by_fix:
         if not unify_needed:
-            return "all layers are of one attention type; vLLM does not unify their pages", None
+            return "all layers are of one cache type; vLLM does not unify their pages", None
         return (f"every page divides the largest ({top} B, {biggest.name}); attention block "
                 f"size {block}"), None
     if by_fix:
         return (
             f"{biggest.name} ({biggest.owner}, {biggest.bytes_per_token} B/token) has the "
             f"largest page ({top} B) at block size {block}; stock vLLM 0.23 would assert, "
-            f"dflashfix pads each GDN state page to {top} B (+{extra} B per request)"
+            f"dflashfix pads each recurrent state page to {top} B (+{extra} B per request)"
         ), _PIN_FIX + " to avoid the padding cost"
     if outcome == "AssertionError":
         return (
             f"{biggest.name} ({biggest.owner}) stores {biggest.bytes_per_token} B per token, "
             f"more than the target's {attn_1} B; at the attention block size {block} (chosen "
-            f"from the target alone) its page of {top} B exceeds the GDN state page "
+            f"from the target alone) its page of {top} B exceeds the {family} state page "
             f"({mamba_page} B), which cannot grow with block_size, so "
             f"unify_kv_cache_spec_page_size asserts"
         ), _PIN_FIX + ", or build the dflashfix patch set (pads the state page)"

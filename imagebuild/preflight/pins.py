@@ -8,13 +8,13 @@ verify_cells leaves to the build (unresolved entries, SHA shape).
 
 from __future__ import annotations
 
-from ..config import FULL_SHA
-from ..errors import UserError
-from ..lock import verify_cells
-from ..lockfile import LOCK_NAME, Lock
-from ..matrix import Cell, LoadedMatrix
-from .checkpoint import SKIPPED
-from .findings import MATRIX, Finding, Rule
+from imagebuild.errors import UserError
+from imagebuild.lock.lockfile import LOCK_NAME, Lock
+from imagebuild.lock.resolve import verify_cells
+from imagebuild.preflight.checkpoint import SKIPPED
+from imagebuild.preflight.findings import MATRIX, Finding, Rule
+from imagebuild.spec.config import FULL_SHA
+from imagebuild.spec.matrix import Cell, LoadedMatrix
 
 RULES = (
     Rule("pin-lock-agrees", "error",
@@ -38,7 +38,7 @@ BY_ID = {r.id: r for r in RULES}
 
 def _hub_pins(cell: Cell) -> list[tuple[str, str, str | None]]:
     return [("models", cell.model_name, cell.model.repository),
-            ("drafters", cell.drafter_name, cell.drafter.repository)]
+            ("drafters", cell.drafter_name, cell.drafter_model)]
 
 
 def check(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None,

@@ -7,12 +7,10 @@ across cells: pins and served-name collisions; last, the families' waivers.
 
 from __future__ import annotations
 
-from ..errors import UserError
-from ..lockfile import Lock
-from ..matrix import Cell, LoadedMatrix
-from ..servecmd import serve_command
-from . import checkpoint, flags, pins
-from .findings import (
+from imagebuild.errors import UserError
+from imagebuild.lock.lockfile import Lock
+from imagebuild.preflight import checkpoint, flags, pins, serve_args
+from imagebuild.preflight.findings import (
     MATRIX,
     SEVERITY_ORDER,
     Finding,
@@ -22,22 +20,25 @@ from .findings import (
     registry,
     waive,
 )
-from .flags import CellView, as_int, flag_value
-from .kvcache import KVFlags, predict
+from imagebuild.preflight.flags import CellView, as_int, flag_value, flag_values
+from imagebuild.preflight.kvcache import CannotPredict, KVFlags, predict
+from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.servecmd import serve_command
 
-# The dflashfix patch that pads GDN state pages instead of asserting (patches/).
+# The dflashfix patch that pads recurrent-state pages instead of asserting (patches/).
 PAD_MAMBA_PATCH = "kv-page-size-pad-mamba.patch"
 
 KV_RULES = (
     Rule("kv-page-unify", "error",
          "vLLM 0.23 keeps every layer's cache in pages of one size; a drafter page larger "
-         "than a hybrid target's fixed GDN state page fails unify_kv_cache_spec_page_size at "
-         "engine start, ten minutes into a boot",
+         "than a hybrid target's fixed recurrent-state page fails "
+         "unify_kv_cache_spec_page_size at engine start, ten minutes into a boot (and the "
+         "block-size checks around it fail as late)",
          "pin a drafter revision whose KV bytes per token do not exceed the target's and "
          "divide it, or build the dflashfix patch set"),
     Rule("kv-page-padding", "warning",
-         "the dflashfix patch set serves an oversized drafter page by padding every GDN "
-         "state page to it, which costs cache memory per request",
+         "the dflashfix patch set serves an oversized drafter page by padding every "
+         "recurrent-state page to it, which costs cache memory per request",
          "pin a drafter revision whose KV bytes per token do not exceed the target's"),
     Rule("kv-layout", "info", "the KV page layout vLLM will choose, printed for review", ""),
 )
@@ -51,7 +52,7 @@ WAIVER_RULES = (
          "remove the waiver", waivable=False),
 )
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
-                                  WAIVER_RULES)
+                                  WAIVER_RULES, serve_args.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -62,10 +63,21 @@ def kv_flags(v: CellView) -> KVFlags:
         value = flag_value(argv, name)
         return value if isinstance(value, str) else default
 
+    def switch(name: str) -> bool | None:
+        """--name / --no-name; None when neither is given (vLLM decides)."""
+        if flag_value(argv, f"no-{name}") is not None:
+            return False
+        value = flag_value(argv, name)
+        if value is None:
+            return None
+        return value is True or str(value).lower() not in ("false", "0")
+
     method = None if v.method == "none" else v.method
     backend = text("attention-backend", v.env.get("VLLM_ATTENTION_BACKEND"))
+    tp = as_int(flag_value(argv, "tensor-parallel-size")) or 1
+    gpu = bool(v.cell.target.gpu)
     return KVFlags(
-        tensor_parallel_size=as_int(flag_value(argv, "tensor-parallel-size")) or 1,
+        tensor_parallel_size=tp,
         kv_cache_dtype=text("kv-cache-dtype", "auto") or "auto",
         mamba_cache_dtype=text("mamba-cache-dtype", "auto") or "auto",
         mamba_ssm_cache_dtype=text("mamba-ssm-cache-dtype", "auto") or "auto",
@@ -75,9 +87,18 @@ def kv_flags(v: CellView) -> KVFlags:
         attention_backend=backend.lower() if backend else None,
         model_dtype=text("dtype", None),
         # CUDA platforms start attention blocks at 16 tokens, vLLM's CPU platform at 128
-        default_block_size=16 if v.cell.target.gpu else 128,
-        enable_prefix_caching=flag_value(argv, "no-enable-prefix-caching") is None,
+        platform="cuda" if gpu else "cpu",
+        default_block_size=16 if gpu else 128,
+        enable_prefix_caching=switch("enable-prefix-caching"),
+        enable_chunked_prefill=switch("enable-chunked-prefill"),
         max_model_len=checkpoint.parse_len(text("max-model-len", "") or ""),
+        max_num_batched_tokens=as_int(flag_value(argv, "max-num-batched-tokens")),
+        # `vllm serve` defaults: 2048 per CPU rank; on CUDA 2048 or 8192 by GPU memory
+        default_max_num_batched_tokens=None if gpu else 2048 * tp,
+        mamba_block_size=as_int(flag_value(argv, "mamba-block-size")),
+        mamba_cache_mode=text("mamba-cache-mode", "none") or "none",
+        kv_cache_dtype_skip_layers=tuple(flag_values(argv, "kv-cache-dtype-skip-layers")),
+        disable_hybrid_kv_cache_manager=bool(switch("disable-hybrid-kv-cache-manager")),
     )
 
 
@@ -93,15 +114,20 @@ def kv_findings(v: CellView, model: checkpoint.Checkpoint,
                                                  "kv-layout"))
     try:
         p = predict(model.config, drafter.config if needs_drafter and drafter else None,
-                    kv_flags(v), pad_mamba=pad)
+                    kv_flags(v), pad_mamba=pad, hf_quant_config=model.hf_quant)
+    except CannotPredict as exc:
+        # never a pass: the layout is unknown, so say so and why
+        return [unify.finding(v.label, f"cannot predict the KV layout: {exc.reason}",
+                              fix="check the KV layout with a real boot (smoke) before "
+                                  "relying on this cell", severity="warning")]
     except UserError as exc:
         unmodelled = "not modelled" in exc.message
         return [unify.finding(v.label, f"cannot predict the KV layout: {exc.message}",
                               fix=exc.fix, severity="warning" if unmodelled else None)]
     where = v.where("speculative-config")
     shape = (f"attention block size {p.attention_block_size}"
-             + (f", GDN state page {p.mamba_page_bytes} B padded {p.mamba_padding_pct:.2f}%"
-                if p.hybrid else ""))
+             + (f", {p.family} state page {p.mamba_page_bytes} B padded "
+                f"{p.mamba_padding_pct:.2f}%" if p.hybrid else ""))
     if not p.ok:
         return [unify.finding(v.label, f"vLLM {v.cell.engine.vllm_version} will fail at "
                                          f"engine start with {p.outcome}: {p.cause}",
@@ -154,14 +180,18 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None) -> list[F
     views = []
     for cell, label in zip(cells, labels, strict=True):
         model = store.get("models", cell.model_name, cell.model.repository)
-        drafter = (store.get("drafters", cell.drafter_name, cell.drafter.repository)
-                   if cell.drafter.repository else None)
+        drafter = (store.get("drafters", cell.drafter_name, cell.drafter_model)
+                   if cell.drafter_model else None)
         v = CellView(lm=lm, cell=cell, cmd=serve_command(cell),
-                     vision=checkpoint.has_vision(model), label=label)
+                     family=checkpoint.model_family(model), label=label)
         views.append(v)
         findings += flags.check_cell(v)
-        findings += checkpoint.check_cell(v, model, drafter)
-        findings += kv_findings(v, model, drafter)
+        refused = serve_args.check_cell(v)
+        findings += refused + checkpoint.check_cell(v, model, drafter)
+        # the KV layout of a command line vLLM would refuse anyway is not worth predicting
+        # (it would only repeat the refusal with a vaguer fix)
+        if not any(f.severity == "error" for f in refused):
+            findings += kv_findings(v, model, drafter)
     findings += checkpoint.served_name_collisions(views)
     waivers, problems = _waivers(lm, cells, findings)
     findings = waive(findings, waivers, RULES) + problems

@@ -8,12 +8,36 @@ from dataclasses import dataclass
 
 import requests
 
-from .container import Container
-from .logwatch import LogState, LogWatcher, exceptions, excerpt
+from imagebuild.docker import engine
+from imagebuild.runspec import HOST
+from imagebuild.smoke.logwatch import LogState, LogWatcher, exceptions, excerpt
 
 FATAL_GRACE_S = 1.5  # after a fatal line, keep reading this long for the rest of the trace
 IDLE_CPU_PERCENT = 10.0  # docker stats scale: 100 = one core busy
 POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class Container:
+    """The running serve container: its name and the loopback port it serves on."""
+
+    name: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def running(self) -> bool:
+        state = engine().container_state(self.name)
+        return bool(state and state.get("Running"))
+
+    def exit_code(self) -> int | None:
+        state = engine().container_state(self.name)
+        return int(state["ExitCode"]) if state and "ExitCode" in state else None
+
+    def cpu_percent(self) -> float | None:
+        return engine().cpu_percent(self.name)
 
 
 @dataclass

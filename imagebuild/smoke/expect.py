@@ -7,29 +7,29 @@ image's own labels and CMD: `smoke IMAGE_REF` works on any image this project bu
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from ..errors import OperationFailed, UserError
-from ..lockfile import Lock, read_lock
-from ..matrix import Cell
-from ..render import LABEL_NS
-from ..servecmd import DRAFTER_DIR, MODEL_DIR, ServeCommand, serve_command
-from .dockercli import DOCKER
+from imagebuild.docker import inspect_image
+from imagebuild.errors import UserError
+from imagebuild.lock.lockfile import Lock, read_lock, served_files
+from imagebuild.render import LABEL_NS
+from imagebuild.spec.matrix import Cell
+from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, ServeCommand, serve_command
 
 SMALL_FILE = 50 * 2**20  # the weight_groups threshold: small files are hashed, shards sized
 # Used when an image's cell is not in matrix.yaml: no floor is known, counters must still move.
 DEFAULT_TARGET = {"gpu": False, "concurrency": [8], "boot_timeout_s": 600, "memory_limit": "8g"}
 
 
-def _files(lock: Lock | None, kind: str, name: str, dest: str) -> dict[str, dict] | None:
+def _files(lock: Lock | None, kind: str, name: str, dest: str,
+           exclude: list[str] | tuple[str, ...] = ()) -> dict[str, dict] | None:
     """path in the container -> expected size and, for small files, hash."""
     entry = lock.entry(kind, name) if lock else None
     if not entry or entry.get("files") is None:
         return None
     out: dict[str, dict] = {}
-    for f in entry["files"]:
+    for f in served_files(entry["files"], exclude):
         want: dict[str, Any] = {"size": f["size"]}
         if f["size"] < SMALL_FILE:
             if f.get("sha256"):
@@ -83,38 +83,27 @@ def expectations_for(cell: Cell, lock: Lock | None) -> dict[str, Any]:
         # a profile may switch a parser's check off even when the flag is present
         "reasoning": exp["reasoning"] and prof.reasoning,
         "tools": exp["tools"] and prof.tools,
-        "speculative_method": cell.drafter.method,
+        # None: the cell serves without speculative decoding (the check is not applicable)
+        "speculative_method": cell.drafter.method if cell.drafter else None,
         "acceptance_floor": prof.acceptance_floor,
         "multimodal": cell.model.multimodal,
         "concurrency": list(target.smoke_concurrency),
         "boot_timeout_s": target.boot_timeout_s,
         "memory_limit": target.memory_limit,
     })
-    model = _files(lock, "models", cell.model_name, MODEL_DIR)
-    drafter = (_files(lock, "drafters", cell.drafter_name, DRAFTER_DIR)
-               if cell.drafter.repository else {})
+    model = _files(lock, "models", cell.model_name, MODEL_DIR, cell.model.exclude)
+    drafter = (_files(lock, "drafters", cell.drafter_name, DRAFTER_DIR, cell.drafter.exclude)
+               if cell.drafter and cell.drafter.repository else {})
     exp["files"] = None if model is None or drafter is None else {**model, **drafter}
     return exp
-
-
-def inspect_image(image_ref: str) -> dict[str, Any]:
-    proc = subprocess.run([DOCKER, "image", "inspect", image_ref], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        raise UserError(f"image {image_ref} is not in the local Docker engine",
-                        fix="build it first (`python build.py build --tag ...`) or pull it")
-    try:
-        return json.loads(proc.stdout)[0]
-    except (json.JSONDecodeError, IndexError):
-        raise OperationFailed(f"docker image inspect {image_ref} gave no JSON") from None
 
 
 def expectations_from_labels(image_ref: str, root: Path | None = None,
                              info: dict[str, Any] | None = None) -> dict[str, Any]:
     """Expectations for an image by reference: its cell (label io.imagebuild.cell) when
     matrix.yaml still has it, else what its labels and CMD say."""
-    from .. import REPO_ROOT
-    from .. import matrix as mx
+    from imagebuild import REPO_ROOT
+    from imagebuild.spec import matrix as mx
 
     info = info or inspect_image(image_ref)
     labels = info.get("Config", {}).get("Labels") or {}
@@ -138,13 +127,20 @@ def expectations_from_labels(image_ref: str, root: Path | None = None,
         exp.update({"source": "labels", "cell": cell_id, "engine": engine,
                     "image": cell_id.split("/", 1)[-1], "target": target_name,
                     **{k: v for k, v in DEFAULT_TARGET.items()},
-                    "gpu": target_name != "cpu", "acceptance_floor": 0.0, "files": None})
+                    "gpu": needs_gpu(info), "acceptance_floor": 0.0, "files": None})
     # what the image itself claims; a disagreement with the cell is a finding in itself
     exp["labels"] = {
         "served_names": [n for n in labels.get(f"{LABEL_NS}.served-names", "").split(",") if n],
         "speculative_method": labels.get(f"{LABEL_NS}.speculative.method"),
     }
     return exp
+
+
+def needs_gpu(info: dict[str, Any]) -> bool:
+    """An image built on NVIDIA's CUDA images asks the container runtime for GPUs
+    (NVIDIA_VISIBLE_DEVICES in its environment); the CPU images do not."""
+    env = info.get("Config", {}).get("Env") or []
+    return any(str(e).split("=", 1)[0] == "NVIDIA_VISIBLE_DEVICES" for e in env)
 
 
 def _argv_command(argv: list[str]) -> ServeCommand:

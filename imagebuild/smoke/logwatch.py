@@ -1,21 +1,20 @@
 """Follow a container's log from its first line: boot phase, fatal lines, stalls.
 
-`docker logs -f` replays the log from the start, so following right after `docker run`
-misses nothing. The stream ends when the container exits, which is itself a verdict.
-Patterns are vLLM 0.23's own messages (v1/engine/core.py, v1/engine/utils.py, ...) and
-the failures DOMAIN.md lists for the Spark.
+Following a container's log replays it from the start, so following right after the
+container starts misses nothing. The stream ends when the container exits, which is
+itself a verdict. Patterns are vLLM 0.23's own messages (v1/engine/core.py,
+v1/engine/utils.py, ...) and the failures seen on DGX Spark deployments (docs/domain.md).
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .dockercli import DOCKER
+from imagebuild.docker import engine
 
 # (name, pattern): the first match ends the boot wait at once.
 FATAL = (
@@ -125,37 +124,41 @@ class LogState:
 
 
 class LogWatcher:
-    """A thread copying `docker logs -f NAME` into a file and a LogState."""
+    """A thread copying the container's log (followed through the Docker seam) into a file
+    and a LogState. The stream ends when the container stops or is removed."""
 
     def __init__(self, container: str, log_path: Path):
         self.container = container
         self.log_path = log_path
         self.state = LogState()
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
         self._thread = threading.Thread(target=self._run, name=f"logs-{container}",
                                         daemon=True)
         self.changed = threading.Event()  # set on every line and at the end
 
     def start(self) -> LogWatcher:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._proc = subprocess.Popen([DOCKER, "logs", "--follow", self.container],
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
         self._thread.start()
         return self
 
+    def _line(self, out, raw: bytes) -> None:  # noqa: ANN001
+        line = ANSI.sub("", raw.decode("utf-8", "replace").rstrip("\r\n"))
+        out.write(line + "\n")
+        out.flush()  # the check suite reads this file while we write it
+        with self._lock:
+            self.state.feed(line, time.monotonic())
+        self.changed.set()
+
     def _run(self) -> None:
-        assert self._proc and self._proc.stdout
+        pending = b""
         with self.log_path.open("w", encoding="utf-8") as out:
-            for raw in self._proc.stdout:
-                line = ANSI.sub("", raw.decode("utf-8", "replace").rstrip("\r\n"))
-                out.write(line + "\n")
-                out.flush()  # the check suite reads this file while we write it
-                with self._lock:
-                    self.state.feed(line, time.monotonic())
-                self.changed.set()
-        self._proc.wait()
+            for chunk in engine().logs(self.container, follow=True):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    self._line(out, raw)
+            if pending:
+                self._line(out, pending)
         with self._lock:
             self.state.ended_at = time.monotonic()
         self.changed.set()
@@ -169,11 +172,6 @@ class LogWatcher:
                             ended_at=s.ended_at)
 
     def stop(self, timeout: float = 5) -> None:
-        if self._proc and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
+        """Wait for the stream to end (it does once the container is gone)."""
         if self._thread.is_alive():
             self._thread.join(timeout=timeout)

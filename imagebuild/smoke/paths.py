@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..matrix import Cell
+from imagebuild.spec.matrix import Cell
 
 
 def cell_dir(build_dir: Path, cell: Cell) -> Path:

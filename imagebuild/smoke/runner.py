@@ -1,38 +1,51 @@
-"""One smoke run: boot the image hardened, watch it, run tests/smoke/, write the verdict.
+"""One smoke run: write the image's compose file, run the check suite (which brings the
+container up and down through pytest-docker), judge, write the verdict.
 
-The container and its log follower live here, outside pytest, so a boot that fails is
-judged from the log within seconds and the check suite only ever sees a healthy server.
-Whatever happens (failure, Ctrl-C, SIGTERM) the container is removed before returning.
+The verdict is `passed` only when the boot was healthy, pytest itself exited 0 and every
+check the suite must run for this image ran (passed, or not applicable with a reason): a
+crashed pytest, zero collected checks, an error in a check or a missing check fail it.
+
+Whatever happens (failure, Ctrl-C, SIGTERM) the compose project is taken down before
+returning: pytest-docker's own clean-up first, then ours as a backstop (`down`, and every
+container still labelled with the project).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
+import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from .. import REPO_ROOT
-from .boot import BootOutcome, wait_ready
-from .container import Container, image_user, launch
-from .expect import expectations_for, expectations_from_labels, inspect_image
-from .logwatch import LogWatcher
-from .paths import cell_dir, ref_dir
-from .report import read_junit, write_junit, write_verdict
+from imagebuild import PACKAGE_DIR, REPO_ROOT, work_root
+from imagebuild.docker import engine, image_user, inspect_image
+from imagebuild.runspec import RunSpec, compose_yaml
+from imagebuild.smoke.checks import missing_checks
+from imagebuild.smoke.expect import expectations_from_labels
+from imagebuild.smoke.paths import cell_dir, ref_dir
+from imagebuild.smoke.report import read_junit, write_junit, write_verdict
 
-SUITE = REPO_ROOT / "tests" / "smoke"
+if TYPE_CHECKING:
+    from imagebuild.plan import Job
+
+SUITE = Path(__file__).resolve().parent / "suite"
 CHECK_TIMEOUT_S = 900  # per check (pytest-timeout); a gb10 burst at c=32 is the longest
-OUTPUTS = ("junit.xml", "summary.md", "verdict.json", "container.log",
-           "container-attempt1.log", "checks.log", "config.json", "checks-junit.xml")
+OUTPUTS = ("junit.xml", "summary.md", "verdict.json", "container.log", "boot.json",
+           "container-attempt1.log", "checks.log", "config.json", "checks-junit.xml",
+           "compose.yaml")
+PROJECT_LABEL = "com.docker.compose.project"
+INTERRUPT_GRACE_S = 20  # pytest's own teardown (compose down) gets this long after Ctrl-C
 
 
 def default_stall_s(boot_timeout_s: float) -> float:
@@ -40,11 +53,19 @@ def default_stall_s(boot_timeout_s: float) -> float:
     return min(180.0, max(60.0, boot_timeout_s / 4))
 
 
-def out_dir_for(expect: dict[str, Any], image_ref: str | None = None) -> Path:
-    build = REPO_ROOT / "build"
-    if image_ref:
-        return ref_dir(build, image_ref)
-    return build / "smoke" / expect["target"] / expect["engine"] / expect["image"]
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_spec(image_ref: str, info: dict[str, Any], expect: dict[str, Any]) -> RunSpec:
+    """How this image runs: its own CMD, the cell's memory limit and GPU setting."""
+    cfg = info.get("Config") or {}
+    return RunSpec(image=image_ref, command=tuple(cfg.get("Cmd") or ()),
+                   memory=expect.get("memory_limit"), gpu=bool(expect.get("gpu")),
+                   user=image_user(image_ref, cfg.get("User") or ""),
+                   port=int(expect.get("port") or 8000))
 
 
 @contextmanager
@@ -63,119 +84,118 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, old)
 
 
-def _run_checks(out: Path, config: dict[str, Any], console: Console) -> tuple[Path, int]:
+def take_down(project: str, compose_file: Path) -> None:
+    """Backstop clean-up: compose down, then any container still labelled with the project
+    (a `docker run` interrupted half-way leaves one compose never learnt about)."""
+    from imagebuild.smoke.suite.conftest import compose_command
+
+    try:
+        subprocess.run(f'{compose_command()} -f "{compose_file}" -p "{project}" down '
+                       "--volumes --timeout 5", shell=True, capture_output=True, timeout=120)
+    except Exception:  # noqa: BLE001 - the label sweep below still runs
+        pass
+    for name in engine().container_names(label=f"{PROJECT_LABEL}={project}"):
+        engine().remove_container(name)
+
+
+def _run_suite(out: Path, config: dict[str, Any], env: dict[str, str], console: Console,
+               timeout_s: float) -> tuple[Path, int]:
     cfg = out / "config.json"
     cfg.write_text(json.dumps(config, indent=1))
     junit = out / "checks-junit.xml"
     # junit_family xunit1: the family that keeps record_property figures in the XML
     cmd = [sys.executable, "-m", "pytest", str(SUITE), "-p", "no:cacheprovider", "-q",
-           "--rootdir", str(REPO_ROOT), f"--junitxml={junit}", "-o", "junit_family=xunit1",
-           f"--timeout={CHECK_TIMEOUT_S}", "-W", "ignore::DeprecationWarning"]
-    env = {**os.environ, "IMAGEBUILD_SMOKE_CONFIG": str(cfg)}
+           "-c", str(SUITE / "pytest.ini"), "--rootdir", str(SUITE),
+           f"--junitxml={junit}", "-o", "junit_family=xunit1",
+           f"--timeout={timeout_s:.0f}", "-W", "ignore::DeprecationWarning"]
+    full_env = {**os.environ, **env, "IMAGEBUILD_SMOKE_CONFIG": str(cfg),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_DIR.parent),
+                                                           os.environ.get("PYTHONPATH")]))}
     with (out / "checks.log").open("w") as log:
+        # its own session: an interrupt reaches pytest and the compose command it runs
+        # together, from us, after we have seen it (a terminal's Ctrl-C reaches us only)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env, cwd=REPO_ROOT)
-        assert proc.stdout
-        for line in proc.stdout:
-            log.write(line)
-            console.print(line.rstrip("\n"), markup=False, highlight=False)
-        code = proc.wait()
+                                text=True, env=full_env, cwd=out, start_new_session=True)
+        try:
+            assert proc.stdout
+            for line in proc.stdout:
+                log.write(line)
+                console.print(line.rstrip("\n"), markup=False, highlight=False)
+            code = proc.wait()
+        except KeyboardInterrupt:
+            # let pytest run its own teardown (compose down), then stop waiting
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=INTERRUPT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
     return junit, code
 
 
-def _wait(image_ref: str, c: Container, watcher: LogWatcher, timeout_s: float,
-          stall_s: float, console: Console) -> BootOutcome:
-    """wait_ready with one status line: live on a terminal, phase changes elsewhere (CI)."""
-    if console.is_terminal:
-        with console.status(f"booting {image_ref}") as status:
-            return wait_ready(c, watcher, timeout_s=timeout_s, stall_s=stall_s,
-                              tick=lambda elapsed, phase: status.update(
-                                  f"booting {image_ref} · {elapsed:5.1f}s · {phase}"))
-    seen = [""]
-
-    def tick(elapsed: float, phase: str) -> None:
-        if phase != seen[0]:
-            seen[0] = phase
-            console.print(f"booting {image_ref} · {elapsed:5.1f}s · {phase}", markup=False,
-                          highlight=False)
-
-    return wait_ready(c, watcher, timeout_s=timeout_s, stall_s=stall_s, tick=tick)
-
-
-def _boot(image_ref: str, command: list[str], user: tuple[int, int], expect: dict[str, Any],
-          out: Path,
-          timeout_s: float, stall_s: float, console: Console,
-          attempts: list[dict[str, Any]]) -> tuple[Container, LogWatcher, BootOutcome, float]:
-    """Launch and wait; relaunch once after a silent spawn hang (DOMAIN.md)."""
-    for attempt in (1, 2):
-        launched_at = time.monotonic()
-        c = launch(image_ref, command, memory=expect["memory_limit"], gpu=expect["gpu"],
-                   user=user)
-        watcher: LogWatcher | None = None
-        try:  # from the first moment the container exists: Ctrl-C removes it
-            watcher = LogWatcher(c.name, out / "container.log").start()
-            outcome = _wait(image_ref, c, watcher, timeout_s, stall_s, console)
-        except BaseException:
-            c.remove()
-            if watcher is not None:
-                watcher.stop()
-            raise
-        attempts.append({"attempt": attempt, "container": c.name, "kind": outcome.kind,
-                         "message": outcome.message})
-        console.print(f"boot attempt {attempt}: {outcome.message}", markup=False,
-                      highlight=False)
-        if outcome.kind != "stalled" or attempt == 2:
-            return c, watcher, outcome, launched_at
-        c.remove()
-        watcher.stop()
-        (out / "container.log").rename(out / "container-attempt1.log")
-        console.print("relaunching once: a silent hang at spawn clears on a clean start",
-                      markup=False, highlight=False)
-    raise AssertionError("unreachable")
-
-
-def _verdict(image_ref: str, image_id: str, expect: dict[str, Any], boot: BootOutcome,
-             checks: list[dict[str, Any]], attempts: list[dict[str, Any]], out_dir: Path, *,
-             t0: float, checks_s: float, fatal_abs: float | None) -> dict[str, Any]:
-    boot_d = asdict(boot)
+def _verdict(image_ref: str, image_id: str, expect: dict[str, Any], boot: dict[str, Any],
+             checks: list[dict[str, Any]], pytest_code: int, out_dir: Path, *,
+             t0: float, suite_s: float = 0.0) -> dict[str, Any]:
+    ready = boot.get("kind") == "ready"
     bad = [ch for ch in checks if ch["outcome"] in ("failed", "error")]
-    passed = boot.ready and not bad
-    if not boot.ready:
-        outcome, message = f"boot {boot.kind}", boot.message
+    missing = missing_checks([ch["name"] for ch in checks], expect)
+    passed = ready and not bad and not missing and pytest_code == 0
+    if not boot:
+        outcome = "suite failed"
+        message = (f"the check suite exited {pytest_code} before the server booted; "
+                   "see checks.log")
+    elif not ready:
+        outcome, message = f"boot {boot['kind']}", boot["message"]
     elif bad:
         outcome = "checks failed"
         message = f"{len(bad)} check(s) failed: " + ", ".join(ch["name"] for ch in bad)
+    elif missing:
+        outcome = "checks missing"
+        message = f"{len(missing)} expected check(s) did not run: {', '.join(missing)}"
+    elif pytest_code != 0:
+        outcome = "suite failed"
+        message = f"pytest exited {pytest_code} although every check passed; see checks.log"
     else:
         outcome = "passed"
         message = (f"{sum(ch['outcome'] == 'passed' for ch in checks)} checks passed, "
                    f"{sum(ch['outcome'] == 'skipped' for ch in checks)} not applicable")
-    now = time.monotonic()
-    verdict = {
+    now = time.time()
+    boot_s = float(boot.get("seconds") or 0.0)
+    boot_case = {"name": "boot", "outcome": "passed" if ready else "failed",
+                 "seconds": round(boot_s, 2), "message": "" if ready else boot.get(
+                     "message", "no boot record")}
+    return {
         "image_ref": image_ref,
         "image_id": image_id,  # publish pushes only the digest of this id
         "cell": expect.get("cell"), "engine": expect.get("engine"),
         "target": expect.get("target"), "expect_source": expect.get("source"),
         "passed": passed, "outcome": outcome, "message": message,
-        "boot": boot_d, "relaunched": len(attempts) > 1, "attempts": attempts,
+        "pytest_exit_code": pytest_code,
+        "boot": {k: boot.get(k) for k in ("kind", "message", "phase", "seconds", "excerpt",
+                                          "exit_code", "fatal_line_s")} if boot else
+                {"kind": "none", "message": "no boot record", "phase": "none",
+                 "seconds": 0.0, "excerpt": ""},
+        "relaunched": len(boot.get("attempts") or []) > 1, "attempts": boot.get("attempts"),
         # name -> result for every check that ran (publish's gate and release notes read
         # `passed`); checks that do not apply to this cell are listed apart with the reason
-        "checks": {ch["name"]: {"passed": ch["outcome"] == "passed", **ch} for ch in
-                   [{"name": "boot", "outcome": "passed" if boot.ready else "failed",
-                     "seconds": round(boot.seconds, 2),
-                     "message": "" if boot.ready else boot.message}] + checks
-                   if ch["outcome"] != "skipped"},
+        "checks": {ch["name"]: {"passed": ch["outcome"] == "passed", **ch}
+                   for ch in [boot_case] + checks if ch["outcome"] != "skipped"},
         "not_applicable": {ch["name"]: ch["message"] for ch in checks
                            if ch["outcome"] == "skipped"},
-        "timings": {"boot_s": round(boot.seconds, 2), "checks_s": round(checks_s, 2),
+        "missing": missing,
+        "timings": {"boot_s": round(boot_s, 2),
+                    # the suite brings the container up, waits for the boot, then checks
+                    "checks_s": round(max(0.0, suite_s - boot_s), 2),
                     "total_s": round(now - t0, 2),
-                    "fatal_to_verdict_s": (round(now - fatal_abs, 2)
-                                           if fatal_abs is not None else None)},
+                    "fatal_to_verdict_s": (round(now - boot["fatal_line_at"], 2)
+                                           if boot.get("fatal_line_at") else None)},
         "files": {name: str(out_dir / f) for name, f in
                   (("junit", "junit.xml"), ("summary", "summary.md"),
-                   ("log", "container.log"))},
+                   ("log", "container.log"), ("compose", "compose.yaml"))},
         "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-    return verdict
 
 
 def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
@@ -183,44 +203,42 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
                 console: Console | None = None) -> dict[str, Any]:
     """Smoke-test one local image; returns the verdict (also written to out_dir)."""
     console = console or Console(stderr=True, soft_wrap=True)  # CI logs: no hard wraps
-    t0 = time.monotonic()
+    t0 = time.time()
     info = inspect_image(image_ref)
-    command = list(info.get("Config", {}).get("Cmd") or [])
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in OUTPUTS:
         (out_dir / name).unlink(missing_ok=True)
     timeout_s = boot_timeout_s or expect["boot_timeout_s"]
-    stall = stall_s or default_stall_s(timeout_s)
-    attempts: list[dict[str, Any]] = []
-    checks: list[dict[str, Any]] = []
-    checks_xml: Path | None = None
-    checks_s = 0.0
-    fatal_abs: float | None = None
+    port = free_port()
+    spec = run_spec(image_ref, info, expect)
+    compose_file = out_dir / "compose.yaml"
+    compose_file.write_text(compose_yaml(spec, name=expect.get("image") or "serve"))
+    project = f"imagebuild-smoke-{secrets.token_hex(4)}"
+    config = {"image_ref": image_ref, "image_id": info["Id"], "expect": expect,
+              "compose_file": str(compose_file), "project": project, "port": port,
+              "out_dir": str(out_dir), "boot_path": str(out_dir / "boot.json"),
+              "boot_timeout_s": timeout_s, "stall_s": stall_s or default_stall_s(timeout_s)}
+    env = {"IMAGEBUILD_PORT": str(port), "IMAGEBUILD_IMAGE": image_ref}
+    console.print(f"smoke {image_ref}: compose project {project} on 127.0.0.1:{port}",
+                  markup=False, highlight=False)
     with _sigterm_as_interrupt():
-        user = image_user(image_ref, info.get("Config", {}).get("User") or "")
-        c, watcher, boot, launched_at = _boot(image_ref, command, user, expect, out_dir,
-                                              timeout_s, stall, console, attempts)
+        t1 = time.time()
         try:
-            if boot.fatal_line_s is not None:
-                fatal_abs = launched_at + boot.fatal_line_s
-            if boot.ready:
-                config = {"image_ref": image_ref, "image_id": info["Id"], "container": c.name,
-                          "base_url": c.base_url, "log_path": str(out_dir / "container.log"),
-                          "expect": expect}
-                t1 = time.monotonic()
-                checks_xml, _ = _run_checks(out_dir, config, console)
-                checks_s = time.monotonic() - t1
-                checks = read_junit(checks_xml) if checks_xml.exists() else [
-                    {"name": "checks", "outcome": "error", "seconds": checks_s,
-                     "message": "pytest wrote no JUnit XML; see checks.log"}]
-            # judged before the clean-up: a dying vLLM can take seconds to be removed
-            verdict = _verdict(image_ref, info["Id"], expect, boot, checks, attempts, out_dir,
-                               t0=t0, checks_s=checks_s, fatal_abs=fatal_abs)
-            write_junit(out_dir / "junit.xml", image_ref, verdict["boot"], checks_xml)
-            write_verdict(out_dir, verdict)
+            checks_xml, code = _run_suite(out_dir, config, env, console,
+                                          max(CHECK_TIMEOUT_S, timeout_s + 300))
         finally:
-            c.remove()
-            watcher.stop()
+            take_down(project, compose_file)
+        suite_s = time.time() - t1
+    boot_path = out_dir / "boot.json"
+    boot = json.loads(boot_path.read_text()) if boot_path.exists() else {}
+    checks = read_junit(checks_xml) if checks_xml.exists() else []
+    if boot.get("kind") != "ready":  # the suite's checks only echo the failed boot
+        checks = []
+    verdict = _verdict(image_ref, info["Id"], expect, boot, checks, code, out_dir, t0=t0,
+                       suite_s=suite_s)
+    write_junit(out_dir / "junit.xml", image_ref, verdict["boot"],
+                checks_xml if checks else None)
+    write_verdict(out_dir, verdict)
     console.print(f"{'PASSED' if verdict['passed'] else 'FAILED'} {image_ref}: "
                   f"{verdict['message']}\n  verdict: {out_dir / 'verdict.json'}",
                   markup=False, highlight=False)
@@ -230,16 +248,17 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
 def smoke_ref(image_ref: str, *, out_dir: Path | None = None, **kw: Any) -> dict[str, Any]:
     """`build.py smoke IMAGE_REF`: expectations from the image's labels (and its cell)."""
     expect = expectations_from_labels(image_ref)
-    return smoke_image(image_ref, expect, out_dir or out_dir_for(expect, image_ref), **kw)
+    return smoke_image(image_ref, expect, out_dir or ref_dir(work_root(REPO_ROOT) / "build",
+                                                        image_ref),
+                       **kw)
 
 
-def smoke_cells(lm, cells, refs: dict[str, str], lock, *, out_root: Path | None = None,
-                **kw: Any) -> list[dict[str, Any]]:
-    """`build.py smoke --tag T [--only GLOB]`: each cell's image (refs: cell id -> local
-    ref, as `build` tagged it), one container at a time."""
-    verdicts = []
-    for cell in cells:
-        expect = expectations_for(cell, lock)
-        out = cell_dir(out_root or REPO_ROOT / "build", cell)
-        verdicts.append(smoke_image(refs[cell.id], expect, out, **kw))
+def smoke_jobs(jobs: tuple[Job, ...], *, out_root: Path, **kw: Any
+               ) -> dict[str, dict[str, Any]]:
+    """`build.py smoke --tag T [--only GLOB]` and the whole job: each job's local image
+    (`job.release_ref`, as `build` tagged it), one container at a time."""
+    verdicts = {}
+    for job in jobs:
+        out = cell_dir(out_root, job.cell)
+        verdicts[job.id] = smoke_image(job.release_ref, dict(job.expect), out, **kw)
     return verdicts

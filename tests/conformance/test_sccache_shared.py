@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imagebuild import matrix as mx
-from imagebuild.lockfile import read_lock
+from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import render_engine
+from imagebuild.spec import matrix as mx
 from tests.dockerfile_text import stages
 
 pytestmark = pytest.mark.slow

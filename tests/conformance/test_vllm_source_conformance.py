@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild import matrix as mx
-from imagebuild.lockfile import read_lock
-from imagebuild.patches import touched_files
+from imagebuild.build.patches import touched_files
+from imagebuild.build.vllm_source import sdist_tree
+from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import VLLM_PATHS, render_engine
-from imagebuild.vllm_source import sdist_tree
+from imagebuild.spec import matrix as mx
 from tests.dockerfile_text import (
     apt_packages,
     copied_sources,

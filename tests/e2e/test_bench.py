@@ -20,10 +20,11 @@ from imagebuild.bench import gate, prompts, store
 from imagebuild.bench.command import measure
 from imagebuild.bench.results import document
 from imagebuild.bench.server import serving
+from imagebuild.docker import inspect_image
 from imagebuild.errors import UserError
-from imagebuild.registry import OCI_MANIFEST, RegistryClient
-from imagebuild.release import A_IMAGE, A_SMOKE, A_TAG
-from imagebuild.smoke.expect import expectations_from_labels, inspect_image
+from imagebuild.registry.client import OCI_MANIFEST, RegistryClient
+from imagebuild.release.records import A_IMAGE, A_SMOKE, A_TAG
+from imagebuild.smoke.expect import expectations_from_labels
 from tests.registry_harness import running_registry
 
 pytestmark = pytest.mark.slow
@@ -64,8 +65,8 @@ def test_slower_release_is_refused_as_latest_unless_accepted(cpu_serve_image) ->
     assert all(lv["errors"] == 0 for lv in fast_levels + slow_levels)
     # client TTFT vs vLLM's own histogram over the same requests: the client's holds the
     # server's plus HTTP, chat template and tokenization (4-11 ms here for both our client
-    # and `vllm bench serve`, bench/vllm_compare.py); a client timing the wrong chunk or
-    # counting its own queueing would miss this band
+    # and `vllm bench serve`, tools/compare_client_with_vllm_bench.py); a client timing the
+    # wrong chunk or counting its own queueing would miss this band
     for lv in fast_levels:
         client_ms, server_ms = lv["ttft_ms"]["mean"], lv["server_ttft_mean_ms"]
         assert server_ms is not None

@@ -21,19 +21,13 @@ import pytest
 import requests
 
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.publish import publish
-from imagebuild.registry import Credentials, RegistryClient
-from imagebuild.release import (
-    LATEST,
-    LEASE_TAG,
-    Lease,
-    format_releases,
-    list_releases,
-    prune,
-    read_release,
-    set_latest,
-    set_latest_many,
-)
+from imagebuild.registry.client import Credentials, RegistryClient
+from imagebuild.release.latest import advance, set_latest, set_latest_many
+from imagebuild.release.lease import LEASE_TAG, Lease
+from imagebuild.release.prune import prune
+from imagebuild.release.publish import publish
+from imagebuild.release.records import LATEST, format_releases, list_releases, read_release
+from imagebuild.spec.tags import parse_release_tag
 from tests.registry_harness import FaultProxy, push_tiny_image, running_registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -108,11 +102,18 @@ class Publisher:
             self.refs.append(ref)
         return ref, self.ids[tag]
 
-    def publish(self, tag: str, *, passed: bool = True, **kw):
+    def publish(self, tag: str, *, passed: bool = True, latest: bool = True, **kw):
+        """What `build.py publish` does: push and record the release, then move latest
+        forward (release/latest.py; the regression gate has nothing stored to compare)."""
         ref, image_id = self.image(tag)
-        return publish(self.client, self.repo, local_ref=ref, release_tag=tag,
-                       verdict=verdict(image_id, ref, passed), pins=PINS,
-                       credentials=self.creds, log=self.log.append, settle=0.05, **kw)
+        rtag = parse_release_tag(tag)
+        res = publish(self.client, self.repo, local_ref=ref, release_tag=rtag,
+                      verdict=verdict(image_id, ref, passed), pins=PINS,
+                      credentials=self.creds, log=self.log.append, settle=0.05, **kw)
+        move = (advance(self.client, self.repo, rtag, log=self.log.append, settle=0.05)
+                if latest and not res.dry_run else None)
+        res.latest_moved = bool(move and move.moved and not move.dry_run)
+        return res
 
     def tested(self) -> set[str]:
         return set(self.ids.values())
@@ -191,15 +192,15 @@ def test_a_failed_smoke_leaves_the_tag_list_byte_for_byte_unchanged(reg, pub):
         ref, image_id = pub.image(R3)
         bad = verdict("sha256:" + "0" * 64, ref)  # a verdict for some other image
         with pytest.raises(OperationFailed, match="not the one tested"):
-            publish(pub.client, pub.repo, local_ref=ref, release_tag=R3, verdict=bad,
-                    credentials=pub.creds, log=pub.log.append)
+            publish(pub.client, pub.repo, local_ref=ref, release_tag=parse_release_tag(R3),
+                    verdict=bad, credentials=pub.creds, log=pub.log.append)
         assert proxy.seen == []
     assert raw_tags(reg.url, pub.repo, reg.user, reg.password) == before
     # a repository that never had a release stays absent too
     fresh = "vllm-spark/never-published"
     before = raw_tags(reg.url, fresh, reg.user, reg.password)
     with pytest.raises(OperationFailed):
-        publish(pub.client, fresh, local_ref=ref, release_tag=R3,
+        publish(pub.client, fresh, local_ref=ref, release_tag=parse_release_tag(R3),
                 verdict=verdict(image_id, ref, passed=False), credentials=pub.creds)
     assert raw_tags(reg.url, fresh, reg.user, reg.password) == before
 
@@ -214,7 +215,7 @@ def test_rerun_pushes_nothing_and_release_tags_are_immutable(reg, client, pub):
     other = make_local_image(other_ref)
     try:
         with pytest.raises(UserError, match="never overwritten"):
-            publish(client, pub.repo, local_ref=other_ref, release_tag=R2,
+            publish(client, pub.repo, local_ref=other_ref, release_tag=parse_release_tag(R2),
                     verdict=verdict(other, other_ref), credentials=pub.creds)
     finally:
         remove_local(other_ref)
@@ -304,8 +305,8 @@ def test_a_foreign_lease_blocks_and_a_stale_own_lease_does_not(reg, client, pub,
 
 _RACER = """
 import sys, time
-from imagebuild.registry import RegistryClient
-from imagebuild.release import set_latest
+from imagebuild.registry.client import RegistryClient
+from imagebuild.release.latest import set_latest
 url, user, pw, repo, tag, at = sys.argv[1:]
 c = RegistryClient(url, username=user, password=pw)
 c.ping()

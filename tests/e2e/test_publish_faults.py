@@ -11,8 +11,9 @@ import pytest
 from test_publish import Publisher, assert_safe, raw_tags
 
 from imagebuild.errors import ImagebuildError, OperationFailed
-from imagebuild.registry import AuthError, Credentials, RegistryClient
-from imagebuild.release import LATEST, LEASE_TAG, read_release
+from imagebuild.registry.client import AuthError, Credentials, RegistryClient
+from imagebuild.release.lease import LEASE_TAG
+from imagebuild.release.records import LATEST, read_release
 from tests.registry_harness import FaultProxy
 from tests.registry_harness.server import start_registry
 

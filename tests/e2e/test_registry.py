@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.registry import (
+from imagebuild.registry.client import (
     DOCKER_LIST,
     DOCKER_MANIFEST,
     OCI_INDEX,

@@ -99,7 +99,7 @@ def test_prune_keeps_latest_and_its_rollback_target(released):
 
 def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registry):
     from imagebuild.bench import store
-    from imagebuild.registry import RegistryClient
+    from imagebuild.registry.client import RegistryClient
 
     client = RegistryClient(registry.url, username=registry.user, password=registry.password)
     repo = "vllm-spark/cpu-tiny-ngram"

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imagebuild.bootstrap import DEFAULT_BASE_REF, ensure_base_image
+from imagebuild.build.bootstrap import DEFAULT_BASE_REF, ensure_base_image
 from imagebuild.cli import main
-from imagebuild.publish import publish
-from imagebuild.registry import Credentials, RegistryClient
-from imagebuild.release import read_release, set_latest
+from imagebuild.registry.client import Credentials, RegistryClient
+from imagebuild.release.latest import set_latest
+from imagebuild.release.publish import publish
+from imagebuild.release.records import read_release
 from tests.e2e.test_publish import PINS, verdict
 from tests.registry_harness import docker_login, running_registry
 

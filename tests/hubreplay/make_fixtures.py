@@ -760,11 +760,16 @@ def write_all(out: Path) -> None:
             ),
         },
     )
+    from tests.hubreplay import fixtures_examples  # the repos examples/ pin
+
+    fixtures_examples.write_examples(out, sys.modules[__name__])
 
 
 def main(argv: list[str]) -> int:
+    from tests.hubreplay.fixtures_examples import EAGLE3, LLAMA
+
     out = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "fixtures" / "hub"
-    for owner in {r.split("/")[0] for r in (ZLAB, AEON_DRAFTER, NVIDIA, GATED)}:
+    for owner in {r.split("/")[0] for r in (ZLAB, AEON_DRAFTER, NVIDIA, GATED, LLAMA, EAGLE3)}:
         shutil.rmtree(out / owner, ignore_errors=True)  # regenerate, never merge
     write_all(out)
     print(f"wrote {out}")

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild import matrix as mx
 from imagebuild.cli import main
-from imagebuild.lockfile import read_lock
+from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import MAX_LAYER_BYTES, render_all, weight_groups
-from imagebuild.servecmd import serve_command
+from imagebuild.spec import matrix as mx
+from imagebuild.spec.servecmd import serve_command
 from tests.conftest import MATRIX_FILES
 from tests.hubreplay import FIXTURE_DIR as HUB_FIXTURES
 from tests.hubreplay import hub_replay_server

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import builder
+from imagebuild.build import builder
 from imagebuild.errors import OperationFailed
 from imagebuild.render import Rendered
 
@@ -47,15 +47,15 @@ def test_not_enough_disk(tmp_path, monkeypatch):
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(builder.shutil, "disk_usage",
                         lambda _: usage._replace(free=3 * 2**30))
-    need = builder.disk_need("cpu", "engine", prefix_cached=False)
+    need = builder.disk_need("wheel", "engine", prefix_cached=False)
     with pytest.raises(OperationFailed) as info:
         builder.check_disk(str(tmp_path), need, "the cpu engine build")
     assert "only 3.0 GiB free" in info.value.message and "prune" in info.value.fix
     assert "the cpu engine build needs about 15 GiB" in info.value.message
     # the same disk is enough once the pip layers are cached (a patch-only change)
-    builder.check_disk(str(tmp_path), builder.disk_need("cpu", "engine", prefix_cached=True),
+    builder.check_disk(str(tmp_path), builder.disk_need("wheel", "engine", prefix_cached=True),
                        "the cpu engine build")
-    builder.check_disk(str(tmp_path), builder.disk_need("cpu", "serve", False), "serve")
+    builder.check_disk(str(tmp_path), builder.disk_need("wheel", "serve", False), "serve")
 
 
 def test_buildkit_flavour_without_buildx(tmp_path, monkeypatch):
@@ -134,7 +134,7 @@ def test_build_command_without_engine_exits_1(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(builder, "DOCKER", _fake_docker(tmp_path, "exit 1"))
     monkeypatch.setattr(builder, "_find_by_inputs", lambda digest: None)
     monkeypatch.setattr(builder, "_find_by_label", lambda label, value: None)
-    import imagebuild.bootstrap as bootstrap
+    import imagebuild.build.bootstrap as bootstrap
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")
     monkeypatch.setattr(builder, "_docker", lambda *a, **k: type(
         "P", (), {"stdout": "", "returncode": 1, "stderr": "no daemon"})())

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.buildjobs import (
+from imagebuild.build.buildjobs import (
     GIB,
     choose_max_jobs,
     choose_nvcc_threads,

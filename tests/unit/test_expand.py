@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from imagebuild import matrix as mx
 from imagebuild.cli import main
-from imagebuild.servecmd import serve_command
+from imagebuild.spec import matrix as mx
+from imagebuild.spec.servecmd import serve_command
 
 
 def _cells(matrix_dir: Path, text_edit=None):
@@ -88,17 +88,10 @@ def test_plan_without_target_says_which_and_why(matrix_dir, capsys, monkeypatch)
 
 def test_check_command_blocks_a_trap_with_its_rule_id(matrix_dir, capsys):
     path = matrix_dir / "matrix.yaml"
-    path.write_text(path.read_text().replace(
-        "      max-num-batched-tokens: 16384\n      gpu-memory-utilization: 0.85\n"
-        "      enable-chunked-prefill: true\n      enable-prefix-caching: true\n"
-        "      trust-remote-code: true\n      enable-auto-tool-choice: true\n"
-        "      tool-call-parser: qwen3_coder\n      reasoning-parser: qwen3\n"
-        "      attention-backend: flash_attn\n    acceptance_floor: 0.2\n  spark-dflash-aeon:",
-        "      max-num-batched-tokens: 65536\n      gpu-memory-utilization: 0.85\n"
-        "      enable-chunked-prefill: true\n      enable-prefix-caching: true\n"
-        "      trust-remote-code: true\n      enable-auto-tool-choice: true\n"
-        "      tool-call-parser: qwen3_coder\n      reasoning-parser: qwen3\n"
-        "      attention-backend: flash_attn\n    acceptance_floor: 0.2\n  spark-dflash-aeon:", 1))
+    text = path.read_text()
+    assert text.count("max-num-batched-tokens: 16384") == 1  # stated once, in `spark`
+    path.write_text(text.replace("max-num-batched-tokens: 16384",
+                                 "max-num-batched-tokens: 65536"))
     args = ["--matrix", str(path), "--tag", "2026-06-18-dflashfix", "--target", "gb10"]
     assert main(["check", *args]) == 2
     assert "max-batched-tokens-ceiling" in capsys.readouterr().out

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imagebuild import builder
-from imagebuild import matrix as mx
+from imagebuild.build import builder
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.lock import build_lock, verify_cells
-from imagebuild.lockfile import read_lock
+from imagebuild.lock.lockfile import read_lock
+from imagebuild.lock.resolve import build_lock, verify_cells
 from imagebuild.render import SERVE_USER, VLLM_PATHS, render_engine, render_serve
+from imagebuild.spec import matrix as mx
 
 DIGEST = "sha256:" + "ab" * 32
 RUNTIME_DIGEST = "sha256:" + "cd" * 32
@@ -176,7 +176,7 @@ def test_lock_update_target_records_both_digests(matrix_dir):
 
     class NoHub:
         def resolve(self, *args: object, **kw: object) -> None:
-            from imagebuild.hub import HubUnreachable
+            from imagebuild.lock.hub import HubUnreachable
 
             raise HubUnreachable("offline in this test")
 
@@ -294,14 +294,14 @@ def test_source_engine_builds_get_the_runners_pip_configuration(matrix_dir, tmp_
         lm = mx.load(matrix_dir / "matrix.yaml")
         b = builder.Builder(lm, read_lock(lm.root), out_dir=tmp_path, ca_bundle="",
                             hf_token="")
-        b._target = "gb10"
+        b._target_name = "gb10"
         secrets = b._secrets("engine")
         assert secrets["pip_conf"].decode() == (
             "[global]\nindex-url = http://127.0.0.1:9/simple\n"
             "extra-index-url = http://127.0.0.1:9/extra\n")
         assert secrets["sccache_env"] == b""  # no shared cache configured for gb10
         assert b._secrets("serve")["pip_conf"] == b""
-        b._target = "cpu"  # a wheel engine never reads it
+        b._target_name = "cpu"  # a wheel engine never reads it
         assert b._secrets("engine")["pip_conf"] == b""
     finally:
         pipconfig.pip_indexes.cache_clear()

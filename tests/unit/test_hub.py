@@ -1,4 +1,4 @@
-"""imagebuild.hub against the real huggingface_hub client and a recorded-Hub replay."""
+"""imagebuild.lock.hub against the real huggingface_hub client and a recorded-Hub replay."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from huggingface_hub import constants
 from huggingface_hub.utils import get_session
 
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.hub import HubClient, HubUnreachable
+from imagebuild.lock.hub import HubClient, HubUnreachable
 from tests.hubreplay import (
     AUTHORIZED_TOKEN,
     FIXTURE_DIR,

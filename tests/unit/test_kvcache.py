@@ -35,7 +35,7 @@ def target() -> dict:
 
 # The canonical DFlash serve (DOMAIN.md): flash_attn, 11 speculative tokens, auto dtypes.
 DFLASH = KVFlags(speculative_method="dflash", num_speculative_tokens=11,
-                 attention_backend="flash_attn")
+                 attention_backend="flash_attn", max_num_batched_tokens=16384)
 # Same state shapes without a drafter: ngram speculation also grows the conv state by k.
 NGRAM = replace(DFLASH, speculative_method="ngram")
 
@@ -169,8 +169,9 @@ def test_checkpoint_fp8_kv_scheme_is_followed_when_auto(target):
     fp8_target["quantization_config"]["kv_cache_scheme"] = {
         "num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
         "symmetric": True}
-    p = predict(fp8_target, None, KVFlags())
+    p = predict(fp8_target, None, KVFlags(max_num_batched_tokens=16384))
     assert p.target_layers[3].dtype == "fp8"
+    assert p.cache_dtype_source.endswith("(compressed-tensors)")
 
 
 def test_float32_conv_state_vs_auto(target):
@@ -195,7 +196,7 @@ def test_user_block_size_raises_the_alignment(target):
     assert p.target_layers[0].page_size_padded == 2_359_296
     # CPU platform: default block 128 -> alignment 128 -> 128 x ceil(2,326,528 / 262,144)
     # = 128 x 9 = 1152.
-    cpu = predict(target, None, replace(NGRAM, default_block_size=128,
+    cpu = predict(target, None, replace(NGRAM, default_block_size=128, platform="cpu",
                                         attention_backend="cpu_attn"))
     assert cpu.attention_block_size == 1152
 
@@ -269,11 +270,12 @@ def test_sliding_window_layers_in_target():
 def test_oracle_layout_and_json(target):
     p = predict(target, cfg("zlab-dflash-retrained"), DFLASH)
     layout = layout_for_oracle(p)["specs"]
-    assert list(layout)[:4] == [f"model.layers.{i}" for i in range(4)]
+    assert list(layout)[:4] == [f"model.layers.{i}.linear_attn" for i in range(3)] + [
+        "model.layers.3.self_attn.attn"]
     assert len(layout) == 48
-    assert layout["model.layers.0"]["shapes"] == [[14, 8192], [32, 128, 128]]
-    assert layout["model.layers.0"]["dtypes"] == ["bfloat16", "float32"]
-    assert layout["model.layers.3"]["block_size"] == 1136
+    assert layout["model.layers.0.linear_attn"]["shapes"] == [[14, 8192], [32, 128, 128]]
+    assert layout["model.layers.0.linear_attn"]["dtypes"] == ["bfloat16", "float32"]
+    assert layout["model.layers.3.self_attn.attn"]["block_size"] == 1136
     doc = json.loads(p.to_json())
     assert doc["outcome"] == "AssertionError" and doc["attention_block_size"] == 1136
 

@@ -86,7 +86,8 @@ def test_malformed_matrix_exits_2_with_location_and_fix(case, matrix_dir: Path, 
     assert old in text, f"test case {cid} no longer matches matrix.yaml"
     text = text.replace(old, new, 1)
     if cid == "image-names-collide":
-        text = text.replace("  spark:\n", '  spark:\n    name: "{family}-{model}"\n', 1)
+        text = text.replace("images:\n  spark:\n",
+                            'images:\n  spark:\n    name: "{family}-{model}"\n', 1)
     path.write_text(text)
     before = sorted(p.name for p in matrix_dir.rglob("*"))
     target = "gb10" if cid == "image-names-collide" else "cpu"

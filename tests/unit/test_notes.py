@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from imagebuild import matrix as mx
-from imagebuild.lockfile import read_lock
-from imagebuild.notes import ImageFacts, previous_release, release_notes
-from imagebuild.plan import plan_rows
-from imagebuild.tags import parse_tag
+from imagebuild.plan import load_plan
+from imagebuild.release.notes import ImageFacts, previous_release, release_notes
+from imagebuild.spec.tags import parse_release_tag
 
 DIGEST = "sha256:" + "ab" * 32
 VERDICT = {"passed": True, "message": "all 9 checks passed",
@@ -15,19 +13,16 @@ VERDICT = {"passed": True, "message": "all 9 checks passed",
                                       "measured": {"acceptance": 0.81}}}}
 
 
-def _release(matrix_dir, target: str):
-    lm = mx.load(matrix_dir / "matrix.yaml")
-    tag = parse_tag("2026-06-18-dflashfix", lm.engines_versions())
-    cells = mx.select(mx.expand(lm), engine=tag.name, target=target)
-    return str(tag), plan_rows(cells, lm, tag, read_lock(lm.root)), cells
+def _jobs(matrix_dir, target: str):
+    return load_plan(matrix_dir / "matrix.yaml", "2026-06-18-dflashfix", target).jobs
 
 
 def test_notes_per_image(matrix_dir):
-    tag, rows, cells = _release(matrix_dir, "gb10")
-    first = rows[0]
-    facts = {first["cell"]: ImageFacts(DIGEST, "2026-06-11-v0.23.0-pr41703", VERDICT)}
-    text = release_notes(tag, rows, cells, facts)
-    repo = first["repository"]
+    jobs = _jobs(matrix_dir, "gb10")
+    first = jobs[0]
+    facts = {first.id: ImageFacts(DIGEST, "2026-06-11-v0.23.0-pr41703", VERDICT)}
+    text = release_notes(jobs, facts)
+    repo = first.image.name
     assert f"docker pull {repo}:2026-06-18-v0.23.0-dflashfix" in text
     assert f"docker pull {repo}@{DIGEST}" in text
     # hardened run of the tested digest: GB10 flags, read-only, no env/credentials
@@ -36,30 +31,29 @@ def test_notes_per_image(matrix_dir):
     assert "--gpus all --ipc host" in block and "--cap-drop ALL" in block
     assert " -e " not in block and "--env" not in block and "TOKEN" not in block
     # pins: the full commits, never abbreviated
-    zlab = next(r for r in rows if r["drafter"] == "zlab")
-    assert f"`{zlab['pins']['drafter']['revision']}`" in text
+    zlab = next(j for j in jobs if j.cell.drafter_name == "zlab")
+    assert f"`{zlab.pins['drafter']['revision']}`" in text
     assert "0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665" in text
     assert "**PASSED** · all 9 checks passed" in text and "acceptance 0.81" in text
     assert "python build.py rollback --to 2026-06-11-v0.23.0-pr41703" in text
     # a cell the registry has no digest for says so instead of inventing one
-    other = rows[1]["image"]
+    other = jobs[1].cell.image
     section = text.split(f"## {other}")[1].split("## ")[0]
     assert "not pushed" in section and "no smoke report" in section
 
 
 def test_cpu_notes_use_shm_not_gpus(matrix_dir):
-    tag, rows, cells = _release(matrix_dir, "cpu")
-    text = release_notes(tag, rows, cells, {})
+    text = release_notes(_jobs(matrix_dir, "cpu"), {})
     assert "--shm-size" in text and "--gpus" not in text
     assert "nothing to roll back to" in text
 
 
 def test_previous_release_is_the_newest_older_passing_one():
-    tags = ["2026-06-11-v0.23.0-pr41703", "2026-05-01-v0.22.0-base",
-            "2026-07-01-v0.23.0-later", "2026-06-18-v0.23.0-dflashfix"]
-    assert previous_release(tags, "2026-06-18-v0.23.0-dflashfix") == \
-        "2026-06-11-v0.23.0-pr41703"
-    assert previous_release(tags[1:2], "2026-05-01-v0.22.0-base") is None
+    tags = [parse_release_tag(t) for t in (
+        "2026-06-11-v0.23.0-pr41703", "2026-05-01-v0.22.0-base",
+        "2026-07-01-v0.23.0-later", "2026-06-18-v0.23.0-dflashfix")]
+    assert previous_release(tags, tags[3]) == "2026-06-11-v0.23.0-pr41703"
+    assert previous_release(tags[1:2], tags[1]) is None
 
 
 def _bench_doc(tag: str, tok_s: dict[int, float]) -> dict:
@@ -76,25 +70,25 @@ def _bench_doc(tag: str, tok_s: dict[int, float]) -> dict:
 
 
 def test_notes_carry_the_bench_table_deltas_reason_and_plot(matrix_dir, tmp_path):
-    from imagebuild.notes import write_plots
+    from imagebuild.release.notes import write_plots
 
-    tag, rows, cells = _release(matrix_dir, "gb10")
-    first = rows[0]
+    jobs = _jobs(matrix_dir, "gb10")
+    first, tag = jobs[0], str(jobs[0].tag)
     prev = "2026-06-11-v0.23.0-pr41703"
-    facts = {first["cell"]: ImageFacts(
+    facts = {first.id: ImageFacts(
         DIGEST, prev, VERDICT, bench=_bench_doc(tag, {1: 120.0, 64: 760.0}),
         bench_previous=_bench_doc(prev, {1: 125.0, 64: 840.0}),
         accepted_regression="DFlash acceptance fix costs 10% at c=64")}
-    facts = write_plots(facts, rows, tmp_path, "https://example.invalid/dl/")
-    png = tmp_path / f"bench-{first['image']}.png"
+    facts = write_plots(facts, jobs, tmp_path, "https://example.invalid/dl/")
+    png = tmp_path / f"bench-{first.cell.image}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = release_notes(tag, rows, cells, facts)
-    section = text.split(f"## {first['image']}")[1].split("\n## ")[0]
+    text = release_notes(jobs, facts)
+    section = text.split(f"## {first.cell.image}")[1].split("\n## ")[0]
     bench = section.split("Benchmark:")[1]
     assert "| 64 | 32 | 0 | 760.0 | -9.5% |" in bench  # tok/s and its delta vs previous
     assert f"against `{prev}`" in bench
     assert "**Accepted throughput regression:** DFlash acceptance fix costs 10% at c=64" in bench
-    assert f"](https://example.invalid/dl/bench-{first['image']}.png)" in bench
+    assert f"](https://example.invalid/dl/bench-{first.cell.image}.png)" in bench
     # an image without stored results says so instead of an empty table
-    other = text.split(f"## {rows[1]['image']}")[1].split("\n## ")[0]
+    other = text.split(f"## {jobs[1].cell.image}")[1].split("\n## ")[0]
     assert "no benchmark results are stored" in other

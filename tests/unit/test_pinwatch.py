@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import matrix as mx
-from imagebuild import pinwatch
 from imagebuild.cli import main
-from imagebuild.hub import HubClient
-from imagebuild.lockfile import read_lock
-from imagebuild.pinwatch import watch, write_issue_files
+from imagebuild.lock import pinwatch
+from imagebuild.lock.hub import HubClient
+from imagebuild.lock.lockfile import read_lock
+from imagebuild.lock.pinwatch import watch, write_issue_files
+from imagebuild.spec import matrix as mx
 from tests.hubreplay import hub_replay  # noqa: F401  (fixture)
 
 ZLAB_SMALL_PAGE = "31977fbe13a86e8b961774f773058175676d89b8"

@@ -63,7 +63,7 @@ def _file_index(root: Path, version: str) -> str:
 
 def test_sdist_comes_from_the_index_pip_is_configured_with(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from imagebuild.vllm_source import sdist_tree
+    from imagebuild.build.vllm_source import sdist_tree
 
     index = _file_index(tmp_path / "mirror", "9.9.7")
     monkeypatch.setenv("PIP_INDEX_URL", index)

@@ -1,6 +1,7 @@
 """Every measured GB10 serve-flag trap (DOMAIN.md "do not undo", 1-11): a copy of the real
 matrix.yaml edited to bring the trap back is refused with the matching rule id, and nothing
-else; the unedited matrix passes."""
+else; the unedited matrix passes. The Spark flags are stated once, in the `spark` profile
+the others extend, so an edit there reaches every gb10 cell."""
 
 from __future__ import annotations
 
@@ -37,8 +38,13 @@ def test_the_real_matrix_passes(locked: Path, target: str, engine: str) -> None:
     assert len(layouts) == len({f.cell for f in findings if f.rule == "kv-layout"}) > 0
 
 
+GB10 = frozenset({"cuda", "arm64", "unified-memory", "sm_121", "native-fp4"})
+CPU = frozenset({"cpu", "amd64"})
+
+
 def test_every_trap_has_a_rule_with_why_fix_and_scope() -> None:
-    ids = {r.id for r in flags.RULES} | {"quantization-matches-checkpoint"}
+    beyond_traps = {"multimodal-modalities", "tool-call-probe"}
+    ids = {r.id for r in flags.RULES} - beyond_traps | {"quantization-matches-checkpoint"}
     assert ids == {
         "no-force-fp8-marlin", "quantization-matches-checkpoint", "max-batched-tokens-ceiling",
         "gpu-mem-util-unified", "no-mamba-block-size", "dflash-no-kv-cache-dtype",
@@ -47,9 +53,9 @@ def test_every_trap_has_a_rule_with_why_fix_and_scope() -> None:
     for rid in ids:
         rule = RULES[rid]
         assert rule.why and rule.fix and rule.severity == "error", rule
-    assert RULES["attention-backend-flash-attn"].applies("gb10", "dflash")
-    assert not RULES["attention-backend-flash-attn"].applies("gb10", "mtp")
-    assert not RULES["gpu-mem-util-unified"].applies("cpu", "ngram")
+    assert RULES["attention-backend-flash-attn"].applies(GB10, "dflash")
+    assert not RULES["attention-backend-flash-attn"].applies(GB10, "mtp")
+    assert not RULES["gpu-mem-util-unified"].applies(CPU, "ngram")
 
 
 # 1
@@ -74,19 +80,25 @@ def test_quantization_not_matching_the_checkpoint_is_refused(locked: Path) -> No
 def test_batched_tokens_above_the_compile_ceiling_are_refused(locked: Path) -> None:
     edit(locked, "max-num-batched-tokens: 16384", "max-num-batched-tokens: 65536")
     found = refused(locked, "max-batched-tokens-ceiling")
+    assert len({f.cell for f in found}) == 7  # the `spark` profile: every gb10 cell
+    # an override in one child profile reaches only its cells
+    edit(locked, "max-num-batched-tokens: 65536", "max-num-batched-tokens: 16384")
+    edit(locked, "      attention-backend: flash_attn\n",
+         "      attention-backend: flash_attn\n      max-num-batched-tokens: 65536\n")
+    found = refused(locked, "max-batched-tokens-ceiling")
     assert {f.cell for f in found} == {"gb10/spark-heretic-zlab", "gb10/spark-nvfp4-zlab",
-                                       "gb10/spark-ornith-zlab"}  # the spark-dflash profile
+                                       "gb10/spark-ornith-zlab", "gb10/spark-heretic-aeon"}
 
 
 # 4
 def test_gpu_memory_utilization_above_088_is_refused(locked: Path) -> None:
-    edit(locked, "gpu-memory-utilization: 0.85", "gpu-memory-utilization: 0.95", count=3)
+    edit(locked, "gpu-memory-utilization: 0.85", "gpu-memory-utilization: 0.95")
     found = refused(locked, "gpu-mem-util-unified")
     assert len(found) == 7 and "0.95 > 0.88" in found[0].message
 
 
 def test_unset_gpu_memory_utilization_means_vllms_090_and_is_refused(locked: Path) -> None:
-    edit(locked, "      gpu-memory-utilization: 0.85\n", "", count=3)
+    edit(locked, "      gpu-memory-utilization: 0.85\n", "")
     found = refused(locked, "gpu-mem-util-unified")
     assert "default 0.9 > 0.88" in found[0].message
 
@@ -105,7 +117,7 @@ def test_kv_cache_dtype_with_dflash_is_refused(locked: Path) -> None:
          "      attention-backend: flash_attn\n      kv-cache-dtype: fp8\n")
     found = refused(locked, "dflash-no-kv-cache-dtype")
     assert {f.cell for f in found} == {"gb10/spark-heretic-zlab", "gb10/spark-nvfp4-zlab",
-                                       "gb10/spark-ornith-zlab"}
+                                       "gb10/spark-ornith-zlab", "gb10/spark-heretic-aeon"}
 
 
 def test_attention_backend_inside_speculative_config_is_refused(locked: Path) -> None:
@@ -155,7 +167,7 @@ def test_dflash_on_another_attention_backend_is_refused(locked: Path) -> None:
 
 
 def test_dflash_without_attention_backend_is_refused(locked: Path) -> None:
-    edit(locked, "      attention-backend: flash_attn\n", "", count=2)
+    edit(locked, "    args:\n      attention-backend: flash_attn\n", "")
     assert len(refused(locked, "attention-backend-flash-attn")) == 4
 
 
@@ -182,3 +194,11 @@ def test_flag_reading_takes_the_last_occurrence() -> None:
     assert flags.flag_value(argv, "enforce-eager") is True
     assert flags.flag_value(argv, "dtype") is None
     assert flags.flag_values(argv, "served-model-name") == ["c"]
+
+
+def test_a_tool_parser_smoke_cannot_drive_is_a_warning_before_the_build(locked: Path) -> None:
+    edit(locked, "tool-call-parser: hermes", "tool-call-parser: openai")
+    findings = check(locked, target="cpu", engine="dflashfix")
+    assert not blocking_rules(findings)
+    (f,) = [f for f in findings if f.rule == "tool-call-probe"]
+    assert f.severity == "warning" and "'openai' parser" in f.message and "harmony" in f.message

@@ -27,7 +27,7 @@ def waive(root: Path, rule: str, reason: str = REASON) -> None:
 
 
 def test_a_waived_rule_does_not_block_and_shows_its_reason(locked: Path) -> None:
-    edit(locked, "gpu-memory-utilization: 0.85", "gpu-memory-utilization: 0.9", count=3)
+    edit(locked, "gpu-memory-utilization: 0.85", "gpu-memory-utilization: 0.9")
     assert blocking_rules(check(locked, target="gb10", engine="dflashfix")) == {
         "gpu-mem-util-unified"}
     waive(locked, "gpu-mem-util-unified")
@@ -90,8 +90,9 @@ def test_json_lists_findings_counts_and_the_rules_used(locked: Path) -> None:
     doc = json.loads(render(check(locked, target="gb10", engine="dflashfix"), "json",
                             {"tag": "2026-06-18-dflashfix"}))
     assert doc["tag"] == "2026-06-18-dflashfix" and doc["ok"] is False
-    assert doc["counts"]["error"] == 3  # the spark-dflash profile's three cells
+    # the spark-dflash profile's three cells and the AEON cell, whose profile extends it
+    assert doc["counts"]["error"] == 4
     rule = doc["rules"]["attention-backend-flash-attn"]
-    assert rule["targets"] == ["gb10"] and rule["methods"] == ["dflash"] and rule["why"]
+    assert rule["hardware"] == ["cuda"] and rule["methods"] == ["dflash"] and rule["why"]
     first = doc["findings"][0]
     assert set(first) == {"cell", "rule", "severity", "message", "fix", "where", "waived"}

@@ -1,60 +1,63 @@
-"""The gate runs for every cell before any latest moves; the whole job never moves latest
+"""The gate runs for every job before any latest moves; the whole job never moves latest
 backwards; per-target thresholds."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import dataclasses
 
 import pytest
 
-from imagebuild import promotion
 from imagebuild.errors import UserError
-
-
-def _cell(threshold=None):
-    """A cell whose target's bench settings override the threshold (None: the global)."""
-    return SimpleNamespace(target=SimpleNamespace(
-        bench=SimpleNamespace(regression_threshold=threshold)))
-
-
-LM = SimpleNamespace(matrix=SimpleNamespace(publish=SimpleNamespace(regression_threshold=0.05)))
-ROWS = [{"repository": "127.0.0.1:5000/vllm-spark/a", "release_tag": "2026-06-18-v0.23.0-x"},
-        {"repository": "127.0.0.1:5000/vllm-spark/b", "release_tag": "2026-06-18-v0.23.0-x"}]
+from imagebuild.plan import load_plan
+from imagebuild.release import latest
 
 
 @pytest.fixture
-def calls(monkeypatch):
-    seen: dict[str, list] = {"gate": [], "moved": []}
+def jobs(matrix_dir):
+    """Two gb10 jobs of the real matrix; the second one's target overrides the threshold."""
+    first, second = load_plan(matrix_dir / "matrix.yaml", "2026-06-18-dflashfix", "gb10").jobs[:2]
+    target = second.cell.target
+    own = target.model_copy(update={"bench": target.bench.model_copy(
+        update={"regression_threshold": 0.25})})
+    return (first, dataclasses.replace(second, cell=dataclasses.replace(second.cell,
+                                                                        target=own)))
 
-    def gate(client, repo, tag, *, threshold, accept_regression):
+
+@pytest.fixture
+def calls(monkeypatch, jobs):
+    seen: dict[str, list] = {"gate": [], "moved": []}
+    slow = jobs[1].image.repository
+
+    def gate(client, repo, tag, *, threshold, accept_regression, log=print):
         seen["gate"].append((repo, threshold))
-        if repo.endswith("/b") and not accept_regression:
+        if repo == slow and not accept_regression:
             raise UserError(f"{repo}: slower than latest", fix="--accept-regression")
 
-    monkeypatch.setattr(promotion, "check_promotion", gate)
-    monkeypatch.setattr(promotion, "set_latest",
+    monkeypatch.setattr(latest, "check_promotion", gate)
+    monkeypatch.setattr(latest, "set_latest",
                         lambda client, repo, tag, **kw: seen["moved"].append(repo))
-    monkeypatch.setattr(promotion, "latest_release",
+    monkeypatch.setattr(latest, "latest_release",
                         lambda client, repo: (None, "2026-06-11-v0.23.0-y"))
     return seen
 
 
-def test_a_refused_cell_moves_no_latest_at_all(calls):
+def test_a_refused_job_moves_no_latest_at_all(calls, jobs):
     with pytest.raises(UserError, match="slower than latest"):
-        promotion.promote_rows(LM, None, [_cell(), _cell(0.25)], ROWS, accept_regression=None)
-    assert calls["moved"] == []  # cell a passed its gate, but b's refusal stops both
-    assert calls["gate"] == [("vllm-spark/a", 0.05), ("vllm-spark/b", 0.25)]
+        latest.promote_jobs(None, jobs, default_threshold=0.05, accept_regression=None)
+    assert calls["moved"] == []  # job a passed its gate, but b's refusal stops both
+    assert calls["gate"] == [(jobs[0].image.repository, 0.05),
+                             (jobs[1].image.repository, 0.25)]
 
 
-def test_with_a_reason_every_cell_moves(calls):
-    promotion.promote_rows(LM, None, [_cell(), _cell()], ROWS, accept_regression="known")
-    assert calls["moved"] == ["vllm-spark/a", "vllm-spark/b"]
+def test_with_a_reason_every_job_moves(calls, jobs):
+    latest.promote_jobs(None, jobs, default_threshold=0.05, accept_regression="known")
+    assert calls["moved"] == [j.image.repository for j in jobs]
 
 
-def test_the_whole_job_leaves_a_newer_latest_alone(calls, monkeypatch, capsys):
-    monkeypatch.setattr(promotion, "latest_release",
+def test_the_whole_job_leaves_a_newer_latest_alone(calls, jobs, monkeypatch, capsys):
+    monkeypatch.setattr(latest, "latest_release",
                         lambda client, repo: (None, "2026-07-01-v0.23.0-z"))
-    promotion.promote_rows(LM, None, [_cell(), _cell()], ROWS, accept_regression=None,
-                           forward_only=True)
+    latest.promote_jobs(None, jobs, default_threshold=0.05, accept_regression=None,
+                        forward_only=True)
     assert calls["moved"] == [] and calls["gate"] == []
     assert "latest stays at the newer 2026-07-01-v0.23.0-z" in capsys.readouterr().out

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from imagebuild.errors import UserError
-from imagebuild.registry import (
+from imagebuild.registry.client import (
     PASSWORD_ENV,
     USER_ENV,
     AuthError,

@@ -7,19 +7,19 @@ import json
 import pytest
 
 from imagebuild.errors import OperationFailed
-from imagebuild.publish import gate
-from imagebuild.registry import DOCKER_MANIFEST, OCI_MANIFEST, sha256_digest
-from imagebuild.release import (
+from imagebuild.registry.client import DOCKER_MANIFEST, OCI_MANIFEST, sha256_digest
+from imagebuild.release.latest import Move
+from imagebuild.release.publish import gate
+from imagebuild.release.records import (
     A_IMAGE,
     A_SMOKE,
     A_TAG,
-    Move,
     Release,
     annotated_manifest,
     pins_text,
     release_record,
 )
-from imagebuild.tags import parse_release_tag
+from imagebuild.spec.tags import parse_release_tag
 
 IMG = "sha256:" + "a" * 64
 TAG = "2026-06-18-v0.23.0-dflashfix"
@@ -101,12 +101,14 @@ def test_pins_and_move_lines():
 
 def test_repository_selection():
     from imagebuild.errors import UserError
-    from imagebuild.release import match_repositories, split_repository
+    from imagebuild.plan import ImageRef
+    from imagebuild.release.repositories import match_repositories
 
-    assert split_repository("127.0.0.1:5000/vllm-spark/qwen36-cpu") == (
-        "127.0.0.1:5000", "vllm-spark/qwen36-cpu")
+    assert ImageRef.parse("127.0.0.1:5000/vllm-spark/qwen36-cpu:latest") == (
+        ImageRef("127.0.0.1:5000", "vllm-spark/qwen36-cpu"), "latest")
+    assert ImageRef.parse("127.0.0.1:5000/ns/img@sha256:" + "a" * 64)[0].repository == "ns/img"
     with pytest.raises(UserError):
-        split_repository("vllm-spark/qwen36-cpu")
+        ImageRef.parse("vllm-spark/qwen36-cpu")
     repos = ["ns/qwen36-gb10-dflash", "ns/qwen36-gb10-mtp", "ns/tiny-cpu"]
     assert match_repositories(repos, "qwen36-*") == repos[:2]
     assert match_repositories(repos, "ns/tiny-cpu") == ["ns/tiny-cpu"]

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import matrix as mx
-from imagebuild.lockfile import Lock
+from imagebuild.lock.lockfile import Lock
 from imagebuild.render import LABEL_NS
-from imagebuild.servecmd import serve_command
 from imagebuild.smoke.expect import SMALL_FILE, expectations_for, expectations_from_labels
+from imagebuild.spec import matrix as mx
+from imagebuild.spec.servecmd import serve_command
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from imagebuild.smoke.probes import (
     quote_log,
     sse_events,
     stream_text,
-    tool_call_regex,
+    tool_probe,
 )
 from imagebuild.smoke.report import read_junit, summary_markdown, write_junit
 
@@ -41,7 +41,8 @@ def test_metric_sum_adds_label_sets_and_knows_absence():
 
 @pytest.mark.parametrize("parser", sorted(TOOL_CALL_TEXT))
 def test_tool_regex_matches_only_its_text(parser):
-    rx = tool_call_regex(parser)
+    rx, why = tool_probe(parser)
+    assert rx is not None and why == ""
     assert re.fullmatch(rx, TOOL_CALL_TEXT[parser])
     assert not re.fullmatch(rx, TOOL_CALL_TEXT[parser].replace("Paris", "Lyon"))
 
@@ -51,9 +52,12 @@ def test_hermes_call_is_json_between_tags():
     assert json.loads(inner) == {"name": "get_weather", "arguments": {"city": "Paris"}}
 
 
-def test_unknown_parser_says_where_to_add_it():
-    with pytest.raises(KeyError, match="TOOL_CALL_TEXT"):
-        tool_call_regex("mistral")
+def test_a_parser_without_a_probe_is_named_as_not_covered_never_a_crash():
+    rx, why = tool_probe("openai")
+    assert rx is None and why.startswith("not covered") and "'openai'" in why
+    assert "harmony" in why
+    rx, why = tool_probe("my_plugin_parser")
+    assert rx is None and "not a tool parser vLLM 0.23 registers" in why
 
 
 def test_message_text_reads_every_field():

@@ -3,7 +3,7 @@ import datetime as dt
 import pytest
 
 from imagebuild.errors import UserError
-from imagebuild.tags import newest_first, parse_release_tag, parse_tag
+from imagebuild.spec.tags import newest_first, parse_release_tag, parse_tag
 
 ENGINES = {"dflashfix": "0.23.0", "pr41703": "0.23.0", "next": "0.24.0rc1"}
 

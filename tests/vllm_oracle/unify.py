@@ -8,7 +8,7 @@ Input:  {"kv_cache_utils_path": null | "/path/kv_cache_utils.py",
          "cases": [{"id": str, "specs": {layer: {"kind": "full"|"sliding"|"mamba",
             "block_size": int, "num_kv_heads": int, "head_size": int, "dtype": str,
             "sliding_window": int|null, "shapes": [[...], ...], "dtypes": [str, ...],
-            "page_size_padded": int|null}}}]}
+            "page_size_padded": int|null, ...}}}]}   (tests/vllm_oracle/specs.py builds them)
 Output: {"results": [{"id", "outcome": "ok"|"AssertionError"|"NotImplementedError",
          "message", "page_size_bytes": {layer: int}, "block_size": {layer: int}}]}
 Page sizes and block sizes are after unification when ok, as given when it raised. Any
@@ -21,7 +21,6 @@ spec classes it checks against are the ones built here.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -34,52 +33,8 @@ os.dup2(2, 1)
 sys.stdout = sys.stderr
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
-import torch  # noqa: E402
-from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
-    FullAttentionSpec,
-    MambaSpec,
-    SlidingWindowSpec,
-)
-
-
-def to_dtype(name: str) -> torch.dtype:
-    if name in STR_DTYPE_TO_TORCH_DTYPE:  # vLLM's own names, "fp8" -> uint8 storage
-        return STR_DTYPE_TO_TORCH_DTYPE[name]
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {name!r}")
-    return dtype
-
-
-def build(cls: type, **values: object) -> object:
-    # Pass only the fields this vLLM's dataclass has, so optional keys in the JSON
-    # (e.g. sliding_window on a full layer) do not break on another 0.23.x signature.
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    return cls(**{k: v for k, v in values.items() if k in names and v is not None})
-
-
-def make_spec(desc: dict) -> object:
-    kind = desc["kind"]
-    if kind == "mamba":
-        return build(
-            MambaSpec,
-            block_size=desc["block_size"],
-            shapes=tuple(tuple(int(d) for d in shape) for shape in desc["shapes"]),
-            dtypes=tuple(to_dtype(d) for d in desc["dtypes"]),
-            page_size_padded=desc.get("page_size_padded"),
-        )
-    common = dict(
-        block_size=desc["block_size"],
-        num_kv_heads=desc["num_kv_heads"],
-        head_size=desc["head_size"],
-        dtype=to_dtype(desc["dtype"]),
-    )
-    if kind == "full":
-        return build(FullAttentionSpec, sliding_window=desc.get("sliding_window"), **common)
-    if kind == "sliding":
-        return build(SlidingWindowSpec, sliding_window=desc["sliding_window"], **common)
-    raise ValueError(f"unknown layer kind {kind!r}")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from specs import make_spec  # noqa: E402
 
 
 def load_unify(path: str | None):

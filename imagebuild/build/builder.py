@@ -1,0 +1,446 @@
+"""Build images with BuildKit: base -> engine -> serve per cell.
+
+The only module that drives `docker build`. `docker buildx build --load` where the buildx
+plugin exists, else `DOCKER_BUILDKIT=1 docker build` (the Debian 20.10 client). Each image
+carries its inputs digest as a label; an image with that digest present locally is not
+rebuilt. Secrets (CA bundle, HF token) reach builds only as BuildKit secrets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from imagebuild.build import hygiene
+from imagebuild.build.buildjobs import choose_parallelism, host_resources
+from imagebuild.build.hygiene import PARENT_LABEL, base_repo, engine_repo
+from imagebuild.errors import OperationFailed, UserError
+from imagebuild.lock.resolve import generate_model, sha256_file
+from imagebuild.lock.lockfile import Lock
+from imagebuild.spec.matrix import Cell, LoadedMatrix
+
+if TYPE_CHECKING:
+    from imagebuild.plan import Job
+from imagebuild.render import Rendered, render_base, render_engine, render_serve
+
+INPUTS_LABEL = "io.imagebuild.inputs"
+# Build avoidance looks images up by this tag, never by the label: an image built FROM a
+# serve image (a user's own layer, a test's derived image) inherits every label, and was
+# once taken for the image it was derived from. Tags are not inherited.
+INPUTS_REPO = hygiene.INPUTS_REPO  # "imagebuild/inputs"
+# what the expensive steps (before the patch series) depend on; see prefix_digest
+PREFIX_LABEL = "io.imagebuild.prefix"
+DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
+DEFAULT_CA = "/etc/ssl/certs/ca-certificates.crt"
+GiB = 2**30
+# Free disk a build needs, by (how the target's engine is made: engine_from, kind):
+# (nothing cached, expensive prefix cached). A cold wheel (cpu) engine writes ~2.8 GB of
+# layers plus ~3 GB of wheels in the pip cache and the unpacked copies in between; once
+# its pip layers exist, a patch change writes < 1 GB. A source (CUDA) engine compiles
+# after the patches, so a warm build still needs its build tree (~30 GB on a GB10).
+DISK_NEED = {("wheel", "engine"): (15 * GiB, 2 * GiB),
+             ("source", "engine"): (60 * GiB, 30 * GiB)}
+DISK_NEED_OTHER = 2 * GiB  # base (imported rootfs); serve on top of its weights
+# A serve build writes its weights into BuildKit's snapshots and, where the builder is
+# not the engine's own (buildx --load), once more as the loaded image: twice the locked
+# bytes, plus the headroom above.
+WEIGHT_COPIES = 2
+CLEAN_FIX = ("free disk with `python build.py runner-clean --keep N`: it removes the images of "
+             "older releases and keeps BuildKit's cache mounts (ccache, sccache, pip), which "
+             "any system-wide prune would wipe")
+SECRET_ENV = ("SCCACHE_REDIS_USERNAME", "SCCACHE_REDIS_PASSWORD", "AWS_ACCESS_KEY_ID",
+              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+STEP = re.compile(r"^#(\d+) \[(?:[\w.-]+ )?\s*\d+/\d+\] (?!FROM )")  # FROM is no step
+CACHED = re.compile(r"^#(\d+) CACHED")
+DONE = re.compile(r"^#(\d+) DONE")
+Log = Callable[[str], None]
+
+
+@dataclass
+class BuildRecord:
+    kind: str
+    ref: str
+    inputs_digest: str
+    image_id: str
+    size_bytes: int
+    wall_s: float
+    steps_run: int
+    steps_cached: int
+    avoided: bool  # found by inputs digest: docker build was not run at all
+    log: str
+    cell: str | None = None
+    layers: list[dict] = field(default_factory=list)
+
+
+def _docker(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run([DOCKER, *args], capture_output=True, text=True, **kw)
+    except FileNotFoundError:
+        raise OperationFailed(f"no docker client at {DOCKER}",
+                              fix="install docker.io (scripts/setup.sh)") from None
+    if check and proc.returncode != 0:
+        raise OperationFailed(f"docker {args[0]} failed: {proc.stderr.strip()[-500:]}")
+    return proc
+
+
+def preflight_engine() -> tuple[str, str]:
+    """Fail early, in one line, on a missing daemon or a daemon without BuildKit.
+    Returns the build command flavour ('buildx' or 'buildkit') and the daemon's data root."""
+    info = _docker("info", "--format", "{{json .}}", check=False)
+    if info.returncode != 0:
+        raise OperationFailed("no Docker engine answers "
+                              f"({info.stderr.strip().splitlines()[-1] if info.stderr else ''})",
+                              fix="start one: `bash scripts/setup.sh` (or `dockerd &`)")
+    data = json.loads(info.stdout or "{}")
+    version = data.get("ServerVersion", "0")
+    if int(version.split(".")[0]) < 19:
+        raise OperationFailed(f"Docker engine {version} has no usable BuildKit",
+                              fix="use Docker 20.10 or newer")
+    plugin = _docker("buildx", "version", check=False)
+    return ("buildx" if plugin.returncode == 0 else "buildkit",
+            data.get("DockerRootDir", "/var/lib/docker"))
+
+
+def disk_need(target: str, kind: str, prefix_cached: bool, weight_bytes: int = 0) -> int:
+    """Free bytes a build needs; a serve build adds its weights (weight_bytes, from the
+    sizes the lock records for its model and drafter files)."""
+    cold, warm = DISK_NEED.get((target, kind), (DISK_NEED_OTHER, DISK_NEED_OTHER))
+    return (warm if prefix_cached else cold) + WEIGHT_COPIES * weight_bytes
+
+
+def locked_weight_bytes(entries: Iterable[dict | None]) -> int:
+    """Total size of every file the lock lists for these model/drafter entries."""
+    return sum(int(f.get("size") or 0) for e in entries if e for f in (e.get("files") or []))
+
+
+def sccache_secret(environ: dict[str, str] | None = None) -> bytes:
+    """Shared compile-cache credentials from this runner's environment, as KEY=VALUE lines
+    (the sccache_env BuildKit secret): IMAGEBUILD_SCCACHE_ENV_FILE, else SECRET_ENV."""
+    env = os.environ if environ is None else environ
+    path = env.get("IMAGEBUILD_SCCACHE_ENV_FILE")
+    if path:
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise UserError(f"IMAGEBUILD_SCCACHE_ENV_FILE={path}: {exc.strerror}",
+                            fix="point it at a file of SCCACHE_*/AWS_* KEY=VALUE lines") from None
+    return "".join(f"{k}={env[k]}\n" for k in SECRET_ENV if env.get(k)).encode()
+
+
+def check_disk(root: str, need: int, what: str) -> None:
+    """Refuse a build that would run the disk full half-way, before it starts."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = shutil.disk_usage("/").free
+    if free < need:
+        raise OperationFailed(f"only {free / GiB:.1f} GiB free under {root}; {what} "
+                              f"needs about {need / GiB:.0f} GiB", fix=CLEAN_FIX)
+
+
+def prefix_digest(rendered: Rendered, context: Path, parent: str | None) -> str | None:
+    """What the steps before `COPY patches/` depend on: the parent, the Dockerfile up to
+    that line and every context file outside patches/ (conservative: a launcher change
+    counts too). An image carrying it means BuildKit holds those layers, so a patch-only
+    change rebuilds little. None for a Dockerfile without a patch series."""
+    lines = rendered.text.splitlines(keepends=True)
+    cut = next((i for i, line in enumerate(lines) if line.startswith("COPY patches/")), None)
+    if cut is None:
+        return None
+    h = hashlib.sha256((parent or "").encode() + b"\0" + "".join(lines[:cut]).encode())
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        rel = path.relative_to(context)
+        if rel.parts[0] not in ("patches", "Dockerfile"):
+            h.update(str(rel).encode() + b"\0" + sha256_file(path).encode())
+    return h.hexdigest()
+
+
+def inputs_digest(rendered: Rendered, context: Path, build_args: dict[str, str],
+                  parent: str | None, lock_entries: Iterable[object]) -> str:
+    """What decides the image: Dockerfile, every context file, args, parent, lock entries."""
+    h = hashlib.sha256()
+    h.update(rendered.text.encode())
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(context)).encode() + b"\0" + sha256_file(path).encode())
+    h.update(json.dumps(build_args, sort_keys=True).encode())
+    h.update((parent or "").encode())
+    h.update(json.dumps(list(lock_entries), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _find_by_inputs(digest: str) -> str | None:
+    """The image built from exactly these inputs (by its inputs tag), or None."""
+    proc = _docker("image", "inspect", "--format", "{{.Id}}", f"{INPUTS_REPO}:{digest}",
+                   check=False)
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
+
+
+def _find_by_label(label: str, value: str) -> str | None:
+    out = _docker("image", "ls", "-q", "--no-trunc", "--filter",
+                  f"label={label}={value}", check=False).stdout.split()
+    return out[0] if out else None
+
+
+def _image_size(image_id: str) -> int:
+    return int(_docker("image", "inspect", "--format", "{{.Size}}", image_id).stdout.strip())
+
+
+def layer_sizes(image_id: str) -> list[dict]:
+    """Per-layer sizes (newest first) from `docker history`, for the bench's bytes-new report."""
+    out = _docker("history", "--no-trunc", "--format", "{{json .}}", image_id).stdout
+    rows = []
+    for line in out.splitlines():
+        row = json.loads(line)
+        rows.append({"id": row.get("ID"), "created_by": row.get("CreatedBy", "")[:120],
+                     "size": row.get("Size")})
+    return rows
+
+
+class Builder:
+    def __init__(self, lm: LoadedMatrix, lock: Lock, *, out_dir: Path, log: Log = print,
+                 ca_bundle: str | None = None, hf_token: str | None = None):
+        self.lm, self.lock, self.log = lm, lock, log
+        self.out_dir = out_dir
+        self.ca_bundle = ca_bundle if ca_bundle is not None else (
+            os.environ.get("IMAGEBUILD_CA_BUNDLE") or
+            (DEFAULT_CA if Path(DEFAULT_CA).exists() else ""))
+        self.hf_token = hf_token if hf_token is not None else os.environ.get("HF_TOKEN", "")
+        self.flavour: str | None = None
+        self.data_root = "/var/lib/docker"
+        self.records: list[BuildRecord] = []
+        self._done: dict[str, BuildRecord] = {}
+        self._target = "wheel"  # the target's engine_from: what the disk estimate reads
+        self._target_name: str | None = None  # the cell's target (engine build secrets)
+
+    # -- context assembly -------------------------------------------------------------
+    def _context(self, rendered: Rendered, name: str) -> Path:
+        ctx = self.out_dir / "context" / name
+        if ctx.exists():
+            shutil.rmtree(ctx)
+        ctx.mkdir(parents=True)
+        (ctx / "Dockerfile").write_text(rendered.text)
+        for dst, src in rendered.context_files:
+            target = ctx / dst
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.lm.root / src, target)
+        return ctx
+
+    def _serve_extras(self, cell: Cell, ctx: Path) -> None:
+        """The generated model (checked against the lock) or the weight manifests."""
+        if cell.model.generate:
+            entry = self.lock.entry("models", cell.model_name) or {}
+            generate_model(self.lm.root / cell.model.generate.script, cell.model.generate.seed,
+                           ctx / "model")
+            got = {str(p.relative_to(ctx / "model")): sha256_file(p)
+                   for p in (ctx / "model").rglob("*") if p.is_file()}
+            want = {f["path"]: f["sha256"] for f in entry.get("files", [])}
+            if got != want:
+                raise OperationFailed(
+                    f"{cell.model.generate.script} produced files that differ from the lock",
+                    fix=f"run `python build.py lock --update {cell.model_name}` if the "
+                        "generator changed on purpose")
+        for kind, name, pin in (("models", cell.model_name, cell.model),
+                                ("drafters", cell.drafter_name, cell.drafter)):
+            if pin is not None and pin.repository:
+                entry = self.lock.entry(kind, name) or {}
+                manifest = {"repository": pin.repository, "revision": entry["sha"],
+                            "files": entry["files"]}
+                (ctx / f"{kind[:-1]}-files.json").write_text(
+                    json.dumps(manifest, indent=1, sort_keys=True))
+
+    # -- one docker build ---------------------------------------------------------------
+    def _build(self, kind: str, rendered: Rendered, ctx: Path, ref: str,
+               build_args: dict[str, str], parent: str | None, lock_entries: list,
+               cell: str | None = None, parent_image: str | None = None) -> BuildRecord:
+        record = self._build_one(kind, rendered, ctx, ref, build_args, parent, lock_entries,
+                                 cell, parent_image)
+        # an image whose names are all gone (a ref tag moved to a newer build, a user's
+        # rmi) is not kept alive by its inputs tag alone
+        for line in hygiene.drop_orphan_inputs_tags():
+            self.log(f"[{kind}] {line}")
+        return record
+
+    def _secrets(self, kind: str) -> dict[str, bytes]:
+        secrets = {"ca_bundle": Path(self.ca_bundle).read_bytes() if self.ca_bundle else b"",
+                   "hf_token": (self.hf_token or "").encode(), "pip_conf": b"",
+                   "sccache_env": b""}
+        target = self.lm.matrix.targets.get(self._target_name or "")
+        if kind == "engine" and target is not None and target.engine_from == "source":
+            from imagebuild.build.pipconfig import pip_indexes
+
+            # the runner's package indexes (and any credentials in their URLs) as a secret
+            secrets["pip_conf"] = pip_indexes().pip_conf().encode()
+            if target.compile_cache.shared:
+                secrets["sccache_env"] = sccache_secret()
+        return secrets
+
+    def _build_one(self, kind: str, rendered: Rendered, ctx: Path, ref: str,
+                   build_args: dict[str, str], parent: str | None, lock_entries: list,
+                   cell: str | None = None, parent_image: str | None = None) -> BuildRecord:
+        digest = inputs_digest(rendered, ctx, build_args, parent, lock_entries)
+        # base/engine refs are named after their inputs: a child's FROM names an immutable,
+        # local tag (an image id in FROM would be read as an image named "sha256")
+        ref = ref.format(inputs=digest[:16])
+        log_path = self.out_dir / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        found = _find_by_inputs(digest)
+        if found:
+            _docker("tag", found, ref)
+            self.log(f"[{kind}] {ref}: up to date (inputs {digest[:12]}), not rebuilt")
+            return BuildRecord(kind, ref, digest, found, _image_size(found), 0.0, 0, 0, True,
+                               str(log_path), cell)
+        if self.flavour is None:
+            self.flavour, self.data_root = preflight_engine()
+        prefix = prefix_digest(rendered, ctx, parent)
+        # (a derived image inheriting this label holds the same layers: fine here)
+        warm = prefix is not None and _find_by_label(PREFIX_LABEL, prefix) is not None
+        weights = locked_weight_bytes(lock_entries) if kind == "serve" else 0
+        check_disk(self.data_root, disk_need(self._target, kind, warm, weights),
+                   f"the {self._target} {kind} build of {ref}"
+                   + (" (expensive steps cached)" if warm else "")
+                   + (f" ({weights / 1e9:.1f} GB of locked weights)" if weights else ""))
+        with tempfile.TemporaryDirectory(prefix="imagebuild-secrets-") as tmp:
+            iid = Path(tmp) / "iid"
+            cmd = ([DOCKER, "buildx", "build", "--load"] if self.flavour == "buildx"
+                   else [DOCKER, "build"])
+            cmd += ["--network", "host", "--progress", "plain", "--iidfile", str(iid),
+                    "-t", ref, "-t", f"{INPUTS_REPO}:{digest}",
+                    "--label", f"{INPUTS_LABEL}={digest}"]
+            if prefix:
+                cmd += ["--label", f"{PREFIX_LABEL}={prefix}"]
+            if parent_image:  # lineage for runner-clean (a gb10 engine's layers are not
+                # its base's: its last stage starts FROM the runtime image)
+                cmd += ["--label", f"{PARENT_LABEL}={parent_image}"]
+            for key, value in sorted(build_args.items()):
+                cmd += ["--build-arg", f"{key}={value}"]
+            for sid, content in self._secrets(kind).items():
+                src = Path(tmp) / sid
+                src.write_bytes(content)
+                src.chmod(0o600)
+                cmd += ["--secret", f"id={sid},src={src}"]
+            cmd.append(str(ctx))
+            env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+            self.log(f"[{kind}] building {ref} (inputs {digest[:12]}); log: {log_path}")
+            start = time.monotonic()
+            run, cached, tail = self._stream(cmd, env, log_path, kind)
+            wall = time.monotonic() - start
+            if not iid.exists():
+                raise OperationFailed(f"[{kind}] build of {ref} failed:\n{tail}",
+                                      fix=f"see the full log: {log_path}")
+            image_id = iid.read_text().strip()
+        size = _image_size(image_id)
+        self.log(f"[{kind}] built {ref} in {wall:.1f}s: {run} step(s) run, {cached} cached, "
+                 f"{size / 1e6:.0f} MB")
+        return BuildRecord(kind, ref, digest, image_id, size, round(wall, 2), run, cached,
+                           False, str(log_path), cell)
+
+    def _stream(self, cmd: list[str], env: dict, log_path: Path, kind: str
+                ) -> tuple[int, int, str]:
+        steps: set[str] = set()
+        cached: set[str] = set()
+        last: list[str] = []
+        with open(log_path, "w") as log_file, subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                bufsize=1) as proc:
+            assert proc.stdout
+            for line in proc.stdout:
+                log_file.write(line)
+                line = line.rstrip("\n")
+                last = (last + [line])[-25:]
+                if m := STEP.match(line):
+                    steps.add(m.group(1))
+                    if sys.stderr.isatty() or os.environ.get("IMAGEBUILD_VERBOSE"):
+                        self.log(f"  [{kind}] {line[:150]}")
+                elif m := CACHED.match(line):
+                    cached.add(m.group(1))
+            proc.wait()
+        # a step is a vertex with a [stage n/m] line; the ones marked CACHED were not run
+        return len(steps - cached), len(steps & cached), "\n".join(last)
+
+    # -- the flow per cell --------------------------------------------------------------
+    def build_cell(self, cell: Cell, local_ref: str) -> list[BuildRecord]:
+        from imagebuild.build.bootstrap import ensure_base_image
+
+        t = cell.target
+        self._target = t.engine_from
+        self._target_name = cell.target_name
+        records = []
+        base_key = f"base/{cell.target_name}"
+        if base_key not in self._done:
+            if t.bootstrap:
+                ensure_base_image(t.base_image, suite=t.bootstrap["suite"],
+                                  mirror=t.bootstrap.get("mirror"),
+                                  workdir=self.out_dir / "bootstrap", log=self.log)
+            rendered = render_base(self.lm, cell.target_name, self.lock)
+            ctx = self._context(rendered, f"{cell.target_name}-base")
+            base_id = _docker("image", "inspect", "--format", "{{.Id}}", t.base_image,
+                              check=False).stdout.strip()
+            self._done[base_key] = self._build(
+                "base", rendered, ctx, f"{base_repo(cell.target_name)}:{{inputs}}", {},
+                base_id, [self.lock.entry("bases", cell.target_name)])
+            records.append(self._done[base_key])
+        base = self._done[base_key]
+        engine_key = f"engine/{cell.target_name}/{cell.engine_name}"
+        if engine_key not in self._done:
+            rendered = render_engine(self.lm, cell.target_name, cell.engine_name, self.lock)
+            ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-engine")
+            args = {"BASE_IMAGE": base.ref}
+            if cell.realization.source:
+                jobs, threads = choose_parallelism(*host_resources())
+                args["MAX_JOBS"] = str(jobs if t.max_jobs == "auto" else t.max_jobs)
+                args["NVCC_THREADS"] = str(t.nvcc_threads or threads)
+            self._done[engine_key] = self._build(
+                "engine", rendered, ctx,
+                f"{engine_repo(cell.target_name, cell.engine_name)}:{{inputs}}", args,
+                base.inputs_digest,
+                [(self.lock.entry("engines", cell.engine_name) or {}).get(cell.target_name)],
+                parent_image=base.image_id)
+            records.append(self._done[engine_key])
+        engine = self._done[engine_key]
+        rendered = render_serve(self.lm, cell, self.lock)
+        ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-{cell.image}")
+        self._serve_extras(cell, ctx)
+        serve = self._build(
+            "serve", rendered, ctx, local_ref, {"ENGINE_IMAGE": engine.ref},
+            engine.inputs_digest,
+            [self.lock.entry("models", cell.model_name),
+             self.lock.entry("drafters", cell.drafter_name)], cell=cell.id,
+            parent_image=engine.image_id)
+        serve.layers = layer_sizes(serve.image_id)
+        records.append(serve)
+        self.records.extend(records)
+        self._write_records(cell, records)
+        return records
+
+    def _write_records(self, cell: Cell, records: list[BuildRecord]) -> None:
+        folder = self.out_dir / "records" / cell.target_name / cell.engine_name
+        folder.mkdir(parents=True, exist_ok=True)
+        for rec in records:
+            name = cell.image if rec.kind == "serve" else rec.kind
+            (folder / f"{name}.json").write_text(json.dumps(asdict(rec), indent=2) + "\n")
+
+
+def build_jobs(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,
+               out_dir: Path, log: Log = print) -> list[BuildRecord]:
+    """Base -> engine -> serve for every job; each serve image is tagged `job.release_ref`
+    locally, the reference smoke, publish and bench then use."""
+    if not jobs:
+        raise UserError("nothing to build", fix="check --target/--only")
+    assert lock is not None, "buildable() refuses a plan without a lock"
+    builder = Builder(lm, lock, out_dir=out_dir, log=log)
+    for job in jobs:
+        builder.build_cell(job.cell, job.release_ref)
+    return builder.records

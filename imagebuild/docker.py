@@ -1,0 +1,307 @@
+"""The one seam to the Docker engine.
+
+Everything that touches images and containers goes through `Engine`, built on the Docker
+SDK (the `docker` package): inspect, tag, remove, list, history, push, pull, import,
+run, logs, stats, exec, and compose projects' clean-up. The Docker CLI is used in one
+place only, `Engine.buildkit_build`: BuildKit's secret and cache mounts are not reachable
+through the SDK's build API. Tests swap the engine with `use_engine` (a test double with
+the same methods; model: cog's single docker command interface, pkg/docker).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from imagebuild.errors import OperationFailed, UserError
+
+DOCKER_CLI = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
+ENGINE_FIX = "start a Docker engine: `bash scripts/setup.sh` (or `dockerd &`)"
+# every container this tool starts carries it, so a clean-up finds them all
+OWNER_LABEL = "io.imagebuild.owner"
+
+
+@dataclass(frozen=True)
+class PushEvent:
+    status: str
+    digest: str | None = None
+    error: str | None = None
+
+
+class Engine:
+    """A Docker engine. Methods raise OperationFailed/UserError, never docker errors."""
+
+    def __init__(self, client: docker.DockerClient | None = None):
+        self._client = client
+        self._lock = threading.Lock()
+
+    # -- connection
+
+    @property
+    def client(self) -> docker.DockerClient:
+        with self._lock:
+            if self._client is None:
+                try:
+                    self._client = docker.from_env(version="auto", timeout=300)
+                except docker.errors.DockerException as exc:
+                    raise OperationFailed(f"no Docker engine answers ({exc})",
+                                          fix=ENGINE_FIX) from None
+            return self._client
+
+    @property
+    def api(self) -> docker.APIClient:
+        return self.client.api
+
+    def info(self) -> dict[str, Any]:
+        try:
+            return dict(self.client.info())
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"no Docker engine answers ({exc})", fix=ENGINE_FIX) from None
+
+    # -- images
+
+    def inspect_image(self, ref: str) -> dict[str, Any] | None:
+        """The image's inspect document, or None when the engine has no such image."""
+        try:
+            return dict(self.api.inspect_image(ref))
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"cannot inspect {ref}: {exc}", fix=ENGINE_FIX) from None
+
+    def image_id(self, ref: str) -> str | None:
+        info = self.inspect_image(ref)
+        return info["Id"] if info else None
+
+    def tag(self, image: str, repository: str, tag: str) -> None:
+        try:
+            self.api.tag(image, repository, tag)
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"cannot tag {image} as {repository}:{tag}: {exc}") from None
+
+    def remove_image(self, ref: str, *, force: bool = False) -> bool:
+        """Remove a tag (or an image); False when it was not there."""
+        try:
+            self.api.remove_image(ref, force=force, noprune=False)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+        except docker.errors.APIError as exc:
+            raise OperationFailed(f"cannot remove {ref}: {exc.explanation or exc}") from None
+
+    def images(self, *, label: str | None = None, reference: str | None = None
+               ) -> list[dict[str, Any]]:
+        """`docker image ls` rows (Id, RepoTags, Labels, Created, Size) by label/reference."""
+        filters: dict[str, Any] = {}
+        if label:
+            filters["label"] = label
+        if reference:
+            filters["reference"] = reference
+        try:
+            return list(self.api.images(filters=filters or None))
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"cannot list images: {exc}", fix=ENGINE_FIX) from None
+
+    def history(self, image_id: str) -> list[dict[str, Any]]:
+        try:
+            return list(self.api.history(image_id))
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"cannot read the history of {image_id}: {exc}") from None
+
+    def push(self, repository: str, tag: str, auth: Mapping[str, str] | None
+             ) -> Iterator[PushEvent]:
+        """Push through dockerd; credentials travel in the X-Registry-Auth header only."""
+        try:
+            for event in self.api.push(repository, tag=tag, stream=True, decode=True,
+                                       auth_config=dict(auth) if auth else None):
+                yield PushEvent(status=str(event.get("status", "")),
+                                digest=(event.get("aux") or {}).get("Digest"),
+                                error=event.get("error"))
+        except docker.errors.APIError as exc:
+            yield PushEvent(status="error", error=str(exc.explanation or exc))
+
+    def pull(self, ref: str, *, timeout: float = 120) -> str | None:
+        """Pull `ref`; None (with the reason in the exception text swallowed) when the
+        registry does not have it or is unreachable: the caller decides what then."""
+        try:
+            return str(self.client.images.pull(ref).id)
+        except docker.errors.DockerException:
+            return None
+
+    def import_tar(self, tar_path: Path, repository: str, tag: str,
+                   changes: list[str]) -> str:
+        """`docker import` of a rootfs tarball with Dockerfile `changes`; the new image id."""
+        try:
+            with open(tar_path, "rb") as fh:
+                out = self.api.import_image_from_data(fh, repository=repository, tag=tag,
+                                                      changes=changes)
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"docker import of {tar_path} failed: {exc}") from None
+        image_id = self.image_id(f"{repository}:{tag}")
+        if not image_id:
+            raise OperationFailed(f"docker import of {tar_path} made no image: {out!r:.300}")
+        return image_id
+
+    # -- containers
+
+    def container_state(self, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.api.inspect_container(name)["State"])
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"cannot inspect container {name}: {exc}") from None
+
+    def container_names(self, *, label: str) -> list[str]:
+        try:
+            return [c["Names"][0].lstrip("/")
+                    for c in self.api.containers(all=True, filters={"label": label})]
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"cannot list containers: {exc}", fix=ENGINE_FIX) from None
+
+    def logs(self, name: str, *, follow: bool = True) -> Iterator[bytes]:
+        """The container's stdout+stderr, chunk by chunk, until it ends (follow)."""
+        try:
+            yield from self.api.logs(name, stream=True, follow=follow, stdout=True,
+                                     stderr=True)
+        except docker.errors.DockerException:
+            return
+
+    def cpu_percent(self, name: str) -> float | None:
+        """CPU use since the previous sample, on `docker stats`' scale (100 = one core)."""
+        try:
+            s = self.api.stats(name, stream=False)
+        except docker.errors.DockerException:
+            return None
+        try:
+            cpu = s["cpu_stats"]["cpu_usage"]["total_usage"] - \
+                s["precpu_stats"]["cpu_usage"]["total_usage"]
+            system = s["cpu_stats"]["system_cpu_usage"] - s["precpu_stats"]["system_cpu_usage"]
+            cores = s["cpu_stats"].get("online_cpus") or 1
+        except (KeyError, TypeError):
+            return None
+        return 100.0 * cpu / system * cores if system > 0 else 0.0
+
+    def exec(self, name: str, argv: list[str]) -> tuple[int, str]:
+        try:
+            res = self.client.containers.get(name).exec_run(argv, demux=False)
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"docker exec in {name} failed: {exc}") from None
+        return int(res.exit_code or 0), (res.output or b"").decode(errors="replace")
+
+    def copy_from(self, name: str, path: str, dest: Path) -> Path:
+        """Copy `path` out of a container into the directory `dest` (`docker cp`)."""
+        import io
+        import tarfile
+
+        try:
+            stream, _stat = self.api.get_archive(name, path)
+        except docker.errors.DockerException as exc:
+            raise OperationFailed(f"cannot copy {path} out of {name}: {exc}") from None
+        dest.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            tar.extractall(dest, filter="data")
+        return dest / Path(path).name
+
+    def run(self, image: str, command: list[str], *, name: str, labels: Mapping[str, str],
+            **kw: Any) -> str:
+        """Create and start a detached container (SDK keyword arguments); its id."""
+        try:
+            c = self.client.containers.run(image, command, name=name, detach=True,
+                                           labels={OWNER_LABEL: "imagebuild", **labels}, **kw)
+        except docker.errors.ImageNotFound:
+            raise UserError(f"no local image {image}",
+                            fix="build it first (`build.py build`) or pull it") from None
+        except docker.errors.DockerException as exc:
+            self.remove_container(name)
+            raise OperationFailed(f"docker run {image} failed: {exc}") from None
+        return str(c.id)
+
+    def remove_container(self, name: str) -> None:
+        """Kill and delete with its anonymous volumes; fine if it is gone already."""
+        for attempt in (1, 2):
+            try:
+                self.api.remove_container(name, force=True, v=True)
+                return
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError as exc:
+                if "removal of container" in str(exc) and "in progress" in str(exc):
+                    return
+                if attempt == 2:
+                    raise OperationFailed(f"cannot remove container {name}: {exc}") from None
+
+    # -- builds: the one use of the CLI
+
+    def buildkit_build(self, argv: list[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
+        """`docker [buildx] build ...` through BuildKit; output merged into stdout."""
+        try:
+            return subprocess.Popen([DOCKER_CLI, *argv], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                    env={**os.environ, **env, "DOCKER_BUILDKIT": "1"})
+        except FileNotFoundError:
+            raise OperationFailed(f"no docker client at {DOCKER_CLI}",
+                                  fix="install docker.io (scripts/setup.sh)") from None
+
+    def has_buildx(self) -> bool:
+        try:
+            return subprocess.run([DOCKER_CLI, "buildx", "version"], capture_output=True,
+                                  timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+
+_engine: Engine | None = None
+_engine_lock = threading.Lock()
+
+
+def engine() -> Engine:
+    """The process-wide engine (created on first use)."""
+    global _engine
+    with _engine_lock:
+        if _engine is None:
+            _engine = Engine()
+        return _engine
+
+
+def use_engine(new: Engine | None) -> Engine | None:
+    """Swap the process-wide engine (tests install a double); returns the old one."""
+    global _engine
+    with _engine_lock:
+        old, _engine = _engine, new
+        return old
+
+
+def image_user(ref: str, user: str) -> tuple[int, int]:
+    """uid and gid an image runs as; its USER may be a name only its /etc/passwd resolves."""
+    import re
+
+    m = re.fullmatch(r"(\d+)(?::(\d+))?", user or "0")
+    if m:
+        return int(m[1]), int(m[2] or m[1])
+    try:
+        out = engine().client.containers.run(ref, ["-c", "id -u; id -g"], entrypoint="sh",
+                                             remove=True, network_mode="host")
+    except docker.errors.DockerException as exc:
+        raise OperationFailed(f"cannot tell which user {ref} runs as: {exc}") from None
+    uid, gid = out.decode().split()[:2]
+    return int(uid), int(gid)
+
+
+def inspect_image(ref: str) -> dict[str, Any]:
+    """The inspect document of a local image; UserError when there is none."""
+    info = engine().inspect_image(ref)
+    if info is None:
+        raise UserError(f"image {ref} is not in the local Docker engine",
+                        fix="build it first (`python build.py build --tag ...`) or pull it")
+    return info

@@ -1,0 +1,146 @@
+"""The whole job (`build.py --tag T`): plan -> lock check -> preflight -> build -> smoke
+-> publish (push by digest, release tag) -> bench (stored beside the release) ->
+regression gate -> `latest`, last.
+
+Nothing is pushed unless every job of the tag passed smoke; `latest` moves only after the
+bench, past the regression gate, forward only. Each step is also its own command; the
+helpers here are the ones those commands share.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imagebuild.errors import UserError
+from imagebuild.plan import Job, Plan, format_table
+from imagebuild.registry.client import RegistryClient
+
+
+@dataclass(frozen=True)
+class ReleaseOptions:
+    out: Path
+    dry_run: bool = False
+    bench: bool = True
+    accept_regression: str | None = None
+
+
+def preflight(plan: Plan) -> None:
+    """Errors block (exit 2), warnings print: what plan and build run before anything."""
+    from imagebuild.preflight.findings import format_table as findings_table
+    from imagebuild.preflight.findings import has_errors
+    from imagebuild.preflight.run import run_checks
+
+    findings = run_checks(plan.lm, list(plan.cells), plan.lock)
+    shown = [f for f in findings if f.severity != "info"]
+    if shown:
+        print(findings_table(shown, show_info=False), file=sys.stderr)
+    if has_errors(findings):
+        raise UserError("preflight found errors (listed above)",
+                        fix="fix them, or waive a rule in matrix.yaml with a written reason; "
+                            "`python build.py check --tag T` shows the details")
+
+
+def buildable(plan: Plan) -> Plan:
+    """A plan that may build: a tag, pins locked and resolved, preflight clean."""
+    from imagebuild.lock.resolve import verify_cells
+
+    if plan.tag is None:
+        raise UserError("building needs a release tag", fix="pass --tag DATE-NAME")
+    verify_cells(plan.lm, list(plan.cells), plan.lock)
+    preflight(plan)
+    return plan
+
+
+def registry_client(plan: Plan) -> RegistryClient:
+    return RegistryClient(plan.destination.registry)
+
+
+def load_verdicts(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
+    from imagebuild.release.publish import load_verdict
+    from imagebuild.smoke.paths import verdict_path
+
+    return {j.id: load_verdict(verdict_path(out, j.cell)) for j in jobs}
+
+
+def publish_jobs(client: RegistryClient, jobs: tuple[Job, ...], verdicts: dict[str, Any], *,
+                 dry_run: bool) -> None:
+    """Push and record every job (each gated on its own verdict); `latest` stays."""
+    from imagebuild.release.publish import publish_job
+
+    for job in jobs:
+        result = publish_job(client, job, verdicts[job.id], dry_run=dry_run)
+        if dry_run:
+            print(f"{job.id}: dry run, nothing written")
+        else:
+            print(f"{job.id}: {'pushed' if result.pushed else 'already pushed'} "
+                  f"{result.digest}")
+
+
+def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None:
+    """Measure each job's tested image with its target's `bench:` settings and store the
+    results with the release (kept when the registry already has them: a re-run)."""
+    from imagebuild.bench import results, store
+    from imagebuild.bench.command import bench_image, load_settings, write_outputs
+    from imagebuild.docker import inspect_image
+
+    for job in jobs:
+        b = job.cell.target.bench
+        if b is None:
+            print(f"{job.id}: target {job.cell.target_name} has no bench settings; "
+                  "the regression gate will not apply")
+            continue
+        repo = job.image.repository
+        info = inspect_image(job.release_ref)
+        if store.get_results(client, repo, info["Id"]) is not None:
+            print(f"{job.id}: bench results for {info['Id'][:19]} already stored")
+            continue
+        prompt_set, load_kw, settings = load_settings(
+            b.concurrency, b.prompts, requests=b.requests, duration=None,
+            max_tokens=b.max_tokens)
+        doc = bench_image(job.release_ref, info, prompt_set=prompt_set, levels=b.concurrency,
+                          load_kw=load_kw, settings=settings, label=str(job.tag))
+        digest = store.put_results(client, repo, doc)
+        md = results.markdown(doc)
+        print(md + f"stored with {repo}:{job.tag} ({digest[:19]})")
+        write_outputs(doc, out, md)
+
+
+def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
+            forward_only: bool = False, dry_run: bool = False) -> None:
+    from imagebuild.release.latest import promote_jobs
+
+    promote_jobs(client, plan.jobs,
+                 default_threshold=plan.lm.matrix.publish.regression_threshold,
+                 accept_regression=accept_regression, forward_only=forward_only,
+                 dry_run=dry_run)
+
+
+def run_release(plan: Plan, opts: ReleaseOptions) -> int:
+    from imagebuild.build.builder import build_jobs
+    from imagebuild.smoke.runner import smoke_jobs
+
+    buildable(plan)
+    print(format_table(plan.jobs, plan.header()))
+    build_jobs(plan.lm, plan.lock, plan.jobs, out_dir=opts.out)
+    verdicts = smoke_jobs(plan.jobs, out_root=opts.out)
+    failed = [v for v in verdicts.values() if not v["passed"]]
+    for v in verdicts.values():
+        print(f"smoke {'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")
+    if failed:
+        print(f"{len(failed)} cell(s) failed smoke: nothing pushed, no tag moved",
+              file=sys.stderr)
+        return 1
+    client = registry_client(plan)
+    if opts.dry_run:
+        publish_jobs(client, plan.jobs, verdicts, dry_run=True)
+        print("dry run: no bench stored, latest not moved")
+        return 0
+    publish_jobs(client, plan.jobs, verdicts, dry_run=False)
+    if opts.bench:
+        bench_jobs(client, plan.jobs, opts.out / "bench")
+    promote(plan, client, accept_regression=opts.accept_regression, forward_only=True)
+    return 0
+

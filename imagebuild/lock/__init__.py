@@ -1,0 +1,1 @@
+"""Pins: resolve them (Hub, sources, bases), write and read matrix.lock.json, watch upstream."""

@@ -1,0 +1,71 @@
+"""matrix.lock.json: reading it, and checking it agrees with matrix.yaml.
+
+The lock is written by `build.py lock` (lock.py); everything that builds reads pins from
+here only. An entry may be `unresolved` (this machine could not reach the Hub): the fields
+it could not learn are null, never invented, and building a cell that needs them refuses.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imagebuild.errors import UserError
+from imagebuild.spec.config import HubPin
+
+LOCK_NAME = "matrix.lock.json"
+LOCK_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Lock:
+    data: dict[str, Any]
+    path: Path
+
+    def entry(self, kind: str, name: str) -> dict[str, Any] | None:
+        return self.data.get(kind, {}).get(name)
+
+    def hub_sha(self, kind: str, name: str) -> str | None:
+        entry = self.entry(kind, name)
+        return entry.get("sha") if entry else None
+
+
+def read_lock(root: Path) -> Lock | None:
+    path = root / LOCK_NAME
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{LOCK_NAME} is not valid JSON: {exc.msg}",
+                        fix="regenerate it with `python build.py lock`",
+                        where=f"{path.name}:{exc.lineno}:{exc.colno}") from None
+    if data.get("version") != LOCK_VERSION:
+        raise UserError(f"{LOCK_NAME} has version {data.get('version')!r}, expected "
+                        f"{LOCK_VERSION}", fix="regenerate it with `python build.py lock`")
+    return Lock(data=data, path=path)
+
+
+def served_files(files: list[dict[str, Any]], exclude: list[str] | tuple[str, ...]
+                 ) -> list[dict[str, Any]]:
+    """The locked files an image carries: all of the pinned revision's, minus those a
+    pattern of the pin's `exclude` matches."""
+    return [f for f in files if not any(fnmatch.fnmatchcase(f["path"], p) for p in exclude)]
+
+
+def hub_disagreement(pin: HubPin, entry: dict[str, Any] | None) -> str | None:
+    """Why the lock entry does not match the matrix pin, or None when it does."""
+    if entry is None:
+        return "has no lock entry"
+    if entry.get("repository") != pin.repository:
+        return f"is locked for repository {entry.get('repository')!r}, not {pin.repository!r}"
+    if pin.revision:
+        sha = entry.get("sha") or ""
+        if entry.get("revision") != pin.revision or not sha.startswith(pin.revision):
+            return f"is locked at {sha or entry.get('revision')!r}, not revision {pin.revision!r}"
+    elif entry.get("track") != pin.track:
+        return f"is locked from track {entry.get('track')!r}, not {pin.track!r}"
+    return None

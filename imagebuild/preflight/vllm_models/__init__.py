@@ -1,0 +1,1 @@
+"""What vLLM's model registry says about architectures, recorded per vLLM version."""

@@ -1,0 +1,1 @@
+"""OCI registries: credentials, authentication and the distribution API client."""

@@ -1,0 +1,160 @@
+"""The registry lease every write of a release takes: one writer per repository.
+
+A local flock keeps two runs on one machine apart; the lease tag in the registry keeps
+runs on different machines apart (see `Lease` for what it can and cannot promise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from imagebuild.errors import OperationFailed
+from imagebuild.registry.client import OCI_MANIFEST, RegistryClient, Unsupported
+from imagebuild.release.records import OCI_CONFIG, Log, compact, read_release
+
+LEASE_TAG = "imagebuild-lease"
+LEASE = "io.imagebuild.lease"
+LEASE_TTL = float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300"))
+LEASE_SETTLE = float(os.environ.get("IMAGEBUILD_LEASE_SETTLE", "0.5"))
+
+
+def _lock_dir() -> Path:
+    base = os.environ.get("IMAGEBUILD_LOCK_DIR") or Path.home() / ".cache" / "imagebuild" / "locks"
+    return Path(base)
+
+
+@contextlib.contextmanager
+def local_lock(host: str, repo: str) -> Iterator[Path]:
+    """An flock per registry repository: two runs on one machine never overlap."""
+    path = _lock_dir() / (re.sub(r"[^A-Za-z0-9_.-]", "_", f"{host}_{repo}") + ".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OperationFailed(
+                f"another imagebuild run on this machine is writing {host}/{repo} "
+                f"(lock {path})", fix="wait for it to finish, then re-run") from None
+        try:
+            yield path
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+class Lease:
+    """A registry-side lease: the tag `imagebuild-lease` points at a tiny manifest naming
+    its owner and expiry. The registry offers no compare-and-swap, so we write, wait
+    `settle` seconds, and read back (compare-after-write); the last writer wins and every
+    other writer sees a foreign owner and backs off. Two runs could both win only if one
+    stalled longer than `settle` between reading "free" and writing; before moving
+    `latest` the holder checks the lease again and that `latest` is where it was.
+    A lease of this host whose process is gone (or is us) is stale, since we hold the
+    local flock, so a run killed mid-promote never blocks its own re-run; other leases
+    are honoured until they expire after `ttl`.
+    """
+
+    def __init__(self, client: RegistryClient, repo: str, config: dict[str, Any], *,
+                 purpose: str, ttl: float = LEASE_TTL, settle: float = LEASE_SETTLE,
+                 log: Log = print):
+        self.client, self.repo, self.log = client, repo, log
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.host = socket.gethostname()
+        self.ttl, self.settle = ttl, settle
+        note = {f"{LEASE}.owner": self.owner, f"{LEASE}.host": self.host,
+                f"{LEASE}.pid": str(os.getpid()),
+                f"{LEASE}.purpose": purpose, f"{LEASE}.expires": f"{time.time() + ttl:.3f}"}
+        # config: an existing config blob of this repo (a manifest must reference one)
+        self.body = compact({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                              "config": {**config, "mediaType": OCI_CONFIG}, "layers": [],
+                              "annotations": note}).encode()
+        self.digest: str | None = None
+
+    def _holder(self) -> dict[str, str] | None:
+        rel = read_release(self.client, self.repo, LEASE_TAG)
+        return rel.annotations if rel else None
+
+    def acquire(self) -> Lease:
+        held = self._holder()
+        if held and held.get(f"{LEASE}.owner") and held.get(f"{LEASE}.state") != "released":
+            owner = held.get(f"{LEASE}.owner", "?")
+            expires = float(held.get(f"{LEASE}.expires", "0") or 0)
+            if held.get(f"{LEASE}.host") == self.host and not _other_live_pid(held):
+                self.log(f"{self.repo}: taking over a stale lease of this host ({owner})")
+            elif expires > time.time():
+                raise OperationFailed(
+                    f"{self.repo}: another run ({owner}, {held.get(f'{LEASE}.purpose')}) "
+                    f"holds the registry lease for {expires - time.time():.0f} s more",
+                    fix="wait for it to finish, then re-run (re-runs resume)")
+            else:
+                self.log(f"{self.repo}: taking over an expired lease of {owner}")
+        self.digest = self.client.put_manifest(self.repo, LEASE_TAG, self.body, OCI_MANIFEST)
+        time.sleep(self.settle)
+        self.check()
+        return self
+
+    def check(self) -> None:
+        """Raise unless the lease tag still points at our lease manifest."""
+        now = self.client.head_manifest(self.repo, LEASE_TAG)
+        if not now or now[0] != self.digest:
+            holder = self._holder() or {}
+            raise OperationFailed(
+                f"{self.repo}: lost the registry lease to "
+                f"{holder.get(f'{LEASE}.owner', 'another run')}; nothing moved by this run",
+                fix="another run is promoting; wait for it, then re-run")
+
+    def release(self) -> None:
+        """Drop our lease if it is still ours; never raises (it runs in finally)."""
+        try:
+            now = self.client.head_manifest(self.repo, LEASE_TAG)
+            if now and now[0] == self.digest:
+                try:
+                    self.client.delete_manifest(self.repo, self.digest)
+                except Unsupported:  # deletes disabled: mark it released instead
+                    doc = json.loads(self.body)
+                    doc["annotations"][f"{LEASE}.state"] = "released"
+                    self.client.put_manifest(self.repo, LEASE_TAG, compact(doc).encode(),
+                                             OCI_MANIFEST)
+        except Exception as exc:  # noqa: BLE001 - a stale lease expires; report, go on
+            self.log(f"{self.repo}: could not release the lease ({exc}); it expires in "
+                     f"{self.ttl:.0f} s and this host's re-runs take it over")
+
+
+def _other_live_pid(held: dict[str, str]) -> bool:
+    """A lease of this host whose process still runs and is not us: a run that uses
+    another lock dir (the flock cannot see it), so its lease is honoured, not taken."""
+    try:
+        pid = int(held.get(f"{LEASE}.pid", "0"))
+    except ValueError:
+        return False
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def holding_lease(client: RegistryClient, repo: str, config: dict[str, Any], *, purpose: str,
+                  log: Log = print, settle: float | None = None) -> Iterator[Lease]:
+    with local_lock(client.host, repo):
+        lease = Lease(client, repo, config, purpose=purpose, log=log,
+                      settle=LEASE_SETTLE if settle is None else settle)
+        lease.acquire()
+        try:
+            yield lease
+        finally:
+            lease.release()

@@ -1,0 +1,258 @@
+"""The gate: push only what passed smoke, verify the push, record the release.
+
+Order (push only what passed):
+1. the smoke verdict must say passed for exactly the local image id (nothing touches the
+   registry before this, so a failed smoke leaves its tag list byte-for-byte unchanged);
+2. dockerd pushes the image under a staging tag `staging-<image id 12>`;
+3. the pushed manifest is read back and its config digest must equal the tested image id
+   (the digest pushed is the digest tested, verified, not assumed);
+4. under the lease: the release tag gets the annotated manifest (records.py); the
+   staging tag is removed. `latest` is not touched here: release/latest.py moves it,
+   after the regression gate.
+A re-run resumes: a release tag already holding this image skips the push, and moving a
+tag that is already in place is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import docker
+import docker.errors
+
+from imagebuild.errors import OperationFailed, UserError
+from imagebuild.registry.client import (
+    OCI_MANIFEST,
+    Credentials,
+    RegistryClient,
+    Unsupported,
+    resolve_credentials,
+)
+from imagebuild.release.lease import holding_lease
+from imagebuild.release.records import (
+    STAGING_PREFIX,
+    Log,
+    annotated_manifest,
+    read_release,
+    release_record,
+)
+from imagebuild.spec.tags import ReleaseTag
+
+if TYPE_CHECKING:
+    from imagebuild.plan import Job
+
+INPUTS_LABEL = "io.imagebuild.inputs"
+CELL_LABEL = "io.imagebuild.cell"
+
+
+@dataclass
+class PublishResult:
+    repo: str
+    release_tag: str
+    image_id: str
+    digest: str | None = None  # the release manifest's digest
+    pushed: bool = False  # False: the release tag already held this image (a re-run)
+    dry_run: bool = False
+    steps: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def load_verdict(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise OperationFailed(f"cannot read smoke verdict {path}: {exc}",
+                              fix="run the smoke step first (`build.py smoke`)") from None
+    if not isinstance(data, dict):
+        raise OperationFailed(f"smoke verdict {path} is not a JSON object")
+    return data
+
+
+def _docker_api() -> docker.APIClient:
+    try:
+        return docker.APIClient(version="auto")
+    except docker.errors.DockerException as exc:
+        raise OperationFailed(f"cannot reach the Docker engine: {exc}",
+                              fix="start dockerd (scripts/setup.sh)") from None
+
+
+def inspect_local(ref: str) -> dict[str, Any]:
+    try:
+        return _docker_api().inspect_image(ref)
+    except docker.errors.ImageNotFound:
+        raise UserError(f"no local image {ref}", fix="build it first (`build.py build`)") from None
+
+
+def gate(verdict: dict[str, Any], image_id: str, ref: str) -> None:
+    """Refuse anything but a passed verdict for exactly this image id."""
+    if verdict.get("passed") is not True:
+        failed = [k for k, v in (verdict.get("checks") or {}).items()
+                  if (v.get("passed") if isinstance(v, dict) else v) is False]
+        raise OperationFailed(
+            f"{ref} did not pass smoke ({', '.join(failed) or 'verdict not passed'}): "
+            "nothing pushed, no tag moved", fix="fix the failure, rebuild, smoke again")
+    if verdict.get("image_id") != image_id:
+        raise OperationFailed(
+            f"the smoke verdict is for image {verdict.get('image_id')}, but {ref} is now "
+            f"{image_id}: refusing to push an image that was not the one tested",
+            fix="run smoke on this image, then publish")
+
+
+def _auth(creds: Credentials | None, host: str) -> dict[str, str] | None:
+    if creds is None:
+        return None  # dockerd gets nothing; docker-py falls back to the Docker config
+    if creds.identity_token:
+        return {"identitytoken": creds.identity_token, "serveraddress": host}
+    return {"username": creds.username or "", "password": creds.password or "",
+            "serveraddress": host}
+
+
+def docker_push(image_id: str, name: str, tag: str, creds: Credentials | None) -> str:
+    """Tag image_id as name:tag and push it through dockerd; returns the pushed digest.
+
+    Credentials go to dockerd in the X-Registry-Auth header, never to a file or a log.
+    """
+    api = _docker_api()
+    api.tag(image_id, name, tag)
+    digest = None
+    try:
+        for event in api.push(name, tag=tag, stream=True, decode=True,
+                              auth_config=_auth(creds, name.split("/")[0])):
+            if "error" in event:
+                raise OperationFailed(f"docker push {name}:{tag} failed: {event['error']}",
+                                      fix="check the registry; re-running resumes the push")
+            digest = (event.get("aux") or {}).get("Digest") or digest
+    except docker.errors.APIError as exc:
+        raise OperationFailed(f"docker push {name}:{tag} failed: {exc.explanation or exc}",
+                              fix="check the registry; re-running resumes the push") from None
+    finally:
+        try:
+            api.remove_image(f"{name}:{tag}")  # only the local staging tag, not the image
+        except docker.errors.APIError:
+            pass
+    if not digest:
+        raise OperationFailed(f"docker push {name}:{tag} reported no digest")
+    return digest
+
+
+def push_with_retries(image_id: str, name: str, tag: str, creds: Credentials | None, *,
+                      attempts: int = 3, backoff: float = 1.0, log: Log = print) -> str:
+    """docker push is idempotent (layers already there are skipped), but dockerd does not
+    retry a failed manifest PUT: retry the whole push on transient failures."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return docker_push(image_id, name, tag, creds)
+        except OperationFailed as exc:
+            auth = any(w in exc.message.lower() for w in ("unauthorized", "denied",
+                                                          "authentication required"))
+            if auth or attempt == attempts:
+                raise
+            log(f"{name}: push attempt {attempt} failed ({exc.message}); retrying")
+            time.sleep(backoff * attempt)
+    raise AssertionError("unreachable")
+
+
+def verify_pushed(client: RegistryClient, repo: str, tag: str, image_id: str,
+                  pushed_digest: str) -> dict[str, Any]:
+    """Read back what the registry holds under tag; it must be the tested image."""
+    manifest, digest = client.image_manifest(repo, tag)
+    config = (manifest.get("config") or {}).get("digest")
+    if digest != pushed_digest or config != image_id:
+        raise OperationFailed(
+            f"{repo}:{tag} holds manifest {digest} with config {config}, but dockerd pushed "
+            f"{pushed_digest} of tested image {image_id}: not promoting it",
+            fix="someone else wrote this tag; re-run to push again")
+    return manifest
+
+
+def _drop_staging(client: RegistryClient, repo: str, tag: str, image_id: str,
+                  log: Log) -> None:
+    """Delete the staging tag once the release exists (its manifest is unannotated, so no
+    release tag shares its digest)."""
+    rel = read_release(client, repo, tag)
+    if rel is None or rel.image_id != image_id:
+        return
+    try:
+        client.delete_tag(repo, tag)
+    except Unsupported as exc:
+        log(f"{repo}: left staging tag {tag} ({exc.message})")
+
+
+def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: ReleaseTag,
+            verdict: dict[str, Any], pins: dict[str, Any] | None = None,
+            dry_run: bool = False, credentials: Credentials | None = None, log: Log = print,
+            settle: float | None = None, push_attempts: int = 3) -> PublishResult:
+    """Push the smoke-passed local image to repo (a path in client's registry, e.g.
+    'vllm-spark/qwen36-cpu-tiny') and record it as release_tag."""
+    start = time.monotonic()
+    info = inspect_local(local_ref)
+    image_id = info["Id"]
+    gate(verdict, image_id, local_ref)  # before any registry request
+    labels = (info.get("Config") or {}).get("Labels") or {}
+    tag = str(release_tag)
+    res = PublishResult(repo, tag, image_id, dry_run=dry_run)
+
+    def step(text: str) -> None:
+        res.steps.append(text)
+        log(f"{repo}: {text}")
+
+    client.ping()
+    existing = read_release(client, repo, tag)
+    if existing and existing.image_id != image_id:
+        raise UserError(
+            f"{repo}:{tag} already exists for image {existing.image_id}; this run "
+            f"tested {image_id}. Release tags are never overwritten",
+            fix="publish under a new tag (another date or patch-set name)")
+    staging = f"{STAGING_PREFIX}{image_id.removeprefix('sha256:')[:12]}"
+    if existing and existing.passed:
+        step(f"{tag} already holds {image_id[:19]}: nothing to push")
+        res.digest = existing.digest
+        if not dry_run:  # an interrupted run may have left its staging tag
+            _drop_staging(client, repo, staging, image_id, log)
+        res.seconds = time.monotonic() - start
+        return res
+    if dry_run:
+        step(f"would push {local_ref} as {staging}, verify its config is {image_id[:19]}, "
+             f"then tag {tag}")
+        res.seconds = time.monotonic() - start
+        return res
+    creds = credentials or resolve_credentials(client.host)
+    t0 = time.monotonic()
+    pushed = push_with_retries(image_id, f"{client.host}/{repo}", staging, creds,
+                               attempts=push_attempts, log=log)
+    manifest = verify_pushed(client, repo, staging, image_id, pushed)
+    res.pushed = True
+    step(f"pushed {staging} ({pushed[:19]}) in {time.monotonic() - t0:.1f} s; its config "
+         f"is the tested image {image_id[:19]}")
+    with holding_lease(client, repo, manifest["config"], purpose=f"publish {tag}",
+                       log=log, settle=settle):
+        rel = read_release(client, repo, tag)
+        if rel is None or not rel.passed:
+            if rel is not None and rel.image_id != image_id:  # appeared since we looked
+                raise UserError(f"{repo}:{tag} was just written by another run",
+                                fix="check `build.py releases`")
+            record = release_record(release_tag, image_id, verdict, pins=pins,
+                                    cell=labels.get(CELL_LABEL), inputs=labels.get(INPUTS_LABEL),
+                                    pushed_digest=pushed)
+            client.put_manifest(repo, tag, annotated_manifest(manifest, record), OCI_MANIFEST)
+            rel = read_release(client, repo, tag)
+            if rel is None or not rel.passed or rel.image_id != image_id:
+                raise OperationFailed(f"{repo}:{tag} did not read back as this release",
+                                      fix="re-run; check the registry")
+            step(f"tagged {tag} ({rel.digest[:19]})")
+        res.digest = rel.digest
+    _drop_staging(client, repo, staging, image_id, log)
+    res.seconds = time.monotonic() - start
+    return res
+
+
+def publish_job(client: RegistryClient, job: Job, verdict: dict[str, Any], *,
+                dry_run: bool = False, log: Log = print) -> PublishResult:
+    """publish() for one planned job: its local image, repository, tag and pins."""
+    return publish(client, job.image.repository, local_ref=job.release_ref,
+                   release_tag=job.tag, verdict=verdict, pins=dict(job.pins),
+                   dry_run=dry_run, log=log)

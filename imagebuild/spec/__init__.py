@@ -1,0 +1,1 @@
+"""matrix.yaml -> typed, validated Cells: schema, positions, references, tags, serve commands."""

@@ -1,0 +1,502 @@
+"""matrix.yaml schema: typed, immutable, strict (unknown keys are errors).
+
+Every error is reported with file:line:column (see yamlpos) by `load_matrix`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from imagebuild.errors import UserError
+from imagebuild.spec.dockerref import check_path, check_reference, check_registry
+from imagebuild.spec.profiles import resolve_extends
+from imagebuild.spec.repopaths import check_relative
+from imagebuild.spec.values import BadValue, memory_bytes, pep440
+from imagebuild.spec.yamlpos import TAG, Located, explain, load_located, quote_fix, shorten
+
+HEX_PIN = re.compile(r"^[0-9a-f]{7,40}$")
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+Name = Annotated[str, StringConstraints(pattern=NAME.pattern, max_length=63)]
+
+# Values users get wrong, checked where they are written (the BadValue's fix is shown).
+# Ranges are sanity bounds: far outside them a value is a typo, not a setting.
+Concurrency = Annotated[int, Field(ge=1, le=4096)]
+ImageRef = Annotated[str, AfterValidator(lambda v: check_reference(v, "image"))]
+RegistryHost = Annotated[str, AfterValidator(check_registry)]
+Namespace = Annotated[str, AfterValidator(check_path)]
+MemorySize = Annotated[str, AfterValidator(lambda v: memory_bytes(v) and v)]
+PEP440 = Annotated[str, AfterValidator(pep440)]
+
+
+def _repo_file(what: str) -> Any:
+    return AfterValidator(lambda v: check_relative(v, what))
+
+
+def _full_sha(value: str) -> str:
+    if not FULL_SHA.match(value):
+        raise BadValue(f"commit {value!r} is not a commit SHA (a source pin is all 40 "
+                       "lowercase hex characters)",
+                       "write the whole 40-character commit SHA (`git rev-parse <ref>`); "
+                       "branch and tag names move, short SHAs can become ambiguous")
+    return value
+
+
+class Strict(BaseModel):
+    # strict: no silent coercion (YAML's `yes` is not the number 1, "300" not 300)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def _check_pin(value: str, what: str) -> str:
+    """A pin is a commit SHA (>= 7 hex; lock expands short ones), never a branch or tag."""
+    if not HEX_PIN.match(value):
+        raise ValueError(
+            f"{what} {value!r} is not a commit SHA (7-40 lowercase hex); branch or tag names "
+            "move. Put the branch under `track:` instead and run `build.py lock --update NAME`"
+        )
+    return value
+
+
+class BenchSettings(Strict):
+    """How the whole job (and `build.py bench --tag`) measures a target's images."""
+
+    concurrency: list[Concurrency] = Field(min_length=1)
+    requests: int = Field(default=32, ge=1, le=100_000)  # per level
+    max_tokens: int = Field(default=128, ge=2, le=1 << 20)
+    prompts: str = "structured,prose"
+    # overrides publish.regression_threshold: shared CPU hosts are noisier than a GB10
+    regression_threshold: float | None = Field(default=None, ge=0, le=1)
+
+
+# What serves a speculative method needs, and the word for none (plain serving).
+SpecMethod = Literal["dflash", "mtp", "eagle", "eagle3", "ngram"]
+NO_SPECULATION = "none"
+Method = Literal["none", "dflash", "mtp", "eagle", "eagle3", "ngram"]
+
+
+def _capability(value: str | float) -> str:
+    """A CUDA compute capability as nvidia-smi prints it ("12.1"); an unquoted 12.1 is
+    read the same (no capability has a two-digit minor, so the float is unambiguous)."""
+    text = f"{value:.1f}" if isinstance(value, float) else str(value)
+    if isinstance(value, bool) or not re.fullmatch(r"\d{1,2}\.\d", text):
+        raise BadValue(f"compute capability {value!r} is not MAJOR.MINOR",
+                       "write it as nvidia-smi --query-gpu=compute_cap shows it, e.g. "
+                       "\"12.1\" (GB10), \"12.0\" (RTX 5090), \"9.0\" (H100)")
+    return text
+
+
+ComputeCapability = Annotated[str | float, AfterValidator(_capability)]
+
+
+SIZE = re.compile(r"^[1-9][0-9]*[KMGT]$")  # ccache / sccache size syntax: 40G
+
+
+class SharedCompileCache(Strict):
+    """A compile cache every runner of the target reads and fills (sccache). Endpoints and
+    buckets live here; credentials only reach builds as the BuildKit secret sccache_env
+    (README: compile cache)."""
+
+    backend: Literal["redis", "s3"]
+    endpoint: str | None = None  # redis://host:6379/0 (redis); an S3-compatible URL (s3)
+    bucket: str | None = None  # s3 only
+    region: str | None = None  # s3 only
+    key_prefix: str = "imagebuild"  # one cache can serve several targets or projects
+
+    @model_validator(mode="after")
+    def _complete(self) -> SharedCompileCache:
+        if self.backend == "redis" and not (self.endpoint or "").startswith(
+                ("redis://", "rediss://")):
+            raise ValueError("a redis backend needs `endpoint: redis://host:port[/db]`")
+        if self.backend == "redis" and (self.bucket or self.region):
+            raise ValueError("`bucket`/`region` belong to an s3 backend")
+        if self.backend == "s3" and not self.bucket:
+            raise ValueError("an s3 backend needs `bucket`")
+        if self.endpoint and "@" in self.endpoint.split("://", 1)[-1].split("/", 1)[0]:
+            raise ValueError("credentials do not belong in `endpoint`: pass them as the "
+                             "sccache_env build secret (README: compile cache)")
+        return self
+
+
+class CompileCache(Strict):
+    # cap of the local ccache (no shared backend) or sccache directory, per runner
+    local_max_size: Annotated[str, StringConstraints(pattern=SIZE.pattern)] = "50G"
+    shared: SharedCompileCache | None = None  # None: local ccache only
+
+
+class Target(Strict):
+    """A machine class images are built for and served on, described by what it is: the
+    rules, the runner, the disk estimate and host detection read these properties, never
+    the target's name (spec/hardware.py)."""
+
+    platform: Literal["linux/arm64", "linux/amd64"]
+    description: str
+    # what runs the model: an NVIDIA GPU through CUDA, or the CPU engine
+    accelerator: Literal["cuda", "cpu"] = "cpu"
+    compute_capability: ComputeCapability | None = None  # cuda: the GPU's, e.g. "12.1"
+    unified_memory: bool = False  # the GPU shares the host's memory (GB10)
+    base_image: ImageRef
+    runtime_image: ImageRef | None = None
+    bootstrap: dict[str, str] | None = None  # cpu: debootstrap suite/mirror when no pull works
+    engine_from: Literal["source", "wheel"]
+    build_args: dict[str, str] = Field(default_factory=dict)
+    max_jobs: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = "auto"
+    nvcc_threads: Annotated[int, Field(ge=1, le=64)] | None = None
+    # an extra package index for the engine build's pip, beside the runner's own pip
+    # configuration (which the build receives as the pip_conf secret)
+    torch_index: str | None = None
+    compile_cache: CompileCache = Field(default_factory=CompileCache)
+    expect_cuda_arch: str | None = None
+    runner: list[str] | None = Field(default=None, min_length=1)  # None: from the properties
+    smoke_concurrency: list[Concurrency] = Field(min_length=1)
+    boot_timeout_s: int = Field(ge=10, le=86400)
+    memory_limit: MemorySize
+    bench: BenchSettings | None = None  # None: the whole job does not bench this target
+
+    @property
+    def gpu(self) -> bool:
+        return self.accelerator == "cuda"
+
+    @model_validator(mode="after")
+    def _fields_of_its_kind(self) -> Target:
+        """Each kind of target has what it needs to render and run (never `FROM None`)."""
+        cuda = self.accelerator == "cuda"
+        if cuda and self.compute_capability is None:
+            raise BadValue("a cuda target needs compute_capability (rules, runner and host "
+                           "detection read it)",
+                           "add compute_capability as nvidia-smi --query-gpu=compute_cap "
+                           "shows it on the target machine, e.g. \"12.1\" for GB10")
+        if not cuda and (self.compute_capability is not None or self.unified_memory):
+            raise BadValue("compute_capability and unified_memory describe a GPU, but this "
+                           "target's accelerator is cpu",
+                           "set accelerator: cuda, or remove the GPU properties")
+        if self.engine_from == "source":
+            missing = [name for name in SOURCE_NEEDS if getattr(self, name) is None]
+            if missing or not cuda:
+                raise BadValue(
+                    "a source-built target compiles vLLM for CUDA: it needs accelerator: "
+                    f"cuda and {', '.join(SOURCE_NEEDS)}"
+                    + (f" (missing: {', '.join(missing)})" if missing else ""),
+                    "add " + ", ".join(missing or ["accelerator: cuda"]) + "; runtime_image "
+                    "is the slim image the engine is installed into, e.g. "
+                    "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04")
+            assert self.expect_cuda_arch is not None and self.compute_capability is not None
+            _arch_matches(self.expect_cuda_arch, str(self.compute_capability))
+        if self.engine_from == "wheel":
+            if cuda:
+                raise BadValue("engine_from: wheel installs vLLM's CPU wheel (the engine "
+                               "template's wheel stage); a cuda target builds from source",
+                               "set engine_from: source with a source realization, or "
+                               "accelerator: cpu")
+            if self.expect_cuda_arch:
+                raise BadValue("expect_cuda_arch only applies to source-built (CUDA) targets",
+                               "remove expect_cuda_arch")
+        return self
+
+
+# What a source build renders from (images/engine/Dockerfile.j2): without them the engine
+# would say `FROM None AS runtime`. No index: torch for CUDA 13.0 is on the default index
+# for linux/arm64, and package indexes come from the runner's pip configuration.
+SOURCE_NEEDS = ("runtime_image", "expect_cuda_arch")
+CUDA_ARCH = re.compile(r"^sm_(\d{1,2})(\d)[af]?$")
+
+
+def _arch_matches(arch: str, capability: str) -> None:
+    m = CUDA_ARCH.match(arch)
+    if not m:
+        raise BadValue(f"expect_cuda_arch {arch!r} is not a CUDA arch such as sm_121a",
+                       "write sm_<major><minor>[a], e.g. sm_121a for GB10")
+    if f"{m.group(1)}.{m.group(2)}" != capability:
+        raise BadValue(f"expect_cuda_arch {arch} is for compute capability "
+                       f"{m.group(1)}.{m.group(2)}, but the target's compute_capability is "
+                       f"{capability}", "make the two describe the same GPU")
+
+
+class SourcePin(Strict):
+    repository: str
+    commit: Annotated[str, AfterValidator(_full_sha)]  # exactly 40 hex: nothing expands it
+
+
+class WheelPin(Strict):
+    package: str
+    version: PEP440
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]  # --require-hashes
+    # pinned requirement set installed before the wheel (--no-deps)
+    requirements: Annotated[str, _repo_file("requirements file")]
+
+
+class EngineRealization(Strict):
+    source: SourcePin | None = None
+    wheel: WheelPin | None = None
+    patches: list[Annotated[str, _repo_file("patch")]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> EngineRealization:
+        if (self.source is None) == (self.wheel is None):
+            raise ValueError("give exactly one of `source` (git pin) or `wheel`")
+        return self
+
+
+class Engine(Strict):
+    vllm_version: PEP440
+    description: str
+    note: str | None = None
+    realize: dict[Name, EngineRealization] = Field(min_length=1)
+
+
+class HubPin(Strict):
+    """A Hub repository at a commit (`revision`) or a branch that `lock` resolves (`track`)."""
+
+    repository: str | None = None
+    revision: str | None = None
+    track: str | None = None
+    # repository files the image leaves out (fnmatch globs on their paths, e.g.
+    # "original/*": Llama repos carry Meta's consolidated weights beside the safetensors)
+    exclude: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
+        default_factory=list)
+
+    @field_validator("revision")
+    @classmethod
+    def _revision_is_sha(cls, v: str | None) -> str | None:
+        return None if v is None else _check_pin(v, "revision")
+
+    @model_validator(mode="after")
+    def _revision_or_track(self) -> HubPin:
+        if self.repository and (self.revision is None) == (self.track is None):
+            raise ValueError("give exactly one of `revision` (a commit SHA) or `track` (a branch)")
+        if not self.repository and (self.revision or self.track or self.exclude):
+            raise ValueError("`revision`/`track`/`exclude` need a `repository`")
+        return self
+
+
+class Generated(Strict):
+    script: Annotated[str, _repo_file("generator script")]
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)  # numpy's seed range
+
+
+class Model(HubPin):
+    description: str
+    generate: Generated | None = None
+    quantization: str | None = None  # --quantization; must match config quant_method
+    served_names: list[Name] = Field(min_length=1)
+    # --limit-mm-per-prompt; None = text only
+    multimodal: dict[str, Annotated[int, Field(ge=0, le=1024)]] | None = None
+    targets: list[Name] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _hub_or_generated(self) -> Model:
+        if (self.repository is None) == (self.generate is None):
+            raise ValueError("give exactly one of `repository` (a Hub model) or `generate`")
+        return self
+
+
+class Drafter(HubPin):
+    method: SpecMethod
+    description: str
+    num_speculative_tokens: int = Field(ge=1, le=32)
+    options: dict[str, Any] = Field(default_factory=dict)  # extra speculative-config keys
+    targets: list[Name] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _model_when_needed(self) -> Drafter:
+        needs_model = self.method in ("dflash", "eagle", "eagle3")
+        if needs_model and not self.repository:
+            raise ValueError(f"method {self.method} needs a drafter `repository`")
+        if not needs_model and self.repository:
+            raise ValueError(f"method {self.method} uses no drafter model; remove `repository`")
+        return self
+
+
+def _plain() -> list[Method]:
+    return ["none"]
+
+
+class Profile(Strict):
+    """How a server runs: serve flags, environment, what smoke expects. `extends` names a
+    profile whose fields this one starts from (spec/profiles.py resolves it before this
+    schema sees the profile: args and env merged, the child's values win)."""
+
+    description: str
+    extends: Name | None = None
+    target: Name | None = None  # None: usable on every target
+    # speculative methods it serves; `none` is plain serving (the default)
+    methods: list[Method] = Field(default_factory=lambda: _plain(), min_length=1)
+    port: int = Field(default=8000, ge=1, le=65535)
+    args: dict[str, str | int | float | bool | dict[str, Any]] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    acceptance_floor: float | None = Field(default=None, ge=0, le=1)
+    reasoning: bool = True
+    tools: bool = True
+
+    @model_validator(mode="after")
+    def _floor_for_speculation(self) -> Profile:
+        speculative = [m for m in self.methods if m != NO_SPECULATION]
+        if speculative and self.acceptance_floor is None:
+            raise BadValue(f"the profile serves {', '.join(speculative)} but has no "
+                           "acceptance_floor",
+                           "add acceptance_floor: the accepted/draft token ratio smoke must "
+                           "see, e.g. 0.2 (DFlash) or 0.4 (MTP)")
+        return self
+
+
+class Waiver(Strict):
+    rule: str
+    reason: Annotated[str, StringConstraints(min_length=10)]
+
+
+class Include(Strict):
+    engine: Name | None = None
+    model: Name | None = None
+    drafter: Name | None = None
+    profile: Name | None = None
+
+
+class Axes(Strict):
+    engine: list[Name] = Field(min_length=1)
+    model: list[Name] = Field(min_length=1)
+    # `none` serves without speculative decoding; leaving the axis out means [none]
+    drafter: list[Name] = Field(default_factory=lambda: [NO_SPECULATION], min_length=1)
+    profile: list[Name] = Field(min_length=1)
+    include: list[Include] = Field(default_factory=list)
+    exclude: list[Include] = Field(default_factory=list)
+
+
+class ImageFamily(Strict):
+    description: str
+    target: Name
+    name: str = "{family}-{model}-{drafter}"  # image repository name per cell
+    matrix: Axes
+    waivers: list[Waiver] = Field(default_factory=list)
+
+
+class Publish(Strict):
+    registry: RegistryHost
+    namespace: Namespace
+    regression_threshold: float = Field(default=0.05, ge=0, le=1)
+
+
+class Matrix(Strict):
+    schema_version: Literal[1] = Field(alias="schema")
+    publish: Publish
+    targets: dict[Name, Target] = Field(min_length=1)
+    engines: dict[Name, Engine] = Field(min_length=1)
+    models: dict[Name, Model] = Field(min_length=1)
+    drafters: dict[Name, Drafter] = Field(default_factory=dict)  # none: plain serving only
+    profiles: dict[Name, Profile] = Field(min_length=1)
+    images: dict[Name, ImageFamily] = Field(min_length=1)
+
+
+def _bad_value(err: Any) -> BadValue | None:
+    error = (err.get("ctx") or {}).get("error")
+    return error if isinstance(error, BadValue) else None
+
+
+def _string_expected(err: Any) -> bool:
+    """The schema wanted a string here (a Literal of strings counts)."""
+    if err["type"] == "literal_error":
+        return "'" in str((err.get("ctx") or {}).get("expected", ""))
+    return err["type"] in ("string_type", "string_pattern_mismatch", "enum")
+
+
+def _surprise(located: Located, err: Any) -> Any:
+    """The plain scalar YAML read as a non-string where this error sits, if any."""
+    if err["type"] in ("missing", "extra_forbidden"):
+        return None
+    loc = tuple(err["loc"])
+    for cut in range(len(loc), 0, -1):  # union errors add a member name to the path
+        found = located.surprise(loc[:cut])
+        if found is not None:
+            return found
+    return None
+
+
+def _fix_for(err: Any, located: Located) -> str:
+    kind = err["type"]
+    bad = _bad_value(err)
+    if bad is not None:
+        return bad.fix
+    surprise = _surprise(located, err)
+    if surprise is not None and _string_expected(err):
+        return quote_fix(surprise)
+    if kind == "extra_forbidden":
+        return "remove the key or correct its spelling (see the matrix.yaml reference in README)"
+    if kind == "missing":
+        return "add the field"
+    if kind in ("literal_error", "enum"):
+        return "use one of the allowed values"
+    if kind == "string_pattern_mismatch":
+        return "use lowercase letters, digits, '.', '_' or '-' (start with a letter or digit)"
+    if kind.endswith("_type") and surprise is not None and surprise.tag == TAG + "bool":
+        return "write the value itself (YAML turned the word into a boolean)"
+    if kind == "bool_type":
+        return "write true or false, unquoted"
+    if kind in ("int_type", "float_type") and isinstance(err.get("input"), str):
+        return "write the number unquoted"
+    return "correct the value"
+
+
+def _shown_path(err: Any, located: Located) -> str:
+    """The error's path as written in the file (pydantic adds union member names)."""
+    loc = tuple(err["loc"])
+    cut = next((n for n in range(len(loc), 0, -1) if loc[:n] in located.marks), len(loc))
+    if err["type"] in ("missing", "extra_forbidden"):
+        cut = len(loc)
+    return ".".join(str(p) for p in loc[:cut]) or "(top level)"
+
+
+def _describe(err: Any, located: Located) -> str:
+    loc = _shown_path(err, located)
+    bad = _bad_value(err)
+    if bad is not None:
+        return f"{loc}: {bad}"
+    found = err.get("input")
+    surprise = _surprise(located, err)
+    if surprise is not None:
+        return f"{loc}: {err['msg']}, but {explain(surprise)}"
+    shown = ("" if err["type"] == "missing" or isinstance(found, dict)
+             else f"; found {shorten(found)}")
+    return f"{loc}: {err['msg']}{shown}"
+
+
+def validate(located: Located) -> Matrix:
+    try:
+        return Matrix.model_validate(located.data)
+    except ValidationError as exc:
+        # a misspelt key shows up as "extra" plus "missing": lead with the misspelling
+        errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden",
+                                                     e["type"] == "missing"))
+        first = errors[0]
+        loc = tuple(first["loc"])
+        lines = [f"{located.where(tuple(e['loc']))}: {_describe(e, located)}"
+                 for e in errors[1:6]]
+        more = "\n".join(["also:"] + lines) if lines else ""
+        message = _describe(first, located) + (f"\n{more}" if more else "")
+        raise UserError(message, fix=_fix_for(first, located),
+                        where=located.where(loc)) from None
+
+
+def load_matrix(path: Path, display: str | None = None) -> tuple[Matrix, Located]:
+    located = load_located(path, display)
+    if not isinstance(located.data, dict):
+        raise UserError(f"matrix.yaml must be a mapping of sections (schema, publish, "
+                        f"targets, ...), not a {type(located.data).__name__}",
+                        fix="start from the repository's matrix.yaml (README reference)",
+                        where=located.where(()))
+    located = resolve_extends(located)
+    return validate(located), located
+
+
+FULL_SHA_RE = FULL_SHA

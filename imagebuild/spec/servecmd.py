@@ -1,0 +1,80 @@
+"""The resolved serve command and environment of a cell, as data.
+
+The same argv is the image CMD, what preflight rules read, and what release notes print.
+Paths inside the image: the model at /model, a drafter model at /drafter.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from imagebuild.spec.matrix import Cell
+
+MODEL_DIR = "/model"
+DRAFTER_DIR = "/drafter"
+# vLLM runtime caches; persisting /root/.cache/vllm cuts restarts (DOMAIN.md)
+BASE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def speculative_config(cell: Cell) -> dict[str, Any] | None:
+    """--speculative-config of the cell; None when it serves without speculation."""
+    d = cell.drafter
+    if d is None:
+        return None
+    spec: dict[str, Any] = {"method": d.method}
+    if d.repository:
+        spec["model"] = DRAFTER_DIR
+    spec["num_speculative_tokens"] = d.num_speculative_tokens
+    spec.update(d.options)
+    return spec
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    port: int
+    host: str
+
+    def flag(self, name: str) -> str | bool | None:
+        """Value of `--name` (True for a bare flag), None when absent."""
+        key = f"--{name}"
+        for i, arg in enumerate(self.argv):
+            if arg == key:
+                nxt = self.argv[i + 1] if i + 1 < len(self.argv) else None
+                return True if nxt is None or nxt.startswith("--") else nxt
+            if arg.startswith(key + "="):
+                return arg.split("=", 1)[1]
+        return None
+
+
+def serve_command(cell: Cell) -> ServeCommand:
+    model, prof = cell.model, cell.profile
+    argv: list[str] = ["vllm", "serve", MODEL_DIR, "--served-model-name", *model.served_names]
+    if model.quantization:
+        argv += ["--quantization", model.quantization]
+    for key, value in prof.args.items():
+        if value is False:
+            continue
+        argv.append(f"--{key}")
+        if value is not True:
+            argv.append(_compact(value) if isinstance(value, dict) else str(value))
+    if model.multimodal:
+        argv += ["--limit-mm-per-prompt", _compact(model.multimodal)]
+    spec = speculative_config(cell)
+    if spec is not None:
+        argv += ["--speculative-config", _compact(spec)]
+    env = {**BASE_ENV, **prof.env}
+    host = str(prof.args.get("host", "127.0.0.1"))
+    port = int(prof.args.get("port", prof.port))  # type: ignore[arg-type]
+    return ServeCommand(argv=tuple(argv), env=tuple(sorted(env.items())), port=port, host=host)

