@@ -21,9 +21,10 @@ import yaml
 from imagebuild.build.bootstrap import DEFAULT_BASE_REF, ensure_base_image
 from imagebuild.cli import main
 from imagebuild.registry.client import Credentials, RegistryClient
-from imagebuild.release.latest import set_latest
+from imagebuild.release.latest import advance, set_latest
 from imagebuild.release.publish import publish
 from imagebuild.release.records import read_release
+from imagebuild.spec.tags import parse_release_tag
 from tests.e2e.test_publish import PINS, verdict
 from tests.registry_harness import docker_login, running_registry
 
@@ -134,10 +135,12 @@ def test_runner_clean_keeps_by_release_age_and_never_the_cache(
             client = RegistryClient(reg.url, username=reg.user, password=reg.password)
             creds = Credentials(reg.user, reg.password)
             for tag, image_id in zip(R, (s0, s1, s2, s3), strict=True):
-                ref = f"{serve}:{tag}"
-                publish(client, "rctest/cpu-tiny-ngram", local_ref=ref, release_tag=tag,
+                ref, rtag = f"{serve}:{tag}", parse_release_tag(tag)
+                publish(client, "rctest/cpu-tiny-ngram", local_ref=ref, release_tag=rtag,
                         verdict=verdict(image_id, ref), pins=PINS, credentials=creds,
                         log=lambda _: None, settle=0.05)
+                advance(client, "rctest/cpu-tiny-ngram", rtag, log=lambda _: None,
+                        settle=0.05)
             set_latest(client, "rctest/cpu-tiny-ngram", R[2], log=lambda _: None)
             assert read_release(client, "rctest/cpu-tiny-ngram", "latest").annotations[
                 "io.imagebuild.release.tag"] == R[2]
