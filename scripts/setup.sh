@@ -23,6 +23,7 @@ command -v git >/dev/null || need_pkgs+=(git)
 # the unit tests of the cpu engine's CUDA stubs build small libraries
 command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
 command -v readelf >/dev/null || need_pkgs+=(binutils)
+command -v redis-server >/dev/null || need_pkgs+=(redis-server)  # shared compile-cache tests
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   $SUDO apt-get update -qq

@@ -102,6 +102,41 @@ def _capability(value: str | float) -> str:
 ComputeCapability = Annotated[str | float, AfterValidator(_capability)]
 
 
+SIZE = re.compile(r"^[1-9][0-9]*[KMGT]$")  # ccache / sccache size syntax: 40G
+
+
+class SharedCompileCache(Strict):
+    """A compile cache every runner of the target reads and fills (sccache). Endpoints and
+    buckets live here; credentials only reach builds as the BuildKit secret sccache_env
+    (README: compile cache)."""
+
+    backend: Literal["redis", "s3"]
+    endpoint: str | None = None  # redis://host:6379/0 (redis); an S3-compatible URL (s3)
+    bucket: str | None = None  # s3 only
+    region: str | None = None  # s3 only
+    key_prefix: str = "imagebuild"  # one cache can serve several targets or projects
+
+    @model_validator(mode="after")
+    def _complete(self) -> SharedCompileCache:
+        if self.backend == "redis" and not (self.endpoint or "").startswith(
+                ("redis://", "rediss://")):
+            raise ValueError("a redis backend needs `endpoint: redis://host:port[/db]`")
+        if self.backend == "redis" and (self.bucket or self.region):
+            raise ValueError("`bucket`/`region` belong to an s3 backend")
+        if self.backend == "s3" and not self.bucket:
+            raise ValueError("an s3 backend needs `bucket`")
+        if self.endpoint and "@" in self.endpoint.split("://", 1)[-1].split("/", 1)[0]:
+            raise ValueError("credentials do not belong in `endpoint`: pass them as the "
+                             "sccache_env build secret (README: compile cache)")
+        return self
+
+
+class CompileCache(Strict):
+    # cap of the local ccache (no shared backend) or sccache directory, per runner
+    local_max_size: Annotated[str, StringConstraints(pattern=SIZE.pattern)] = "50G"
+    shared: SharedCompileCache | None = None  # None: local ccache only
+
+
 class Target(Strict):
     """A machine class images are built for and served on, described by what it is: the
     rules, the runner, the disk estimate and host detection read these properties, never
@@ -120,7 +155,10 @@ class Target(Strict):
     build_args: dict[str, str] = Field(default_factory=dict)
     max_jobs: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = "auto"
     nvcc_threads: Annotated[int, Field(ge=1, le=64)] | None = None
+    # an extra package index for the engine build's pip, beside the runner's own pip
+    # configuration (which the build receives as the pip_conf secret)
     torch_index: str | None = None
+    compile_cache: CompileCache = Field(default_factory=CompileCache)
     expect_cuda_arch: str | None = None
     runner: list[str] | None = Field(default=None, min_length=1)  # None: from the properties
     smoke_concurrency: list[Concurrency] = Field(min_length=1)
@@ -154,7 +192,7 @@ class Target(Strict):
                     + (f" (missing: {', '.join(missing)})" if missing else ""),
                     "add " + ", ".join(missing or ["accelerator: cuda"]) + "; runtime_image "
                     "is the slim image the engine is installed into, e.g. "
-                    "nvcr.io/nvidia/cuda:13.0.1-runtime-ubuntu24.04")
+                    "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04")
             assert self.expect_cuda_arch is not None and self.compute_capability is not None
             _arch_matches(self.expect_cuda_arch, str(self.compute_capability))
         if self.engine_from == "wheel":
@@ -170,8 +208,9 @@ class Target(Strict):
 
 
 # What a source build renders from (images/engine/Dockerfile.j2): without them the engine
-# would say `FROM None AS runtime` or install from index None.
-SOURCE_NEEDS = ("runtime_image", "expect_cuda_arch", "torch_index")
+# would say `FROM None AS runtime`. No index: torch for CUDA 13.0 is on the default index
+# for linux/arm64, and package indexes come from the runner's pip configuration.
+SOURCE_NEEDS = ("runtime_image", "expect_cuda_arch")
 CUDA_ARCH = re.compile(r"^sm_(\d{1,2})(\d)[af]?$")
 
 

@@ -101,7 +101,7 @@ def test_traits_of_the_targets() -> None:
 # --- each kind of target has what it needs ----------------------------------------------
 
 @pytest.mark.parametrize(("old", "new", "message"), [
-    ("    runtime_image: nvcr.io/nvidia/cuda:13.0.1-runtime-ubuntu24.04\n", "",
+    ("    runtime_image: nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04\n", "",
      "missing: runtime_image"),
     ("    expect_cuda_arch: sm_121a\n", "", "missing: expect_cuda_arch"),
     ('    compute_capability: "12.1"\n', "", "a cuda target needs compute_capability"),
