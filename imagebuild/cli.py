@@ -111,6 +111,16 @@ def parser() -> argparse.ArgumentParser:
                    help="also write one issue body (.md) and title (.title) per moved pin")
     w.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="only this model or drafter (repeatable)")
+    p = sub.add_parser("rehearse", help="GB10 rehearsal on this machine (nvcc 13): vLLM's arch "
+                                        "selection, sm_121a compiles through the arch gate, "
+                                        "the package version, the runtime self-check")
+    p.add_argument("--matrix", type=Path, default=None)
+    p.add_argument("--target", default="gb10", help="a target built from source (default gb10)")
+    p.add_argument("--engine", default=None,
+                   help="engine patch set (default: the first built from source for it)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="scratch dir (default: build/rehearse/TARGET)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel compiles (default 2)")
     p = sub.add_parser("lock", help="resolve every pin into matrix.lock.json")
     p.add_argument("--matrix", type=Path, default=None)
     p.add_argument("--update", action="append", default=[], metavar="NAME",
@@ -433,6 +443,12 @@ def cmd_notes(args: argparse.Namespace) -> int:
     return run(args, context=_context)
 
 
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    from .rehearse.run import main as run
+
+    return run(args)
+
+
 def cmd_pins(args: argparse.Namespace) -> int:
     from .pinwatch import cmd_pins as run
 
@@ -443,7 +459,8 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "check": cmd_check, "smoke": cmd_smoke, "release": cmd_release,
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
-            "notes": cmd_notes, "pins": cmd_pins, "bench": cmd_bench}
+            "notes": cmd_notes, "pins": cmd_pins, "bench": cmd_bench,
+            "rehearse": cmd_rehearse}
 
 
 def main(argv: list[str] | None = None) -> int:
