@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .build import hygiene
+from .build.hygiene import PARENT_LABEL, base_repo, engine_repo
 from .buildjobs import choose_parallelism, host_resources
 from .errors import OperationFailed, UserError
 from .lock import generate_model, sha256_file
@@ -32,7 +34,7 @@ INPUTS_LABEL = "io.imagebuild.inputs"
 # Build avoidance looks images up by this tag, never by the label: an image built FROM a
 # serve image (a user's own layer, a test's derived image) inherits every label, and was
 # once taken for the image it was derived from. Tags are not inherited.
-INPUTS_REPO = "imagebuild/inputs"
+INPUTS_REPO = hygiene.INPUTS_REPO  # "imagebuild/inputs"
 # what the expensive steps (before the patch series) depend on; see prefix_digest
 PREFIX_LABEL = "io.imagebuild.prefix"
 DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
@@ -43,7 +45,16 @@ GiB = 2**30
 # the unpacked copies in between; once its pip layers exist, a patch change writes < 1 GB.
 # A gb10 engine compiles after the patches, so a warm build still needs its build tree.
 DISK_NEED = {("cpu", "engine"): (15 * GiB, 2 * GiB), ("gb10", "engine"): (60 * GiB, 30 * GiB)}
-DISK_NEED_OTHER = 2 * GiB  # base (imported rootfs) and serve (tiny model or manifests)
+DISK_NEED_OTHER = 2 * GiB  # base (imported rootfs); serve on top of its weights
+# A serve build writes its weights into BuildKit's snapshots and, where the builder is
+# not the engine's own (buildx --load), once more as the loaded image: twice the locked
+# bytes, plus the headroom above.
+WEIGHT_COPIES = 2
+CLEAN_FIX = ("free disk with `python build.py runner-clean --keep N`: it removes the images of "
+             "older releases and keeps BuildKit's cache mounts (ccache, sccache, pip), which "
+             "any system-wide prune would wipe")
+SECRET_ENV = ("SCCACHE_REDIS_USERNAME", "SCCACHE_REDIS_PASSWORD", "AWS_ACCESS_KEY_ID",
+              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 STEP = re.compile(r"^#(\d+) \[(?:[\w.-]+ )?\s*\d+/\d+\] (?!FROM )")  # FROM is no step
 CACHED = re.compile(r"^#(\d+) CACHED")
 DONE = re.compile(r"^#(\d+) DONE")
@@ -95,9 +106,30 @@ def preflight_engine() -> tuple[str, str]:
             data.get("DockerRootDir", "/var/lib/docker"))
 
 
-def disk_need(target: str, kind: str, prefix_cached: bool) -> int:
+def disk_need(target: str, kind: str, prefix_cached: bool, weight_bytes: int = 0) -> int:
+    """Free bytes a build needs; a serve build adds its weights (weight_bytes, from the
+    sizes the lock records for its model and drafter files)."""
     cold, warm = DISK_NEED.get((target, kind), (DISK_NEED_OTHER, DISK_NEED_OTHER))
-    return warm if prefix_cached else cold
+    return (warm if prefix_cached else cold) + WEIGHT_COPIES * weight_bytes
+
+
+def locked_weight_bytes(entries: Iterable[dict | None]) -> int:
+    """Total size of every file the lock lists for these model/drafter entries."""
+    return sum(int(f.get("size") or 0) for e in entries if e for f in (e.get("files") or []))
+
+
+def sccache_secret(environ: dict[str, str] | None = None) -> bytes:
+    """Shared compile-cache credentials from this runner's environment, as KEY=VALUE lines
+    (the sccache_env BuildKit secret): IMAGEBUILD_SCCACHE_ENV_FILE, else SECRET_ENV."""
+    env = os.environ if environ is None else environ
+    path = env.get("IMAGEBUILD_SCCACHE_ENV_FILE")
+    if path:
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise UserError(f"IMAGEBUILD_SCCACHE_ENV_FILE={path}: {exc.strerror}",
+                            fix="point it at a file of SCCACHE_*/AWS_* KEY=VALUE lines") from None
+    return "".join(f"{k}={env[k]}\n" for k in SECRET_ENV if env.get(k)).encode()
 
 
 def check_disk(root: str, need: int, what: str) -> None:
@@ -108,8 +140,7 @@ def check_disk(root: str, need: int, what: str) -> None:
         free = shutil.disk_usage("/").free
     if free < need:
         raise OperationFailed(f"only {free / GiB:.1f} GiB free under {root}; {what} "
-                              f"needs about {need / GiB:.0f} GiB",
-                              fix="free disk space (`docker system prune`) and re-run")
+                              f"needs about {need / GiB:.0f} GiB", fix=CLEAN_FIX)
 
 
 def prefix_digest(rendered: Rendered, context: Path, parent: str | None) -> str | None:
@@ -226,7 +257,32 @@ class Builder:
     # -- one docker build ---------------------------------------------------------------
     def _build(self, kind: str, rendered: Rendered, ctx: Path, ref: str,
                build_args: dict[str, str], parent: str | None, lock_entries: list,
-               cell: str | None = None) -> BuildRecord:
+               cell: str | None = None, parent_image: str | None = None) -> BuildRecord:
+        record = self._build_one(kind, rendered, ctx, ref, build_args, parent, lock_entries,
+                                 cell, parent_image)
+        # an image whose names are all gone (a ref tag moved to a newer build, a user's
+        # rmi) is not kept alive by its inputs tag alone
+        for line in hygiene.drop_orphan_inputs_tags():
+            self.log(f"[{kind}] {line}")
+        return record
+
+    def _secrets(self, kind: str) -> dict[str, bytes]:
+        secrets = {"ca_bundle": Path(self.ca_bundle).read_bytes() if self.ca_bundle else b"",
+                   "hf_token": (self.hf_token or "").encode(), "pip_conf": b"",
+                   "sccache_env": b""}
+        target = self.lm.matrix.targets.get(self._target)
+        if kind == "engine" and target is not None and target.engine_from == "source":
+            from .build.pipconfig import pip_indexes
+
+            # the runner's package indexes (and any credentials in their URLs) as a secret
+            secrets["pip_conf"] = pip_indexes().pip_conf().encode()
+            if target.compile_cache.shared:
+                secrets["sccache_env"] = sccache_secret()
+        return secrets
+
+    def _build_one(self, kind: str, rendered: Rendered, ctx: Path, ref: str,
+                   build_args: dict[str, str], parent: str | None, lock_entries: list,
+                   cell: str | None = None, parent_image: str | None = None) -> BuildRecord:
         digest = inputs_digest(rendered, ctx, build_args, parent, lock_entries)
         # base/engine refs are named after their inputs: a child's FROM names an immutable,
         # local tag (an image id in FROM would be read as an image named "sha256")
@@ -244,9 +300,11 @@ class Builder:
         prefix = prefix_digest(rendered, ctx, parent)
         # (a derived image inheriting this label holds the same layers: fine here)
         warm = prefix is not None and _find_by_label(PREFIX_LABEL, prefix) is not None
-        check_disk(self.data_root, disk_need(self._target, kind, warm),
+        weights = locked_weight_bytes(lock_entries) if kind == "serve" else 0
+        check_disk(self.data_root, disk_need(self._target, kind, warm, weights),
                    f"the {self._target} {kind} build of {ref}"
-                   + (" (expensive steps cached)" if warm else ""))
+                   + (" (expensive steps cached)" if warm else "")
+                   + (f" ({weights / 1e9:.1f} GB of locked weights)" if weights else ""))
         with tempfile.TemporaryDirectory(prefix="imagebuild-secrets-") as tmp:
             iid = Path(tmp) / "iid"
             cmd = ([DOCKER, "buildx", "build", "--load"] if self.flavour == "buildx"
@@ -256,12 +314,12 @@ class Builder:
                     "--label", f"{INPUTS_LABEL}={digest}"]
             if prefix:
                 cmd += ["--label", f"{PREFIX_LABEL}={prefix}"]
+            if parent_image:  # lineage for runner-clean (a gb10 engine's layers are not
+                # its base's: its last stage starts FROM the runtime image)
+                cmd += ["--label", f"{PARENT_LABEL}={parent_image}"]
             for key, value in sorted(build_args.items()):
                 cmd += ["--build-arg", f"{key}={value}"]
-            secrets = {"ca_bundle": (Path(self.ca_bundle).read_bytes() if self.ca_bundle
-                                     else b""),
-                       "hf_token": (self.hf_token or "").encode()}
-            for sid, content in secrets.items():
+            for sid, content in self._secrets(kind).items():
                 src = Path(tmp) / sid
                 src.write_bytes(content)
                 src.chmod(0o600)
@@ -323,13 +381,13 @@ class Builder:
             base_id = _docker("image", "inspect", "--format", "{{.Id}}", t.base_image,
                               check=False).stdout.strip()
             self._done[base_key] = self._build(
-                "base", rendered, ctx, f"imagebuild/base-{cell.target_name}:{{inputs}}", {},
+                "base", rendered, ctx, f"{base_repo(cell.target_name)}:{{inputs}}", {},
                 base_id, [self.lock.entry("bases", cell.target_name)])
             records.append(self._done[base_key])
         base = self._done[base_key]
         engine_key = f"engine/{cell.target_name}/{cell.engine_name}"
         if engine_key not in self._done:
-            rendered = render_engine(self.lm, cell.target_name, cell.engine_name)
+            rendered = render_engine(self.lm, cell.target_name, cell.engine_name, self.lock)
             ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-engine")
             args = {"BASE_IMAGE": base.ref}
             if cell.realization.source:
@@ -338,9 +396,10 @@ class Builder:
                 args["NVCC_THREADS"] = str(t.nvcc_threads or threads)
             self._done[engine_key] = self._build(
                 "engine", rendered, ctx,
-                f"imagebuild/engine-{cell.target_name}-{cell.engine_name}:{{inputs}}", args,
+                f"{engine_repo(cell.target_name, cell.engine_name)}:{{inputs}}", args,
                 base.inputs_digest,
-                [(self.lock.entry("engines", cell.engine_name) or {}).get(cell.target_name)])
+                [(self.lock.entry("engines", cell.engine_name) or {}).get(cell.target_name)],
+                parent_image=base.image_id)
             records.append(self._done[engine_key])
         engine = self._done[engine_key]
         rendered = render_serve(self.lm, cell, self.lock)
@@ -350,7 +409,8 @@ class Builder:
             "serve", rendered, ctx, local_ref, {"ENGINE_IMAGE": engine.ref},
             engine.inputs_digest,
             [self.lock.entry("models", cell.model_name),
-             self.lock.entry("drafters", cell.drafter_name)], cell=cell.id)
+             self.lock.entry("drafters", cell.drafter_name)], cell=cell.id,
+            parent_image=engine.image_id)
         serve.layers = layer_sizes(serve.image_id)
         records.append(serve)
         self.records.extend(records)

@@ -121,6 +121,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=None,
                    help="scratch dir (default: build/rehearse/TARGET)")
     p.add_argument("--jobs", type=int, default=2, help="parallel compiles (default 2)")
+    p = sub.add_parser("runner-clean", help="free this runner's disk by release age: keep the "
+                                            "newest N releases, latest and its rollback "
+                                            "target (with the images they are built from); "
+                                            "never BuildKit's cache mounts")
+    p.add_argument("--matrix", type=Path, default=None)
+    p.add_argument("--keep", type=int, required=True, help="newest N local releases to keep")
+    p.add_argument("--dry-run", action="store_true", help="say what would go")
     p = sub.add_parser("lock", help="resolve every pin into matrix.lock.json")
     p.add_argument("--matrix", type=Path, default=None)
     p.add_argument("--update", action="append", default=[], metavar="NAME",
@@ -280,6 +287,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
     print(f"wrote {path.name} ({len(dumps(data))} bytes)")
     if unresolved:
         print(f"unresolved (cells using them refuse to build): {', '.join(unresolved)}")
+        for name, e in data["bases"].items():
+            if e.get("status") != "resolved":
+                print(f"  bases/{name}: {e['fix']}")
     return 0
 
 
@@ -437,6 +447,32 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runner_clean(args: argparse.Namespace) -> int:
+    from . import matrix as mx
+    from .build.hygiene import (
+        base_repo,
+        docker_client,
+        engine_repo,
+        protected_releases,
+        runner_clean,
+    )
+    from .release import split_repository
+
+    if args.keep < 1:
+        raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
+    lm = mx.load(args.matrix.resolve() if args.matrix else None)
+    reg, client = _client(lm)
+    cells = mx.expand(lm)
+    serve = {reg.repo(c.image): split_repository(reg.repo(c.image))[1] for c in cells}
+    chain = {base_repo(t) for t in lm.matrix.targets} | {
+        engine_repo(c.target_name, c.engine_name) for c in cells}
+    # latest and its rollback target come from the registry: never guessed
+    protected = protected_releases(client, sorted(set(serve.values())))
+    runner_clean(docker_client(), serve_repos=serve, chain_repos=chain, keep=args.keep,
+                 protected=protected, dry_run=args.dry_run)
+    return 0
+
+
 def cmd_notes(args: argparse.Namespace) -> int:
     from .notes import cmd_notes as run
 
@@ -460,7 +496,7 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
             "notes": cmd_notes, "pins": cmd_pins, "bench": cmd_bench,
-            "rehearse": cmd_rehearse}
+            "rehearse": cmd_rehearse, "runner-clean": cmd_runner_clean}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,6 +54,41 @@ class BenchSettings(Strict):
     regression_threshold: float | None = Field(default=None, ge=0, le=1)
 
 
+SIZE = re.compile(r"^[1-9][0-9]*[KMGT]$")  # ccache / sccache size syntax: 40G
+
+
+class SharedCompileCache(Strict):
+    """A compile cache every runner of the target reads and fills (sccache). Endpoints and
+    buckets live here; credentials only reach builds as the BuildKit secret sccache_env
+    (README: compile cache)."""
+
+    backend: Literal["redis", "s3"]
+    endpoint: str | None = None  # redis://host:6379/0 (redis); an S3-compatible URL (s3)
+    bucket: str | None = None  # s3 only
+    region: str | None = None  # s3 only
+    key_prefix: str = "imagebuild"  # one cache can serve several targets or projects
+
+    @model_validator(mode="after")
+    def _complete(self) -> SharedCompileCache:
+        if self.backend == "redis" and not (self.endpoint or "").startswith(
+                ("redis://", "rediss://")):
+            raise ValueError("a redis backend needs `endpoint: redis://host:port[/db]`")
+        if self.backend == "redis" and (self.bucket or self.region):
+            raise ValueError("`bucket`/`region` belong to an s3 backend")
+        if self.backend == "s3" and not self.bucket:
+            raise ValueError("an s3 backend needs `bucket`")
+        if self.endpoint and "@" in self.endpoint.split("://", 1)[-1].split("/", 1)[0]:
+            raise ValueError("credentials do not belong in `endpoint`: pass them as the "
+                             "sccache_env build secret (README: compile cache)")
+        return self
+
+
+class CompileCache(Strict):
+    # cap of the local ccache (no shared backend) or sccache directory, per runner
+    local_max_size: Annotated[str, StringConstraints(pattern=SIZE.pattern)] = "50G"
+    shared: SharedCompileCache | None = None  # None: local ccache only
+
+
 class Target(Strict):
     platform: Literal["linux/arm64", "linux/amd64"]
     description: str
@@ -64,7 +99,10 @@ class Target(Strict):
     build_args: dict[str, str] = Field(default_factory=dict)
     max_jobs: int | Literal["auto"] = "auto"
     nvcc_threads: int | None = None
+    # an extra package index for the engine build's pip, beside the runner's own pip
+    # configuration (which the build receives as the pip_conf secret)
     torch_index: str | None = None
+    compile_cache: CompileCache = Field(default_factory=CompileCache)
     expect_cuda_arch: str | None = None
     runner: list[str] = Field(min_length=1)
     gpu: bool = False
@@ -75,8 +113,8 @@ class Target(Strict):
 
     @model_validator(mode="after")
     def _source_needs_toolchain(self) -> Target:
-        if self.engine_from == "source" and not (self.torch_index and self.expect_cuda_arch):
-            raise ValueError("a source-built target needs torch_index and expect_cuda_arch")
+        if self.engine_from == "source" and not (self.runtime_image and self.expect_cuda_arch):
+            raise ValueError("a source-built target needs runtime_image and expect_cuda_arch")
         if self.engine_from == "wheel" and self.expect_cuda_arch:
             raise ValueError("expect_cuda_arch only applies to source-built (CUDA) targets")
         return self

@@ -117,23 +117,62 @@ def _engine_entry(lm: LoadedMatrix, ename: str) -> dict[str, Any]:
     return out
 
 
-def _base_entry(lm: LoadedMatrix, tname: str, previous: dict | None) -> dict[str, Any]:
+def _base_entry(lm: LoadedMatrix, tname: str, previous: dict | None,
+                resolve: Callable[[str], str] | None = None) -> dict[str, Any]:
+    """The images a target's Dockerfiles start FROM, pinned by digest: the base and, for
+    source builds, the runtime stage's image. Digests are kept from the previous lock
+    while the image names agree, and looked up (`resolve`) only when asked to
+    (`lock --update TARGET`), so a plain `lock` never needs the image registry."""
     target = lm.matrix.targets[tname]
     if target.bootstrap:
         return {"image": target.base_image, "bootstrap": dict(sorted(target.bootstrap.items())),
                 "status": "resolved", "digest": None}
-    if previous and previous.get("image") == target.base_image and previous.get("digest"):
-        return previous
-    return {"image": target.base_image, "runtime_image": target.runtime_image, "digest": None,
-            "status": "unresolved",
-            "fix": f"record the digest of {target.base_image} where its registry is reachable "
-                   f"(`python build.py lock --update {tname}`)"}
+    prev = previous or {}
+    entry: dict[str, Any] = {"image": target.base_image, "digest": None}
+    if prev.get("image") == target.base_image:
+        entry["digest"] = prev.get("digest")
+    if target.runtime_image:
+        entry["runtime_image"] = target.runtime_image
+        entry["runtime_digest"] = (prev.get("runtime_digest")
+                                   if prev.get("runtime_image") == target.runtime_image else None)
+    if resolve is not None:
+        entry["digest"] = resolve(target.base_image)
+        if target.runtime_image:
+            entry["runtime_digest"] = resolve(target.runtime_image)
+    missing = [entry[k] for k, d in (("image", "digest"), ("runtime_image", "runtime_digest"))
+               if k in entry and not entry[d]]
+    entry["status"] = "unresolved" if missing else "resolved"
+    if missing:
+        entry["fix"] = (f"record the digest of {' and '.join(missing)}: `python build.py lock "
+                        f"--update {tname}` on a machine whose Docker engine can reach that "
+                        "registry (a GB10 runner), then commit the lock")
+    return entry
+
+
+def resolve_image_digest(ref: str) -> str:
+    """The digest `ref` has in its registry now (for a multi-platform image, that of its
+    index), asked through the local Docker engine, which uses its own registry
+    credentials, mirrors and proxy."""
+    import docker
+
+    try:
+        api = docker.APIClient(version="auto")
+        digest = api.inspect_distribution(ref)["Descriptor"]["digest"]
+    except docker.errors.DockerException as exc:
+        raise OperationFailed(f"cannot look up the digest of {ref}: {exc}",
+                              fix="run `build.py lock --update TARGET` where the Docker engine "
+                                  "can reach that registry (`docker pull` works)") from None
+    if not str(digest).startswith("sha256:"):
+        raise OperationFailed(f"the registry answered no digest for {ref}")
+    return str(digest)
 
 
 def build_lock(lm: LoadedMatrix, client: Any, *, update: set[str] | None = None,
-               log: Callable[[str], None] = print) -> dict[str, Any]:
+               log: Callable[[str], None] = print,
+               resolve_image: Callable[[str], str] = resolve_image_digest) -> dict[str, Any]:
     """Every pin of matrix.yaml; entries already locked and agreeing are kept unless named
-    in `update` (so a tracked branch only moves when asked to)."""
+    in `update` (so a tracked branch only moves, and an image digest is only looked up,
+    when asked to)."""
     previous = read_lock(lm.root)
     update = update or set()
     known = set(lm.matrix.models) | set(lm.matrix.drafters) | set(lm.matrix.targets)
@@ -159,8 +198,13 @@ def build_lock(lm: LoadedMatrix, client: Any, *, update: set[str] | None = None,
     for ename in lm.matrix.engines:
         data["engines"][ename] = _engine_entry(lm, ename)
     for tname in lm.matrix.targets:
-        old = previous.entry("bases", tname) if previous and tname not in update else None
-        data["bases"][tname] = _base_entry(lm, tname, old)
+        old = previous.entry("bases", tname) if previous else None
+        data["bases"][tname] = entry = _base_entry(
+            lm, tname, old, resolve_image if tname in update else None)
+        if tname in update and entry.get("digest"):
+            log(f"  {tname}: {entry['image']}@{entry['digest']}"
+                + (f", runtime {entry['runtime_image']}@{entry['runtime_digest']}"
+                   if entry.get("runtime_image") else ""))
     return data
 
 
@@ -224,6 +268,22 @@ def verify_cells(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
             raise UserError(f"cell {cell.id}: engine source is unresolved in {LOCK_NAME}",
                             fix=eng.get("fix", "run `python build.py lock`"))
         base = lock.entry("bases", cell.target_name) or {}
+        target = cell.target
+        stale = base and not target.bootstrap and (
+            base.get("image") != target.base_image
+            or base.get("runtime_image") != target.runtime_image)
+        if stale:
+            raise UserError(f"cell {cell.id}: {LOCK_NAME} pins other images for target "
+                            f"{cell.target_name} than matrix.yaml names",
+                            fix=f"run `python build.py lock --update {cell.target_name}`",
+                            where=lm.located.where(("targets", cell.target_name, "base_image")))
         if base.get("status") != "resolved" and not allow_unresolved:
-            raise UserError(f"cell {cell.id}: base image {base.get('image')} has no digest in "
-                            f"{LOCK_NAME}", fix=base.get("fix", "run `python build.py lock`"))
+            unpinned = [image for image, digest in (
+                (target.base_image, base.get("digest")),
+                (target.runtime_image, base.get("runtime_digest"))) if image and not digest]
+            raise UserError(
+                f"cell {cell.id}: a release builds only FROM images pinned by digest; "
+                f"{' and '.join(unpinned) or 'the base image'} of target {cell.target_name} "
+                f"{'has' if len(unpinned) < 2 else 'have'} no digest in {LOCK_NAME}",
+                fix=base.get("fix", f"run `python build.py lock --update {cell.target_name}`"),
+                where=lm.located.where(("targets", cell.target_name, "base_image")))

@@ -18,7 +18,7 @@ from typing import Any
 import jinja2
 
 from . import REPO_ROOT
-from .config import EngineRealization
+from .config import CompileCache, EngineRealization
 from .errors import UserError
 from .lockfile import Lock
 from .matrix import Cell, LoadedMatrix
@@ -29,6 +29,19 @@ LABEL_NS = "io.imagebuild"
 # tool, not to a matrix, so they come from the repository even for a matrix elsewhere.
 TOOL_FILES = REPO_ROOT / "images"
 MAX_LAYER_BYTES = 10 * 10**9  # no layer over 10 GB: weight shards are grouped under this
+# vLLM source paths the gb10 engine recipe uses, by role (vLLM 0.23.0's own
+# docker/Dockerfile uses the same files); checked in the build right after the patch
+# series and, in CI, against the pinned sdist (tests/conformance).
+VLLM_PATHS = {
+    "build_requirements": "requirements/build/cuda.txt",
+    "common_requirements": "requirements/common.txt",
+    "cuda_requirements": "requirements/cuda.txt",
+    "cmake": "CMakeLists.txt",
+    "pyproject": "pyproject.toml",
+    "setup": "setup.py",
+}
+# The user serve images run as (a numeric USER: no name lookup at run time).
+SERVE_USER = {"uid": 1000, "name": "vllm", "home": "/home/vllm"}
 TEMPLATES = {
     "base": "Dockerfile.base",
     "engine": "images/engine/Dockerfile.j2",
@@ -141,12 +154,37 @@ def render_base(lm: LoadedMatrix, target_name: str, lock: Lock | None) -> Render
     target = lm.matrix.targets[target_name]
     digest = (lock.entry("bases", target_name) or {}).get("digest") if lock else None
     ctx = {"header": _header(TEMPLATES["base"]), "target_name": target_name, "target": target,
-           "base_ref": f"{target.base_image}@{digest}" if digest else target.base_image}
+           "base_ref": pinned_ref(target.base_image, digest)}
     text = _env().get_template(TEMPLATES["base"]).render(**ctx)
     return Rendered("base", f"{target_name}/base.Dockerfile", text, ())
 
 
-def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str) -> Rendered:
+def pinned_ref(image: str, digest: str | None) -> str:
+    """`image@digest` when the lock has the digest (FROM then ignores the tag's moves)."""
+    return f"{image}@{digest}" if digest else image
+
+
+def sccache_settings(cache: CompileCache) -> list[tuple[str, str]]:
+    """sccache's environment for the shared backend: endpoints only, never credentials."""
+    shared = cache.shared
+    if shared is None:
+        return []
+    if shared.backend == "redis":
+        assert shared.endpoint
+        return [("SCCACHE_REDIS_ENDPOINT", shared.endpoint),
+                ("SCCACHE_REDIS_KEY_PREFIX", shared.key_prefix)]
+    env = [("SCCACHE_BUCKET", shared.bucket or ""), ("SCCACHE_S3_KEY_PREFIX", shared.key_prefix)]
+    if shared.endpoint:
+        env += [("SCCACHE_ENDPOINT", shared.endpoint),
+                ("SCCACHE_S3_USE_SSL", "false" if shared.endpoint.startswith("http://")
+                 else "true")]
+    if shared.region:
+        env.append(("SCCACHE_REGION", shared.region))
+    return env
+
+
+def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str,
+                  lock: Lock | None = None) -> Rendered:
     target = lm.matrix.targets[target_name]
     engine = lm.matrix.engines[engine_name]
     real = engine.realize[target_name]
@@ -158,11 +196,25 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str) -> Rende
     if target.expect_cuda_arch:
         files.append(("files/check-cuda-arch.py",
                       str(TOOL_FILES / "engine/files/check-cuda-arch.py")))
+    if real.source:
+        for name in ("fetch-vllm-source.sh", "check-source-tree.sh", "build-vllm-wheel.sh",
+                     "check-vllm-version.py", "runtime-selfcheck.py"):
+            files.append((f"files/{name}", str(TOOL_FILES / "engine/files" / name)))
+        files.append(("files/ensure-serve-user.sh",
+                      str(TOOL_FILES / "serve/files/ensure-serve-user.sh")))
+        if target.compile_cache.shared:
+            files.append(("files/requirements-sccache.txt",
+                          str(TOOL_FILES / "engine/files/requirements-sccache.txt")))
+    base = (lock.entry("bases", target_name) or {}) if lock else {}
     ctx = {
         "header": _header(TEMPLATES["engine"]), "target_name": target_name, "target": target,
         "engine_name": engine_name, "engine": engine, "real": real,
         "build_args": sorted(target.build_args.items()),
         "patches": [f"patches/{p}" for p in real.patches],
+        "runtime_ref": pinned_ref(target.runtime_image or "", base.get("runtime_digest")),
+        "source_paths": sorted(VLLM_PATHS.values()), "source_paths_by_role": VLLM_PATHS,
+        "cache": target.compile_cache, "sccache_env": sccache_settings(target.compile_cache),
+        "serve_user": SERVE_USER,
         "labels": sorted({
             f"{LABEL_NS}.engine": engine_name,
             f"{LABEL_NS}.vllm.version": engine.vllm_version,
@@ -201,7 +253,7 @@ def serve_labels(cell: Cell, lm: LoadedMatrix, model: dict, drafter: dict | None
 
 
 def render_serve(lm: LoadedMatrix, cell: Cell, lock: Lock | None) -> Rendered:
-    files: list[tuple[str, str]] = []
+    files = [("files/ensure-serve-user.sh", str(TOOL_FILES / "serve/files/ensure-serve-user.sh"))]
     if cell.model.generate:
         model = {"kind": "generated", "script": cell.model.generate.script,
                  "seed": cell.model.generate.seed, "dest": MODEL_DIR}
@@ -216,7 +268,7 @@ def render_serve(lm: LoadedMatrix, cell: Cell, lock: Lock | None) -> Rendered:
     ctx = {
         "header": _header(TEMPLATES["serve"]), "cell": cell, "target": cell.target,
         "model": model, "drafter": drafter, "argv": list(cmd.argv), "env": list(cmd.env),
-        "port": cmd.port, "host": cmd.host,
+        "port": cmd.port, "host": cmd.host, "serve_user": SERVE_USER,
         "labels": serve_labels(cell, lm, model, drafter),
     }
     text = _env().get_template(TEMPLATES["serve"]).render(**ctx)
@@ -231,7 +283,7 @@ def render_all(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None
     for target_name in sorted({c.target_name for c in cells}):
         out.append(render_base(lm, target_name, lock))
     for target_name, engine_name in sorted({(c.target_name, c.engine_name) for c in cells}):
-        out.append(render_engine(lm, target_name, engine_name))
+        out.append(render_engine(lm, target_name, engine_name, lock))
     for cell in cells:
         try:
             out.append(render_serve(lm, cell, lock))

@@ -69,7 +69,10 @@ def _patched_copy(tree: Path, patch: Path, dest: Path) -> Path:
 
 @pytest.mark.slow
 def test_recorded_sdist_pin_matches_the_index() -> None:
-    assert resolve_sdist("0.23.0") == RECORDED["0.23.0"]
+    found, pinned = resolve_sdist("0.23.0"), RECORDED["0.23.0"]  # the index pip is set up with
+    assert (found.filename, found.sha256, found.size) == (
+        pinned.filename, pinned.sha256, pinned.size)
+    assert found.url and found.url.endswith(pinned.filename)
 
 
 @pytest.mark.slow

@@ -3,8 +3,10 @@
 
 Runs inside `docker build` (stdlib only). The manifest is written by build.py from
 matrix.lock.json: repository, the full commit SHA, and every file's size and LFS sha256
-(or git blob id). The HF token arrives as a BuildKit secret, never as an arg or layer.
-Usage: fetch-hub-files.py --manifest M.json --dest /model FILE...
+(or git blob id). The HF token arrives as a BuildKit secret, never as an arg or layer,
+and goes only to the Hub endpoint's own origin (scheme, host, port): the Hub redirects
+weight files to a CDN on another host, which must never see it.
+Usage: fetch-hub-files.py --manifest M.json --dest /model [--token-file F] FILE...
 """
 
 from __future__ import annotations
@@ -23,22 +25,44 @@ TOKEN_FILE = "/run/secrets/hf_token"
 CHUNK = 8 * 2**20
 
 
-def _token() -> str | None:
+def _token(path: str = TOKEN_FILE) -> str | None:
     try:
-        with open(TOKEN_FILE) as fh:
+        with open(path) as fh:
             return fh.read().strip() or None
     except OSError:
         return None
 
 
+def origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or default
+
+
+class OriginAuth(urllib.request.HTTPRedirectHandler):
+    """Carry the token across redirects within its origin only. urllib copies headers
+    set with add_header to every redirect target, so the token is an unredirected header
+    and is put back here only when the target has the same scheme, host and port."""
+
+    def __init__(self, token: str | None, allowed: tuple[str, str, int | None]):
+        self.token, self.allowed = token, allowed
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: N802 (urllib's)
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and self.token and origin(new.full_url) == self.allowed:
+            new.add_unredirected_header("Authorization", f"Bearer {self.token}")
+        return new
+
+
 def _fetch(url: str, part: str, token: str | None, entry: dict) -> None:
     req = urllib.request.Request(url)
     if token:
-        req.add_header("Authorization", f"Bearer {token}")
+        req.add_unredirected_header("Authorization", f"Bearer {token}")
+    opener = urllib.request.build_opener(OriginAuth(token, origin(url)))
     sha256, blob = hashlib.sha256(), hashlib.sha1()
     blob.update(f"blob {entry['size']}\0".encode())
     size = 0
-    with urllib.request.urlopen(req, timeout=60) as resp, open(part, "wb") as out:
+    with opener.open(req, timeout=60) as resp, open(part, "wb") as out:
         while chunk := resp.read(CHUNK):
             out.write(chunk)
             sha256.update(chunk)
@@ -57,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--manifest", required=True)
     ap.add_argument("--dest", required=True)
+    ap.add_argument("--token-file", default=TOKEN_FILE,
+                    help=f"the Hub token (default: the BuildKit secret {TOKEN_FILE})")
     ap.add_argument("files", nargs="+")
     args = ap.parse_args(argv)
     with open(args.manifest) as fh:
@@ -64,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     repo, rev = manifest["repository"], manifest["revision"]
     listed = {f["path"]: f for f in manifest["files"]}
-    token = _token()
+    token = _token(args.token_file)
     for name in args.files:
         entry = listed.get(name)
         if entry is None:

@@ -4,58 +4,121 @@
 # vLLM 0.23.0 engine, patch set `pr41703`, target gb10.
 # the previous release (2026-06-11), kept buildable for rollback
 ARG BASE_IMAGE
-FROM ${BASE_IMAGE} AS build
-ARG CUTE_DSL_ARCH=sm_121a
-ARG TORCH_CUDA_ARCH_LIST=12.1a
-# MAX_JOBS is chosen by build.py from the build machine's memory (~8 GB per job)
-ARG MAX_JOBS
-ARG NVCC_THREADS=2
-ENV CCACHE_DIR=/root/.cache/ccache \
-    CMAKE_C_COMPILER_LAUNCHER=ccache \
-    CMAKE_CXX_COMPILER_LAUNCHER=ccache \
-    CMAKE_CUDA_COMPILER_LAUNCHER=ccache \
-    VLLM_TARGET_DEVICE=cuda
-WORKDIR /src/vllm
+# Stages: `source` (the pinned commit, the patch series, a check that every path this
+# recipe uses exists: seconds), `build` (vLLM's build requirements, then the compile: an
+# hour cold) and `runtime` (what serves). BuildKit runs `runtime` beside `build`, so its
+# self-checks fail the build within minutes, not after the compile.
+FROM ${BASE_IMAGE} AS source
+COPY files/fetch-vllm-source.sh files/apply-patches.sh files/check-source-tree.sh /opt/imagebuild/
 # The pinned commit, fetched alone (no branch can move under us).
+# Then (after the patch series, if any) every vLLM source path this recipe uses is
+# checked on the tree, seconds into the build.
 RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
-    git init -q . \
-    && git remote add origin https://github.com/vllm-project/vllm \
-    && git fetch -q --depth 1 origin 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665 \
-    && git checkout -q --detach FETCH_HEAD \
-    && test "$(git rev-parse HEAD)" = 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665
-COPY files/apply-patches.sh /usr/local/bin/apply-patches.sh
+    sh /opt/imagebuild/fetch-vllm-source.sh https://github.com/vllm-project/vllm 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665 /src/vllm
 COPY patches/ /opt/imagebuild/patches/
 # Each patch is checked with `git apply --check` before it is applied; a failure names it.
-RUN sh /usr/local/bin/apply-patches.sh /src/vllm /opt/imagebuild/patches/cuda13-keep-sm121a.patch
-# Torch from PyTorch's cu130 index, at the version this vLLM commit pins.
-RUN --mount=type=cache,target=/root/.cache/pip,id=pip-gb10,sharing=locked --mount=type=secret,id=ca_bundle \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
-    pip install -r requirements/build.txt --extra-index-url https://download.pytorch.org/whl/cu130
-RUN --mount=type=cache,target=/root/.cache/pip,id=pip-gb10,sharing=locked --mount=type=cache,target=/root/.cache/ccache,id=ccache-gb10,sharing=locked \
-    MAX_JOBS="${MAX_JOBS:?MAX_JOBS is set by build.py}" NVCC_THREADS="${NVCC_THREADS}" \
-    pip wheel --no-build-isolation --no-deps -w /wheels . \
-    && ccache --show-stats
-COPY files/check-cuda-arch.py /usr/local/bin/check-cuda-arch.py
+RUN sh /opt/imagebuild/apply-patches.sh /src/vllm /opt/imagebuild/patches/cuda13-keep-sm121a.patch \
+    && sh /opt/imagebuild/check-source-tree.sh /src/vllm CMakeLists.txt pyproject.toml requirements/build/cuda.txt requirements/common.txt requirements/cuda.txt setup.py
+
+FROM ${BASE_IMAGE} AS build
+# vLLM's build requirements for CUDA (requirements/build/cuda.txt, as its
+# own docker/Dockerfile installs them) before the source: a patch or a new commit that
+# leaves them alone reuses this layer. torch for linux/arm64 on the default index is a
+# CUDA 13.0 build; other indexes come from the runner's pip configuration (pip_conf).
+COPY --from=source /src/vllm/requirements/build/cuda.txt /opt/imagebuild/build-requirements.txt
+RUN --mount=type=cache,target=/root/.cache/pip,id=pip-gb10,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
+    pip install -r /opt/imagebuild/build-requirements.txt
+COPY --from=source /src/vllm /src/vllm
+COPY files/build-vllm-wheel.sh files/check-vllm-version.py files/check-cuda-arch.py /opt/imagebuild/
+ARG CUTE_DSL_ARCH=sm_121a
+ARG TORCH_CUDA_ARCH_LIST=12.1a
+# MAX_JOBS and NVCC_THREADS are chosen by build.py from this runner's memory (~8 GB per
+# job). Declared only here, after the fetch and the build requirements, so runners with
+# different memory share every layer above.
+ARG MAX_JOBS
+ARG NVCC_THREADS=2
+# Compile cache: ccache in a BuildKit cache mount on this runner, capped at 40G.
+# VLLM_DISABLE_SCCACHE: vLLM's setup.py prefers an sccache it finds on PATH.
+RUN --mount=type=cache,target=/root/.cache/ccache,id=ccache-gb10,sharing=locked \
+    export VLLM_TARGET_DEVICE=cuda VLLM_DISABLE_SCCACHE=1 CCACHE_DIR=/root/.cache/ccache \
+      CCACHE_MAXSIZE=40G CMAKE_C_COMPILER_LAUNCHER=ccache \
+      CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache \
+    && MAX_JOBS="${MAX_JOBS:?MAX_JOBS is set by build.py}" NVCC_THREADS="${NVCC_THREADS}" \
+       sh /opt/imagebuild/build-vllm-wheel.sh /src/vllm /wheels 0.23.0
 # Arch gate: CUDA 13 can collapse 12.1a to 12.0; the compiled objects must hold sm_121a.
 RUN mkdir -p /tmp/wheel && python3 -m zipfile -e /wheels/vllm-*.whl /tmp/wheel \
-    && python3 /usr/local/bin/check-cuda-arch.py --expect sm_121a /tmp/wheel/vllm \
+    && python3 /opt/imagebuild/check-cuda-arch.py --expect sm_121a /tmp/wheel/vllm \
     && rm -rf /tmp/wheel
 
-# Slim runtime: the CUDA runtime image, the built wheel and its dependencies only.
-FROM nvcr.io/nvidia/cuda:13.0.1-runtime-ubuntu24.04 AS runtime
+
+# What serves. vLLM compiles at run time on GB10: Triton builds a C launcher per kernel
+# (a C compiler and Python.h) and assembles PTX with ptxas; FlashInfer JIT-compiles CUDA
+# (nvcc, the CUDA headers, NVRTC). This stage follows the runtime stage (`vllm-base`) of
+# vLLM 0.23.0's own docker/Dockerfile: its "CUDA development tools for
+# runtime JIT compilation", Python with headers, the cu<NNN> flashinfer-jit-cache at the
+# FlashInfer version vLLM pins, its nvidia-cutlass-dsl workaround and LD_LIBRARY_PATH.
+# Where it differs, on purpose:
+# - Python: the image's own python3 (3.12 on Ubuntu 24.04) in a venv, not deadsnakes +
+#   get-pip + uv (network installers this build does not use).
+# - g++ (with gcc) explicitly: Triton needs a C compiler and nvcc a host C++ compiler;
+#   vLLM's image gets them only indirectly.
+# - cuda-cudart-dev: the CUDA headers FlashInfer's JIT sources include.
+# - Triton: TRITON_PTXAS_PATH and TRITON_PTXAS_BLACKWELL_PATH name the toolkit's ptxas
+#   (CUDA 13.0 knows sm_121a). Triton's bundled ptxas (CUDA 12.8) rejects it, and
+#   for sm_100 and up Triton 3.6 uses its bundled ptxas-blackwell (CUDA 12.9) unless
+#   TRITON_PTXAS_BLACKWELL_PATH says otherwise; DGX Spark recipes set the first variable.
+# - Not installed: EP kernels (DeepEP) and gdrcopy (multi-node expert parallelism,
+#   built for 9.0a/10.0a), the OpenAI-server extras (bitsandbytes, timm, modelscope,
+#   runai-model-streamer: loaders these models do not use), and `flashinfer
+#   download-cubin` (a download outside the package indexes; flashinfer-cubin from
+#   vLLM's requirements carries the published cubins, others JIT-compile on first use).
+# The image is pinned by digest in matrix.lock.json, like the base.
+FROM nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04 AS runtime
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PATH=/opt/vllm/bin:$PATH
+    PATH=/opt/vllm/bin:$PATH \
+    TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas \
+    TRITON_PTXAS_BLACKWELL_PATH=/usr/local/cuda/bin/ptxas \
+    LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
+# The CUDA packages match the image's own CUDA_VERSION (13.0.1 -> 13-0), as vLLM's do.
 RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
-    apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv libgomp1 \
+    cuda=$(echo "$CUDA_VERSION" | cut -d. -f1,2 | tr . -) \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends \
+       python3 python3-dev python3-venv gcc g++ \
+       "cuda-nvcc-$cuda" "cuda-cudart-$cuda" "cuda-cudart-dev-$cuda" "cuda-nvrtc-$cuda" \
+       "cuda-cuobjdump-$cuda" "libcurand-dev-$cuda" "libcublas-dev-$cuda" \
+       libnuma-dev numactl ffmpeg libsm6 libxext6 libgl1 \
+    && nccl=$(apt-cache madison libnccl-dev | awk -F'|' -v cu="+cuda${CUDA_VERSION%.*}" 'index($2, cu) && !n++ {gsub(/ /, "", $2); print $2}') \
+    && { [ -n "$nccl" ] || { echo "no libnccl-dev built for CUDA ${CUDA_VERSION%.*} in this image's apt sources" >&2; exit 1; }; } \
+    && apt-get install -y --no-install-recommends "libnccl-dev=$nccl" "libnccl2=$nccl" \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/vllm
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cache,target=/root/.cache/pip,id=pip-gb10,sharing=locked --mount=type=secret,id=ca_bundle \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
-    pip install /wheels/vllm-*.whl --extra-index-url https://download.pytorch.org/whl/cu130
+COPY files/runtime-selfcheck.py files/check-vllm-version.py files/ensure-serve-user.sh /opt/imagebuild/
+# Fail fast: the run-time toolchain works for sm_121a, and serve images can create their user.
+RUN python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase toolchain --require-triton-env \
+    && sh /opt/imagebuild/ensure-serve-user.sh --check 1000 vllm /home/vllm
+# vLLM's CUDA requirements (torch, FlashInfer, ...) from the pinned source, then the
+# flashinfer-jit-cache matching the flashinfer-python they pinned, then the workaround
+# vLLM's Dockerfile applies for CUDA 13 (the -libs-cu13 files must win).
+COPY --from=source /src/vllm/requirements/common.txt /src/vllm/requirements/cuda.txt /opt/imagebuild/vllm-requirements/
+RUN --mount=type=cache,target=/root/.cache/pip,id=pip-gb10,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
+    pip install -r /opt/imagebuild/vllm-requirements/cuda.txt \
+    && fi_version=$(python3 -c 'import importlib.metadata as m; print(m.version("flashinfer-python"))') \
+    && { pip install "flashinfer-jit-cache==${fi_version}" \
+         || { echo "flashinfer-jit-cache==${fi_version} is not on the package indexes this build was given: add FlashInfer's wheel index for this CUDA to the runner's pip configuration (extra-index-url; README: package indexes)" >&2; exit 1; }; } \
+    && dsl=$(python3 -c 'import importlib.metadata as m; print(m.version("nvidia-cutlass-dsl"))' 2>/dev/null || true) \
+    && if [ -n "$dsl" ]; then pip install --force-reinstall --no-deps "nvidia-cutlass-dsl-libs-cu13==${dsl}"; fi
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cache,target=/root/.cache/pip,id=pip-gb10,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
+    pip install /wheels/vllm-*.whl \
+    && python3 /opt/imagebuild/check-vllm-version.py --expect 0.23.0 \
+    && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed
 LABEL io.imagebuild.engine="pr41703" \
       io.imagebuild.patchset.sha256="a45930129f31089db0fab97e467f662b740cf372e9a185094740addd820456f9" \
       io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665" \

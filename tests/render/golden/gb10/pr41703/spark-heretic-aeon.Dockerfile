@@ -6,6 +6,10 @@
 # rebuilds the engine; no layer holds more than 10 GB of weights.
 ARG ENGINE_IMAGE
 FROM ${ENGINE_IMAGE}
+# The serve user first, before any weights: Ubuntu 24.04 bases already have UID
+# 1000 (`ubuntu`), which the script renames instead of failing on.
+COPY files/ensure-serve-user.sh /opt/imagebuild/ensure-serve-user.sh
+RUN sh /opt/imagebuild/ensure-serve-user.sh 1000 vllm /home/vllm
 COPY files/fetch-hub-files.py /opt/imagebuild/fetch-hub-files.py
 COPY model-files.json /opt/imagebuild/model-files.json
 RUN --mount=type=secret,id=hf_token --mount=type=secret,id=ca_bundle \
@@ -35,9 +39,6 @@ RUN --mount=type=secret,id=hf_token --mount=type=secret,id=ca_bundle \
     python3 /opt/imagebuild/fetch-hub-files.py --manifest /opt/imagebuild/drafter-files.json \
       --dest /drafter model.safetensors
 
-RUN useradd --uid 1000 --user-group --create-home vllm \
-    && mkdir -p /home/vllm/.cache \
-    && chown -R vllm:vllm /home/vllm
 ENV HOME=/home/vllm \
     VLLM_CACHE_ROOT=/home/vllm/.cache/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \

@@ -1,0 +1,1 @@
+"""Building images: BuildKit driving, bootstrap, build parallelism, patches, sources, runner hygiene."""

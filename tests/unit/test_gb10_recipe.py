@@ -1,0 +1,282 @@
+"""The rendered gb10 engine and serve Dockerfiles against the defects of issue 11.
+
+Each test reads the real rendered text (no Docker); the slow conformance tests
+(tests/conformance) hold the same files against the pinned vLLM source itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from imagebuild import builder
+from imagebuild import matrix as mx
+from imagebuild.errors import OperationFailed, UserError
+from imagebuild.lock import build_lock, verify_cells
+from imagebuild.lockfile import read_lock
+from imagebuild.render import SERVE_USER, VLLM_PATHS, render_engine, render_serve
+
+DIGEST = "sha256:" + "ab" * 32
+RUNTIME_DIGEST = "sha256:" + "cd" * 32
+
+
+def logical_lines(text: str) -> list[str]:
+    """Dockerfile instructions with continuations joined, comments dropped."""
+    out, cur = [], ""
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if not cur and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        cur += line[:-1] + " " if line.endswith("\\") else line
+        if not line.endswith("\\"):
+            out.append(cur)
+            cur = ""
+    return out
+
+
+def stages(text: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    name = "(none)"
+    for line in logical_lines(text):
+        m = re.match(r"FROM \S+(?: AS (\S+))?", line)
+        if m:
+            name = m.group(1) or "(last)"
+            found[name] = [line]
+        else:
+            found.setdefault(name, []).append(line)
+    return found
+
+
+def _engine(matrix_dir: Path, engine: str = "dflashfix") -> str:
+    lm = mx.load(matrix_dir / "matrix.yaml")
+    return render_engine(lm, "gb10", engine, read_lock(lm.root)).text
+
+
+def _set_lock_bases(matrix_dir: Path, **entry: object) -> None:
+    path = matrix_dir / "matrix.lock.json"
+    lock = json.loads(path.read_text())
+    lock["bases"]["gb10"].update(entry)
+    path.write_text(json.dumps(lock))
+
+
+def _edit_matrix(matrix_dir: Path, edit) -> None:  # type: ignore[no-untyped-def]
+    path = matrix_dir / "matrix.yaml"
+    data = yaml.safe_load(path.read_text())
+    edit(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+# --- 1: build requirements path ---------------------------------------------------------
+
+def test_every_vllm_path_the_recipe_uses_is_checked_right_after_the_patches(matrix_dir):
+    text = _engine(matrix_dir)
+    used = set(re.findall(r"/src/vllm/([\w./-]+\.\w+)", text))
+    assert used, "the recipe reads files of the source tree"
+    assert used <= set(VLLM_PATHS.values()), used - set(VLLM_PATHS.values())
+    src = stages(text)["source"]
+    check = next(line for line in src if line.startswith("RUN ")
+                 and "sh /opt/imagebuild/check-source-tree.sh" in line)
+    args = shlex.split(check.split("check-source-tree.sh", 1)[1])
+    assert args[0] == "/src/vllm" and set(args[1:]) == set(VLLM_PATHS.values())
+    assert src.index(check) == len(src) - 1  # last step of the source stage: after patches
+    assert "requirements/build/cuda.txt" in used  # vLLM 0.23.0's own build requirements
+
+
+# --- 2: a runtime stage that can compile at run time --------------------------------------
+
+def test_runtime_stage_has_the_run_time_toolchain(matrix_dir):
+    runtime = stages(_engine(matrix_dir))["runtime"]
+    joined = "\n".join(runtime)
+    apt = next(line for line in runtime if "apt-get install" in line)
+    for pkg in ("python3-dev", "gcc", "g++", '"cuda-nvcc-$cuda"', '"cuda-nvrtc-$cuda"',
+                '"cuda-cudart-dev-$cuda"'):
+        assert pkg in apt.split(), pkg
+    env = next(line for line in runtime if line.startswith("ENV "))
+    assert "TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas" in env
+    assert "TRITON_PTXAS_BLACKWELL_PATH=/usr/local/cuda/bin/ptxas" in env
+    assert 'pip install "flashinfer-jit-cache==${fi_version}"' in joined
+    assert "runtime-selfcheck.py --arch sm_121a --phase toolchain" in joined
+    assert "runtime-selfcheck.py --arch sm_121a --phase installed" in joined
+    # the toolchain check runs before the vLLM requirements and the wheel arrive
+    order = [i for i, line in enumerate(runtime)
+             if "--phase toolchain" in line or "vllm-requirements/cuda.txt" in line
+             or "from=build" in line]
+    assert len(order) == 3 and order == sorted(order)
+
+
+# --- 3: the serve user -----------------------------------------------------------------
+
+def test_serve_user_is_ensured_not_blindly_added(matrix_dir):
+    lm = mx.load(matrix_dir / "matrix.yaml")
+    cell = next(c for c in mx.expand(lm) if c.target_name == "cpu")
+    text = render_serve(lm, cell, read_lock(lm.root)).text
+    assert "useradd" not in text
+    lines = logical_lines(text)
+    ensure = next(i for i, line in enumerate(lines) if "ensure-serve-user.sh" in line
+                  and line.startswith("RUN"))
+    weights = next(i for i, line in enumerate(lines) if "/model" in line)
+    assert ensure < weights  # fails in seconds, before any weights are fetched
+    assert lines[ensure].endswith(f"{SERVE_USER['uid']} vllm /home/vllm")
+    assert f"USER {SERVE_USER['uid']}:{SERVE_USER['uid']}" in lines
+    runtime = "\n".join(stages(_engine(matrix_dir))["runtime"])
+    assert "ensure-serve-user.sh --check 1000 vllm /home/vllm" in runtime
+
+
+# --- 4: the version --------------------------------------------------------------------
+
+def test_wheel_and_image_carry_the_engines_vllm_version(matrix_dir):
+    st = stages(_engine(matrix_dir))
+    compile_step = next(line for line in st["build"]
+                        if line.startswith("RUN ") and "build-vllm-wheel.sh" in line)
+    assert compile_step.rstrip().endswith("build-vllm-wheel.sh /src/vllm /wheels 0.23.0")
+    assert any("check-vllm-version.py --expect 0.23.0" in line for line in st["runtime"])
+
+
+# --- 5: every FROM pinned by digest; unresolved images refuse to build ------------------
+
+def test_runtime_from_is_digest_pinned_from_the_lock(matrix_dir):
+    _set_lock_bases(matrix_dir, digest=DIGEST, runtime_digest=RUNTIME_DIGEST,
+                    status="resolved")
+    runtime = stages(_engine(matrix_dir))["runtime"][0]
+    image = "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04"
+    assert runtime == f"FROM {image}@{RUNTIME_DIGEST} AS runtime"
+
+
+@pytest.mark.parametrize("missing", ["digest", "runtime_digest"])
+def test_build_refuses_an_unpinned_base_or_runtime_image(matrix_dir, missing):
+    pinned = {"digest": DIGEST, "runtime_digest": RUNTIME_DIGEST}
+    _set_lock_bases(matrix_dir, **{**pinned, missing: None}, status="unresolved")
+    path = matrix_dir / "matrix.lock.json"
+    lock = json.loads(path.read_text())
+    lock["models"]["nvfp4"].update(status="resolved", files=[], metadata=[])
+    path.write_text(json.dumps(lock))  # the cell's other pins are fine: only the image is not
+    lm = mx.load(matrix_dir / "matrix.yaml")
+    cells = [c for c in mx.expand(lm) if c.image == "spark-nvfp4-mtp"]
+    with pytest.raises(UserError) as err:
+        verify_cells(lm, cells[:1], read_lock(lm.root))
+    image = ("nvcr.io/nvidia/cuda:13.0.1-devel-ubuntu24.04" if missing == "digest"
+             else "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04")
+    assert f"{image} of target gb10 has no digest" in err.value.message
+    assert "lock --update gb10" in err.value.fix
+    verify_cells(lm, cells[:1], read_lock(lm.root), allow_unresolved=True)  # lock --check
+
+
+def test_lock_update_target_records_both_digests(matrix_dir):
+    lm = mx.load(matrix_dir / "matrix.yaml")
+    asked: list[str] = []
+
+    def resolve(ref: str) -> str:
+        asked.append(ref)
+        return DIGEST if "devel" in ref else RUNTIME_DIGEST
+
+    class NoHub:
+        def resolve(self, *args: object, **kw: object) -> None:
+            from imagebuild.hub import HubUnreachable
+
+            raise HubUnreachable("offline in this test")
+
+    plain = build_lock(lm, NoHub(), log=lambda _: None, resolve_image=resolve)
+    assert not asked and plain["bases"]["gb10"]["status"] == "unresolved"  # no registry
+    data = build_lock(lm, NoHub(), update={"gb10"}, log=lambda _: None, resolve_image=resolve)
+    entry = data["bases"]["gb10"]
+    assert (entry["digest"], entry["runtime_digest"], entry["status"]) == (
+        DIGEST, RUNTIME_DIGEST, "resolved")
+    assert "fix" not in entry and len(asked) == 2
+
+
+# --- 6: disk, caches --------------------------------------------------------------------
+
+def test_serve_disk_check_is_sized_from_the_locked_weights(tmp_path, monkeypatch):
+    files = [{"path": f"model-{i}.safetensors", "size": 4 * 10**9} for i in range(5)]
+    weights = builder.locked_weight_bytes([{"files": files}, None, {"files": []}])
+    assert weights == 20 * 10**9
+    need = builder.disk_need("gb10", "serve", False, weights)
+    assert need >= 2 * weights  # the weights land twice (snapshot, loaded image)
+    usage = __import__("shutil").disk_usage(tmp_path)
+    monkeypatch.setattr(builder.shutil, "disk_usage", lambda _: usage._replace(free=30 * 2**30))
+    with pytest.raises(OperationFailed) as err:
+        builder.check_disk(str(tmp_path), need, "the gb10 serve build")
+    assert "runner-clean" in err.value.fix
+    assert "docker system prune" not in err.value.fix and "builder prune" not in err.value.fix
+
+
+def test_local_compile_cache_is_capped_from_matrix_yaml(matrix_dir):
+    build = "\n".join(stages(_engine(matrix_dir))["build"])
+    assert "CCACHE_MAXSIZE=40G" in build and "id=ccache-gb10" in build
+    assert "VLLM_DISABLE_SCCACHE=1" in build  # vLLM's setup.py would take any sccache
+    assert "sccache" not in build.replace("VLLM_DISABLE_SCCACHE", "")
+
+    def smaller(data: dict) -> None:
+        data["targets"]["gb10"]["compile_cache"]["local_max_size"] = "12G"
+
+    _edit_matrix(matrix_dir, smaller)
+    assert "CCACHE_MAXSIZE=12G" in _engine(matrix_dir)
+
+
+# --- 7: MAX_JOBS after the shared layers -------------------------------------------------
+
+def test_max_jobs_is_declared_only_right_before_the_compile(matrix_dir):
+    text = _engine(matrix_dir)
+    st = stages(text)
+    assert not any("MAX_JOBS" in line or "NVCC_THREADS" in line
+                   for name in ("source", "runtime") for line in st[name])
+    build = st["build"]
+    first_arg = next(i for i, line in enumerate(build)
+                     if re.match(r"ARG (MAX_JOBS|NVCC_THREADS)\b", line))
+    compile_at = next(i for i, line in enumerate(build)
+                      if line.startswith("RUN ") and "build-vllm-wheel.sh" in line)
+    # between the declarations and the compile: ARGs only (no layer to lose)
+    assert all(line.startswith("ARG ") for line in build[first_arg:compile_at])
+    pip_at = next(i for i, line in enumerate(build) if "build-requirements.txt" in line
+                  and line.startswith("RUN"))
+    copy_src = next(i for i, line in enumerate(build) if line.startswith("COPY --from=source "
+                                                                        "/src/vllm /src/vllm"))
+    assert pip_at < copy_src < first_arg
+
+
+# --- 4 (compile cache): sccache with a shared backend ------------------------------------
+
+def test_shared_sccache_backend_is_rendered_without_credentials(matrix_dir):
+    def shared(data: dict) -> None:
+        data["targets"]["gb10"]["compile_cache"]["shared"] = {
+            "backend": "redis", "endpoint": "redis://cache.lan:6379/0"}
+
+    _edit_matrix(matrix_dir, shared)
+    lm = mx.load(matrix_dir / "matrix.yaml")
+    rendered = render_engine(lm, "gb10", "dflashfix", read_lock(lm.root))
+    build = "\n".join(stages(rendered.text)["build"])
+    for piece in ("SCCACHE_REDIS_ENDPOINT=redis://cache.lan:6379/0",
+                  "CMAKE_CUDA_COMPILER_LAUNCHER=sccache", "id=sccache-gb10",
+                  "--mount=type=secret,id=sccache_env", "sccache --start-server",
+                  "SCCACHE_CACHE_SIZE=40G", "requirements-sccache.txt"):
+        assert piece in build, piece
+    assert "VLLM_DISABLE_SCCACHE" not in build
+    assert ("files/requirements-sccache.txt",) == tuple(
+        d for d, _ in rendered.context_files if d.endswith("sccache.txt"))
+    pin = (Path(dict(rendered.context_files)["files/requirements-sccache.txt"])).read_text()
+    assert re.search(r"^sccache==\d+\.\d+\.\d+$", pin, re.M)
+
+
+def test_credentials_never_go_into_matrix_yaml(matrix_dir):
+    def leaky(data: dict) -> None:
+        data["targets"]["gb10"]["compile_cache"]["shared"] = {
+            "backend": "redis", "endpoint": "redis://:hunter2@cache.lan:6379"}
+
+    _edit_matrix(matrix_dir, leaky)
+    with pytest.raises(UserError) as err:
+        mx.load(matrix_dir / "matrix.yaml")
+    assert "credentials do not belong in `endpoint`" in err.value.message
+    assert err.value.where and "matrix.yaml:" in err.value.where
+
+
+def test_sccache_secret_comes_from_the_runner_environment(tmp_path):
+    env = {"SCCACHE_REDIS_PASSWORD": "pw", "AWS_ACCESS_KEY_ID": "id", "HOME": "/root"}
+    assert builder.sccache_secret(env) == b"SCCACHE_REDIS_PASSWORD=pw\nAWS_ACCESS_KEY_ID=id\n"
+    f = tmp_path / "sccache.env"
+    f.write_text("SCCACHE_REDIS_PASSWORD=fromfile\n")
+    assert builder.sccache_secret({"IMAGEBUILD_SCCACHE_ENV_FILE": str(f)}) == f.read_bytes()
