@@ -280,3 +280,28 @@ def test_sccache_secret_comes_from_the_runner_environment(tmp_path):
     f = tmp_path / "sccache.env"
     f.write_text("SCCACHE_REDIS_PASSWORD=fromfile\n")
     assert builder.sccache_secret({"IMAGEBUILD_SCCACHE_ENV_FILE": str(f)}) == f.read_bytes()
+
+
+def test_source_engine_builds_get_the_runners_pip_configuration(matrix_dir, tmp_path,
+                                                                monkeypatch):
+    from imagebuild.build import pipconfig
+
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "http://127.0.0.1:9/extra")
+    monkeypatch.setenv("SCCACHE_REDIS_PASSWORD", "pw")
+    pipconfig.pip_indexes.cache_clear()
+    try:
+        lm = mx.load(matrix_dir / "matrix.yaml")
+        b = builder.Builder(lm, read_lock(lm.root), out_dir=tmp_path, ca_bundle="",
+                            hf_token="")
+        b._target = "gb10"
+        secrets = b._secrets("engine")
+        assert secrets["pip_conf"].decode() == (
+            "[global]\nindex-url = http://127.0.0.1:9/simple\n"
+            "extra-index-url = http://127.0.0.1:9/extra\n")
+        assert secrets["sccache_env"] == b""  # no shared cache configured for gb10
+        assert b._secrets("serve")["pip_conf"] == b""
+        b._target = "cpu"  # a wheel engine never reads it
+        assert b._secrets("engine")["pip_conf"] == b""
+    finally:
+        pipconfig.pip_indexes.cache_clear()
