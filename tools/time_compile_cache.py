@@ -36,6 +36,7 @@ from imagebuild.rehearse.compile_cache import RedisServer, UnitStats, run_runner
 from imagebuild.rehearse.inputs import FP4_UNITS, GENERIC_UNITS, load_inputs  # noqa: E402
 from imagebuild.rehearse.step_compile import units_of  # noqa: E402
 from imagebuild.rehearse.toolchain import find_tools, nvcc_version  # noqa: E402
+from imagebuild.render import VLLM_PATHS  # noqa: E402
 from imagebuild.vllm_source import sdist_tree  # noqa: E402
 
 HIT_TARGET, RATIO_TARGET = 0.95, 0.25
@@ -50,8 +51,8 @@ def prepare(workdir: Path, target: str):
     inputs = load_inputs(None, target, None)
     tools = find_tools()
     sdist = sdist_tree(inputs.vllm_version)
-    checkout = source.prepare(sdist, workdir / "src" / "vllm", inputs.vllm_version,
-                              list(inputs.patches))
+    checkout = source.prepare(sdist, workdir, inputs.vllm_version, list(inputs.patches),
+                              sorted(VLLM_PATHS.values()))
     probe = write_probe(checkout.root, workdir / "probe", list(GENERIC_UNITS), list(FP4_UNITS))
     arch = configure(probe, tools, inputs.arch_list, inputs.nvcc_threads)
     return inputs, tools, units_of(arch, inputs.units)

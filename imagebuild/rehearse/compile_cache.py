@@ -138,6 +138,16 @@ class SccacheRunner:
 
     def __exit__(self, *exc: object) -> None:
         self._cmd("--stop-server")
+        # the next runner must not find this server (or its in-memory state) on the port
+        port = int(self.env["SCCACHE_SERVER_PORT"])
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the sccache server on port {port} did not stop")
 
     def stats_json(self) -> dict:
         proc = self._cmd("--show-stats", "--stats-format", "json")

@@ -8,13 +8,13 @@ only a GB10 (or GitHub) can show is listed as not rehearsed, with the reason.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from .. import REPO_ROOT
 from ..errors import ImagebuildError
+from ..render import VLLM_PATHS
 from ..vllm_source import sdist_pin, sdist_tree
 from . import source
 from .arch_probe import NOT_REHEARSED
@@ -42,15 +42,16 @@ def _source_step(inputs: Inputs, workdir: Path) -> tuple[Step, Path | None, Path
     try:
         pin = sdist_pin(inputs.vllm_version)
         sdist = sdist_tree(inputs.vllm_version)
-        checkout = source.prepare(sdist, workdir / "src" / "vllm", inputs.vllm_version,
-                                  list(inputs.patches))
+        checkout = source.prepare(sdist, workdir, inputs.vllm_version, list(inputs.patches),
+                                  sorted(VLLM_PATHS.values()))
     except ImagebuildError as exc:
         return step.failed(exc.render()), None, None
-    except subprocess.CalledProcessError as exc:
-        step.details += (exc.stderr or "").strip().splitlines()
-        return step.failed("the patch series does not apply (apply-patches.sh)"), None, None
+    except source.ScriptFailed as exc:
+        step.seconds = time.monotonic() - start
+        step.details += exc.output.splitlines()
+        return step.failed(f"the recipe's {exc.script} failed (its output below)"), None, None
     step.seconds = time.monotonic() - start
-    step.details += checkout.applied
+    step.details += checkout.log
     built_from = checkout.sdist_commit or "unknown"
     same = inputs.commit.startswith(built_from) if checkout.sdist_commit else False
     step.details.append(
@@ -59,9 +60,10 @@ def _source_step(inputs: Inputs, workdir: Path) -> tuple[Step, Path | None, Path
                                    "tree equals the pinned one only if those commits hold the "
                                    "same files (checkable only where GitHub is reachable)"))
     return step.passed(
-        f"{pin.filename} (sha256 {pin.sha256[:12]}) as a one-commit checkout without tags "
-        f"({checkout.head[:12]}); applied {', '.join(p.name for p in inputs.patches) or 'nothing'}"
-    ), sdist, checkout.root
+        f"{pin.filename} (sha256 {pin.sha256[:12]}) served as a repository and fetched by "
+        f"fetch-vllm-source.sh (commit {checkout.head[:12]}, no tags); apply-patches.sh: "
+        f"{', '.join(p.name for p in inputs.patches) or 'no patches'}; check-source-tree.sh: "
+        f"{len(VLLM_PATHS)} recipe paths present"), sdist, checkout.root
 
 
 def rehearse(inputs: Inputs, workdir: Path, jobs: int,
@@ -69,31 +71,31 @@ def rehearse(inputs: Inputs, workdir: Path, jobs: int,
     workdir.mkdir(parents=True, exist_ok=True)
     steps: list[Step] = []
 
-    def add(step: Step) -> None:
-        steps.append(step)
-        progress(step)
+    def add(*more: Step) -> None:
+        for step in more:
+            steps.append(step)
+            progress(step)
 
-    tools: Tools | None
+    tools: Tools | None = None
+    missing = ""
     try:
         tools = find_tools()
     except ToolMissing as exc:
-        tools = None
         missing = str(exc)
     src, sdist, checkout = _source_step(inputs, workdir)
     add(src)
     if tools is None or sdist is None or checkout is None:
-        why = missing if tools is None else "the source step failed"
         for key, title in (("a", "vLLM's CMake arch selection"),
                            ("b", f"compile for {inputs.expect_arch} + arch gate")):
-            add(Step(key, title).failed(why) if tools is None else Step(key, title).skipped(why))
-        arch = None
+            # a missing tool fails the rehearsal: it exists to run these steps
+            add(Step(key, title).failed(missing) if tools is None
+                else Step(key, title).skipped("the source step failed"))
     else:
         step_a, arch = rehearse_arch(inputs, tools, sdist, checkout, workdir)
         add(step_a)
-        step_b, _ = rehearse_compile(inputs, tools, arch, jobs)
-        add(step_b)
-    add(rehearse_package(inputs, checkout, workdir))
-    add(rehearse_selfcheck(inputs, workdir))
+        add(rehearse_compile(inputs, tools, arch, jobs)[0])
+    add(rehearse_package(inputs, tools, checkout, workdir))
+    add(*rehearse_selfcheck(inputs, tools))
     steps += ONLY_ON_GB10
     return steps
 

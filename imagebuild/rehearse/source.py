@@ -1,10 +1,12 @@
-"""The pinned vLLM source in the shape the gb10 recipe builds it from.
+"""The pinned vLLM source, fetched and patched by the recipe's own scripts.
 
-The recipe fetches one commit with `git fetch --depth 1` (no tags) and applies the patch
-series with images/engine/files/apply-patches.sh. GitHub is unreachable here, so the
-checkout is recreated from the sha256-pinned sdist (imagebuild.vllm_source): the files
-only an sdist has (PKG-INFO, *.egg-info, the generated vllm/_version.py) are removed and
-the rest is committed once, without tags. Its commit id is necessarily not the pinned one.
+The gb10 engine's `source` stage runs fetch-vllm-source.sh (one commit, `--depth 1`, no
+tags), apply-patches.sh and check-source-tree.sh. GitHub is unreachable here, so the
+repository it fetches from is recreated from the sha256-pinned sdist: the files only an
+sdist has (PKG-INFO, *.egg-info, the generated vllm/_version.py) are removed, the rest is
+committed once and tagged v<version> as upstream is; the scripts then fetch that commit
+over file:// exactly as they fetch GitHub's. Its commit id is necessarily not the pinned
+one (the step says so).
 """
 
 from __future__ import annotations
@@ -19,19 +21,28 @@ from pathlib import Path
 from .. import REPO_ROOT
 from ..patches import touched_files
 
-APPLY_PATCHES = REPO_ROOT / "images" / "engine" / "files" / "apply-patches.sh"
+FILES = REPO_ROOT / "images" / "engine" / "files"
 # What `python setup.py sdist` adds on top of the repository's files.
 SDIST_ONLY = ("PKG-INFO", "vllm.egg-info", "vllm/_version.py")
 # A patch that touches these changes the CMake build (arch selection among it).
 CMAKE_FILES = re.compile(r"^(CMakeLists\.txt|cmake/)")
 
 
+class ScriptFailed(Exception):
+    """One of the recipe's scripts exited non-zero (its output is kept)."""
+
+    def __init__(self, script: str, proc: subprocess.CompletedProcess[str]):
+        super().__init__(f"{script} exited {proc.returncode}")
+        self.script = script
+        self.output = (proc.stdout + proc.stderr).strip()
+
+
 @dataclass(frozen=True)
 class Checkout:
     root: Path
-    head: str  # the commit id of the recreated checkout
+    head: str  # the commit the recipe's fetch checked out
     sdist_commit: str | None  # what the sdist's _version.py says it was built from
-    applied: list[str]  # apply-patches.sh's lines
+    log: list[str]  # the scripts' own lines
 
 
 def sdist_commit(sdist_root: Path) -> str | None:
@@ -54,8 +65,8 @@ def _git(root: Path, *args: str) -> str:
     return proc.stdout.strip()
 
 
-def recipe_checkout(sdist_root: Path, dest: Path, version: str) -> tuple[Path, str]:
-    """`dest` as the recipe's clone would be before patching: one commit, no tags."""
+def make_origin(sdist_root: Path, dest: Path, version: str) -> str:
+    """A repository at `dest` holding the sdist's tree as one tagged commit; its SHA."""
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(sdist_root, dest, symlinks=True,
@@ -69,24 +80,34 @@ def recipe_checkout(sdist_root: Path, dest: Path, version: str) -> tuple[Path, s
     _git(dest, "init", "-q", ".")
     _git(dest, "add", "-A", "-f", ".")  # a clone holds tracked files whatever .gitignore says
     _git(dest, "commit", "-q", "--no-gpg-sign", "-m", f"vLLM {version}, recreated from its sdist")
-    return dest, _git(dest, "rev-parse", "HEAD")
+    _git(dest, "tag", f"v{version}")  # upstream has the tag; a fetch by SHA does not get it
+    return _git(dest, "rev-parse", "HEAD")
+
+
+def _script(name: str, *args: str) -> list[str]:
+    proc = subprocess.run(["sh", str(FILES / name), *args], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise ScriptFailed(name, proc)
+    return (proc.stdout + proc.stderr).strip().splitlines()
 
 
 def apply_series(tree: Path, patches: list[Path]) -> list[str]:
-    """apply-patches.sh (the image's own script) on `tree`; raises CalledProcessError."""
-    if not patches:
-        return []
-    proc = subprocess.run(["sh", str(APPLY_PATCHES), str(tree), *map(str, patches)],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise subprocess.CalledProcessError(proc.returncode, proc.args, proc.stdout, proc.stderr)
-    return proc.stdout.strip().splitlines()
+    """apply-patches.sh (the image's own script) on `tree`."""
+    return _script("apply-patches.sh", str(tree), *map(str, patches)) if patches else []
 
 
-def prepare(sdist_root: Path, dest: Path, version: str, patches: list[Path]) -> Checkout:
-    root, head = recipe_checkout(sdist_root, dest, version)
-    applied = apply_series(root, patches)
-    return Checkout(root, head, sdist_commit(sdist_root), applied)
+def prepare(sdist_root: Path, workdir: Path, version: str, patches: list[Path],
+            source_paths: list[str]) -> Checkout:
+    """Origin from the sdist, then the recipe's fetch, patch series and path check."""
+    sha = make_origin(sdist_root, workdir / "origin", version)
+    dest = workdir / "src" / "vllm"
+    if dest.exists():
+        shutil.rmtree(dest)
+    log = _script("fetch-vllm-source.sh", (workdir / "origin").as_uri(), sha, str(dest))
+    log += apply_series(dest, patches)
+    log += _script("check-source-tree.sh", str(dest), *source_paths)
+    return Checkout(dest, _git(dest, "rev-parse", "HEAD"), sdist_commit(sdist_root), log)
 
 
 def cmake_patches(patches: list[Path]) -> list[Path]:

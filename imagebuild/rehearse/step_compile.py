@@ -11,7 +11,7 @@ from .compile import Compiled, Unit, compile_units
 from .gate import run_gate
 from .inputs import Inputs
 from .steps import Step
-from .toolchain import Tools
+from .toolchain import Tools, nvcc_version
 
 
 def units_of(res: ArchResult, sources: tuple[str, ...]) -> list[Unit]:
@@ -50,12 +50,6 @@ def rehearse_compile(inputs: Inputs, tools: Tools, arch: ArchResult | None,
     if not gate.ok:
         return step.failed(f"compiled {names}; the arch gate rejected them "
                            f"(exit {gate.returncode})"), results
-    return step.passed(f"compiled {names} with nvcc {tools_nvcc_release(tools)}; "
+    return step.passed(f"compiled {names} with nvcc {nvcc_version(tools.nvcc)}; "
                        f"check-cuda-arch.py --expect {inputs.expect_arch}: "
                        f"{len(cuda_objects)} CUDA object(s) ok"), results
-
-
-def tools_nvcc_release(tools: Tools) -> str:
-    from .toolchain import nvcc_version
-
-    return nvcc_version(tools.nvcc)

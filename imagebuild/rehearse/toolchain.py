@@ -84,7 +84,8 @@ class Tools:
 
 
 def torch_python_default() -> str:
-    return os.environ.get("IMAGEBUILD_VLLM_PYTHON", str(REPO_ROOT / ".venv-vllm" / "bin" / "python"))
+    default = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    return os.environ.get("IMAGEBUILD_VLLM_PYTHON", str(default))
 
 
 def find_tools() -> Tools:
