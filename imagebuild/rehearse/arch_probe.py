@@ -8,7 +8,7 @@ _C_stable_libtorch target definition, all verbatim (cmake_blocks.py). Configurin
 with the same arguments setup.py passes yields vLLM's arch lists and, through
 compile_commands.json, the exact nvcc command line of each rehearsed translation unit.
 What the probe leaves out (FetchContent of CUTLASS and friends, the other kernel
-families, linking) is named in NOT_REHEARSED.
+families, linking) is named in LEFT_OUT.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ TARGET_PIECES = [
     Piece("_C_stable_libtorch definitions", r"TORCH_TARGET_VERSION=0x020B", "block"),
 ]
 
-NOT_REHEARSED = (
+LEFT_OUT = (
     "the rest of vLLM's CMakeLists.txt: FetchContent of CUTLASS, FlashMLA, vllm-flash-attn, "
     "QuTLASS, DeepGEMM and Triton kernels (GitHub is unreachable), every kernel family but "
     "the rehearsed units, and linking the extensions"
@@ -190,5 +190,5 @@ class ProbeFailed(Exception):
         self.log = log
 
 
-__all__ = ["AnchorError", "ArchResult", "NOT_REHEARSED", "ProbeFailed",
+__all__ = ["AnchorError", "ArchResult", "LEFT_OUT", "ProbeFailed",
            "configure", "messages", "write_probe"]

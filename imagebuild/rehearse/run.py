@@ -17,7 +17,7 @@ from ..errors import ImagebuildError
 from ..render import VLLM_PATHS
 from ..vllm_source import sdist_pin, sdist_tree
 from . import source
-from .arch_probe import NOT_REHEARSED
+from .arch_probe import LEFT_OUT
 from .inputs import Inputs, load_inputs
 from .step_arch import rehearse_arch
 from .step_compile import rehearse_compile
@@ -27,7 +27,7 @@ from .steps import Step, exit_code, table
 from .toolchain import ToolMissing, Tools, find_tools
 
 ONLY_ON_GB10 = [
-    Step("-", "the full vLLM build", summary=NOT_REHEARSED + " (needs GitHub)"),
+    Step("-", "the full vLLM build", summary=LEFT_OUT),
     Step("-", "docker build of the gb10 images",
          summary="linux/arm64 nvcr.io CUDA images on an arm64 runner; this machine is x86-64 "
                  "and reaches no image registry but its own"),

@@ -50,19 +50,18 @@ def _wrap(text: str, width: int) -> list[str]:
     return lines + [line] if line else lines or [""]
 
 
-def table(steps: list[Step], width: int = 100) -> str:
-    """step | what | outcome | time | summary (wrapped), one block per step."""
+def table(steps: list[Step], width: int = 110) -> str:
+    """step | what | outcome | time | summary (wrapped to `width`), one block per step."""
     title_w = max(len(s.title) for s in steps)
     status_w = max(len(s.status) for s in steps)
-    head = f"{'step':4}  {'what':{title_w}}  {'outcome':{status_w}}  {'time':>6}  summary"
-    rule = "-" * min(width + title_w, len(head) + 60)
-    rows = [head, rule]
-    summary_w = max(30, width - 4 - title_w - status_w - 16)
+    pad = 4 + 2 + title_w + 2 + status_w + 2 + 6 + 2
+    summary_w = max(40, width - pad)
+    rows = [f"{'step':4}  {'what':{title_w}}  {'outcome':{status_w}}  {'time':>6}  summary"]
     for s in steps:
         took = f"{s.seconds:5.1f}s" if s.seconds else ""
         wrapped = _wrap(s.summary, summary_w)
         rows.append(f"{s.key:4}  {s.title:{title_w}}  {s.status:{status_w}}  {took:>6}  "
                     f"{wrapped[0]}")
-        pad = " " * (4 + 2 + title_w + 2 + status_w + 2 + 6 + 2)
-        rows += [pad + more for more in wrapped[1:]]
+        rows += [" " * pad + more for more in wrapped[1:]]
+    rows.insert(1, "-" * max(len(r) for r in rows))
     return "\n".join(rows)
