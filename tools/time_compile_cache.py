@@ -103,7 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         stored = redis.keys()
         print(f"runner 1 (cold): {sum(c.compiled.seconds for c in cold):.1f}s, "
               f"{sum(c.misses for c in cold)} misses, {stored} keys now in Redis", flush=True)
+        left = [f for f in (workdir / "runner1-sccache").rglob("*")
+                if f.is_file() and f.name != "server.log"]
+        print(f"runner 1 left {len(left)} cache file(s) in its local dir; runner 2 gets a new, "
+              "empty one", flush=True)
         warm = run_runner(args.sccache, redis.url, workdir / "runner2-sccache", units)
+        print(f"runner 2: {sum(w.compiled.seconds for w in warm):.1f}s, {redis.keys()} keys in "
+              f"Redis after it ({redis.keys() - stored:+d})", flush=True)
     failed = [u.compiled.unit.source for u in cold + warm if not u.compiled.ok]
     for u in cold + warm:
         if not u.compiled.ok:
