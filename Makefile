@@ -43,9 +43,10 @@ release-matrix:  ## `matrix=<plan --format github>` for $GITHUB_OUTPUT
 	m=$$($(PY) build.py plan --tag "$$RELEASE_TAG" --target gb10 --format github) && \
 	  printf 'matrix=%s\n' "$$m"
 
-runner-clean:  ## smoke containers and dangling layers a previous job left behind
+runner-clean:  ## smoke containers, dangling layers, images of releases older than the newest $$KEEP (default 3; latest, its rollback target and BuildKit cache mounts stay)
 	docker ps -aq --filter label=io.imagebuild.smoke | xargs -r docker rm -f
 	docker image prune --force
+	$(PY) build.py runner-clean --keep "$${KEEP:-3}"
 
 release-notes:  ## notes + one bench plot per image ($$ASSET_URL: where the release keeps them)
 	mkdir -p build/release-assets

@@ -87,12 +87,13 @@ class Local:
 
     id: str
     tags: list[str]
-    created: str
+    used: str  # last_used(): ISO time, compared as text
     layers: tuple[str, ...]
     parent: str | None
     size: int
     releases: list[tuple[str, str]] = field(default_factory=list)  # (repository, release tag)
     chain: bool = False  # a base or engine image of this matrix
+    ours: list[str] = field(default_factory=list)  # the tags runner-clean may remove
 
 
 @dataclass
@@ -109,25 +110,37 @@ class CleanPlan:
         return out
 
 
+def last_used(attrs: dict[str, Any]) -> str:
+    """When this engine last tagged the image (a build, or build.py re-tagging an image it
+    found by its inputs): the image's age on this runner. Its `Created` is no such thing:
+    BuildKit takes it from cached steps, which may predate older images."""
+    tagged = (attrs.get("Metadata") or {}).get("LastTagTime") or ""
+    return tagged if tagged and not tagged.startswith("0001-") else attrs.get("Created", "")
+
+
 def _locals(client: Any, serve_repos: set[str], chain_repos: set[str]) -> dict[str, Local]:
     found: dict[str, Local] = {}
     for image in client.images.list():
         attrs = image.attrs
         tags = list(image.tags)
-        releases, chain = [], False
+        releases, chain, ours = [], False, []
         for tag in tags:
             repo, name = _split(tag)
             if repo in serve_repos and parse_release_tag(name) is not None:
                 releases.append((repo, name))
+                ours.append(tag)
             elif repo in chain_repos:
                 chain = True
+                ours.append(tag)
+            elif repo == INPUTS_REPO:
+                ours.append(tag)
         if not releases and not chain:
             continue
         labels = (attrs.get("Config") or {}).get("Labels") or {}
-        found[image.id] = Local(image.id, tags, attrs.get("Created", ""),
+        found[image.id] = Local(image.id, tags, last_used(attrs),
                                 tuple((attrs.get("RootFS") or {}).get("Layers") or ()),
                                 labels.get(PARENT_LABEL), int(attrs.get("Size") or 0),
-                                releases, chain)
+                                releases, chain, ours)
     return found
 
 
@@ -175,7 +188,7 @@ def plan_clean(images: dict[str, Local], keep: int,
         for anc in _ancestors(images[img_id], images):
             kept_images.setdefault(anc, f"built into {kept_images[img_id]}")
     kept_serve = [images[i] for i in kept_images if images[i].releases]
-    cutoff = min((i.created for i in kept_serve), default=None)
+    cutoff = min((i.used for i in kept_serve), default=None)
     remove: dict[str, list[str]] = {}
     for img in images.values():
         if img.id in kept_images:
@@ -185,10 +198,10 @@ def plan_clean(images: dict[str, Local], keep: int,
                 remove[img.id] = stale
             continue
         if img.releases:
-            remove[img.id] = img.tags
-        elif img.chain and cutoff is not None and img.created < cutoff:
-            # older than every kept release and built into none of them
-            remove[img.id] = img.tags
+            remove[img.id] = img.ours
+        elif img.chain and cutoff is not None and img.used < cutoff:
+            # last used before every kept release and built into none of them
+            remove[img.id] = img.ours
     drop = sorted(tags - set(why))
     return CleanPlan(why, drop, remove, kept_images)
 
@@ -224,14 +237,17 @@ def runner_clean(client: Any, *, serve_repos: dict[str, str], chain_repos: set[s
     root = client.info().get("DockerRootDir", "/var/lib/docker")
     before = shutil.disk_usage(root).free if os.path.isdir(root) else None
     verb = "would remove" if dry_run else "removed"
-    for img_id, tags in sorted(plan.remove.items(), key=lambda kv: images[kv[0]].created):
+    for img_id, tags in sorted(plan.remove.items(), key=lambda kv: images[kv[0]].used):
         img = images[img_id]
         what = ", ".join(tags) or img_id[:19]
+        others = [t for t in img.tags if t not in tags]
         if dry_run:
-            log(f"{verb} {what} ({img.size / 1e9:.2f} GB)")
+            log(f"{verb} {what} ({img.size / 1e9:.2f} GB)"
+                + (f"; the image stays tagged {', '.join(others)}" if others else ""))
             continue
         kept = [why for t in tags if (why := _remove_tag(client, t))]
         note = (f" (image kept: {plan.kept_images[img_id]})" if img_id in plan.kept_images
+                else f"; the image stays tagged {', '.join(others)}" if others
                 else f"; kept: {kept[0]}" if kept else "")
         log(f"{verb} {what}{note}")
     if not dry_run:

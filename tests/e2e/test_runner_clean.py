@@ -150,7 +150,7 @@ def test_runner_clean_keeps_by_release_age_and_never_the_cache(
             assert "BuildKit cache mounts kept" in out
             # the oldest release, its engine and base, and their inputs tags are gone
             for ref in (f"{serve}:{R[0]}", f"{engine}:e0", f"{base}:b0", *gone_inputs):
-                assert not _exists(ref), ref
+                assert not _exists(ref), (ref, out)
             assert not _exists(s0) and not _exists(e0)
             assert _exists(f"user/{target}:mine") and _exists(b0)  # a user's tag keeps it
             # newest, latest, rollback target and everything they were built from stay
