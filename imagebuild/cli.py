@@ -225,6 +225,16 @@ def parser() -> argparse.ArgumentParser:
                    help="also write one issue body (.md) and title (.title) per moved pin")
     w.add_argument("--only", action="append", default=[], metavar="NAME",
                    help="only this model or drafter (repeatable)")
+    p = sub.add_parser("rehearse", help="GB10 rehearsal on this machine (nvcc 13): vLLM's arch "
+                                        "selection, sm_121a compiles through the arch gate, "
+                                        "the package version, the runtime self-check")
+    p.add_argument("--matrix", type=Path, default=None)
+    p.add_argument("--target", default="gb10", help="a target built from source (default gb10)")
+    p.add_argument("--engine", default=None,
+                   help="engine patch set (default: the first built from source for it)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="scratch dir (default: build/rehearse/TARGET)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel compiles (default 2)")
     p = sub.add_parser("runner-clean", help="free this runner's disk by release age: keep the "
                                             "newest N releases, latest and its rollback "
                                             "target (with the images they are built from); "
@@ -546,12 +556,19 @@ def cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    from imagebuild.rehearse.run import main as run
+
+    return run(args)
+
+
 COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": cmd_build,
             "check": cmd_check, "smoke": cmd_smoke, "release": cmd_release,
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
             "notes": cmd_notes, "pins": cmd_pins, "bench": cmd_bench,
-            "history": cmd_history, "runner-clean": cmd_runner_clean}
+            "history": cmd_history, "rehearse": cmd_rehearse,
+            "runner-clean": cmd_runner_clean}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,9 @@ command -v git >/dev/null || need_pkgs+=(git)
 # the unit tests of the cpu engine's CUDA stubs build small libraries
 command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
 command -v readelf >/dev/null || need_pkgs+=(binutils)
-command -v redis-server >/dev/null || need_pkgs+=(redis-server)  # shared compile-cache tests
+# the shared compile-cache tests and tools/time_compile_cache.py run their own redis-server
+# on 127.0.0.1; nothing is started here
+command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   $SUDO apt-get update -qq
