@@ -7,7 +7,9 @@
 # VLLM_TARGET_DEVICE=empty for the Python-only package).
 #
 # The version: the source is fetched by SHA with no tags, so setuptools-scm alone would
-# call it 0.1.dev1+g<sha>; SETUPTOOLS_SCM_PRETEND_VERSION_FOR_VLLM pins it. vLLM's setup.py
+# call it 0.1.dev1+g<sha>. Both pretend variables pin it: vLLM 0.23.0's setup.py calls
+# setuptools-scm's get_version() without a distribution name, which reads only the plain
+# SETUPTOOLS_SCM_PRETEND_VERSION; the setuptools hook reads the _FOR_VLLM one. vLLM's setup.py
 # still appends its own local suffix on top (+cu<NNN> when nvcc is not its main CUDA
 # version, +empty, ...), exactly as for its release wheels.
 #
@@ -38,7 +40,7 @@ stats() {
     fi
 }
 mkdir -p "$out"
-export SETUPTOOLS_SCM_PRETEND_VERSION_FOR_VLLM="$version"
+export SETUPTOOLS_SCM_PRETEND_VERSION="$version" SETUPTOOLS_SCM_PRETEND_VERSION_FOR_VLLM="$version"
 echo "$prog: building vLLM $version from $src (target device ${VLLM_TARGET_DEVICE:-auto}," \
      "MAX_JOBS=${MAX_JOBS:-unset}, NVCC_THREADS=${NVCC_THREADS:-unset}," \
      "launcher ${launcher:-none})"
