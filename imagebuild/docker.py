@@ -20,6 +20,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests
 
 from imagebuild.errors import OperationFailed, UserError
 
@@ -27,6 +28,9 @@ DOCKER_CLI = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
 ENGINE_FIX = "start a Docker engine: `bash scripts/setup.sh` (or `dockerd &`)"
 # every container this tool starts carries it, so a clean-up finds them all
 OWNER_LABEL = "io.imagebuild.owner"
+# what talking to the engine can raise: the SDK's errors, and the transport's when the
+# socket is gone or the daemon stops answering
+ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,9 @@ class PushEvent:
     status: str
     digest: str | None = None
     error: str | None = None
+    layer: str = ""  # which layer a progress event is about
+    current: int = 0  # bytes of it sent so far
+    total: int = 0  # its size (0: not a progress event)
 
 
 class Engine:
@@ -51,7 +58,7 @@ class Engine:
             if self._client is None:
                 try:
                     self._client = docker.from_env(version="auto", timeout=300)
-                except docker.errors.DockerException as exc:
+                except ENGINE_ERRORS as exc:
                     raise OperationFailed(f"no Docker engine answers ({exc})",
                                           fix=ENGINE_FIX) from None
             return self._client
@@ -63,7 +70,7 @@ class Engine:
     def info(self) -> dict[str, Any]:
         try:
             return dict(self.client.info())
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             raise OperationFailed(f"no Docker engine answers ({exc})", fix=ENGINE_FIX) from None
 
     # -- images
@@ -76,7 +83,7 @@ class Engine:
             return None
         except docker.errors.NotFound:
             return None
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot inspect {ref}: {exc}", fix=ENGINE_FIX) from None
 
     def image_id(self, ref: str) -> str | None:
@@ -86,7 +93,7 @@ class Engine:
     def tag(self, image: str, repository: str, tag: str) -> None:
         try:
             self.api.tag(image, repository, tag)
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot tag {image} as {repository}:{tag}: {exc}") from None
 
     def remove_image(self, ref: str, *, force: bool = False) -> bool:
@@ -109,13 +116,13 @@ class Engine:
             filters["reference"] = reference
         try:
             return list(self.api.images(filters=filters or None))
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot list images: {exc}", fix=ENGINE_FIX) from None
 
     def history(self, image_id: str) -> list[dict[str, Any]]:
         try:
             return list(self.api.history(image_id))
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot read the history of {image_id}: {exc}") from None
 
     def push(self, repository: str, tag: str, auth: Mapping[str, str] | None
@@ -124,18 +131,32 @@ class Engine:
         try:
             for event in self.api.push(repository, tag=tag, stream=True, decode=True,
                                        auth_config=dict(auth) if auth else None):
+                detail = event.get("progressDetail") or {}
                 yield PushEvent(status=str(event.get("status", "")),
                                 digest=(event.get("aux") or {}).get("Digest"),
-                                error=event.get("error"))
+                                error=event.get("error"), layer=str(event.get("id", "")),
+                                current=int(detail.get("current") or 0),
+                                total=int(detail.get("total") or 0))
         except docker.errors.APIError as exc:
             yield PushEvent(status="error", error=str(exc.explanation or exc))
+
+    def registry_digest(self, ref: str) -> str:
+        """The digest `ref` has in its registry now (a multi-platform image: its index's),
+        asked through the engine, which uses its own credentials, mirrors and proxy."""
+        try:
+            return str(self.api.inspect_distribution(ref)["Descriptor"]["digest"])
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot look up the digest of {ref}: {exc}",
+                                  fix="run `build.py lock --update TARGET` where the Docker "
+                                      "engine can reach that registry (`docker pull` "
+                                      "works)") from None
 
     def pull(self, ref: str, *, timeout: float = 120) -> str | None:
         """Pull `ref`; None (with the reason in the exception text swallowed) when the
         registry does not have it or is unreachable: the caller decides what then."""
         try:
             return str(self.client.images.pull(ref).id)
-        except docker.errors.DockerException:
+        except ENGINE_ERRORS:
             return None
 
     def import_tar(self, tar_path: Path, repository: str, tag: str,
@@ -145,7 +166,7 @@ class Engine:
             with open(tar_path, "rb") as fh:
                 out = self.api.import_image_from_data(fh, repository=repository, tag=tag,
                                                       changes=changes)
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             raise OperationFailed(f"docker import of {tar_path} failed: {exc}") from None
         image_id = self.image_id(f"{repository}:{tag}")
         if not image_id:
@@ -159,14 +180,14 @@ class Engine:
             return dict(self.api.inspect_container(name)["State"])
         except docker.errors.NotFound:
             return None
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot inspect container {name}: {exc}") from None
 
     def container_names(self, *, label: str) -> list[str]:
         try:
             return [c["Names"][0].lstrip("/")
                     for c in self.api.containers(all=True, filters={"label": label})]
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot list containers: {exc}", fix=ENGINE_FIX) from None
 
     def logs(self, name: str, *, follow: bool = True) -> Iterator[bytes]:
@@ -174,14 +195,14 @@ class Engine:
         try:
             yield from self.api.logs(name, stream=True, follow=follow, stdout=True,
                                      stderr=True)
-        except docker.errors.DockerException:
+        except ENGINE_ERRORS:
             return
 
     def cpu_percent(self, name: str) -> float | None:
         """CPU use since the previous sample, on `docker stats`' scale (100 = one core)."""
         try:
             s = self.api.stats(name, stream=False)
-        except docker.errors.DockerException:
+        except ENGINE_ERRORS:
             return None
         try:
             cpu = s["cpu_stats"]["cpu_usage"]["total_usage"] - \
@@ -195,7 +216,7 @@ class Engine:
     def exec(self, name: str, argv: list[str]) -> tuple[int, str]:
         try:
             res = self.client.containers.get(name).exec_run(argv, demux=False)
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             raise OperationFailed(f"docker exec in {name} failed: {exc}") from None
         return int(res.exit_code or 0), (res.output or b"").decode(errors="replace")
 
@@ -206,7 +227,7 @@ class Engine:
 
         try:
             stream, _stat = self.api.get_archive(name, path)
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot copy {path} out of {name}: {exc}") from None
         dest.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
@@ -222,7 +243,7 @@ class Engine:
         except docker.errors.ImageNotFound:
             raise UserError(f"no local image {image}",
                             fix="build it first (`build.py build`) or pull it") from None
-        except docker.errors.DockerException as exc:
+        except ENGINE_ERRORS as exc:
             self.remove_container(name)
             raise OperationFailed(f"docker run {image} failed: {exc}") from None
         return str(c.id)
@@ -292,7 +313,7 @@ def image_user(ref: str, user: str) -> tuple[int, int]:
     try:
         out = engine().client.containers.run(ref, ["-c", "id -u; id -g"], entrypoint="sh",
                                              remove=True, network_mode="host")
-    except docker.errors.DockerException as exc:
+    except ENGINE_ERRORS as exc:
         raise OperationFailed(f"cannot tell which user {ref} runs as: {exc}") from None
     uid, gid = out.decode().split()[:2]
     return int(uid), int(gid)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from imagebuild.build import hygiene
 from imagebuild.build.buildjobs import choose_parallelism, host_resources
 from imagebuild.build.hygiene import PARENT_LABEL, base_repo, engine_repo
+from imagebuild.docker import engine as docker_engine
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.resolve import generate_model, sha256_file
 from imagebuild.lock.lockfile import Lock
@@ -41,7 +42,6 @@ INPUTS_LABEL = "io.imagebuild.inputs"
 INPUTS_REPO = hygiene.INPUTS_REPO  # "imagebuild/inputs"
 # what the expensive steps (before the patch series) depend on; see prefix_digest
 PREFIX_LABEL = "io.imagebuild.prefix"
-DOCKER = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
 DEFAULT_CA = "/etc/ssl/certs/ca-certificates.crt"
 GiB = 2**30
 # Free disk a build needs, by (how the target's engine is made: engine_from, kind):
@@ -83,33 +83,16 @@ class BuildRecord:
     layers: list[dict] = field(default_factory=list)
 
 
-def _docker(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess[str]:
-    try:
-        proc = subprocess.run([DOCKER, *args], capture_output=True, text=True, **kw)
-    except FileNotFoundError:
-        raise OperationFailed(f"no docker client at {DOCKER}",
-                              fix="install docker.io (scripts/setup.sh)") from None
-    if check and proc.returncode != 0:
-        raise OperationFailed(f"docker {args[0]} failed: {proc.stderr.strip()[-500:]}")
-    return proc
-
-
 def preflight_engine() -> tuple[str, str]:
     """Fail early, in one line, on a missing daemon or a daemon without BuildKit.
     Returns the build command flavour ('buildx' or 'buildkit') and the daemon's data root."""
-    info = _docker("info", "--format", "{{json .}}", check=False)
-    if info.returncode != 0:
-        raise OperationFailed("no Docker engine answers "
-                              f"({info.stderr.strip().splitlines()[-1] if info.stderr else ''})",
-                              fix="start one: `bash scripts/setup.sh` (or `dockerd &`)")
-    data = json.loads(info.stdout or "{}")
-    version = data.get("ServerVersion", "0")
+    data = docker_engine().info()
+    version = str(data.get("ServerVersion", "0"))
     if int(version.split(".")[0]) < 19:
         raise OperationFailed(f"Docker engine {version} has no usable BuildKit",
                               fix="use Docker 20.10 or newer")
-    plugin = _docker("buildx", "version", check=False)
-    return ("buildx" if plugin.returncode == 0 else "buildkit",
-            data.get("DockerRootDir", "/var/lib/docker"))
+    return ("buildx" if docker_engine().has_buildx() else "buildkit",
+            str(data.get("DockerRootDir", "/var/lib/docker")))
 
 
 def disk_need(target: str, kind: str, prefix_cached: bool, weight_bytes: int = 0) -> int:
@@ -181,32 +164,23 @@ def inputs_digest(rendered: Rendered, context: Path, build_args: dict[str, str],
 
 def _find_by_inputs(digest: str) -> str | None:
     """The image built from exactly these inputs (by its inputs tag), or None."""
-    proc = _docker("image", "inspect", "--format", "{{.Id}}", f"{INPUTS_REPO}:{digest}",
-                   check=False)
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.strip() or None
+    return docker_engine().image_id(f"{INPUTS_REPO}:{digest}")
 
 
 def _find_by_label(label: str, value: str) -> str | None:
-    out = _docker("image", "ls", "-q", "--no-trunc", "--filter",
-                  f"label={label}={value}", check=False).stdout.split()
-    return out[0] if out else None
+    rows = docker_engine().images(label=f"{label}={value}")
+    return str(rows[0]["Id"]) if rows else None
 
 
 def _image_size(image_id: str) -> int:
-    return int(_docker("image", "inspect", "--format", "{{.Size}}", image_id).stdout.strip())
+    info = docker_engine().inspect_image(image_id)
+    return int(info["Size"]) if info else 0
 
 
 def layer_sizes(image_id: str) -> list[dict]:
-    """Per-layer sizes (newest first) from `docker history`, for the bench's bytes-new report."""
-    out = _docker("history", "--no-trunc", "--format", "{{json .}}", image_id).stdout
-    rows = []
-    for line in out.splitlines():
-        row = json.loads(line)
-        rows.append({"id": row.get("ID"), "created_by": row.get("CreatedBy", "")[:120],
-                     "size": row.get("Size")})
-    return rows
+    """Per-layer sizes (newest first) from the image history, for the bytes-new report."""
+    return [{"id": row.get("Id"), "created_by": (row.get("CreatedBy") or "")[:120],
+             "size": row.get("Size")} for row in docker_engine().history(image_id)]
 
 
 class Builder:
@@ -298,7 +272,8 @@ class Builder:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         found = _find_by_inputs(digest)
         if found:
-            _docker("tag", found, ref)
+            repository, _, tag = ref.rpartition(":")
+            docker_engine().tag(found, repository, tag)
             self.log(f"[{kind}] {ref}: up to date (inputs {digest[:12]}), not rebuilt")
             return BuildRecord(kind, ref, digest, found, _image_size(found), 0.0, 0, 0, True,
                                str(log_path), cell)
@@ -314,8 +289,7 @@ class Builder:
                    + (f" ({weights / 1e9:.1f} GB of locked weights)" if weights else ""))
         with tempfile.TemporaryDirectory(prefix="imagebuild-secrets-") as tmp:
             iid = Path(tmp) / "iid"
-            cmd = ([DOCKER, "buildx", "build", "--load"] if self.flavour == "buildx"
-                   else [DOCKER, "build"])
+            cmd = ["buildx", "build", "--load"] if self.flavour == "buildx" else ["build"]
             cmd += ["--network", "host", "--progress", "plain", "--iidfile", str(iid),
                     "-t", ref, "-t", f"{INPUTS_REPO}:{digest}",
                     "--label", f"{INPUTS_LABEL}={digest}"]
@@ -332,10 +306,9 @@ class Builder:
                 src.chmod(0o600)
                 cmd += ["--secret", f"id={sid},src={src}"]
             cmd.append(str(ctx))
-            env = {**os.environ, "DOCKER_BUILDKIT": "1"}
             self.log(f"[{kind}] building {ref} (inputs {digest[:12]}); log: {log_path}")
             start = time.monotonic()
-            run, cached, tail = self._stream(cmd, env, log_path, kind)
+            run, cached, tail = self._stream(cmd, log_path, kind)
             wall = time.monotonic() - start
             if not iid.exists():
                 raise OperationFailed(f"[{kind}] build of {ref} failed:\n{tail}",
@@ -347,14 +320,11 @@ class Builder:
         return BuildRecord(kind, ref, digest, image_id, size, round(wall, 2), run, cached,
                            False, str(log_path), cell)
 
-    def _stream(self, cmd: list[str], env: dict, log_path: Path, kind: str
-                ) -> tuple[int, int, str]:
+    def _stream(self, cmd: list[str], log_path: Path, kind: str) -> tuple[int, int, str]:
         steps: set[str] = set()
         cached: set[str] = set()
         last: list[str] = []
-        with open(log_path, "w") as log_file, subprocess.Popen(
-                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                bufsize=1) as proc:
+        with open(log_path, "w") as log_file, docker_engine().buildkit_build(cmd, {}) as proc:
             assert proc.stdout
             for line in proc.stdout:
                 log_file.write(line)
@@ -386,8 +356,7 @@ class Builder:
                                   workdir=self.out_dir / "bootstrap", log=self.log)
             rendered = render_base(self.lm, cell.target_name, self.lock)
             ctx = self._context(rendered, f"{cell.target_name}-base")
-            base_id = _docker("image", "inspect", "--format", "{{.Id}}", t.base_image,
-                              check=False).stdout.strip()
+            base_id = docker_engine().image_id(t.base_image) or ""
             self._done[base_key] = self._build(
                 "base", rendered, ctx, f"{base_repo(cell.target_name)}:{{inputs}}", {},
                 base_id, [self.lock.entry("bases", cell.target_name)])

@@ -26,15 +26,12 @@ Log = Callable[[str], None]
 
 
 def docker_client() -> Any:
-    import docker
+    """The Docker SDK client of the one Docker seam (imagebuild/docker.py)."""
+    from imagebuild.docker import engine
 
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as exc:
-        raise OperationFailed(f"cannot reach the Docker engine: {exc}",
-                              fix="start dockerd (scripts/setup.sh)") from None
-    return client
+    seam = engine()
+    seam.info()  # one clear error when no engine answers
+    return seam.client
 
 
 def base_repo(target: str) -> str:

@@ -153,15 +153,9 @@ def resolve_image_digest(ref: str) -> str:
     """The digest `ref` has in its registry now (for a multi-platform image, that of its
     index), asked through the local Docker engine, which uses its own registry
     credentials, mirrors and proxy."""
-    import docker
+    from imagebuild.docker import engine
 
-    try:
-        api = docker.APIClient(version="auto")
-        digest = api.inspect_distribution(ref)["Descriptor"]["digest"]
-    except docker.errors.DockerException as exc:
-        raise OperationFailed(f"cannot look up the digest of {ref}: {exc}",
-                              fix="run `build.py lock --update TARGET` where the Docker engine "
-                                  "can reach that registry (`docker pull` works)") from None
+    digest = engine().registry_digest(ref)
     if not str(digest).startswith("sha256:"):
         raise OperationFailed(f"the registry answered no digest for {ref}")
     return str(digest)

@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import docker
-import docker.errors
-
 from imagebuild import progress
+from imagebuild.docker import engine
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import (
     OCI_MANIFEST,
@@ -73,19 +71,11 @@ def load_verdict(path: Path) -> dict[str, Any]:
     return data
 
 
-def _docker_api() -> docker.APIClient:
-    try:
-        return docker.APIClient(version="auto")
-    except docker.errors.DockerException as exc:
-        raise OperationFailed(f"cannot reach the Docker engine: {exc}",
-                              fix="start dockerd (scripts/setup.sh)") from None
-
-
 def inspect_local(ref: str) -> dict[str, Any]:
-    try:
-        return _docker_api().inspect_image(ref)
-    except docker.errors.ImageNotFound:
-        raise UserError(f"no local image {ref}", fix="build it first (`build.py build`)") from None
+    info = engine().inspect_image(ref)
+    if info is None:
+        raise UserError(f"no local image {ref}", fix="build it first (`build.py build`)")
+    return info
 
 
 def gate(verdict: dict[str, Any], image_id: str, ref: str) -> None:
@@ -117,30 +107,25 @@ def docker_push(image_id: str, name: str, tag: str, creds: Credentials | None) -
 
     Credentials go to dockerd in the X-Registry-Auth header, never to a file or a log.
     """
-    api = _docker_api()
-    api.tag(image_id, name, tag)
+    seam = engine()
+    seam.tag(image_id, name, tag)
     digest = None
     layers: dict[str, tuple[int, int]] = {}  # layer -> (bytes sent, size) for progress
     try:
-        for event in api.push(name, tag=tag, stream=True, decode=True,
-                              auth_config=_auth(creds, name.split("/")[0])):
-            if (detail := event.get("progressDetail")) and detail.get("total"):
-                layers[event.get("id", "")] = (int(detail.get("current") or 0),
-                                               int(detail["total"]))
+        for event in seam.push(name, tag, _auth(creds, name.split("/")[0])):
+            if event.total:
+                layers[event.layer] = (event.current, event.total)
                 progress.wait("push", f"{sum(c for c, _ in layers.values()) / 1e6:,.0f} of "
                                       f"{sum(t for _, t in layers.values()) / 1e6:,.0f} MB "
                                       f"in {len(layers)} layer(s) being sent")
-            if "error" in event:
-                raise OperationFailed(f"docker push {name}:{tag} failed: {event['error']}",
+            if event.error:
+                raise OperationFailed(f"docker push {name}:{tag} failed: {event.error}",
                                       fix="check the registry; re-running resumes the push")
-            digest = (event.get("aux") or {}).get("Digest") or digest
-    except docker.errors.APIError as exc:
-        raise OperationFailed(f"docker push {name}:{tag} failed: {exc.explanation or exc}",
-                              fix="check the registry; re-running resumes the push") from None
+            digest = event.digest or digest
     finally:
         try:
-            api.remove_image(f"{name}:{tag}")  # only the local staging tag, not the image
-        except docker.errors.APIError:
+            seam.remove_image(f"{name}:{tag}")  # only the local staging tag, not the image
+        except OperationFailed:
             pass
     if not digest:
         raise OperationFailed(f"docker push {name}:{tag} reported no digest")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -11,34 +10,29 @@ from imagebuild.build import builder
 from imagebuild.errors import OperationFailed
 from imagebuild.render import Rendered
 
-FAKE_DOCKER = """#!/bin/sh
-case "$1" in
-  info) {info} ;;
-  buildx) exit 1 ;;
-esac
-"""
-
-
-def _fake_docker(tmp_path: Path, info: str) -> str:
-    path = tmp_path / "docker"
-    path.write_text(FAKE_DOCKER.format(info=info))
-    path.chmod(0o755)
-    return str(path)
-
 
 def test_missing_engine_is_one_line_with_fix(tmp_path, monkeypatch):
-    monkeypatch.setattr(builder, "DOCKER", _fake_docker(
-        tmp_path, "echo 'Cannot connect to the Docker daemon at unix:///var/run/docker.sock' >&2;"
-                  " exit 1"))
+    import docker
+
+    from imagebuild.docker import Engine
+
+    nowhere = Engine(docker.DockerClient(base_url=f"unix://{tmp_path}/no-daemon.sock",
+                                         version="1.41"))
+    monkeypatch.setattr(builder, "docker_engine", lambda: nowhere)
     with pytest.raises(OperationFailed) as info:
         builder.preflight_engine()
     assert "no Docker engine answers" in info.value.message
     assert "scripts/setup.sh" in info.value.fix
 
 
-def test_old_engine_without_buildkit(tmp_path, monkeypatch):
-    monkeypatch.setattr(builder, "DOCKER", _fake_docker(
-        tmp_path, "echo '{\"ServerVersion\": \"17.06.0\", \"DockerRootDir\": \"/\"}'"))
+def test_old_engine_without_buildkit(monkeypatch):
+    from imagebuild.docker import Engine
+
+    class Old(Engine):
+        def info(self):
+            return {"ServerVersion": "17.06.0", "DockerRootDir": "/"}
+
+    monkeypatch.setattr(builder, "docker_engine", Old)
     with pytest.raises(OperationFailed, match="has no usable BuildKit"):
         builder.preflight_engine()
 
@@ -59,8 +53,16 @@ def test_not_enough_disk(tmp_path, monkeypatch):
 
 
 def test_buildkit_flavour_without_buildx(tmp_path, monkeypatch):
-    monkeypatch.setattr(builder, "DOCKER", _fake_docker(
-        tmp_path, f"echo '{{\"ServerVersion\": \"20.10.24\", \"DockerRootDir\": \"{tmp_path}\"}}'"))
+    from imagebuild.docker import Engine
+
+    class Debian2010(Engine):
+        def info(self):
+            return {"ServerVersion": "20.10.24", "DockerRootDir": str(tmp_path)}
+
+        def has_buildx(self):
+            return False
+
+    monkeypatch.setattr(builder, "docker_engine", Debian2010)
     assert builder.preflight_engine() == ("buildkit", str(tmp_path))
 
 
@@ -101,12 +103,24 @@ PLAIN_PROGRESS = """#1 [internal] load build definition from Dockerfile
 """
 
 
-def test_step_counting_from_plain_progress(tmp_path):
+def test_step_counting_from_plain_progress(tmp_path, monkeypatch):
+    import subprocess
+
+    from imagebuild.docker import Engine
+
     sample = tmp_path / "progress.txt"
     sample.write_text(PLAIN_PROGRESS)
+
+    class Replay(Engine):
+        """BuildKit's plain progress, replayed from a file instead of a build."""
+
+        def buildkit_build(self, argv, env):
+            return subprocess.Popen(["cat", str(sample)], stdout=subprocess.PIPE, text=True)
+
+    monkeypatch.setattr(builder, "docker_engine", Replay)
     b = builder.Builder.__new__(builder.Builder)
     b.log = lambda _: None
-    run, cached, tail = b._stream(["cat", str(sample)], {}, tmp_path / "log.txt", "engine")
+    run, cached, tail = b._stream(["build", "."], tmp_path / "log.txt", "engine")
     assert (run, cached) == (2, 1)  # FROM resolves an image: not a step
     assert (tmp_path / "log.txt").read_text() == PLAIN_PROGRESS
     assert "exporting to image" in tail
@@ -131,13 +145,23 @@ def test_inputs_digest_tracks_every_input(tmp_path):
 
 def test_build_command_without_engine_exits_1(tmp_path, monkeypatch, capsys):
     from imagebuild.cli import main
-    monkeypatch.setattr(builder, "DOCKER", _fake_docker(tmp_path, "exit 1"))
-    monkeypatch.setattr(builder, "_find_by_inputs", lambda digest: None)
-    monkeypatch.setattr(builder, "_find_by_label", lambda label, value: None)
+    from imagebuild.docker import Engine
+
+    class NoDaemon(Engine):
+        """The Docker seam's double: every call finds no engine."""
+
+        def info(self):
+            raise OperationFailed("no Docker engine answers (no daemon)", fix="start one")
+
+        def image_id(self, ref):
+            return None
+
+        def images(self, **kw):
+            return []
+
+    monkeypatch.setattr(builder, "docker_engine", NoDaemon)
     import imagebuild.build.bootstrap as bootstrap
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")
-    monkeypatch.setattr(builder, "_docker", lambda *a, **k: type(
-        "P", (), {"stdout": "", "returncode": 1, "stderr": "no daemon"})())
     code = main(["build", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
                  "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
