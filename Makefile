@@ -1,6 +1,8 @@
 # Thin entry points for the workflows (.github/workflows/*): each target calls build.py or
 # one tool, so the logic stays in tested Python. Inputs come from the environment
-# (RELEASE_TAG, ROLLBACK_TO, ROLLBACK_IMAGE), never spliced into YAML.
+# (RELEASE_TAG, RELEASE_TARGET, CELL, CELL_TARGET, ACCEPT, ACCEPT_REASON, ROLLBACK_TO,
+# ROLLBACK_IMAGE), never spliced into YAML. Targets come from the plan, never from a name
+# written here: RELEASE_TARGET is a target of matrix.yaml or `all` (the default).
 PY ?= .venv/bin/python
 TAG ?= 2026-06-18-dflashfix
 PINS_DIR ?= build/pins
@@ -8,8 +10,9 @@ export PYTHONDONTWRITEBYTECODE = 1
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 
-.PHONY: venv setup lint typecheck workflows checks unit test release-matrix runner-clean \
-	release-notes github-release rollback pins-watch pin-issues
+.PHONY: venv setup lint typecheck workflows checks unit test release-commit release-matrix \
+	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release rollback \
+	pins-watch pin-issues
 
 venv:  ## the pinned project venv only (no Docker, no vLLM): lint, unit, plan, notes
 	test -x $(PY) || python3 -m venv .venv
@@ -27,11 +30,10 @@ typecheck:
 workflows:
 	bash scripts/lint-workflows.sh
 
-checks:  ## generated files and the lock are current; preflight passes on both targets
+checks:  ## generated files and the lock are current; preflight passes on every target
 	$(PY) build.py render --check
 	$(PY) build.py lock --check
-	$(PY) build.py check --tag $(TAG) --target gb10
-	$(PY) build.py check --tag $(TAG) --target cpu
+	$(PY) build.py check --tag $(TAG) --target all
 
 unit:
 	$(PY) -m pytest -q tests/unit tests/render -m "not slow and not vllm"
@@ -39,9 +41,40 @@ unit:
 test:
 	$(PY) -m pytest
 
-release-matrix:  ## `matrix=<plan --format github>` for $GITHUB_OUTPUT
-	m=$$($(PY) build.py plan --tag "$$RELEASE_TAG" --target gb10 --format github) && \
-	  printf 'matrix=%s\n' "$$m"
+release-commit:  ## `commit=SHA` of refs/tags/$$RELEASE_TAG, refused unless it is on main
+	# main's history is in the checkout: the release workflow checks out with fetch-depth 0
+	c=$$(git rev-parse --verify --quiet "refs/tags/$$RELEASE_TAG^{commit}") || \
+	  { echo "release-commit: no tag $$RELEASE_TAG in this checkout" >&2; exit 1; }; \
+	git rev-parse --verify --quiet refs/remotes/origin/main >/dev/null || \
+	  { echo "release-commit: origin/main was not fetched (checkout with fetch-depth: 0)" >&2; exit 1; }; \
+	git merge-base --is-ancestor "$$c" refs/remotes/origin/main || \
+	  { echo "release-commit: tag $$RELEASE_TAG ($$c) is not on main: releases are built from main's history only" >&2; exit 1; }; \
+	[ "$$(git rev-parse HEAD)" = "$$c" ] || \
+	  { echo "release-commit: the checkout is not the commit of tag $$RELEASE_TAG" >&2; exit 1; }; \
+	printf 'commit=%s\n' "$$c"
+
+release-matrix:  ## `cells=` (one entry per cell) and `targets=` (one per target: its engine job) of the plan, for $$GITHUB_OUTPUT
+	cells=$$($(PY) build.py plan --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" --format github) && \
+	targets=$$($(PY) build.py plan --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" --format targets) && \
+	  printf 'cells=%s\ntargets=%s\n' "$$cells" "$$targets"
+
+accept-check:  ## the gates named in $$ACCEPT exist and $$ACCEPT_REASON says why (before anything is built)
+	$(PY) -m imagebuild.release.overrides >/dev/null
+
+cell-build:  ## $$CELL's serve layers FROM the engine its target's engine job pushed (build/engines/$$CELL_TARGET.ref)
+	ref=$$(cat "build/engines/$$CELL_TARGET.ref") && \
+	$(PY) build.py build --tag "$$RELEASE_TAG" --target "$$CELL_TARGET" --only "$$CELL" \
+	  --engine-image "$$ref"
+
+promote:  ## move latest to the release ($$RELEASE_TAG of $$RELEASE_TARGET), passing the gates $$ACCEPT names with $$ACCEPT_REASON
+	mkdir -p build
+	$(PY) -m imagebuild.release.overrides > build/accept.args
+	mapfile -t accept < build/accept.args; \
+	$(PY) build.py promote --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" "$${accept[@]}"
+
+bootstrap-deps:  ## debootstrap where it is missing (a hosted runner building a bootstrapped base)
+	command -v debootstrap >/dev/null || { sudo apt-get update -qq && \
+	  sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; }
 
 runner-clean:  ## smoke containers, dangling layers, images of releases older than the newest $$KEEP (default 3; latest, its rollback target and BuildKit cache mounts stay)
 	docker ps -aq --filter label=io.imagebuild.smoke | xargs -r docker rm -f
@@ -50,7 +83,7 @@ runner-clean:  ## smoke containers, dangling layers, images of releases older th
 
 release-notes:  ## notes + one bench plot per image ($$ASSET_URL: where the release keeps them)
 	mkdir -p build/release-assets
-	$(PY) build.py notes --tag "$$RELEASE_TAG" --target gb10 --smoke-dir build \
+	$(PY) build.py notes --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" --smoke-dir build \
 	  --plot-dir build/release-assets --asset-url "$$ASSET_URL" > build/release-notes.md
 
 github-release:  ## create the release, or refresh its notes and plots when re-run

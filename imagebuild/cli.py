@@ -161,6 +161,18 @@ def parser() -> argparse.ArgumentParser:
     _release(p)
     p.add_argument("--out", type=Path, default=None,
                    help="where logs, contexts and build records go (default: build/)")
+    p.add_argument("--engine-only", action="store_true",
+                   help="build base and engine of each target, no serve image (a release's "
+                        "engine stage)")
+    p.add_argument("--push", action="store_true",
+                   help="with --engine-only: push each engine by digest to REGISTRY/NAMESPACE/"
+                        "engine-TARGET-ENGINE (one the registry already holds is not built "
+                        "again); prints REF@sha256:..., writes it to OUT/engines/TARGET.ref "
+                        "and to $GITHUB_OUTPUT (engine_image)")
+    p.add_argument("--engine-image", default=None, metavar="REF@sha256:DIGEST",
+                   help="pull this engine (what --engine-only --push printed) instead of "
+                        "building it, refused unless its inputs are this checkout's; only "
+                        "the serve layers are built here")
 
     _smoke_args(sub.add_parser("smoke", help="run serve images hardened and check they serve "
                                              "correctly (exit 1 when one fails)"))
@@ -341,14 +353,35 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from imagebuild.build.builder import build_jobs
+    from imagebuild.build.builder import build_engines, build_jobs
+    from imagebuild.build.handoff import parse_engine_ref, ship_engines
     from imagebuild.job import buildable
 
+    if args.push and not args.engine_only:
+        raise UserError("--push goes with --engine-only",
+                        fix="serve images are pushed by `build.py publish`, after smoke")
+    if args.engine_only and args.engine_image:
+        raise UserError("--engine-only builds the engine that --engine-image would pull",
+                        fix="use one of them")
+    if args.engine_image:
+        parse_engine_ref(args.engine_image)  # a malformed reference: exit 2, nothing built
     plan = buildable(_plan(args))
-    print(f"building {len(plan.jobs)} cell(s) of {plan.tag} for target {plan.target} "
-          f"({plan.target_reason})")
-    for rec in build_jobs(plan.lm, plan.lock, plan.jobs, out_dir=_out(args, plan)):
-        how = ("reused (same inputs)" if rec.avoided else
+    out = _out(args, plan)
+    what = "the engine(s)" if args.engine_only else f"{len(plan.jobs)} cell(s)"
+    print(f"building {what} of {plan.tag} for target {plan.target} ({plan.target_reason})")
+    if args.engine_only and args.push:
+        for target, ref in ship_engines(plan.lm, plan.lock, plan.jobs, plan.destination,
+                                        out_dir=out).items():
+            print(f"  engine {target}: {ref}")
+        return 0
+    if args.engine_only:
+        records = build_engines(plan.lm, plan.lock, plan.jobs, out_dir=out)
+    else:
+        records = build_jobs(plan.lm, plan.lock, plan.jobs, out_dir=out,
+                             engine_image=args.engine_image)
+    for rec in records:
+        how = (f"pulled {rec.pulled_from}" if rec.pulled_from else
+               "reused (same inputs)" if rec.avoided else
                f"{rec.wall_s:.1f}s, {rec.steps_run} run / {rec.steps_cached} cached")
         print(f"  {rec.kind:6} {rec.ref}  {rec.image_id[:19]}  "
               f"{rec.size_bytes / 1e6:.0f} MB  {how}")

@@ -159,6 +159,17 @@ class Engine:
         except ENGINE_ERRORS:
             return None
 
+    def pull_checked(self, ref: str, auth: Mapping[str, str] | None = None) -> str:
+        """Pull `ref` with these credentials (X-Registry-Auth, as push); the local image
+        id, or OperationFailed with the registry's reason."""
+        try:
+            return str(self.client.images.pull(ref, auth_config=dict(auth) if auth else None).id)
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"docker pull {ref} failed: {exc}",
+                                  fix="check the reference and the registry credentials "
+                                      "(IMAGEBUILD_REGISTRY_USER/_PASSWORD or `docker "
+                                      "login`)") from None
+
     def import_tar(self, tar_path: Path, repository: str, tag: str,
                    changes: list[str]) -> str:
         """`docker import` of a rootfs tarball with Dockerfile `changes`; the new image id."""

@@ -238,7 +238,7 @@ def github_matrix(jobs: tuple[Job, ...]) -> dict[str, Any]:
     return {"include": [{
         "cell": j.id, "image": j.cell.image, "target": j.cell.target_name,
         "platform": j.cell.target.platform, "runner": runner(j.cell.target),
-        "release_tag": str(j.tag),
+        "bootstrap": j.cell.target.bootstrap is not None, "release_tag": str(j.tag),
     } for j in jobs]}
 
 
@@ -254,6 +254,8 @@ def target_matrix(plan: Plan) -> dict[str, Any]:
         out.append({"target": name, "platform": t.platform, "accelerator": t.accelerator,
                     "compute_capability": t.compute_capability,
                     "unified_memory": t.unified_memory, "runner": runner(t),
+                    # its base is made with debootstrap on the runner (which then needs it)
+                    "bootstrap": t.bootstrap is not None,
                     "traits": sorted(hardware.traits(t)), "cells": count})
     return {"include": out}
 

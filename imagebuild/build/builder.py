@@ -61,6 +61,8 @@ CLEAN_FIX = ("free disk with `python build.py runner-clean --keep N`: it removes
              "any system-wide prune would wipe")
 SECRET_ENV = ("SCCACHE_REDIS_USERNAME", "SCCACHE_REDIS_PASSWORD", "AWS_ACCESS_KEY_ID",
               "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+# build args that decide how fast an image is built, never what it holds
+SPEED_ARGS = frozenset({"MAX_JOBS", "NVCC_THREADS"})
 STEP = re.compile(r"^#(\d+) \[(?:[\w.-]+ )?\s*\d+/\d+\] (?!FROM )")  # FROM is no step
 CACHED = re.compile(r"^#(\d+) CACHED")
 DONE = re.compile(r"^#(\d+) DONE")
@@ -81,6 +83,23 @@ class BuildRecord:
     log: str
     cell: str | None = None
     layers: list[dict] = field(default_factory=list)
+    pulled_from: str | None = None  # an engine pulled by digest (build --engine-image)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One image as its inputs decide it, before (or instead of) building it."""
+
+    kind: str
+    rendered: Rendered
+    ctx: Path
+    ref: str  # the local tag, `{inputs}` filled in
+    build_args: dict[str, str]
+    parent: str | None  # what it is built FROM, as its inputs digest sees it
+    lock_entries: list
+    digest: str  # the inputs digest
+    cell: str | None = None
+    parent_image: str | None = None  # the parent's local image id (lineage label)
 
 
 def preflight_engine() -> tuple[str, str]:
@@ -151,15 +170,36 @@ def prefix_digest(rendered: Rendered, context: Path, parent: str | None) -> str 
 
 def inputs_digest(rendered: Rendered, context: Path, build_args: dict[str, str],
                   parent: str | None, lock_entries: Iterable[object]) -> str:
-    """What decides the image: Dockerfile, every context file, args, parent, lock entries."""
+    """What decides the image: Dockerfile, every context file, args, parent, lock entries.
+    Not how fast it is built (SPEED_ARGS): two runners with different memory must agree
+    on an engine's digest, or one could not use the engine the other pushed."""
     h = hashlib.sha256()
     h.update(rendered.text.encode())
     for path in sorted(p for p in context.rglob("*") if p.is_file()):
         h.update(str(path.relative_to(context)).encode() + b"\0" + sha256_file(path).encode())
-    h.update(json.dumps(build_args, sort_keys=True).encode())
+    h.update(json.dumps({k: v for k, v in build_args.items() if k not in SPEED_ARGS},
+                        sort_keys=True).encode())
     h.update((parent or "").encode())
     h.update(json.dumps(list(lock_entries), sort_keys=True).encode())
     return h.hexdigest()
+
+
+def upstream_identity(image: str, locked_digest: str | None) -> str:
+    """What the base is built FROM, as the base's inputs digest sees it: the locked digest
+    (also in the rendered FROM line), else the local image's content (its layers and the
+    settings `docker import` gave it). Never its image id: `docker import` stamps a
+    creation time into it, so the same bootstrapped rootfs has another id on every runner,
+    and runners must agree on the digests of the base and engine built on it."""
+    if locked_digest:
+        return locked_digest
+    info = docker_engine().inspect_image(image)
+    if not info:
+        return ""
+    config = info.get("Config") or {}
+    content = {"layers": (info.get("RootFS") or {}).get("Layers") or [],
+               "config": {k: config.get(k) for k in ("Env", "Cmd", "Entrypoint", "User",
+                                                     "WorkingDir")}}
+    return "content:" + hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def _find_by_inputs(digest: str) -> str | None:
@@ -236,15 +276,21 @@ class Builder:
                     json.dumps(manifest, indent=1, sort_keys=True))
 
     # -- one docker build ---------------------------------------------------------------
-    def _build(self, kind: str, rendered: Rendered, ctx: Path, ref: str,
-               build_args: dict[str, str], parent: str | None, lock_entries: list,
-               cell: str | None = None, parent_image: str | None = None) -> BuildRecord:
-        record = self._build_one(kind, rendered, ctx, ref, build_args, parent, lock_entries,
-                                 cell, parent_image)
+    def _pending(self, kind: str, rendered: Rendered, ctx: Path, ref: str,
+                 build_args: dict[str, str], parent: str | None, lock_entries: list,
+                 cell: str | None = None, parent_image: str | None = None) -> Pending:
+        digest = inputs_digest(rendered, ctx, build_args, parent, lock_entries)
+        # base/engine refs are named after their inputs: a child's FROM names an immutable,
+        # local tag (an image id in FROM would be read as an image named "sha256")
+        return Pending(kind, rendered, ctx, ref.format(inputs=digest[:16]), build_args,
+                       parent, lock_entries, digest, cell, parent_image)
+
+    def _build(self, p: Pending) -> BuildRecord:
+        record = self._build_one(p)
         # an image whose names are all gone (a ref tag moved to a newer build, a user's
         # rmi) is not kept alive by its inputs tag alone
         for line in hygiene.drop_orphan_inputs_tags():
-            self.log(f"[{kind}] {line}")
+            self.log(f"[{p.kind}] {line}")
         return record
 
     def _secrets(self, kind: str) -> dict[str, bytes]:
@@ -261,13 +307,9 @@ class Builder:
                 secrets["sccache_env"] = sccache_secret()
         return secrets
 
-    def _build_one(self, kind: str, rendered: Rendered, ctx: Path, ref: str,
-                   build_args: dict[str, str], parent: str | None, lock_entries: list,
-                   cell: str | None = None, parent_image: str | None = None) -> BuildRecord:
-        digest = inputs_digest(rendered, ctx, build_args, parent, lock_entries)
-        # base/engine refs are named after their inputs: a child's FROM names an immutable,
-        # local tag (an image id in FROM would be read as an image named "sha256")
-        ref = ref.format(inputs=digest[:16])
+    def _build_one(self, p: Pending) -> BuildRecord:
+        kind, rendered, ctx, ref, digest = p.kind, p.rendered, p.ctx, p.ref, p.digest
+        build_args, cell, parent_image = p.build_args, p.cell, p.parent_image
         log_path = self.out_dir / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         found = _find_by_inputs(digest)
@@ -279,10 +321,10 @@ class Builder:
                                str(log_path), cell)
         if self.flavour is None:
             self.flavour, self.data_root = preflight_engine()
-        prefix = prefix_digest(rendered, ctx, parent)
+        prefix = prefix_digest(rendered, ctx, p.parent)
         # (a derived image inheriting this label holds the same layers: fine here)
         warm = prefix is not None and _find_by_label(PREFIX_LABEL, prefix) is not None
-        weights = locked_weight_bytes(lock_entries) if kind == "serve" else 0
+        weights = locked_weight_bytes(p.lock_entries) if kind == "serve" else 0
         check_disk(self.data_root, disk_need(self._target, kind, warm, weights),
                    f"the {self._target} {kind} build of {ref}"
                    + (" (expensive steps cached)" if warm else "")
@@ -341,53 +383,111 @@ class Builder:
         return len(steps - cached), len(steps & cached), "\n".join(last)
 
     # -- the flow per cell --------------------------------------------------------------
-    def build_cell(self, cell: Cell, local_ref: str) -> list[BuildRecord]:
+    def _base(self, cell: Cell) -> Pending:
+        """The target's base as its inputs decide it (the upstream image made first where
+        it is bootstrapped: its content is one of those inputs)."""
         from imagebuild.build.bootstrap import ensure_base_image
 
         t = cell.target
-        self._target = t.engine_from
+        if t.bootstrap:
+            ensure_base_image(t.base_image, suite=t.bootstrap["suite"],
+                              mirror=t.bootstrap.get("mirror"),
+                              workdir=self.out_dir / "bootstrap", log=self.log)
+        entry = self.lock.entry("bases", cell.target_name)
+        rendered = render_base(self.lm, cell.target_name, self.lock)
+        ctx = self._context(rendered, f"{cell.target_name}-base")
+        return self._pending("base", rendered, ctx, f"{base_repo(cell.target_name)}:{{inputs}}",
+                             {}, upstream_identity(t.base_image, (entry or {}).get("digest")),
+                             [entry])
+
+    def _engine(self, cell: Cell, base_digest: str, base_image: str | None) -> Pending:
+        t = cell.target
+        rendered = render_engine(self.lm, cell.target_name, cell.engine_name, self.lock)
+        ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-engine")
+        args = {"BASE_IMAGE": f"{base_repo(cell.target_name)}:{base_digest[:16]}"}
+        if cell.realization.source:
+            jobs, threads = choose_parallelism(*host_resources())
+            args["MAX_JOBS"] = str(jobs if t.max_jobs == "auto" else t.max_jobs)
+            args["NVCC_THREADS"] = str(t.nvcc_threads or threads)
+        return self._pending(
+            "engine", rendered, ctx,
+            f"{engine_repo(cell.target_name, cell.engine_name)}:{{inputs}}", args, base_digest,
+            [(self.lock.entry("engines", cell.engine_name) or {}).get(cell.target_name)],
+            parent_image=base_image)
+
+    def engine_digest(self, cell: Cell) -> str:
+        """The inputs digest of the cell's engine as this checkout would build it, without
+        building anything (the upstream of a bootstrapped base is made if missing)."""
+        return self._engine(cell, self._base(cell).digest, None).digest
+
+    def build_engine(self, cell: Cell) -> list[BuildRecord]:
+        """Base and engine of the cell's (target, engine), once per run; their records."""
+        self._target = cell.target.engine_from
         self._target_name = cell.target_name
         records = []
         base_key = f"base/{cell.target_name}"
         if base_key not in self._done:
-            if t.bootstrap:
-                ensure_base_image(t.base_image, suite=t.bootstrap["suite"],
-                                  mirror=t.bootstrap.get("mirror"),
-                                  workdir=self.out_dir / "bootstrap", log=self.log)
-            rendered = render_base(self.lm, cell.target_name, self.lock)
-            ctx = self._context(rendered, f"{cell.target_name}-base")
-            base_id = docker_engine().image_id(t.base_image) or ""
-            self._done[base_key] = self._build(
-                "base", rendered, ctx, f"{base_repo(cell.target_name)}:{{inputs}}", {},
-                base_id, [self.lock.entry("bases", cell.target_name)])
+            self._done[base_key] = self._build(self._base(cell))
             records.append(self._done[base_key])
         base = self._done[base_key]
         engine_key = f"engine/{cell.target_name}/{cell.engine_name}"
         if engine_key not in self._done:
-            rendered = render_engine(self.lm, cell.target_name, cell.engine_name, self.lock)
-            ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-engine")
-            args = {"BASE_IMAGE": base.ref}
-            if cell.realization.source:
-                jobs, threads = choose_parallelism(*host_resources())
-                args["MAX_JOBS"] = str(jobs if t.max_jobs == "auto" else t.max_jobs)
-                args["NVCC_THREADS"] = str(t.nvcc_threads or threads)
             self._done[engine_key] = self._build(
-                "engine", rendered, ctx,
-                f"{engine_repo(cell.target_name, cell.engine_name)}:{{inputs}}", args,
-                base.inputs_digest,
-                [(self.lock.entry("engines", cell.engine_name) or {}).get(cell.target_name)],
-                parent_image=base.image_id)
+                self._engine(cell, base.inputs_digest, base.image_id))
             records.append(self._done[engine_key])
-        engine = self._done[engine_key]
+        return records
+
+    def engine_only(self, cell: Cell) -> BuildRecord:
+        """build_engine with its records kept and written; the engine's record."""
+        records = self.build_engine(cell)
+        self.records.extend(records)
+        self._write_records(cell, records)
+        return self._done[f"engine/{cell.target_name}/{cell.engine_name}"]
+
+    def use_engine(self, cell: Cell, ref: str) -> BuildRecord:
+        """The cell's engine pulled from `ref` (REPOSITORY@sha256:...) instead of built: it
+        must carry the inputs digest this checkout's engine has, else it is refused; then it
+        is tagged as the local engine (and by its inputs), so serve builds FROM it."""
+        from imagebuild.build.handoff import pull_engine
+
+        engine_key = f"engine/{cell.target_name}/{cell.engine_name}"
+        if engine_key in self._done:
+            return self._done[engine_key]
+        self._target = cell.target.engine_from
+        self._target_name = cell.target_name
+        want = self._engine(cell, self._base(cell).digest, None)
+        start = time.monotonic()
+        image_id = pull_engine(ref, want.digest, f"{cell.target_name}/{cell.engine_name}",
+                               log=self.log)
+        repository, _, tag = want.ref.rpartition(":")
+        docker_engine().tag(image_id, repository, tag)
+        docker_engine().tag(image_id, INPUTS_REPO, want.digest)
+        wall = time.monotonic() - start
+        self.log(f"[engine] {want.ref}: pulled {ref} in {wall:.1f}s (inputs "
+                 f"{want.digest[:12]}, as this checkout builds it), not built here")
+        rec = BuildRecord("engine", want.ref, want.digest, image_id, _image_size(image_id),
+                          round(wall, 2), 0, 0, True, "", pulled_from=ref)
+        self._done[engine_key] = rec
+        return rec
+
+    def build_cell(self, cell: Cell, local_ref: str, engine_image: str | None = None
+                   ) -> list[BuildRecord]:
+        """Base -> engine -> serve; with `engine_image` the engine is pulled from there
+        (verified, see use_engine) and only the serve layers are built here."""
+        if engine_image:
+            records = [self.use_engine(cell, engine_image)]
+        else:
+            records = self.build_engine(cell)
+        engine = self._done[f"engine/{cell.target_name}/{cell.engine_name}"]
         rendered = render_serve(self.lm, cell, self.lock)
         ctx = self._context(rendered, f"{cell.target_name}-{cell.engine_name}-{cell.image}")
         self._serve_extras(cell, ctx)
-        serve = self._build(
+        serve = self._build(self._pending(
             "serve", rendered, ctx, local_ref, {"ENGINE_IMAGE": engine.ref},
             engine.inputs_digest,
             [self.lock.entry("models", cell.model_name),
              self.lock.entry("drafters", cell.drafter_name)], cell=cell.id,
-            parent_image=engine.image_id)
+            parent_image=engine.image_id))
         serve.layers = layer_sizes(serve.image_id)
         records.append(serve)
         self.records.extend(records)
@@ -403,13 +503,35 @@ class Builder:
 
 
 def build_jobs(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,
-               out_dir: Path, log: Log = print) -> list[BuildRecord]:
+               out_dir: Path, log: Log = print, engine_image: str | None = None
+               ) -> list[BuildRecord]:
     """Base -> engine -> serve for every job; each serve image is tagged `job.release_ref`
-    locally, the reference smoke, publish and bench then use."""
+    locally, the reference smoke, publish and bench then use. With `engine_image` (the
+    digest an engine job pushed) the jobs' one engine is pulled, not built."""
+    if not jobs:
+        raise UserError("nothing to build", fix="check --target/--only")
+    assert lock is not None, "buildable() refuses a plan without a lock"
+    if engine_image:
+        engines = sorted({f"{j.cell.target_name}/{j.cell.engine_name}" for j in jobs})
+        if len(engines) > 1:
+            raise UserError(f"--engine-image is one engine, but these cells use "
+                            f"{len(engines)}: {', '.join(engines)}",
+                            fix="choose one target with --target (a release tag names one "
+                                "engine per target)")
+    builder = Builder(lm, lock, out_dir=out_dir, log=log)
+    for job in jobs:
+        builder.build_cell(job.cell, job.release_ref, engine_image)
+    return builder.records
+
+
+def build_engines(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,
+                  out_dir: Path, log: Log = print) -> list[BuildRecord]:
+    """Base and engine of each (target, engine) the jobs use, once each; no serve image
+    (`build --engine-only`: a release's engine stage)."""
     if not jobs:
         raise UserError("nothing to build", fix="check --target/--only")
     assert lock is not None, "buildable() refuses a plan without a lock"
     builder = Builder(lm, lock, out_dir=out_dir, log=log)
     for job in jobs:
-        builder.build_cell(job.cell, job.release_ref)
+        builder.engine_only(job.cell)  # once per (target, engine): the rest are remembered
     return builder.records

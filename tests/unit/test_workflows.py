@@ -1,5 +1,9 @@
-"""The GitHub workflows: the release matrix is the plan, promote needs every passing cell, and
-the security rules of issue 7 hold in every workflow (read from the YAML, not assumed)."""
+"""The GitHub workflows, read from the YAML (not assumed): the security rules of issue 7 in
+every workflow; the release's cells, targets and runner labels are the plan's; the tag is
+checked before any checkout and must be on main; each engine is built once and handed to
+the cells by digest; promote needs every passing cell; one move of `latest` at a time;
+gates are passed only with a written reason. The Makefile targets the workflows call are
+run for real (with a stand-in for the Python they start where that is the point)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,11 +21,19 @@ import yaml
 
 from imagebuild import REPO_ROOT
 from imagebuild.cli import main
+from imagebuild.errors import UserError
+from imagebuild.release.overrides import accept_options, override_args
+from imagebuild.spec import hardware
+from imagebuild.spec import matrix as mx
+from imagebuild.spec.tags import SHORT
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
+MAKEFILE = REPO_ROOT / "Makefile"
 TAG = "2026-06-18-dflashfix"
 FULL_SHA_PIN = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
-GB10_RUNNER = ["self-hosted", "linux", "ARM64", "gb10"]
+# the one step that may run before anything is checked out (so no make, no build.py)
+TAG_GUARD = "Release tag is DATE-NAME"
+LATEST_GROUP = "imagebuild-latest"
 
 
 def load(name: str) -> dict[str, Any]:
@@ -30,6 +44,31 @@ def load(name: str) -> dict[str, Any]:
 
 def all_workflows() -> dict[str, dict[str, Any]]:
     return {p.name: load(p.name) for p in sorted(WORKFLOWS.glob("*.yml"))}
+
+
+def step_index(job: dict[str, Any], pred) -> int:
+    return next(i for i, s in enumerate(job["steps"]) if pred(s))
+
+
+def checkout_of(job: dict[str, Any]) -> dict[str, Any]:
+    return next(s for s in job["steps"] if "actions/checkout" in s.get("uses", ""))
+
+
+def needs(job: dict[str, Any]) -> set[str]:
+    n = job.get("needs") or []
+    return {n} if isinstance(n, str) else set(n)
+
+
+def upstream(jobs: dict[str, Any], name: str) -> set[str]:
+    """Every job `name` waits for, directly or through others."""
+    out: set[str] = set()
+    todo = list(needs(jobs[name]))
+    while todo:
+        cur = todo.pop()
+        if cur not in out:
+            out.add(cur)
+            todo += needs(jobs[cur])
+    return out
 
 
 def violations(wf: dict[str, Any]) -> list[str]:
@@ -59,7 +98,8 @@ def violations(wf: dict[str, Any]) -> list[str]:
             run = step.get("run", "")
             if "${{" in run:
                 out.append(f"{jname}: expression inside run: {run!r}")
-            if run and not re.match(r"(make |\.venv/bin/python build\.py )", run.strip()):
+            if (run and step.get("name") != TAG_GUARD
+                    and not re.match(r"(make |\.venv/bin/python build\.py )", run.strip())):
                 out.append(f"{jname}: step is not thin: {run!r}")
             if "secrets." in json.dumps(step.get("with", {})):
                 out.append(f"{jname}: secret passed to an action")
@@ -105,10 +145,12 @@ def test_least_privilege_per_job():
                 writes[(name, jname)] = perms
             runs = " ".join(s.get("run", "") for s in job.get("steps", []))
             if perms.get("packages"):  # only jobs that write to the registry
-                assert re.search(r"build\.py publish|build\.py promote|make rollback", runs)
+                assert re.search(r"build\.py publish|make promote|make rollback|"
+                                 r"build\.py build .*--engine-only --push", runs)
             if perms.get("contents"):  # only the job that creates the GitHub release
                 assert "make github-release" in runs
     assert writes == {
+        ("release.yml", "engine"): {"packages": "write"},
         ("release.yml", "cell"): {"packages": "write"},
         ("release.yml", "promote"): {"contents": "write", "packages": "write"},
         ("rollback.yml", "rollback"): {"packages": "write"},
@@ -121,44 +163,286 @@ def test_self_hosted_jobs_only_on_tags_and_dispatch():
     assert set(wf["on"]) == {"push", "workflow_dispatch"}
     assert set(wf["on"]["push"]) == {"tags"}
     assert "startsWith(github.ref, 'refs/tags/')" in wf["jobs"]["plan"]["if"]
+    # every other job waits for plan, so none runs where plan's `if` refused the ref
+    jobs = wf["jobs"]
+    assert all("plan" in upstream(jobs, j) for j in jobs if j != "plan")
     ci = load("ci.yml")
     assert all("self-hosted" not in json.dumps(j["runs-on"]) for j in ci["jobs"].values())
 
 
 def test_release_concurrency_never_cancels():
-    for name in ("release.yml", "rollback.yml", "pins.yml"):
+    for name in ("release.yml", "pins.yml"):
         conc = load(name)["concurrency"]
         assert conc["cancel-in-progress"] is False, name
     assert "inputs.tag || github.ref_name" in load("release.yml")["concurrency"]["group"]
 
 
-def test_release_matrix_is_the_plan_of_the_tag(capsys):
+# --- issue 12: the tag, the commit, latest, the gates -------------------------------------
+
+def _run_guard(script: str, tag: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-e", "-c", script], env={"PATH": os.environ["PATH"],
+                                                             "RELEASE_TAG": tag},
+                          capture_output=True, text=True, timeout=10)
+
+
+HOSTILE_TAGS = [
+    "main", "refs/heads/main", "refs/pull/7/head", "0123abc", "v0.23.0",
+    "2026-06-18-x;id", "2026-06-18-$(id)", "2026-06-18-`id`", "2026-06-18-a b",
+    "2026-06-18-a\nb", "2026-06-18-a\n", "2026-06-18-A", "2026-06-18-", "2026-06-18--x",
+    "--upload-pack=touch /tmp/x", "-2026-06-18-x", "../2026-06-18-x", "2026-06-18-x/../main",
+    "2026-6-18-x", "2026-06-18-x:y", "2026-06-18-x@{0}", "2026-06-18-x~1", "2026-06-18-x^",
+    "2026-06-18-\u00e9", "", "2026-06-18-" + "a" * 200,
+]
+GOOD_TAGS = ["2026-06-18-dflashfix", "2026-06-18-v0.23.0-dflashfix", "2026-11-30-pr41703",
+             "2026-01-02-a_b.c-d"]
+
+
+def test_the_tag_is_checked_before_any_checkout():
     wf = load("release.yml")
-    plan, cell = wf["jobs"]["plan"], wf["jobs"]["cell"]
-    # no hand-written matrix: the whole strategy.matrix is the plan job's output
-    assert cell["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
-    assert cell["needs"] == "plan" and cell["runs-on"] == "${{ matrix.runner }}"
-    assert plan["outputs"]["matrix"] == "${{ steps.plan.outputs.matrix }}"
-    step = next(s for s in plan["steps"] if s.get("id") == "plan")
-    assert step["run"].startswith("make release-matrix")
-    # every job builds the tagged release's tree
-    for job in (plan, cell, wf["jobs"]["promote"]):
-        checkout = next(s for s in job["steps"] if "actions/checkout" in s.get("uses", ""))
-        assert checkout["with"]["ref"] == "${{ env.RELEASE_TAG }}"
+    # the tag reaches the shell through the environment only
     assert wf["env"]["RELEASE_TAG"] == "${{ inputs.tag || github.ref_name }}"
-    # what that step prints is exactly `build.py plan --format github` of the tag
+    plan = wf["jobs"]["plan"]
+    guard = step_index(plan, lambda s: s.get("name") == TAG_GUARD)
+    assert guard == 0 and guard < step_index(plan, lambda s: "actions/checkout" in
+                                             s.get("uses", ""))
+    script = plan["steps"][guard]["run"]
+    assert "${{" not in script and "$RELEASE_TAG" in script
+    # the guard is the release-tag grammar: it accepts what tags.py accepts, and nothing
+    # else (a branch, a pull request's ref, an option, a shell word, a newline)
+    for tag in GOOD_TAGS + HOSTILE_TAGS:
+        ok = _run_guard(script, tag).returncode == 0
+        assert ok == bool(SHORT.match(tag) and len(tag) <= 128
+                          and "\n" not in tag), repr(tag)
+    assert all(_run_guard(script, t).returncode == 0 for t in GOOD_TAGS)
+    refused = _run_guard(script, "2026-06-18-a\n::add-mask::x")
+    assert refused.returncode == 1 and "is not DATE-NAME" in refused.stderr
+    assert "\n::" not in refused.stderr  # what it prints cannot start a workflow command
+
+
+def test_only_the_tag_is_checked_out_and_its_commit_must_be_on_main():
+    wf = load("release.yml")
+    jobs = wf["jobs"]
+    plan = jobs["plan"]
+    co = checkout_of(plan)
+    assert co["with"]["ref"] == "refs/tags/${{ env.RELEASE_TAG }}"
+    assert co["with"]["fetch-depth"] == 0  # main's history, for merge-base
+    commit = next(s for s in plan["steps"] if s.get("id") == "commit")
+    assert commit["run"] == 'make release-commit >> "$GITHUB_OUTPUT"'
+    # on main is checked before anything else of the checkout runs (its Makefile aside)
+    assert step_index(plan, lambda s: s.get("id") == "commit") < step_index(
+        plan, lambda s: s.get("run", "").startswith("make venv"))
+    assert plan["outputs"]["commit"] == "${{ steps.commit.outputs.commit }}"
+    # every later job checks out exactly that commit: a tag moved since plan is not built
+    for name, job in jobs.items():
+        if name != "plan":
+            assert checkout_of(job)["with"]["ref"] == "${{ needs.plan.outputs.commit }}", name
+            assert "plan" in needs(job), name
+    refs = [s["with"]["ref"] for wf_ in all_workflows().values() for j in wf_["jobs"].values()
+            for s in j.get("steps", []) if "actions/checkout" in s.get("uses", "")
+            and "ref" in s.get("with", {})]
+    assert all("inputs." not in r for r in refs)  # never a ref a user typed, unchecked
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c",
+                           "user.email=t@t", *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _make(target: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["make", "-s", "-f", str(MAKEFILE), target], cwd=cwd,
+                          env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_release_commit_refuses_a_tag_that_is_not_on_main(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "one")
+    _git(repo, "tag", "2026-06-18-dflashfix")
+    good = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "two")
+    _git(repo, "checkout", "-q", "-b", "fork", good)
+    _git(repo, "commit", "-q", "--allow-empty", "-m", "not on main")
+    _git(repo, "tag", "-a", "-m", "annotated", "2026-06-19-dflashfix")
+    side = _git(repo, "rev-parse", "HEAD")
+    # the checkout has no origin/main yet: refused, with the reason
+    _git(repo, "checkout", "-q", "--detach", "2026-06-18-dflashfix")
+    proc = _make("release-commit", repo, RELEASE_TAG="2026-06-18-dflashfix")
+    assert proc.returncode != 0 and "origin/main was not fetched" in proc.stderr
+    _git(repo, "update-ref", "refs/remotes/origin/main", "main")  # what fetch-depth 0 does
+    proc = _make("release-commit", repo, RELEASE_TAG="2026-06-18-dflashfix")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"commit={good}\n"
+    _git(repo, "checkout", "-q", "--detach", "2026-06-19-dflashfix")
+    proc = _make("release-commit", repo, RELEASE_TAG="2026-06-19-dflashfix")
+    assert proc.returncode != 0 and f"({side}) is not on main" in proc.stderr
+    assert "commit=" not in proc.stdout
+    proc = _make("release-commit", repo, RELEASE_TAG="2026-06-18-dflashfix")
+    assert proc.returncode != 0 and "not the commit of tag" in proc.stderr  # HEAD elsewhere
+    proc = _make("release-commit", repo, RELEASE_TAG="2026-06-20-nosuchtag")
+    assert proc.returncode != 0 and "no tag 2026-06-20-nosuchtag" in proc.stderr
+
+
+def test_moves_of_latest_share_one_group_across_every_tag():
+    promote = load("release.yml")["jobs"]["promote"]
+    rollback = load("rollback.yml")["jobs"]["rollback"]
+    for job in (promote, rollback):
+        assert job["concurrency"] == {"group": LATEST_GROUP, "cancel-in-progress": False}
+    # the only jobs that move latest are these two (cells push with --no-latest)
+    movers = [(n, j) for wf in all_workflows().values() for n, j in wf["jobs"].items()
+              if re.search(r"make promote|make rollback|build\.py (promote|rollback)",
+                           json.dumps(j.get("steps", [])))]
+    assert sorted(n for n, _ in movers) == ["promote", "rollback"]
+    assert "concurrency" not in load("rollback.yml")  # no per-tag group beside it
+
+
+def test_gates_are_dispatch_inputs_that_need_a_reason():
+    wf = load("release.yml")
+    inputs = wf["on"]["workflow_dispatch"]["inputs"]
+    assert inputs["accept"]["type"] == inputs["accept_reason"]["type"] == "string"
+    assert "accept_reason" in inputs["accept"]["description"]
+    for job, run in (("plan", "make accept-check"), ("promote", "make promote")):
+        step = next(s for s in wf["jobs"][job]["steps"] if s.get("run") == run)
+        assert step["env"]["ACCEPT"] == "${{ inputs.accept }}"
+        assert step["env"]["ACCEPT_REASON"] == "${{ inputs.accept_reason }}"
+    plan = wf["jobs"]["plan"]
+    # checked in plan, before any runner builds: a missing reason costs seconds, not hours
+    assert step_index(plan, lambda s: s.get("run") == "make accept-check") < step_index(
+        plan, lambda s: s.get("id") == "plan")
+
+
+def test_every_gate_of_promote_can_be_passed_with_a_reason_and_only_so():
+    from imagebuild.cli import parser
+
+    gates = accept_options()
+    assert {"regression", "untrusted-bench"} <= set(gates)  # read from the real parser
+    reason = "-tokenizer change, slower by design; see issue 12 'q' $(id)"
+    args = override_args(" , ".join(gates), reason)
+    parsed = parser().parse_args(["promote", "--tag", TAG, *args])
+    assert parsed.accept_regression == reason and parsed.accept_untrusted == reason
+    assert override_args("", "") == []
+    assert override_args("regression regression", "why") == ["--accept-regression=why"]
+    for accept, why, says in (("regression", " ", "needs a reason"),
+                              ("regresion", "why", "no gate"),
+                              ("--accept-regression", "why", "no gate"),
+                              ("", "why", "names no gate"),
+                              ("regression", "one\ntwo", "one line"),
+                              ("regression", "x" * 501, "one line")):
+        with pytest.raises(UserError, match=says):
+            override_args(accept, why)
+
+
+def _python_shim(tmp_path: Path) -> Path:
+    """A PY for the Makefile: `-m ...` runs the real Python, anything else (build.py)
+    prints its arguments as JSON instead of running."""
+    shim = tmp_path / "py"
+    shim.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                    "if sys.argv[1:2] == ['-m']:\n"
+                    f"    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
+                    "print(json.dumps(sys.argv[1:]))\n")
+    shim.chmod(0o755)
+    return shim
+
+
+def test_make_promote_hands_the_reason_over_verbatim(tmp_path):
+    shim = _python_shim(tmp_path)
+    env = {"PY": str(shim), "RELEASE_TAG": TAG, "PYTHONPATH": str(REPO_ROOT)}
+    reason = "slower by design -- see 'issue 12'; $(id) `id`"
+    proc = _make("promote", tmp_path, ACCEPT="regression", ACCEPT_REASON=reason, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == ["build.py", "promote", "--tag", TAG, "--target", "all",
+                                       f"--accept-regression={reason}"]
+    proc = _make("promote", tmp_path, ACCEPT="", ACCEPT_REASON="", **env)
+    assert json.loads(proc.stdout) == ["build.py", "promote", "--tag", TAG, "--target", "all"]
+    proc = _make("promote", tmp_path, ACCEPT="regression", ACCEPT_REASON="", **env)
+    assert proc.returncode != 0 and "needs a reason" in proc.stderr
+    assert proc.stdout == ""  # build.py promote never ran
+    proc = _make("accept-check", tmp_path, ACCEPT="untrusted-bench", ACCEPT_REASON="", **env)
+    assert proc.returncode != 0 and "needs a reason" in proc.stderr
+
+
+# --- issue 13: targets and runners from the plan; issue 11: one engine per target ---------
+
+def test_no_target_name_is_written_into_the_release_path():
+    names = set(mx.load(None).matrix.targets)
+    for path in (WORKFLOWS / "release.yml", WORKFLOWS / "rollback.yml", MAKEFILE):
+        text = path.read_text().lower()
+        assert not [n for n in names if re.search(rf"\b{re.escape(n)}\b", text)], path
+        assert "imagebuild_target" not in text, path
+
+
+def test_cells_targets_and_runners_are_the_plan_of_the_tag(capsys):
+    wf = load("release.yml")
+    jobs = wf["jobs"]
+    plan, engine, cell = jobs["plan"], jobs["engine"], jobs["cell"]
+    # no hand-written matrix: both are the plan job's outputs
+    assert engine["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.targets) }}"
+    assert cell["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.cells) }}"
+    assert engine["runs-on"] == cell["runs-on"] == "${{ matrix.runner }}"
+    assert plan["outputs"]["cells"] == "${{ steps.plan.outputs.cells }}"
+    assert plan["outputs"]["targets"] == "${{ steps.plan.outputs.targets }}"
+    step = next(s for s in plan["steps"] if s.get("id") == "plan")
+    assert step["run"] == 'make release-matrix >> "$GITHUB_OUTPUT"'
+    assert wf["env"]["RELEASE_TARGET"] == "${{ inputs.target || 'all' }}"
+    # what that step prints is exactly `build.py plan --target all` of the tag
     env = {**os.environ, "RELEASE_TAG": TAG, "PY": str(REPO_ROOT / ".venv/bin/python")}
     env.pop("IMAGEBUILD_TARGET", None)
+    env.pop("RELEASE_TARGET", None)
     out = subprocess.run(["make", "-s", "release-matrix"], cwd=REPO_ROOT, env=env,
                          capture_output=True, text=True, check=True).stdout
-    key, _, value = out.strip().partition("=")
-    assert key == "matrix" and "\n" not in value
+    outputs = dict(line.split("=", 1) for line in out.strip().split("\n"))
+    assert set(outputs) == {"cells", "targets"}
     capsys.readouterr()
-    assert main(["plan", "--tag", TAG, "--target", "gb10", "--format", "github"]) == 0
-    assert json.loads(value) == json.loads(capsys.readouterr().out)
-    include = json.loads(value)["include"]
-    assert include and all(c["runner"] == GB10_RUNNER for c in include)
-    assert len({c["image"] for c in include}) == len(include)  # artifact names are unique
+    for key, fmt in (("cells", "github"), ("targets", "targets")):
+        assert main(["plan", "--tag", TAG, "--target", "all", "--format", fmt]) == 0
+        assert json.loads(outputs[key]) == json.loads(capsys.readouterr().out)
+    cells = json.loads(outputs["cells"])["include"]
+    targets = json.loads(outputs["targets"])["include"]
+    lm = mx.load(None)
+    assert {t["target"] for t in targets} == {c.target_name for c in mx.expand(lm)}
+    # each job runs where its target's properties (or its `runner:`) say
+    for entry in cells + targets:
+        assert entry["runner"] == hardware.runner(lm.matrix.targets[entry["target"]])
+        assert entry["bootstrap"] == (lm.matrix.targets[entry["target"]].bootstrap is not None)
+    assert len({(c["target"], c["image"]) for c in cells}) == len(cells)  # artifact names
+
+
+def test_each_engine_is_built_once_and_handed_over_by_digest():
+    jobs = load("release.yml")["jobs"]
+    engine, cell = jobs["engine"], jobs["cell"]
+    assert needs(engine) == {"plan"} and needs(cell) == {"plan", "engine"}
+    builds = [s["run"] for s in engine["steps"] if "build.py build" in s.get("run", "")]
+    assert builds == ['.venv/bin/python build.py build --tag "$RELEASE_TAG" '
+                      '--target "$ENGINE_TARGET" --engine-only --push']
+    assert engine["env"]["ENGINE_TARGET"] == "${{ matrix.target }}"
+    upload = next(s for s in engine["steps"] if "upload-artifact" in s.get("uses", ""))
+    assert upload["with"]["name"] == "engine-${{ matrix.target }}"
+    assert upload["with"]["path"] == "build/engines/${{ matrix.target }}.ref"
+    assert upload["with"]["if-no-files-found"] == "error"
+    # a cell never builds an engine: it downloads its target's digest and builds on it
+    assert not any("build.py build" in s.get("run", "") for s in cell["steps"])
+    download = step_index(cell, lambda s: "download-artifact" in s.get("uses", ""))
+    assert cell["steps"][download]["with"] == {"name": "engine-${{ matrix.target }}",
+                                               "path": "build/engines"}
+    assert download < step_index(cell, lambda s: s.get("run") == "make cell-build")
+    assert cell["env"]["CELL_TARGET"] == "${{ matrix.target }}"
+
+
+def test_make_cell_build_passes_the_engine_digest(tmp_path):
+    shim = _python_shim(tmp_path)
+    ref = "ghcr.io/acme/engine-cpu-dflashfix@sha256:" + "ab" * 32
+    env = {"PY": str(shim), "RELEASE_TAG": TAG, "CELL": "cpu/cpu-tiny-ngram",
+           "CELL_TARGET": "cpu"}
+    proc = _make("cell-build", tmp_path, **env)
+    assert proc.returncode != 0 and proc.stdout == ""  # no digest: nothing built
+    (tmp_path / "build" / "engines").mkdir(parents=True)
+    (tmp_path / "build" / "engines" / "cpu.ref").write_text(ref + "\n")
+    proc = _make("cell-build", tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == ["build.py", "build", "--tag", TAG, "--target", "cpu",
+                                       "--only", "cpu/cpu-tiny-ngram", "--engine-image", ref]
 
 
 def test_promote_runs_only_when_every_cell_passed():
@@ -173,7 +457,7 @@ def test_promote_runs_only_when_every_cell_passed():
     runs = [s.get("run", "") for s in cell["steps"]]
     assert any("build.py publish" in r and "--no-latest" in r for r in runs)
     order = [s.get("run", s.get("uses", "")) for s in promote["steps"]]
-    moves = next(i for i, r in enumerate(order) if "build.py promote" in r)
+    moves = next(i for i, r in enumerate(order) if r == "make promote")
     release = next(i for i, r in enumerate(order) if "github-release" in r)
     assert moves < release
     # artifacts are kept for failed cells too (the only `always()` in the workflow)
