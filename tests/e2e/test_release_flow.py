@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -14,19 +13,9 @@ import time
 import pytest
 
 from imagebuild import REPO_ROOT
-from tests.registry_harness import start_registry
 
 pytestmark = pytest.mark.slow
 NEW, OLD = "2026-06-18-v0.23.0-dflashfix", "2026-06-11-v0.23.0-pr41703"
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    reg = start_registry(tmp_path_factory.mktemp("registry"))
-    yield reg
-    reg.stop()
-    # two pushed engines (~3 GB of layers): CI machines have less disk than one would like
-    shutil.rmtree(reg.root / "data", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +88,8 @@ def test_prune_keeps_latest_and_its_rollback_target(released):
 
 def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registry):
     from imagebuild.bench import store
-    from imagebuild.registry.client import RegistryClient
 
-    client = RegistryClient(registry.url, username=registry.user, password=registry.password)
+    client = registry.client()
     repo = "vllm-spark/cpu-tiny-ngram"
     for tag in (NEW, OLD):
         doc = store.release_results(client, repo, tag)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from imagebuild.errors import UserError
 from imagebuild.preflight.kvcache import KVFlags, layout_for_oracle, predict
+from tests.support.paths import CONFIGS as CONFIGS_DIR
 
-CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+CONFIGS = CONFIGS_DIR
 SSM = 32 * 128 * 128 * 4
 
 

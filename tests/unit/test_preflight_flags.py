@@ -11,7 +11,7 @@ import pytest
 
 from imagebuild.preflight import flags
 from imagebuild.preflight.run import RULES
-from tests.fixtures.preflight.fixture_hub import (
+from tests.support.matrices import (
     blocking_rules,
     check,
     edit,
