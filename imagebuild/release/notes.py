@@ -1,6 +1,6 @@
 """`build.py notes --tag T`: the GitHub release notes of a release, as markdown.
 
-Per image: `docker pull` by tag and by digest, the hardened `docker run` (DOMAIN.md: weights
+Per image: `docker pull` by tag and by digest, the hardened `docker run` (docs/domain.md: weights
 read-only inside the image, port on 127.0.0.1 through the host network, no credentials in
 the container, `--ipc host` on GB10, vLLM's cache on a volume so restarts skip the
 compile), the pins table, the smoke summary of the tested digest, the benchmark table

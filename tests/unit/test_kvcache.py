@@ -1,4 +1,4 @@
-"""KV-cache page-layout predictor: hand arithmetic from DOMAIN.md against predict().
+"""KV-cache page-layout predictor: hand arithmetic from docs/domain.md against predict().
 
 Shared numbers for the Qwen3.6-35B-A3B target (text_config: 2 KV heads x head_dim 256, GDN
 16 key heads / 32 value heads of dim 128, conv kernel 4, mamba_ssm_dtype float32):
@@ -33,7 +33,7 @@ def target() -> dict:
     return cfg("qwen36-35b-a3b")
 
 
-# The canonical DFlash serve (DOMAIN.md): flash_attn, 11 speculative tokens, auto dtypes.
+# The canonical DFlash serve (docs/domain.md): flash_attn, 11 speculative tokens, auto dtypes.
 DFLASH = KVFlags(speculative_method="dflash", num_speculative_tokens=11,
                  attention_backend="flash_attn", max_num_batched_tokens=16384)
 # Same state shapes without a drafter: ngram speculation also grows the conv state by k.

@@ -35,8 +35,8 @@ PRIVATE = "imagebuild-fixtures/private-drafter"
 MISPLACED = "imagebuild-fixtures/misplaced-vision-NVFP4"
 HEX_BRANCH = "imagebuild-fixtures/hex-named-branch"
 
-ZLAB_SMALL_PAGE_SHA = "31977fbe13a86e8b961774f773058175676d89b8"  # DOMAIN.md known pin
-NVIDIA_SHA = "491c2f1ea524c639598bf8fa787a93fed5a6fbce"  # DOMAIN.md, seen pinned 2026-08-23
+ZLAB_SMALL_PAGE_SHA = "31977fbe13a86e8b961774f773058175676d89b8"  # docs/domain.md known pin
+NVIDIA_SHA = "491c2f1ea524c639598bf8fa787a93fed5a6fbce"  # docs/domain.md, seen pinned 2026-08-23
 AUTHORIZED_TOKEN = "hf_imagebuildFixtureAuthorized"  # mirrored in tests/support/hub/__init__.py
 
 
@@ -60,7 +60,7 @@ EOS, IM_END, PAD = 248044, 248046, 248044
 
 
 def text_config() -> dict:
-    """Qwen3.6-35B-A3B text_config: the numbers from DOMAIN.md "Target config"."""
+    """Qwen3.6-35B-A3B text_config: the numbers from docs/domain.md "Target config"."""
     return {
         "model_type": "qwen3_5_moe_text",
         "attention_bias": False,
