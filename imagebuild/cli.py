@@ -400,7 +400,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         verdicts = [smoke_ref(args.image, out_dir=args.out, **kw)]
     else:
         plan = _plan(args)
-        verdicts = list(smoke_jobs(plan.jobs, out_root=_out(args, plan), **kw).values())
+        verdicts = list(smoke_jobs(plan.lm, plan.jobs, out_root=_out(args, plan),
+                                   **kw).values())
     for v in verdicts:
         print(f"{'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")
     return 0 if all(v["passed"] for v in verdicts) else 1
@@ -538,10 +539,10 @@ def cmd_notes(args: argparse.Namespace) -> int:
     client = registry_client(plan)
     facts = gather(client, plan.jobs, args.smoke_dir or _build_dir(plan))
     if args.asset_dir:
-        write_compose_files(facts, plan.jobs, args.asset_dir)
+        write_compose_files(plan.lm, facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
         facts = write_histories(client, facts, plan.jobs, args.asset_dir, args.asset_url or "")
-    print(release_notes(plan.jobs, facts), end="")
+    print(release_notes(plan.lm, plan.jobs, facts), end="")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Errors that end a command with a clear message instead of a traceback.
 
-Exit codes (DESIGN.md): 0 ok, 1 a build/test/publish failed, 2 bad input.
+Exit codes (docs/design.md): 0 ok, 1 a build/test/publish failed, 2 bad input.
 """
 
 from __future__ import annotations

@@ -140,7 +140,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     for job in plan.jobs:
         with progress.stage("smoke", job.id,
                             poll=SmokeWatch(cell_dir(opts.out, job.cell)).poll):
-            verdicts.update(smoke_jobs((job,), out_root=opts.out))
+            verdicts.update(smoke_jobs(plan.lm, (job,), out_root=opts.out))
     failed = [v for v in verdicts.values() if not v["passed"]]
     for v in verdicts.values():
         print(f"smoke {'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")

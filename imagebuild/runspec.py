@@ -72,9 +72,12 @@ def _cache_opts(spec: RunSpec) -> str:
 def compose_document(spec: RunSpec, *, name: str) -> dict[str, Any]:
     """A compose file whose one service runs the image exactly as `docker_run_argv` does;
     `${IMAGEBUILD_IMAGE}` and `${IMAGEBUILD_PORT}` may override the image and the port."""
+    # compose interpolates `$`: every literal one is doubled, so only our two variables act
+    command = [arg.replace("$", "$$") for arg in with_listen(list(spec.command), spec.port)]
+    command[-1] = f"${{{PORT_VAR}:-{spec.port}}}"
     svc: dict[str, Any] = {
-        "image": f"${{{IMAGE_VAR}:-{spec.image}}}",
-        "command": with_listen(list(spec.command), f"${{{PORT_VAR}:-{spec.port}}}"),
+        "image": f"${{{IMAGE_VAR}:-{spec.image.replace('$', '$$')}}}",
+        "command": command,
         "network_mode": "host",
         "read_only": True,
         "security_opt": ["no-new-privileges"],

@@ -34,7 +34,7 @@ from tokenizers import (
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# Shape from CPU_ENGINE.md ("Serving a tiny model"): head_dim 32 is the CPU attention
+# Shape from docs/cpu-engine.md ("Serving a tiny model"): head_dim 32 is the CPU attention
 # backend's minimum; Qwen3ForCausalLM is what makes vLLM serve it as a generative model.
 HIDDEN = 64
 LAYERS = 2

@@ -1,15 +1,32 @@
-"""Shared fixtures. Tests needing Docker/registry/vLLM are marked `slow`/`vllm` and run in CI."""
+"""The one conftest: fixtures every kind of test shares.
+
+tests/unit (no Docker, seconds), tests/render (golden files), tests/conformance (against
+the pinned vLLM source), tests/e2e (the real Docker engine, registry and vLLM: marked
+`slow`/`vllm`, run in CI). Support code lives in tests/support, data in tests/data.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from imagebuild import REPO_ROOT
+from tests.support.cpu_build import (
+    CA_MARKER,
+    CPU_SERVE_REF,
+    HF_TOKEN_MARKER,
+    CpuBuild,
+    run_cpu_build,
+)
+from tests.support.hub.fake import FakeHub
+from tests.support.hub.server import ReplayServer
+from tests.support.matrices import copy_lock, copy_matrix, lock_matrix
+from tests.support.registry.server import RunningRegistry, start_registry
 
 # No test may reach the real Hub: offline unless a test points a client at the replay
 # server on 127.0.0.1 (set before huggingface_hub is first imported: it reads these once).
@@ -54,3 +71,73 @@ def hub_online_loopback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iter
     session.event_hooks["request"].insert(0, guard)
     yield
     session.event_hooks["request"].remove(guard)
+
+
+@pytest.fixture
+def hub_replay() -> Iterator[ReplayServer]:
+    """The fake Hub over HTTP on 127.0.0.1, for the real huggingface_hub client."""
+    with FakeHub().serve() as replay:
+        yield replay
+
+
+@pytest.fixture(scope="session")
+def locked_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real matrix locked once per session against the fake Hub (read-only)."""
+    root = copy_matrix(tmp_path_factory.mktemp("locked"))
+    lock_matrix(root)
+    return root
+
+
+@pytest.fixture
+def locked(matrix_dir: Path, locked_template: Path) -> Path:
+    """An editable copy of the matrix with that lock and its metadata."""
+    copy_lock(locked_template, matrix_dir)
+    return matrix_dir
+
+
+# --------------------------------------------------- the real Docker engine and registry
+
+DOCKER = "/usr/bin/docker"
+
+
+def require(ok: bool, why: str) -> None:
+    """Skip a test whose machine lacks `why`; in CI (which must provide it) fail it."""
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why} (CI must provide it: scripts/setup.sh)")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> str:
+    ok = subprocess.run([DOCKER, "info"], capture_output=True).returncode == 0
+    require(ok, "no Docker engine running")
+    return DOCKER
+
+
+@pytest.fixture(scope="module")
+def registry(docker_engine: str, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[RunningRegistry]:
+    """A fresh distribution registry with htpasswd auth on 127.0.0.1, per test module;
+    leases and locks of its runs stay in a tmp dir; its data is deleted afterwards."""
+    for tool in ("docker-registry", "htpasswd"):
+        require(shutil.which(tool) is not None, f"{tool} not installed")
+    os.environ["IMAGEBUILD_LOCK_DIR"] = str(tmp_path_factory.mktemp("locks"))
+    reg = start_registry(tmp_path_factory.mktemp("registry"))
+    yield reg
+    reg.stop()
+    # pushed engines are GBs of layers: CI machines have less disk than one would like
+    shutil.rmtree(reg.root / "data", ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cpu_serve_image(docker_engine, tmp_path_factory) -> CpuBuild:
+    """The cpu cell built by the real command, once per session and first with canary
+    secrets (so on a fresh machine the real build is the one the leak test inspects)."""
+    out = tmp_path_factory.mktemp("build")
+    bundle = out / "ca-bundle.pem"  # the host bundle plus a canary line PEM readers skip
+    bundle.write_text(Path("/etc/ssl/certs/ca-certificates.crt").read_text()
+                      + f"\n# {CA_MARKER}\n")
+    proc = run_cpu_build(out, {"HF_TOKEN": HF_TOKEN_MARKER, "IMAGEBUILD_CA_BUNDLE": str(bundle)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return CpuBuild(out, CPU_SERVE_REF, proc.stdout + proc.stderr)

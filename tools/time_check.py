@@ -2,7 +2,7 @@
 """Benchmark: preflight `check` over the real matrix (target: < 1 s for the whole command).
 
 The real matrix is copied to a tmp dir and locked from the recorded Hub answers
-(tests/fixtures/hub), so every rule that reads checkpoint metadata really runs. Times
+(tests/data/hub), so every rule that reads checkpoint metadata really runs. Times
 `run_checks` in-process and, once `build.py check` exists, the whole command a user runs
 (`python build.py check --tag T --target gb10`, interpreter start-up included).
 
@@ -58,7 +58,7 @@ def main() -> int:
     from imagebuild.lock.lockfile import read_lock
     from imagebuild.preflight.run import run_checks
     from imagebuild.spec import matrix as mx
-    from tests.fixtures.preflight.fixture_hub import copy_matrix, lock_matrix
+    from tests.support.matrices import copy_matrix, lock_matrix
 
     with tempfile.TemporaryDirectory(prefix="imagebuild-bench-check-") as tmp:
         root = copy_matrix(Path(tmp))

@@ -1,7 +1,7 @@
 """vLLM's Prometheus `/metrics`: the counters and histograms a benchmark level reads.
 
 Read before and after each level; the difference is what that level did. Names from
-vLLM 0.23 (`vllm:` prefix, DOMAIN.md "speculative decoding is firing").
+vLLM 0.23 (`vllm:` prefix, docs/domain.md "speculative decoding is firing").
 """
 
 from __future__ import annotations

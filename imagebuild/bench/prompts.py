@@ -1,7 +1,7 @@
 """Prompt sets: built-in ones are fixed text (deterministic runs), JSONL adds your own.
 
 "structured" mixes code, math and extraction: the kind of output speculative decoding
-accepts most of; "prose" is open writing, where drafts are accepted least (DOMAIN.md,
+accepts most of; "prose" is open writing, where drafts are accepted least (docs/domain.md,
 "accepted/draft ~0.45-0.60 on structured prompts, ~0.21-0.28 on open prose").
 """
 

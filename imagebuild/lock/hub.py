@@ -9,7 +9,7 @@ Telemetry is switched off (see below): a mirror endpoint means no other host is 
 
 Failures are sorted for the lock: a bad pin is a `UserError` (exit 2); a Hub that cannot
 be reached is `HubUnreachable`, so the caller can mark the pin unresolved and never
-invent a SHA (DOMAIN.md: "the lock must say so rather than invent them").
+invent a SHA (docs/domain.md: "the lock must say so rather than invent them").
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ class HubClient:
 
 
 def _check(entry: HubFile, data: bytes, repo_id: str, sha: str) -> None:
-    """The bytes must be the ones the commit lists (DOMAIN.md: stale copies fail silently)."""
+    """The bytes must be the ones the commit lists (docs/domain.md: stale copies fail silently)."""
     if entry.lfs_sha256 is not None:
         ok, want = hashlib.sha256(data).hexdigest() == entry.lfs_sha256, entry.lfs_sha256
     else:

@@ -6,7 +6,7 @@ revision pin. When the branch head differs from the locked commit, the head's sm
 files are downloaded to a scratch directory and every preflight rule runs on the cells that
 use the pin, with the head standing in for the locked commit (an in-memory lock; nothing in
 the repository changes). The z-lab drafter's retrain is the case this exists for: its `main`
-moved to 8 KV heads with a sliding window and trips vLLM 0.23's page-size assert (DOMAIN.md).
+moved to 8 KV heads with a sliding window and trips vLLM 0.23's page-size assert (docs/domain.md).
 
 The report (JSON or markdown, one issue body per pin) feeds the pins workflow, which opens or
 updates one GitHub issue per pin; deciding and wording stay here, in tested Python.

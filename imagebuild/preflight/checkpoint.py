@@ -2,7 +2,7 @@
 hf_quant_config.json, stored by `build.py lock` under locked/) say against the serve command.
 
 Each check catches before boot what otherwise shows up minutes into a boot or only in the
-answers (DOMAIN.md "Checkpoint traps"). A pin the lock could not resolve has no metadata:
+answers (docs/domain.md "Checkpoint traps"). A pin the lock could not resolve has no metadata:
 its checks are reported as skipped (a warning), never guessed.
 """
 
@@ -63,7 +63,7 @@ RULES = (
          "run `python build.py lock --update NAME` where the Hub is reachable"),
     Rule("metadata-matches-lock", "error",
          "a stale or edited local copy of a checkpoint's files fails silently "
-         "(DOMAIN.md); locked/ must hold the bytes of the pinned revision",
+         "(docs/domain.md); locked/ must hold the bytes of the pinned revision",
          "re-run `python build.py lock --update NAME` and commit locked/", waivable=False),
 )
 BY_ID = {r.id: r for r in RULES}

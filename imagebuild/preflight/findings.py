@@ -28,7 +28,7 @@ class Rule:
 
     id: str
     severity: str
-    why: str  # the measured fact behind the rule (DOMAIN.md)
+    why: str  # the measured fact behind the rule (docs/domain.md)
     fix: str
     hardware: tuple[str, ...] | None = None
     methods: tuple[str, ...] | None = None

@@ -1,4 +1,4 @@
-"""Serve-flag rules: the measured GB10 traps of DOMAIN.md ("do not undo"), one named rule
+"""Serve-flag rules: the measured GB10 traps of docs/domain.md ("do not undo"), one named rule
 each, applied to a cell's resolved command line (servecmd.serve_command) and environment.
 
 Rules read the argv the image will run, not matrix.yaml fields, so a trap is caught however
@@ -32,7 +32,7 @@ UNIFIED = ("cuda", "unified-memory")  # the GPU's memory is the host's
 MEASURED_ON_GB10 = ("cuda", "sm_121")  # measured there; other GPUs were not
 NATIVE_FP4 = ("cuda", "native-fp4")  # CUTLASS FP4 kernels exist; Marlin is the fallback
 CUDA = ("cuda",)
-# limits suggested per modality when a vision model's are missing (DOMAIN.md: 4 images,
+# limits suggested per modality when a vision model's are missing (docs/domain.md: 4 images,
 # 2 videos for Qwen3.6)
 SUGGESTED_LIMITS = {"image": 4, "video": 2, "audio": 1}
 AEON_DRAFTER_PREFIX = "AEON-7/AEON-DFlash-"

@@ -1,5 +1,5 @@
 """Pin rules: every pin a cell builds from is a full SHA recorded in matrix.lock.json, and
-the lock agrees with matrix.yaml (DESIGN.md "Pins are immutable").
+the lock agrees with matrix.yaml (docs/design.md "Pins are immutable").
 
 Agreement is decided by lock.verify_cells, the same code `build` and `lock --check` run, so
 check and build cannot disagree; this module turns its refusals into findings and adds what

@@ -1,6 +1,6 @@
 """`build.py notes --tag T`: the GitHub release notes of a release, as markdown.
 
-Per image: `docker pull` by tag and by digest, the hardened `docker run` (DOMAIN.md: weights
+Per image: `docker pull` by tag and by digest, the hardened `docker run` (docs/domain.md: weights
 read-only inside the image, port on 127.0.0.1 through the host network, no credentials in
 the container, `--ipc host` on GB10, vLLM's cache on a volume so restarts skip the
 compile), the pins table, the smoke summary of the tested digest, the benchmark table
@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imagebuild.plan import UNRESOLVED
-from imagebuild.runspec import RunSpec, compose_yaml, docker_run_text
+from imagebuild.runspec import RunSpec, docker_run_text
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
+    from imagebuild.spec.matrix import LoadedMatrix
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,11 @@ def run_spec(job: Job, ref: str) -> RunSpec:
                    port=job.serve.port, cache_volume=f"{job.cell.image}-cache")
 
 
-def compose_file(job: Job, ref: str) -> str:
-    return compose_yaml(run_spec(job, ref), name=job.cell.image,
-                        header=f"# {job.cell.image} {job.tag}: `docker compose up -d`\n")
+def compose_file(lm: LoadedMatrix, job: Job, ref: str) -> str:
+    """The cell's rendered compose file, pinned to `ref` (the release's digest)."""
+    from imagebuild.render import render_compose
+
+    return render_compose(lm, job.cell, image=ref).text
 
 
 def _pin(pin: dict[str, Any] | None) -> str:
@@ -112,7 +115,8 @@ def _bench(f: ImageFacts) -> list[str]:
     return out
 
 
-def release_notes(jobs: tuple[Job, ...], facts: dict[str, ImageFacts]) -> str:
+def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, ImageFacts]
+                  ) -> str:
     """Markdown for the GitHub release of the jobs' release tag."""
     tag = str(jobs[0].tag) if jobs else "?"
     out = [f"# {tag}", "",
@@ -134,7 +138,7 @@ def release_notes(jobs: tuple[Job, ...], facts: dict[str, ImageFacts]) -> str:
                                          name=cell.image), "```", "",
                 "<details><summary>compose file (`docker compose up -d`; the file the "
                 "smoke test ran)</summary>", "", "```yaml",
-                compose_file(job, by_digest or job.release_ref).rstrip(), "```",
+                compose_file(lm, job, by_digest or job.release_ref).rstrip(), "```",
                 "</details>", "",
                 "<details><summary>serve command (the image's CMD)</summary>", "", "```sh",
                 shlex.join(job.serve.argv), "```", "</details>", "",
@@ -189,7 +193,7 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
     return facts
 
 
-def write_compose_files(facts: dict[str, ImageFacts], jobs: tuple[Job, ...],
+def write_compose_files(lm: LoadedMatrix, facts: dict[str, ImageFacts], jobs: tuple[Job, ...],
                         out_dir: Path) -> list[Path]:
     """The compose file of each image, by digest where it was pushed: release assets."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -198,7 +202,7 @@ def write_compose_files(facts: dict[str, ImageFacts], jobs: tuple[Job, ...],
         f = facts.get(job.id)
         ref = job.image.by_digest(f.digest) if f and f.digest else job.release_ref
         path = out_dir / f"{job.cell.image}.compose.yaml"
-        path.write_text(compose_file(job, ref))
+        path.write_text(compose_file(lm, job, ref))
         written.append(path)
     return written
 

@@ -64,7 +64,7 @@ def _healthy(c: Container) -> bool:
 
 def is_spawn_hang(state: LogState, now: float, stall_s: float, cpu: Callable[[], float | None]
                   ) -> bool:
-    """The silent spawn hang of DOMAIN.md: log frozen before weights load, CPU idle."""
+    """The silent spawn hang of docs/domain.md: log frozen before weights load, CPU idle."""
     if state.silent_for(now) < stall_s or not state.could_be_spawn_hang():
         return False
     used = cpu()

@@ -38,7 +38,7 @@ PHASES = (
     ("ready", re.compile(r"Application startup complete|Uvicorn running on")),
 )
 PHASE_ORDER = ("starting",) + tuple(name for name, _ in PHASES)
-# Before this phase a silent log is the spawn hang (DOMAIN.md: no EngineCore start line,
+# Before this phase a silent log is the spawn hang (docs/domain.md: no EngineCore start line,
 # weights never loaded); after it, quiet means work (compiling) or an idle healthy server.
 STALL_BEFORE = "loading weights"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

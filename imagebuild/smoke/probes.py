@@ -24,7 +24,7 @@ TOOL = {
 # The exact text each tool-call parser of vLLM 0.23 reads as one call of TOOL with
 # city=Paris (tests/unit/test_smoke_tool_parsers.py runs every one through vLLM's own parser
 # class). Forcing it with structured outputs tests the parser and the chat template, not
-# the model (CPU_ENGINE.md). Markers such as <tool_call> must be tokens the model can emit
+# the model (docs/cpu-engine.md). Markers such as <tool_call> must be tokens the model can emit
 # as text; a model that holds them as special tokens only cannot be forced this way.
 _CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 _CALL_PARAMETERS = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
@@ -154,7 +154,7 @@ def png(width: int = 32, height: int = 32, rgb: tuple[int, int, int] = (200, 30,
 
 
 def degenerate(text: str) -> bool:
-    """DOMAIN.md: a skip-loaded vision tower answers images with a run of `!`."""
+    """docs/domain.md: a skip-loaded vision tower answers images with a run of `!`."""
     stripped = text.strip()
     return not stripped or set(stripped) <= {"!"}
 

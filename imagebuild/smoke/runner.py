@@ -38,6 +38,7 @@ from imagebuild.smoke.report import read_junit, write_junit, write_verdict
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
+    from imagebuild.spec.matrix import LoadedMatrix
 
 SUITE = Path(__file__).resolve().parent / "suite"
 CHECK_TIMEOUT_S = 900  # per check (pytest-timeout); a gb10 burst at c=32 is the longest
@@ -200,8 +201,11 @@ def _verdict(image_ref: str, image_id: str, expect: dict[str, Any], boot: dict[s
 
 def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
                 boot_timeout_s: float | None = None, stall_s: float | None = None,
-                console: Console | None = None) -> dict[str, Any]:
-    """Smoke-test one local image; returns the verdict (also written to out_dir)."""
+                console: Console | None = None, compose_text: str | None = None
+                ) -> dict[str, Any]:
+    """Smoke-test one local image; returns the verdict (also written to out_dir).
+    `compose_text`: the cell's rendered compose file (the one users get); without it (an
+    image known only by reference) the same settings are derived from the image."""
     console = console or Console(stderr=True, soft_wrap=True)  # CI logs: no hard wraps
     t0 = time.time()
     info = inspect_image(image_ref)
@@ -210,9 +214,9 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
         (out_dir / name).unlink(missing_ok=True)
     timeout_s = boot_timeout_s or expect["boot_timeout_s"]
     port = free_port()
-    spec = run_spec(image_ref, info, expect)
     compose_file = out_dir / "compose.yaml"
-    compose_file.write_text(compose_yaml(spec, name=expect.get("image") or "serve"))
+    compose_file.write_text(compose_text or compose_yaml(
+        run_spec(image_ref, info, expect), name=expect.get("image") or "serve"))
     project = f"imagebuild-smoke-{secrets.token_hex(4)}"
     config = {"image_ref": image_ref, "image_id": info["Id"], "expect": expect,
               "compose_file": str(compose_file), "project": project, "port": port,
@@ -253,12 +257,16 @@ def smoke_ref(image_ref: str, *, out_dir: Path | None = None, **kw: Any) -> dict
                        **kw)
 
 
-def smoke_jobs(jobs: tuple[Job, ...], *, out_root: Path, **kw: Any
+def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw: Any
                ) -> dict[str, dict[str, Any]]:
     """`build.py smoke --tag T [--only GLOB]` and the whole job: each job's local image
-    (`job.release_ref`, as `build` tagged it), one container at a time."""
+    (`job.release_ref`, as `build` tagged it) run from the cell's compose file, one
+    container at a time."""
+    from imagebuild.render import render_compose
+
     verdicts = {}
     for job in jobs:
         out = cell_dir(out_root, job.cell)
-        verdicts[job.id] = smoke_image(job.release_ref, dict(job.expect), out, **kw)
+        verdicts[job.id] = smoke_image(job.release_ref, dict(job.expect), out,
+                                       compose_text=render_compose(lm, job.cell).text, **kw)
     return verdicts

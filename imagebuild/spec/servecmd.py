@@ -14,7 +14,7 @@ from imagebuild.spec.matrix import Cell
 
 MODEL_DIR = "/model"
 DRAFTER_DIR = "/drafter"
-# vLLM runtime caches; persisting /root/.cache/vllm cuts restarts (DOMAIN.md)
+# vLLM runtime caches; persisting /root/.cache/vllm cuts restarts (docs/domain.md)
 BASE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "VLLM_NO_USAGE_STATS": "1",

@@ -24,7 +24,7 @@ import yaml
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import render_engine
 from imagebuild.spec import matrix as mx
-from tests.dockerfile_text import stages
+from tests.support.dockerfile_text import stages
 
 pytestmark = pytest.mark.slow
 PASSWORD = "correct-horse"

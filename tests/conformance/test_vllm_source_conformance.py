@@ -23,7 +23,7 @@ from imagebuild.build.vllm_source import sdist_tree
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import VLLM_PATHS, render_engine
 from imagebuild.spec import matrix as mx
-from tests.dockerfile_text import (
+from tests.support.dockerfile_text import (
     apt_packages,
     copied_sources,
     env_names,

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
 GATE = ROOT / "images" / "engine" / "files" / "check-cuda-arch.py"
-FIXTURES = ROOT / "tests" / "fixtures" / "cuda"
+FIXTURES = ROOT / "tests" / "data" / "cuda"
 NVCC_DEFAULT = "/usr/local/cuda-13.0/bin/nvcc"
 
 

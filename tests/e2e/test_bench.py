@@ -25,7 +25,7 @@ from imagebuild.errors import UserError
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient
 from imagebuild.release.records import A_IMAGE, A_SMOKE, A_TAG
 from imagebuild.smoke.expect import expectations_from_labels
-from tests.registry_harness import running_registry
+from tests.support.registry import running_registry
 
 pytestmark = pytest.mark.slow
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
@@ -80,7 +80,7 @@ def test_slower_release_is_refused_as_latest_unless_accepted(cpu_serve_image) ->
     for fast, slow in zip(fast_levels, slow_levels, strict=True):
         assert slow["output_tok_s"] < 0.95 * fast["output_tok_s"], (slow, fast)
     with running_registry() as reg:
-        client = RegistryClient(reg.url, username=reg.user, password=reg.password)
+        client = reg.client()
         ids = {tag: _release(client, tag) for tag in (FAST, SLOW)}
         for tag, levels in ((FAST, fast_levels), (SLOW, slow_levels)):
             doc = document(image={"id": ids[tag], "tag": tag, "ref": IMAGE},
@@ -106,7 +106,7 @@ def test_slower_release_is_refused_as_latest_unless_accepted(cpu_serve_image) ->
 def test_put_blob_and_stored_results_round_trip() -> None:
     """Registry only (no vLLM): blobs upload once, results come back byte-identical."""
     with running_registry() as reg:
-        client = RegistryClient(reg.url, username=reg.user, password=reg.password)
+        client = reg.client()
         digest = client.put_blob(REPO, b"hello")
         assert client.get_blob(REPO, digest) == b"hello"
         assert client.put_blob(REPO, b"hello") == digest  # exists: HEAD only
@@ -130,7 +130,7 @@ def test_bench_command_writes_results_stores_them_and_compares(cpu_serve_image, 
     from imagebuild import REPO_ROOT
 
     with running_registry() as reg:
-        client = RegistryClient(reg.url, username=reg.user, password=reg.password)
+        client = reg.client()
         base_id = _release(client, FAST)
         base = document(image={"id": base_id, "tag": FAST, "ref": IMAGE}, settings={},
                         levels=[{"concurrency": c, "output_tok_s": 1.0, "requests": 4,

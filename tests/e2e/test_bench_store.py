@@ -17,7 +17,6 @@ from imagebuild.bench.results import document
 from imagebuild.errors import UserError
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from imagebuild.release.records import A_IMAGE, A_SMOKE, A_TAG
-from tests.registry_harness import running_registry
 
 pytestmark = pytest.mark.slow
 REPO = "vllm-spark/cpu-tiny-ngram"
@@ -45,10 +44,8 @@ def _doc(tag: str, tok_s: dict[int, float], flagged: tuple[int, ...] = ()) -> di
         for c, v in tok_s.items()])
 
 
-@pytest.fixture
-def registry():
-    with running_registry() as reg:
-        yield reg, RegistryClient(reg.url, username=reg.user, password=reg.password)
+def _client(reg) -> RegistryClient:
+    return reg.client()
 
 
 def test_results_are_referrers_of_the_release_that_oras_finds(registry, tmp_path) -> None:
@@ -56,7 +53,7 @@ def test_results_are_referrers_of_the_release_that_oras_finds(registry, tmp_path
     import oras.client
     import oras.schemas
 
-    reg, client = registry
+    reg, client = registry, _client(registry)
     digest = _release(client, TAGS[0])
     first = store.put_results(client, REPO, TAGS[0], _doc(TAGS[0], {1: 100.0}))
     doc = _doc(TAGS[0], {1: 120.0, 4: 300.0})
@@ -97,7 +94,7 @@ def test_results_are_referrers_of_the_release_that_oras_finds(registry, tmp_path
 
 def test_results_under_the_old_image_id_tag_are_still_read(registry) -> None:
     """Releases benched before referrers keep their `sha256-<image id>.bench` artifact."""
-    _reg, client = registry
+    client = _client(registry)
     _release(client, TAGS[0])
     rel = json.loads(client.get_manifest(REPO, TAGS[0])[0])
     image_id = rel["config"]["digest"]
@@ -123,7 +120,7 @@ def test_results_under_the_old_image_id_tag_are_still_read(registry) -> None:
 
 
 def test_storing_needs_the_release_and_its_image(registry) -> None:
-    _reg, client = registry
+    client = _client(registry)
     with pytest.raises(UserError, match="not in the registry"):
         store.put_results(client, REPO, TAGS[0], _doc(TAGS[0], {1: 1.0}))
     _release(client, TAGS[0])
@@ -133,7 +130,7 @@ def test_storing_needs_the_release_and_its_image(registry) -> None:
 
 
 def test_gate_refuses_flagged_figures_and_records_the_acceptance(registry) -> None:
-    _reg, client = registry
+    client = _client(registry)
     for tag in TAGS[:2]:
         _release(client, tag)
     store.put_results(client, REPO, TAGS[0], _doc(TAGS[0], {1: 100.0, 4: 300.0}))
@@ -150,7 +147,7 @@ def test_gate_refuses_flagged_figures_and_records_the_acceptance(registry) -> No
 
 
 def test_history_of_three_releases_has_three_points_per_line(registry, tmp_path) -> None:
-    reg, client = registry
+    reg, client = registry, _client(registry)
     for i, tag in enumerate(TAGS):
         _release(client, tag)
         store.put_results(client, REPO, tag, _doc(tag, {1: 100.0 + i, 4: 300.0 + 10 * i},
@@ -185,7 +182,7 @@ def test_history_of_three_releases_has_three_points_per_line(registry, tmp_path)
 def test_pruning_a_release_deletes_its_results(registry) -> None:
     from imagebuild.release.prune import prune
 
-    _reg, client = registry
+    client = _client(registry)
     digests = [_release(client, tag) for tag in TAGS]
     artifacts = [store.put_results(client, REPO, tag, _doc(tag, {1: 1.0})) for tag in TAGS]
     client.copy_tag(REPO, TAGS[2], "latest")

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from imagebuild import REPO_ROOT
-from tests.e2e.cpu_build import CA_MARKER, HF_TOKEN_MARKER, run_cpu_build
+from tests.support.cpu_build import CA_MARKER, HF_TOKEN_MARKER, run_cpu_build
 
 pytestmark = pytest.mark.slow
 

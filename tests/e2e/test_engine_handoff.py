@@ -19,8 +19,8 @@ import yaml
 
 from imagebuild.cli import main
 from imagebuild.registry.client import RegistryClient
-from tests.e2e.cpu_build import TAG
-from tests.registry_harness import docker_login, running_registry
+from tests.support.cpu_build import TAG
+from tests.support.registry import docker_login
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 DOCKER = "/usr/bin/docker"
@@ -55,116 +55,115 @@ def _second_runner_matrix(matrix_dir: Path) -> Path:
 
 
 def test_engine_built_once_pushed_by_digest_and_only_serve_built_on_it(
-        cpu_serve_image, matrix_dir, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("IMAGEBUILD_LOCK_DIR", str(tmp_path / "locks"))
+        cpu_serve_image, registry, matrix_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("IMAGEBUILD_TARGET", raising=False)
     second = _second_runner_matrix(matrix_dir)
     made: list[str] = []  # local tags this test creates
-    with running_registry() as reg:
-        config = docker_login(reg)
-        monkeypatch.setenv("DOCKER_CONFIG", str(config))
-        monkeypatch.setenv("IMAGEBUILD_REGISTRY", reg.host)
-        monkeypatch.setenv("IMAGEBUILD_NAMESPACE", NS)
-        gh_output = tmp_path / "github-output"
-        monkeypatch.setenv("GITHUB_OUTPUT", str(gh_output))
-        client = RegistryClient(reg.url, username=reg.user, password=reg.password)
-        repo = f"{NS}/engine-cpu-dflashfix"
-        try:
-            # runner A: the engine stage
-            a = tmp_path / "runner-a"
-            assert main(["build", "--tag", TAG, "--target", "cpu", "--engine-only", "--push",
-                         "--out", str(a)]) == 0
-            out = capsys.readouterr().out
-            ref = (a / "engines" / "cpu.ref").read_text().strip()
-            m = re.fullmatch(rf"{re.escape(reg.host)}/{repo}@(sha256:[0-9a-f]{{64}})", ref)
-            assert m, ref
-            assert gh_output.read_text() == f"engine_image={ref}\n"
-            assert f"pushed {ref}" in out and "[serve]" not in out
-            engine = _record(a, "engine")
-            # the registry holds exactly the local engine (its config is the image id),
-            # under its digest and its inputs tag
-            manifest, digest = client.image_manifest(repo, m[1])
-            assert digest == m[1] and manifest["config"]["digest"] == engine["image_id"]
-            assert client.digest(repo, f"inputs-{engine['inputs_digest']}") == m[1]
-            assert client.image_labels(repo, m[1])["io.imagebuild.inputs"] == \
-                engine["inputs_digest"]
+    reg = registry
+    config = docker_login(reg)
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    monkeypatch.setenv("IMAGEBUILD_REGISTRY", reg.host)
+    monkeypatch.setenv("IMAGEBUILD_NAMESPACE", NS)
+    gh_output = tmp_path / "github-output"
+    monkeypatch.setenv("GITHUB_OUTPUT", str(gh_output))
+    client = RegistryClient(reg.url, username=reg.user, password=reg.password)
+    repo = f"{NS}/engine-cpu-dflashfix"
+    try:
+        # runner A: the engine stage
+        a = tmp_path / "runner-a"
+        assert main(["build", "--tag", TAG, "--target", "cpu", "--engine-only", "--push",
+                     "--out", str(a)]) == 0
+        out = capsys.readouterr().out
+        ref = (a / "engines" / "cpu.ref").read_text().strip()
+        m = re.fullmatch(rf"{re.escape(reg.host)}/{repo}@(sha256:[0-9a-f]{{64}})", ref)
+        assert m, ref
+        assert gh_output.read_text() == f"engine_image={ref}\n"
+        assert f"pushed {ref}" in out and "[serve]" not in out
+        engine = _record(a, "engine")
+        # the registry holds exactly the local engine (its config is the image id),
+        # under its digest and its inputs tag
+        manifest, digest = client.image_manifest(repo, m[1])
+        assert digest == m[1] and manifest["config"]["digest"] == engine["image_id"]
+        assert client.digest(repo, f"inputs-{engine['inputs_digest']}") == m[1]
+        assert client.image_labels(repo, m[1])["io.imagebuild.inputs"] == \
+            engine["inputs_digest"]
 
-            # a re-run of the engine stage: the registry has these inputs, nothing happens
-            gh_output.write_text("")
-            a2 = tmp_path / "runner-a-again"
-            assert main(["build", "--tag", TAG, "--target", "cpu", "--engine-only", "--push",
-                         "--out", str(a2)]) == 0
-            out = capsys.readouterr().out
-            assert "already holds inputs" in out and "not built, not pushed" in out
-            assert f"pushed {ref}" not in out
-            assert (a2 / "engines" / "cpu.ref").read_text().strip() == ref
-            assert not (a2 / "records").exists()  # nothing was built
-            assert gh_output.read_text() == f"engine_image={ref}\n"
+        # a re-run of the engine stage: the registry has these inputs, nothing happens
+        gh_output.write_text("")
+        a2 = tmp_path / "runner-a-again"
+        assert main(["build", "--tag", TAG, "--target", "cpu", "--engine-only", "--push",
+                     "--out", str(a2)]) == 0
+        out = capsys.readouterr().out
+        assert "already holds inputs" in out and "not built, not pushed" in out
+        assert f"pushed {ref}" not in out
+        assert (a2 / "engines" / "cpu.ref").read_text().strip() == ref
+        assert not (a2 / "records").exists()  # nothing was built
+        assert gh_output.read_text() == f"engine_image={ref}\n"
 
-            # runner B: no base, no engine image of its own
-            base_ref = _record(a, "base")["ref"]
-            engine_ref = engine["ref"]
-            for image in (base_ref, engine_ref):
-                info = _inspect(image)
-                assert info is not None
-                assert _docker("rmi", "-f", info["Id"]).returncode == 0
-            assert _inspect(engine_ref) is None and _inspect(base_ref) is None
-            b = tmp_path / "runner-b"
-            code = main(["build", "--matrix", str(second), "--tag", TAG, "--target", "cpu",
-                         "--engine-image", ref, "--out", str(b)])
-            out, err = capsys.readouterr()
-            assert code == 0, out + err
-            assert f"pulled {ref}" in out
-            assert "[engine] building" not in out and "[base]" not in out
-            assert _inspect(base_ref) is None  # the base was not built either
-            pulled = _inspect(engine_ref)
-            assert pulled is not None and pulled["Id"] == engine["image_id"]
-            assert _inspect(f"imagebuild/inputs:{engine['inputs_digest']}")["Id"] == \
-                engine["image_id"]  # build avoidance finds it from now on
-            records = sorted(p.name for p in (b / "records" / "cpu" / "dflashfix").iterdir())
-            assert records == ["engine.json", f"{FAMILY}-tiny-ngram.json"]
-            assert _record(b, "engine")["pulled_from"] == ref
-            serve = _record(b, f"{FAMILY}-tiny-ngram")
-            made += [serve["ref"], f"imagebuild/inputs:{serve['inputs_digest']}"]
-            assert serve["avoided"] is False and serve["steps_run"] + serve["steps_cached"] > 0
-            image = _inspect(serve["ref"])
-            assert image["Config"]["Labels"]["io.imagebuild.parent"] == engine["image_id"]
-            # the serve image is the pulled engine's layers plus its own
-            engine_layers = pulled["RootFS"]["Layers"]
-            assert image["RootFS"]["Layers"][:len(engine_layers)] == engine_layers
-            assert len(image["RootFS"]["Layers"]) > len(engine_layers)
+        # runner B: no base, no engine image of its own
+        base_ref = _record(a, "base")["ref"]
+        engine_ref = engine["ref"]
+        for image in (base_ref, engine_ref):
+            info = _inspect(image)
+            assert info is not None
+            assert _docker("rmi", "-f", info["Id"]).returncode == 0
+        assert _inspect(engine_ref) is None and _inspect(base_ref) is None
+        b = tmp_path / "runner-b"
+        code = main(["build", "--matrix", str(second), "--tag", TAG, "--target", "cpu",
+                     "--engine-image", ref, "--out", str(b)])
+        out, err = capsys.readouterr()
+        assert code == 0, out + err
+        assert f"pulled {ref}" in out
+        assert "[engine] building" not in out and "[base]" not in out
+        assert _inspect(base_ref) is None  # the base was not built either
+        pulled = _inspect(engine_ref)
+        assert pulled is not None and pulled["Id"] == engine["image_id"]
+        assert _inspect(f"imagebuild/inputs:{engine['inputs_digest']}")["Id"] == \
+            engine["image_id"]  # build avoidance finds it from now on
+        records = sorted(p.name for p in (b / "records" / "cpu" / "dflashfix").iterdir())
+        assert records == ["engine.json", f"{FAMILY}-tiny-ngram.json"]
+        assert _record(b, "engine")["pulled_from"] == ref
+        serve = _record(b, f"{FAMILY}-tiny-ngram")
+        made += [serve["ref"], f"imagebuild/inputs:{serve['inputs_digest']}"]
+        assert serve["avoided"] is False and serve["steps_run"] + serve["steps_cached"] > 0
+        image = _inspect(serve["ref"])
+        assert image["Config"]["Labels"]["io.imagebuild.parent"] == engine["image_id"]
+        # the serve image is the pulled engine's layers plus its own
+        engine_layers = pulled["RootFS"]["Layers"]
+        assert image["RootFS"]["Layers"][:len(engine_layers)] == engine_layers
+        assert len(image["RootFS"]["Layers"]) > len(engine_layers)
 
-            # an engine with other inputs (relabelled here) is refused, and nothing built
-            ctx = tmp_path / "tampered"
-            ctx.mkdir()
-            (ctx / "Dockerfile").write_text(
-                f"FROM {engine_ref}\nLABEL io.imagebuild.inputs={'0' * 64}\n")
-            tampered = f"{reg.host}/{repo}:tampered"
-            made.append(tampered)
-            assert _docker("build", "--network", "host", "-t", tampered,
-                           str(ctx)).returncode == 0
-            pushed = _docker("push", tampered, config=config)
-            assert pushed.returncode == 0, pushed.stderr
-            tampered_ref = (f"{reg.host}/{repo}@"
-                            + re.search(r"digest: (sha256:[0-9a-f]{64})", pushed.stdout)[1])
-            _docker("rmi", tampered)  # a runner that never had it
-            c = tmp_path / "runner-c"
-            code = main(["build", "--matrix", str(second), "--tag", TAG, "--target", "cpu",
-                         "--engine-image", tampered_ref, "--out", str(c)])
-            out, err = capsys.readouterr()
-            assert code == 2, out + err
-            assert "is not the cpu/dflashfix engine this checkout builds" in err
-            assert "0000000000000000" in err and "Traceback" not in err
-            assert "[serve]" not in out and not (c / "records").exists()
-            assert _inspect(tampered_ref) is None  # refused, and not left behind
-            assert _inspect(engine_ref)["Id"] == engine["image_id"]  # untouched
+        # an engine with other inputs (relabelled here) is refused, and nothing built
+        ctx = tmp_path / "tampered"
+        ctx.mkdir()
+        (ctx / "Dockerfile").write_text(
+            f"FROM {engine_ref}\nLABEL io.imagebuild.inputs={'0' * 64}\n")
+        tampered = f"{reg.host}/{repo}:tampered"
+        made.append(tampered)
+        assert _docker("build", "--network", "host", "-t", tampered,
+                       str(ctx)).returncode == 0
+        pushed = _docker("push", tampered, config=config)
+        assert pushed.returncode == 0, pushed.stderr
+        tampered_ref = (f"{reg.host}/{repo}@"
+                        + re.search(r"digest: (sha256:[0-9a-f]{64})", pushed.stdout)[1])
+        _docker("rmi", tampered)  # a runner that never had it
+        c = tmp_path / "runner-c"
+        code = main(["build", "--matrix", str(second), "--tag", TAG, "--target", "cpu",
+                     "--engine-image", tampered_ref, "--out", str(c)])
+        out, err = capsys.readouterr()
+        assert code == 2, out + err
+        assert "is not the cpu/dflashfix engine this checkout builds" in err
+        assert "0000000000000000" in err and "Traceback" not in err
+        assert "[serve]" not in out and not (c / "records").exists()
+        assert _inspect(tampered_ref) is None  # refused, and not left behind
+        assert _inspect(engine_ref)["Id"] == engine["image_id"]  # untouched
 
-            # a tag names no fixed content: refused before anything happens
-            code = main(["build", "--tag", TAG, "--target", "cpu", "--engine-image",
-                         f"{reg.host}/{repo}:inputs-{engine['inputs_digest']}",
-                         "--out", str(tmp_path / "runner-d")])
-            assert code == 2 and "is not REPOSITORY@sha256" in capsys.readouterr().err
-            assert not (tmp_path / "runner-d").exists()
-        finally:
-            for tag in made:
-                _docker("rmi", tag)
+        # a tag names no fixed content: refused before anything happens
+        code = main(["build", "--tag", TAG, "--target", "cpu", "--engine-image",
+                     f"{reg.host}/{repo}:inputs-{engine['inputs_digest']}",
+                     "--out", str(tmp_path / "runner-d")])
+        assert code == 2 and "is not REPOSITORY@sha256" in capsys.readouterr().err
+        assert not (tmp_path / "runner-d").exists()
+    finally:
+        for tag in made:
+            _docker("rmi", tag)

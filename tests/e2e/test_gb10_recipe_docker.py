@@ -19,7 +19,7 @@ import yaml
 from imagebuild import REPO_ROOT
 from imagebuild.build.bootstrap import DEFAULT_BASE_REF, ensure_base_image
 from imagebuild.cli import main
-from tests.registry_harness import docker_login, push_tiny_image, running_registry
+from tests.support.registry import docker_login, push_tiny_image, running_registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 DOCKER = "/usr/bin/docker"

@@ -1,9 +1,9 @@
 """The KV predictor against the layout vLLM 0.23 itself builds, family by family.
 
-tests/vllm_oracle/model_kv.py runs vLLM's own code on the CPU platform for each case (config
+tests/support/vllm_oracle/model_kv.py runs vLLM's own code on the CPU platform for each case (config
 classes, the model built on the meta device, the hybrid block-size alignment, the block-size
 checks, every layer's KV cache spec, page-size unification) in one process. Each case is a
-fixture config (tests/fixtures/configs/, public shapes) with a set of serve settings; for each:
+fixture config (tests/data/configs/, public shapes) with a set of serve settings; for each:
 - where vLLM raises, the predictor must not say "ok" (it says "cannot predict" or names the
   same exception);
 - where vLLM builds the cache, the predictor must match it exactly (every layer's spec in
@@ -28,7 +28,7 @@ from imagebuild.preflight.kv import families
 from imagebuild.preflight.kvcache import CannotPredict, KVFlags, KVPrediction, predict
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIGS = REPO / "tests" / "fixtures" / "configs"
+CONFIGS = REPO / "tests" / "data" / "configs"
 ORACLE = REPO / "tests" / "vllm_oracle" / "model_kv.py"
 VLLM_PY = Path(os.environ.get("IMAGEBUILD_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 

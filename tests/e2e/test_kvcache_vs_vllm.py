@@ -1,7 +1,8 @@
 """The KV-cache predictor against vLLM 0.23's own code, on hundreds of generated layouts.
 
 Three comparisons, each against real vLLM functions run by the oracle venv's python:
-- unify_kv_cache_spec_page_size (through tests/vllm_oracle/unify.py, one call for all cases):
+- unify_kv_cache_spec_page_size (through tests/support/vllm_oracle/unify.py, one call for
+  all cases):
   outcome, and the page size and block size of every layer when it unifies;
 - the "all layers of one type" shortcut of get_kv_cache_groups, which skips unification;
 - Platform._align_hybrid_block_size with the real Qwen3.5 / Qwen3-Next model classes and the
@@ -236,7 +237,7 @@ def test_unify_matches_vllm(cases):
 _SHORTCUT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from specs import make_spec  # tests/vllm_oracle/specs.py: vLLM's own spec classes
+from specs import make_spec  # tests/support/vllm_oracle/specs.py: vLLM's own spec classes
 from vllm.v1.core.kv_cache_utils import is_kv_cache_spec_uniform
 from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
 out = {}

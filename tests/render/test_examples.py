@@ -3,9 +3,9 @@
 The examples are what other teams write (another GPU, another model family, plain
 serving); nothing in imagebuild knows their names, and nothing here does either: each
 `examples/*/matrix.yaml` is found, copied, locked against the recorded Hub answers
-(tests/fixtures/hub; the committed example locks leave Hub pins unresolved, as `lock`
+(tests/data/hub; the committed example locks leave Hub pins unresolved, as `lock`
 does offline) and run through plan, check and render for every engine it defines.
-UPDATE_GOLDEN=1 rewrites tests/render/golden-examples/.
+UPDATE_GOLDEN=1 rewrites tests/data/golden-examples/.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from imagebuild.cli import main
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import render_all
 from imagebuild.spec import matrix as mx
-from tests.fixtures.preflight.fixture_hub import lock_matrix
+from tests.support.matrices import lock_matrix
+from tests.support.paths import GOLDEN_EXAMPLES
 
 EXAMPLES = sorted(p.parent for p in (REPO_ROOT / "examples").glob("*/matrix.yaml"))
-GOLDEN = Path(__file__).parent / "golden-examples"
+GOLDEN = GOLDEN_EXAMPLES
 DATE = "2026-07-01"
 HADOLINT = shutil.which("hadolint") or str(Path(os.sys.executable).parent / "hadolint")
 
@@ -96,7 +97,7 @@ def test_example_renders_like_its_golden_files(example: Path) -> None:
             (golden / r.path).parent.mkdir(parents=True, exist_ok=True)
             (golden / r.path).write_text(r.text)
     assert sorted(r.path for r in rendered) == sorted(
-        str(p.relative_to(golden)) for p in golden.rglob("*.Dockerfile"))
+        str(p.relative_to(golden)) for p in golden.rglob("*") if p.is_file())
     for r in rendered:
         assert r.text == (golden / r.path).read_text(), (
             f"{r.path} of {example.name} differs from its golden file (UPDATE_GOLDEN=1)")

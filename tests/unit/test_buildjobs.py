@@ -22,7 +22,7 @@ SPARK_MEMTOTAL = 119 * GIB
 
 @pytest.mark.parametrize("mem", [SPARK_NOMINAL, SPARK_MEMTOTAL])
 def test_spark_matches_the_deployment_notes(mem):
-    # DOMAIN.md: MAX_JOBS ~12 and NVCC_THREADS=2 on the 128 GB, 20-core Spark.
+    # docs/domain.md: MAX_JOBS ~12 and NVCC_THREADS=2 on the 128 GB, 20-core Spark.
     assert choose_parallelism(mem, 20) == (12, 2)
     assert choose_nvcc_threads(mem, 20) == 2
     assert choose_max_jobs(mem, 20, nvcc_threads=2) == 12

@@ -18,7 +18,7 @@ from huggingface_hub.utils import get_session
 
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.hub import HubClient, HubUnreachable
-from tests.hubreplay import (
+from tests.support.hub import (
     AUTHORIZED_TOKEN,
     FIXTURE_DIR,
     UNAUTHORIZED_TOKEN,

@@ -1,4 +1,4 @@
-"""KV-cache page-layout predictor: hand arithmetic from DOMAIN.md against predict().
+"""KV-cache page-layout predictor: hand arithmetic from docs/domain.md against predict().
 
 Shared numbers for the Qwen3.6-35B-A3B target (text_config: 2 KV heads x head_dim 256, GDN
 16 key heads / 32 value heads of dim 128, conv kernel 4, mamba_ssm_dtype float32):
@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from imagebuild.errors import UserError
 from imagebuild.preflight.kvcache import KVFlags, layout_for_oracle, predict
+from tests.support.paths import CONFIGS as CONFIGS_DIR
 
-CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+CONFIGS = CONFIGS_DIR
 SSM = 32 * 128 * 128 * 4
 
 
@@ -33,7 +33,7 @@ def target() -> dict:
     return cfg("qwen36-35b-a3b")
 
 
-# The canonical DFlash serve (DOMAIN.md): flash_attn, 11 speculative tokens, auto dtypes.
+# The canonical DFlash serve (docs/domain.md): flash_attn, 11 speculative tokens, auto dtypes.
 DFLASH = KVFlags(speculative_method="dflash", num_speculative_tokens=11,
                  attention_backend="flash_attn", max_num_batched_tokens=16384)
 # Same state shapes without a drafter: ngram speculation also grows the conv state by k.

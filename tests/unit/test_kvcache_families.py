@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from imagebuild.errors import UserError
 from imagebuild.preflight.kv.dtypes import CACHE_DTYPES
 from imagebuild.preflight.kvcache import CannotPredict, KVFlags, predict
+from tests.support.paths import CONFIGS as CONFIGS_DIR
+from tests.support.paths import HUB_DATA
 
-CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+CONFIGS = CONFIGS_DIR
 PC = KVFlags(attention_backend="flash_attn", enable_prefix_caching=True,
              max_num_batched_tokens=16384)
 NO_PC = replace(PC, enable_prefix_caching=False)
@@ -341,7 +342,7 @@ def test_modelopt_unknown_kv_algo_and_mixed_nested_block():
 
 def test_nvidia_qwen36_nvfp4_checkpoint_keeps_bf16_kv():
     # its quantization_config is flat (MIXED_PRECISION, kv_cache_quant_algo null)
-    hub = Path(__file__).resolve().parents[1] / "fixtures" / "hub" / "nvidia" / \
+    hub = HUB_DATA / "nvidia" / \
         "Qwen3.6-35B-A3B-NVFP4" / "491c2f1ea524c639598bf8fa787a93fed5a6fbce"
     config = json.loads((hub / "config.json").read_text())
     hf_quant = json.loads((hub / "hf_quant_config.json").read_text())

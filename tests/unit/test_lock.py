@@ -8,14 +8,13 @@ from pathlib import Path
 import pytest
 
 from imagebuild.cli import main
-from tests.hubreplay import hub_replay  # noqa: F401  (fixture)
 
 ZLAB_SMALL_PAGE = "31977fbe13a86e8b961774f773058175676d89b8"
 NVIDIA = "491c2f1ea524c639598bf8fa787a93fed5a6fbce"
 
 
 @pytest.fixture
-def online(hub_replay, hub_online_loopback, monkeypatch):  # noqa: F811
+def online(hub_replay, hub_online_loopback, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", hub_replay.endpoint)
     return hub_replay
 

@@ -16,10 +16,13 @@ import pytest
 from imagebuild import REPO_ROOT
 from imagebuild.preflight.families import family, modalities
 from imagebuild.preflight.flags import RULES
-from tests.fixtures.preflight.fixture_hub import FixtureHub, check, edit, lock_matrix, of
+from tests.support.hub.fake import FakeHub
+from tests.support.matrices import check, edit, lock_matrix, of
+from tests.support.paths import CONFIGS as CONFIGS_DIR
+from tests.support.paths import HUB_DATA
 
-CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
-HUB = Path(__file__).resolve().parents[1] / "fixtures" / "hub"
+CONFIGS = CONFIGS_DIR
+HUB = HUB_DATA
 HERETIC = ("    repository: AEON-7/Qwen3.6-35B-A3B-heretic-NVFP4\n    track: main  # no revision "
            "is known offline; `lock` resolves and pins it\n    quantization: compressed-tensors\n")
 
@@ -56,7 +59,7 @@ def test_modalities_are_vllms_own() -> None:
 @pytest.fixture
 def gemma_heretic(locked: Path, tmp_path: Path) -> Path:
     """The real matrix with the heretic model pointed at a Gemma 3 checkpoint."""
-    hub = FixtureHub()
+    hub = FakeHub()
     hub.add_revision("imagebuild-fixtures/gemma-3", {"config.json": _config("gemma3-4b-it.json")},
                      tmp_path / "hub")
     edit(locked, HERETIC, "    repository: imagebuild-fixtures/gemma-3\n    track: main\n")

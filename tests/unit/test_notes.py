@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from imagebuild import REPO_ROOT
 from imagebuild.plan import load_plan
 from imagebuild.release.notes import ImageFacts, previous_release, release_notes
 from imagebuild.spec.tags import parse_release_tag
@@ -13,15 +14,16 @@ VERDICT = {"passed": True, "message": "all 9 checks passed",
                                       "measured": {"acceptance": 0.81}}}}
 
 
-def _jobs(matrix_dir, target: str):
-    return load_plan(matrix_dir / "matrix.yaml", "2026-06-18-dflashfix", target).jobs
+def _plan(matrix_dir, target: str):
+    return load_plan(matrix_dir / "matrix.yaml", "2026-06-18-dflashfix", target)
 
 
 def test_notes_per_image(matrix_dir):
-    jobs = _jobs(matrix_dir, "gb10")
+    plan = _plan(matrix_dir, "gb10")
+    jobs = plan.jobs
     first = jobs[0]
     facts = {first.id: ImageFacts(DIGEST, "2026-06-11-v0.23.0-pr41703", VERDICT)}
-    text = release_notes(jobs, facts)
+    text = release_notes(plan.lm, jobs, facts)
     repo = first.image.name
     assert f"docker pull {repo}:2026-06-18-v0.23.0-dflashfix" in text
     assert f"docker pull {repo}@{DIGEST}" in text
@@ -30,6 +32,12 @@ def test_notes_per_image(matrix_dir):
     assert f"{repo}@{DIGEST}" in block and "--read-only" in block
     assert "--gpus all --ipc host" in block and "--cap-drop ALL" in block
     assert " -e " not in block and "--env" not in block and "TOKEN" not in block
+    # the compose file is the cell's rendered one, pinned to the tested digest
+    compose = text.split("compose file (`docker compose up -d`")[1].split("```yaml\n")[1]
+    compose = compose.split("```")[0]
+    committed = (REPO_ROOT / "rendered" / first.cell.target_name / first.cell.engine_name /
+                 f"{first.cell.image}.compose.yaml").read_text()
+    assert compose.strip() == committed.replace(f"{repo}:latest", f"{repo}@{DIGEST}").strip()
     # pins: the full commits, never abbreviated
     zlab = next(j for j in jobs if j.cell.drafter_name == "zlab")
     assert f"`{zlab.pins['drafter']['revision']}`" in text
@@ -43,7 +51,8 @@ def test_notes_per_image(matrix_dir):
 
 
 def test_cpu_notes_use_shm_not_gpus(matrix_dir):
-    text = release_notes(_jobs(matrix_dir, "cpu"), {})
+    plan = _plan(matrix_dir, "cpu")
+    text = release_notes(plan.lm, plan.jobs, {})
     assert "--shm-size" in text and "--gpus" not in text
     assert "nothing to roll back to" in text
 
@@ -72,7 +81,8 @@ def _bench_doc(tag: str, tok_s: dict[int, float]) -> dict:
 def test_notes_carry_the_bench_table_deltas_reason_and_plot(matrix_dir, tmp_path):
     from imagebuild.release.notes import write_plots
 
-    jobs = _jobs(matrix_dir, "gb10")
+    plan = _plan(matrix_dir, "gb10")
+    jobs = plan.jobs
     first, tag = jobs[0], str(jobs[0].tag)
     prev = "2026-06-11-v0.23.0-pr41703"
     facts = {first.id: ImageFacts(
@@ -82,7 +92,7 @@ def test_notes_carry_the_bench_table_deltas_reason_and_plot(matrix_dir, tmp_path
     facts = write_plots(facts, jobs, tmp_path, "https://example.invalid/dl/")
     png = tmp_path / f"bench-{first.cell.image}.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = release_notes(jobs, facts)
+    text = release_notes(plan.lm, jobs, facts)
     section = text.split(f"## {first.cell.image}")[1].split("\n## ")[0]
     bench = section.split("Benchmark:")[1]
     assert "| 64 | 32 | 0 | 760.0 | -9.5% |" in bench  # tok/s and its delta vs previous

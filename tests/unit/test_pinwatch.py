@@ -18,14 +18,13 @@ from imagebuild.lock.hub import HubClient
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.lock.pinwatch import watch, write_issue_files
 from imagebuild.spec import matrix as mx
-from tests.hubreplay import hub_replay  # noqa: F401  (fixture)
 
 ZLAB_SMALL_PAGE = "31977fbe13a86e8b961774f773058175676d89b8"
 ZLAB_RETRAINED = "fa6ed3e5c0476db4d4a45dfaf0a230d3f2acc3a8"  # the recordings' main
 
 
 @pytest.fixture
-def locked(hub_replay, hub_online_loopback, monkeypatch, matrix_dir: Path):  # noqa: F811
+def locked(hub_replay, hub_online_loopback, monkeypatch, matrix_dir: Path):
     """matrix_dir with every pin resolved against the replay (as `lock` does online)."""
     monkeypatch.setenv("HF_ENDPOINT", hub_replay.endpoint)
     assert main(["lock", "--matrix", str(matrix_dir / "matrix.yaml")]) == 0
@@ -38,7 +37,7 @@ def _watch(matrix_dir: Path, endpoint: str):
                                                HubClient(endpoint=endpoint))}
 
 
-def test_retrained_drafter_head_fails_with_page_size_assert(locked, hub_replay):  # noqa: F811
+def test_retrained_drafter_head_fails_with_page_size_assert(locked, hub_replay):
     reports = _watch(locked, hub_replay.endpoint)
     z = reports[("drafters", "zlab")]
     assert (z.locked, z.head, z.branch) == (ZLAB_SMALL_PAGE, ZLAB_RETRAINED, "main")
@@ -57,7 +56,7 @@ def test_retrained_drafter_head_fails_with_page_size_assert(locked, hub_replay):
     assert not (locked / "locked" / "z-lab/Qwen3.6-35B-A3B-DFlash" / ZLAB_RETRAINED).exists()
 
 
-def test_unmoved_pins_are_current_and_get_no_issue(locked, hub_replay, tmp_path):  # noqa: F811
+def test_unmoved_pins_are_current_and_get_no_issue(locked, hub_replay, tmp_path):
     reports = _watch(locked, hub_replay.endpoint)
     # tracked branches were just locked at their heads; nvidia's main is its pinned commit
     for key in (("models", "heretic"), ("models", "ornith"), ("drafters", "aeon"),
@@ -71,7 +70,7 @@ def test_unmoved_pins_are_current_and_get_no_issue(locked, hub_replay, tmp_path)
         "pins watch: drafter zlab (z-lab/Qwen3.6-35B-A3B-DFlash)")
 
 
-def test_head_that_keeps_the_small_page_layout_passes(locked, hub_replay):  # noqa: F811
+def test_head_that_keeps_the_small_page_layout_passes(locked, hub_replay):
     """A tracked drafter whose head moved to a layout that fits (AEON: full attention,
     small pages) is reported as passing, with how to move the pin."""
     lock = json.loads((locked / "matrix.lock.json").read_text())
@@ -83,7 +82,7 @@ def test_head_that_keeps_the_small_page_layout_passes(locked, hub_replay):  # no
     assert "lock --update aeon" in aeon.markdown()
 
 
-def test_cli_json_and_issue_dir(locked, hub_replay, tmp_path, capsys):  # noqa: F811
+def test_cli_json_and_issue_dir(locked, hub_replay, tmp_path, capsys):
     out = tmp_path / "pins"
     from imagebuild.cli import parser
 

@@ -24,7 +24,7 @@ from imagebuild.smoke.expect import expectations_for
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.servecmd import serve_command
 from imagebuild.spec.tags import parse_tag
-from tests.fixtures.preflight.fixture_hub import check, edit, of
+from tests.support.matrices import check, edit, of
 
 TAG = "2026-06-18-dflashfix"
 # a family of the real matrix's plain `spark` profile: the drafter axis left out is [none]
@@ -90,7 +90,7 @@ def test_plain_cells_in_plan_labels_and_pins(matrix_dir: Path) -> None:
     assert "drafter  none (no speculative decoding)\n" in format_table((job,), "") + "\n"
     labels = dict(serve_labels(cell, lm, {"script": "x", "seed": 0}, None))
     assert labels["io.imagebuild.speculative.method"] == "none"
-    notes = release_notes((job,), {})
+    notes = release_notes(lm, (job,), {})
     assert "drafter none (no speculative decoding)" in notes
     assert "--speculative-config" not in notes
 

@@ -1,5 +1,5 @@
 """Checkpoint and KV-cache rules against the locked metadata of the recorded Hub fixtures
-(tests/fixtures/hub: the real repos' config.json, weight maps, hf_quant_config.json), locked
+(tests/data/hub: the real repos' config.json, weight maps, hf_quant_config.json), locked
 into a tmp copy of matrix.yaml by the real lock code."""
 
 from __future__ import annotations
@@ -8,14 +8,15 @@ import json
 from pathlib import Path
 
 from imagebuild.preflight.checkpoint import Checkpoint, derived_max_len, parse_len, quant_method
-from tests.fixtures.preflight.fixture_hub import (
-    FixtureHub,
+from tests.support.hub.fake import FakeHub
+from tests.support.matrices import (
     blocking_rules,
     check,
     edit,
     lock_matrix,
     of,
 )
+from tests.support.paths import HUB_DATA
 
 ZLAB = "z-lab/Qwen3.6-35B-A3B-DFlash"
 HERETIC = "AEON-7/Qwen3.6-35B-A3B-heretic-NVFP4"
@@ -25,7 +26,7 @@ ZLAB_PIN = "revision: 31977fbe13a86e8b961774f773058175676d89b8"
 
 def relock_with_drafter(root: Path, tmp: Path, **changes) -> None:
     """Point the zlab drafter at a new recorded commit whose config.json has `changes`."""
-    hub = FixtureHub()
+    hub = FakeHub()
     cfg = hub.config(ZLAB, "31977fbe13a86e8b961774f773058175676d89b8")
     for key, value in changes.items():
         cfg[key] = value
@@ -80,7 +81,7 @@ def test_modelopt_checkpoint_is_read_from_its_quantization_config(locked: Path) 
 
 
 def test_modelopt_is_recognised_from_hf_quant_config_alone() -> None:
-    hf_quant = json.loads((Path(__file__).parents[1] / "fixtures" / "hub" / NVIDIA /
+    hf_quant = json.loads((HUB_DATA / NVIDIA /
                            "491c2f1ea524c639598bf8fa787a93fed5a6fbce" /
                            "hf_quant_config.json").read_text())
     cp = Checkpoint("models", "m", NVIDIA, config={"text_config": {}}, hf_quant=hf_quant)
@@ -107,7 +108,7 @@ def test_vision_weights_under_the_language_model_are_refused(locked: Path) -> No
 
 def test_dflash_target_layers_beyond_the_target_are_refused(locked: Path, tmp_path: Path
                                                             ) -> None:
-    hub = FixtureHub()
+    hub = FakeHub()
     cfg = hub.config(ZLAB, "31977fbe13a86e8b961774f773058175676d89b8")
     relock_with_drafter(locked, tmp_path / "hub",
                         dflash_config={**cfg["dflash_config"],
@@ -182,7 +183,7 @@ def test_one_model_with_several_drafters_is_not_a_collision(locked: Path) -> Non
 # --- metadata the lock does not have ----------------------------------------------------
 
 def test_unresolved_pin_warns_that_its_checks_cannot_run(matrix_dir: Path) -> None:
-    lock_matrix(matrix_dir, FixtureHub(offline=(HERETIC,)))
+    lock_matrix(matrix_dir, FakeHub(offline=(HERETIC,)))
     edit(matrix_dir, "quantization: compressed-tensors", "quantization: modelopt", count=2)
     findings = check(matrix_dir, target="gb10", engine="dflashfix")
     (missing,) = [f for f in of(findings, "pin-unresolved") if "heretic" in f.message]
@@ -209,7 +210,7 @@ def test_keep_vision_on_never_guesses_from_the_target_name(matrix_dir: Path) -> 
     """Without the checkpoint's config the rule cannot know the model has a vision tower:
     it says it is skipped (the pin warning lists it; build refuses the pin anyway) instead
     of deciding from the target being called gb10."""
-    lock_matrix(matrix_dir, FixtureHub(offline=(HERETIC,)))
+    lock_matrix(matrix_dir, FakeHub(offline=(HERETIC,)))
     edit(matrix_dir, "    multimodal: {image: 4, video: 2}\n    targets: [gb10]\n  nvfp4:",
          "    targets: [gb10]\n  nvfp4:")
     findings = check(matrix_dir, target="gb10", engine="dflashfix")

@@ -1,4 +1,4 @@
-"""Every measured GB10 serve-flag trap (DOMAIN.md "do not undo", 1-11): a copy of the real
+"""Every measured GB10 serve-flag trap (docs/domain.md "do not undo", 1-11): a copy of the real
 matrix.yaml edited to bring the trap back is refused with the matching rule id, and nothing
 else; the unedited matrix passes. The Spark flags are stated once, in the `spark` profile
 the others extend, so an edit there reaches every gb10 cell."""
@@ -11,7 +11,7 @@ import pytest
 
 from imagebuild.preflight import flags
 from imagebuild.preflight.run import RULES
-from tests.fixtures.preflight.fixture_hub import (
+from tests.support.matrices import (
     blocking_rules,
     check,
     edit,

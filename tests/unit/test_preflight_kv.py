@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.fixtures.preflight.fixture_hub import FixtureHub, check, edit, lock_matrix
+from tests.support.hub.fake import FakeHub
+from tests.support.matrices import check, edit, lock_matrix
+from tests.support.paths import CONFIGS as CONFIGS_DIR
 
-CONFIGS = Path(__file__).resolve().parents[1] / "fixtures" / "configs"
+CONFIGS = CONFIGS_DIR
 ORNITH = "repository: AEON-7/Ornith-1.0-35B-AEON-Ultimate-Uncensored"
 
 
 def retarget_ornith(root: Path, tmp: Path, fixture: str) -> None:
     """Point the matrix's ornith model at a recorded repo whose config.json is `fixture`."""
-    hub = FixtureHub()
+    hub = FakeHub()
     config = json.loads((CONFIGS / f"{fixture}.json").read_text())
     hub.add_revision(f"imagebuild-fixtures/{fixture}", {"config.json": config}, tmp)
     edit(root, ORNITH, f"repository: imagebuild-fixtures/{fixture}")

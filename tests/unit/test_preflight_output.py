@@ -11,7 +11,7 @@ import pytest
 from imagebuild.errors import UserError
 from imagebuild.preflight.findings import Finding, format_table, has_errors
 from imagebuild.preflight.run import render
-from tests.fixtures.preflight.fixture_hub import (
+from tests.support.matrices import (
     blocking_rules,
     check,
     edit,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.fixtures.preflight.fixture_hub import (
-    FixtureHub,
+from tests.support.hub.fake import FakeHub
+from tests.support.matrices import (
     blocking_rules,
     check,
     edit,
@@ -45,7 +45,7 @@ def test_a_changed_patch_is_refused(locked: Path) -> None:
 
 
 def test_unresolved_pins_warn_once_per_pin(matrix_dir: Path) -> None:
-    lock_matrix(matrix_dir, FixtureHub(offline=(AEON,)))
+    lock_matrix(matrix_dir, FakeHub(offline=(AEON,)))
     findings = check(matrix_dir, target="gb10", engine="dflashfix")
     assert not blocking_rules(findings)
     aeon = [f for f in of(findings, "pin-unresolved") if "drafter aeon" in f.message]

@@ -18,7 +18,7 @@ from imagebuild.cli import main
 from imagebuild.errors import UserError
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.servecmd import serve_command
-from tests.fixtures.preflight.fixture_hub import edit
+from tests.support.matrices import edit
 
 TAG = "2026-06-18-dflashfix"
 

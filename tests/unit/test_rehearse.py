@@ -1,6 +1,6 @@
 """The GB10 rehearsal's logic, fast: cutting vLLM's CMake code, the arch verdict, the
 outcome table, its inputs from matrix.yaml, the runtime stage read from the rendered
-engine Dockerfile. The real runs are in tests/e2e/test_rehearse.py."""
+engine Dockerfile. The real runs are in tests/e2e/test_gb10_rehearsal_runs.py."""
 
 from __future__ import annotations
 

@@ -74,3 +74,11 @@ def test_a_cache_volume_replaces_the_cache_tmpfs():
     assert doc["services"]["vllm"]["volumes"] == ["img-cache:/home/vllm/.cache"]
     assert doc["volumes"] == {"img-cache": {}}
     assert yaml.safe_load(yaml.safe_dump(doc)) == doc
+
+
+def test_a_dollar_in_the_command_is_not_interpolated_by_compose():
+    spec = RunSpec(image="i", command=("vllm", "serve", "--x", "${HOME}", "--y", "a$b"),
+                   memory=None, gpu=False)
+    cmd = compose_document(spec, name="i")["services"]["vllm"]["command"]
+    assert "$${HOME}" in cmd and "a$$b" in cmd
+    assert cmd[-1] == "${IMAGEBUILD_PORT:-8000}"  # the one variable meant for compose

@@ -8,7 +8,7 @@ import time
 from imagebuild.smoke.boot import wait_ready
 from imagebuild.smoke.logwatch import LogState, exceptions, excerpt, fatal_of, phase_after
 
-# Lines as vLLM 0.23 prints them (cpu boot of the tiny model, and DOMAIN.md's failures).
+# Lines as vLLM 0.23 prints them (cpu boot of the tiny model, and docs/domain.md's failures).
 BOOT = [
     "(APIServer pid=1) INFO 06-18 10:00:01 [api_server.py:1] vLLM API server version 0.23.0",
     "(APIServer pid=1) INFO 06-18 10:00:01 [utils.py:1] non-default args: {'model': '/model'}",

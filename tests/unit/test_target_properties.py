@@ -23,7 +23,7 @@ from imagebuild.plan import detect_target
 from imagebuild.spec import hardware
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.hardware import Gpu, Host
-from tests.fixtures.preflight.fixture_hub import blocking_rules, check, edit, lock_matrix
+from tests.support.matrices import blocking_rules, check, edit, lock_matrix
 
 TAG = "2026-06-18-dflashfix"
 GB10_HOST = Host("linux/arm64", (Gpu("NVIDIA GB10", "12.1"),))

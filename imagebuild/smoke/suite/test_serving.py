@@ -35,7 +35,7 @@ def test_models_lists_exactly_the_served_names(api, expect, log):
 
 
 def test_no_weights_skipped_at_load(log_lines, log):
-    # DOMAIN.md: a misplaced tensor prefix makes vLLM skip-load silently; only this shows it
+    # docs/domain.md: a misplaced tensor prefix makes vLLM skip-load silently; only this shows it
     skipped = [line for line in log_lines if "not found in params_dict" in line]
     assert not skipped, (f"{len(skipped)} weight(s) skipped at load (`not found in "
                          f"params_dict`)\n{log('not found in params_dict')}")

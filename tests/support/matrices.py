@@ -1,0 +1,68 @@
+"""Matrices for tests: copy the real one, edit it as a person would, lock it offline from
+the fake Hub (the real lock code writes matrix.lock.json and locked/ exactly as `build.py
+lock` would against the Hub), run the checks over it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from imagebuild.lock.resolve import build_lock, write_lock
+from imagebuild.spec import matrix as mx
+from tests.support.hub.fake import FakeHub
+
+
+def lock_matrix(root: Path, hub: FakeHub | None = None) -> None:
+    """Write matrix.lock.json and locked/ for root/matrix.yaml from the recordings."""
+    lm = mx.load(root / "matrix.yaml")
+    write_lock(lm, build_lock(lm, hub or FakeHub(), log=lambda _: None))
+
+
+# --- what the preflight tests share ------------------------------------------------------
+
+# The files tests/conftest.py's matrix_dir copies: matrix.yaml and what it refers to.
+MATRIX_FILES = ("matrix.yaml", "patches", "images/engine/cpu", "scripts/make_tiny_model.py")
+
+
+def copy_matrix(dest: Path) -> Path:
+    from imagebuild import REPO_ROOT
+
+    for rel in MATRIX_FILES:
+        src, dst = REPO_ROOT / rel, dest / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    return dest
+
+
+def copy_lock(src: Path, dest: Path) -> None:
+    """Reuse a lock made for the same pins (locking runs the tiny-model generator)."""
+    shutil.copy2(src / "matrix.lock.json", dest / "matrix.lock.json")
+    shutil.copytree(src / "locked", dest / "locked", dirs_exist_ok=True)
+
+
+def edit(root: Path, old: str, new: str, count: int = 1) -> None:
+    """Edit matrix.yaml as a person would; `old` must occur at least `count` times."""
+    path = root / "matrix.yaml"
+    text = path.read_text()
+    assert text.count(old) >= count, f"{old!r} not found {count}x in matrix.yaml"
+    path.write_text(text.replace(old, new, count))
+
+
+def check(root: Path, *, target: str | None = None, engine: str | None = None) -> list:
+    """run_checks over the cells `build.py check --tag DATE-<engine> --target T` selects."""
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.preflight.run import run_checks
+
+    lm = mx.load(root / "matrix.yaml")
+    cells = mx.select(mx.expand(lm), engine=engine, target=target)
+    assert cells, "no cells selected"
+    return run_checks(lm, cells, read_lock(lm.root))
+
+
+def blocking_rules(findings: list) -> set[str]:
+    return {f.rule for f in findings if f.blocking}
+
+
+def of(findings: list, rule: str) -> list:
+    """The findings of one rule."""
+    return [f for f in findings if f.rule == rule]
