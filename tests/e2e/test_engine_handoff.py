@@ -167,3 +167,8 @@ def test_engine_built_once_pushed_by_digest_and_only_serve_built_on_it(
     finally:
         for tag in made:
             _docker("rmi", tag)
+        # leave this engine as later tests expect it: base and engine found by their inputs
+        capsys.readouterr()
+        main(["build", "--tag", TAG, "--target", "cpu", "--engine-only",
+              "--out", str(tmp_path / "restore")])
+        capsys.readouterr()
