@@ -144,6 +144,7 @@ class Engine:
         """The digest `ref` has in its registry now (a multi-platform image: its index's),
         asked through the engine, which uses its own credentials, mirrors and proxy."""
         try:
+            self.api.reload_config()  # credentials as the Docker config says them now
             return str(self.api.inspect_distribution(ref)["Descriptor"]["digest"])
         except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot look up the digest of {ref}: {exc}",

@@ -115,11 +115,7 @@ def docker_engine() -> str:
     return DOCKER
 
 
-@pytest.fixture(scope="module")
-def registry(docker_engine: str, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[RunningRegistry]:
-    """A fresh distribution registry with htpasswd auth on 127.0.0.1, per test module;
-    leases and locks of its runs stay in a tmp dir; its data is deleted afterwards."""
+def _running_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
     for tool in ("docker-registry", "htpasswd"):
         require(shutil.which(tool) is not None, f"{tool} not installed")
     os.environ["IMAGEBUILD_LOCK_DIR"] = str(tmp_path_factory.mktemp("locks"))
@@ -128,6 +124,20 @@ def registry(docker_engine: str, tmp_path_factory: pytest.TempPathFactory
     reg.stop()
     # pushed engines are GBs of layers: CI machines have less disk than one would like
     shutil.rmtree(reg.root / "data", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def registry(docker_engine: str, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[RunningRegistry]:
+    """A distribution registry with htpasswd auth on 127.0.0.1, shared by a test module;
+    leases and locks of its runs stay in a tmp dir; its data is deleted afterwards."""
+    yield from _running_registry(tmp_path_factory)
+
+
+@pytest.fixture
+def fresh_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
+    """The same, empty for each test (tests that count what a registry holds)."""
+    yield from _running_registry(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

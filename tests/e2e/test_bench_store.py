@@ -48,12 +48,12 @@ def _client(reg) -> RegistryClient:
     return reg.client()
 
 
-def test_results_are_referrers_of_the_release_that_oras_finds(registry, tmp_path) -> None:
+def test_results_are_referrers_of_the_release_that_oras_finds(fresh_registry, tmp_path) -> None:
     import jsonschema
     import oras.client
     import oras.schemas
 
-    reg, client = registry, _client(registry)
+    reg, client = fresh_registry, _client(fresh_registry)
     digest = _release(client, TAGS[0])
     first = store.put_results(client, REPO, TAGS[0], _doc(TAGS[0], {1: 100.0}))
     doc = _doc(TAGS[0], {1: 120.0, 4: 300.0})
@@ -92,9 +92,9 @@ def test_results_are_referrers_of_the_release_that_oras_finds(registry, tmp_path
         client.get_manifest(REPO, first)
 
 
-def test_results_under_the_old_image_id_tag_are_still_read(registry) -> None:
+def test_results_under_the_old_image_id_tag_are_still_read(fresh_registry) -> None:
     """Releases benched before referrers keep their `sha256-<image id>.bench` artifact."""
-    client = _client(registry)
+    client = _client(fresh_registry)
     _release(client, TAGS[0])
     rel = json.loads(client.get_manifest(REPO, TAGS[0])[0])
     image_id = rel["config"]["digest"]
@@ -119,8 +119,8 @@ def test_results_under_the_old_image_id_tag_are_still_read(registry) -> None:
     assert moved.annotations[store.A_UNTRUSTED] == "why"
 
 
-def test_storing_needs_the_release_and_its_image(registry) -> None:
-    client = _client(registry)
+def test_storing_needs_the_release_and_its_image(fresh_registry) -> None:
+    client = _client(fresh_registry)
     with pytest.raises(UserError, match="not in the registry"):
         store.put_results(client, REPO, TAGS[0], _doc(TAGS[0], {1: 1.0}))
     _release(client, TAGS[0])
@@ -129,8 +129,8 @@ def test_storing_needs_the_release_and_its_image(registry) -> None:
         store.put_results(client, REPO, TAGS[0], other)
 
 
-def test_gate_refuses_flagged_figures_and_records_the_acceptance(registry) -> None:
-    client = _client(registry)
+def test_gate_refuses_flagged_figures_and_records_the_acceptance(fresh_registry) -> None:
+    client = _client(fresh_registry)
     for tag in TAGS[:2]:
         _release(client, tag)
     store.put_results(client, REPO, TAGS[0], _doc(TAGS[0], {1: 100.0, 4: 300.0}))
@@ -146,8 +146,8 @@ def test_gate_refuses_flagged_figures_and_records_the_acceptance(registry) -> No
         "noisy shared runner"
 
 
-def test_history_of_three_releases_has_three_points_per_line(registry, tmp_path) -> None:
-    reg, client = registry, _client(registry)
+def test_history_of_three_releases_has_three_points_per_line(fresh_registry, tmp_path) -> None:
+    reg, client = fresh_registry, _client(fresh_registry)
     for i, tag in enumerate(TAGS):
         _release(client, tag)
         store.put_results(client, REPO, tag, _doc(tag, {1: 100.0 + i, 4: 300.0 + 10 * i},
@@ -179,10 +179,10 @@ def test_history_of_three_releases_has_three_points_per_line(registry, tmp_path)
     assert f"| {TAGS[2]} (rolled back) | passed | 102.0 | 320.0 (untrusted) |" in md
 
 
-def test_pruning_a_release_deletes_its_results(registry) -> None:
+def test_pruning_a_release_deletes_its_results(fresh_registry) -> None:
     from imagebuild.release.prune import prune
 
-    client = _client(registry)
+    client = _client(fresh_registry)
     digests = [_release(client, tag) for tag in TAGS]
     artifacts = [store.put_results(client, REPO, tag, _doc(tag, {1: 1.0})) for tag in TAGS]
     client.copy_tag(REPO, TAGS[2], "latest")

@@ -29,7 +29,7 @@ from imagebuild.preflight.kvcache import CannotPredict, KVFlags, KVPrediction, p
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "tests" / "data" / "configs"
-ORACLE = REPO / "tests" / "vllm_oracle" / "model_kv.py"
+ORACLE = REPO / "tests" / "support" / "vllm_oracle" / "model_kv.py"
 VLLM_PY = Path(os.environ.get("IMAGEBUILD_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -33,7 +33,8 @@ from imagebuild.preflight.kvcache import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-ORACLE = Path(os.environ.get("IMAGEBUILD_VLLM_ORACLE", REPO / "tests" / "vllm_oracle" / "unify.py"))
+ORACLE = Path(os.environ.get("IMAGEBUILD_VLLM_ORACLE",
+                             REPO / "tests" / "support" / "vllm_oracle" / "unify.py"))
 VLLM_PY = Path(os.environ.get("IMAGEBUILD_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 N_CASES = 240
 SEED = 20260618

@@ -25,7 +25,7 @@ PATCHES = [REPO_ROOT / "patches" / name
            for name in ("kv-page-size-pad-mamba.patch", "cpu-ngram-fp64-gumbel.patch")]
 KV_PATCH, GUMBEL_PATCH = PATCHES
 APPLY = REPO_ROOT / "images" / "engine" / "files" / "apply-patches.sh"
-ORACLE = REPO_ROOT / "tests" / "vllm_oracle" / "unify.py"
+ORACLE = REPO_ROOT / "tests" / "support" / "vllm_oracle" / "unify.py"
 VLLM_PY = Path(
     os.environ.get("IMAGEBUILD_VLLM_PYTHON", REPO_ROOT / ".venv-vllm" / "bin" / "python"))
 

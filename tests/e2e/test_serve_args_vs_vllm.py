@@ -22,7 +22,7 @@ from imagebuild.spec import matrix as mx
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PY = Path(os.environ.get("IMAGEBUILD_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
 GENERATOR = REPO / "imagebuild" / "preflight" / "vllm_cli" / "generate.py"
-ORACLE = REPO / "tests" / "vllm_oracle" / "serve_parse.py"
+ORACLE = REPO / "tests" / "support" / "vllm_oracle" / "serve_parse.py"
 VERSION = "0.23.0"
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -10,3 +10,4 @@ HUB_DATA = DATA / "hub"  # recorded Hub answers
 CUDA = DATA / "cuda"  # tiny CUDA sources for the arch gate
 GOLDEN = DATA / "golden"  # rendered files rendered/ cannot hold (pins locked from HUB_DATA)
 GOLDEN_EXAMPLES = DATA / "golden-examples"
+ORACLE = TESTS / "support" / "vllm_oracle"  # scripts the vLLM oracle venv runs
