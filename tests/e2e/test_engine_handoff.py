@@ -116,6 +116,7 @@ def test_engine_built_once_pushed_by_digest_and_only_serve_built_on_it(
         assert f"pulled {ref}" in out
         assert "[engine] building" not in out and "[base]" not in out
         assert _inspect(base_ref) is None  # the base was not built either
+        made.append(ref)  # the pull's digest reference (the image keeps its local tags)
         pulled = _inspect(engine_ref)
         assert pulled is not None and pulled["Id"] == engine["image_id"]
         assert _inspect(f"imagebuild/inputs:{engine['inputs_digest']}")["Id"] == \
