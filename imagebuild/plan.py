@@ -120,6 +120,7 @@ class Job:
             "engine": c.engine_name, "model": c.model_name, "drafter": c.drafter_name,
             "method": c.method, "profile": c.profile_name,
             "pins": dict(self.pins), "serve": list(self.serve.argv),
+            "caveat": c.engine.caveat,
         }
 
 
@@ -184,6 +185,8 @@ def cell_pins(cell: Cell, lm: LoadedMatrix, lock: Lock | None) -> dict[str, Any]
         engine["wheel"] = f"{real.wheel.package}=={real.wheel.version}"
     engine["patches"] = [{"file": p, "sha256": file_sha256(lm.root / "patches" / p)}
                          for p in real.patches]
+    if cell.engine.caveat:  # travels with the pins: plan, release record, notes
+        engine["caveat"] = cell.engine.caveat
     m, d = cell.model, cell.drafter
     model = _hub_pin(lock, "models", cell.model_name, m.repository, m.revision, m.track)
     if model is None and m.generate:
@@ -282,6 +285,8 @@ def format_table(jobs: tuple[Job, ...], header: str) -> str:
             f"  refs     {j.release_ref}",
             f"           {j.latest_ref} (moved last, after smoke)",
             f"  engine   {c.engine_name} vLLM {e['vllm']}: {origin} + {patches}",
+            *([f"  CAVEAT   engine {c.engine_name} {c.engine.caveat}"] if c.engine.caveat
+              else []),
             f"  model    {c.model_name}: {pin_text(j.pins['model'])}",
             f"  drafter  {c.speculation}"
             + (f": {pin_text(j.pins['drafter'])}" if c.drafter else ""),

@@ -3,7 +3,8 @@
 The only module that drives `docker build`. `docker buildx build --load` where the buildx
 plugin exists, else `DOCKER_BUILDKIT=1 docker build` (the Debian 20.10 client). Each image
 carries its inputs digest as a label; an image with that digest present locally is not
-rebuilt. Secrets (CA bundle, HF token) reach builds only as BuildKit secrets.
+rebuilt. Secrets (CA bundle, HF token, pip configuration, compile-cache credentials)
+reach builds only as BuildKit secrets (`--secret`), never as build args, labels or logs.
 """
 
 from __future__ import annotations
@@ -252,12 +253,13 @@ class Builder:
                    "hf_token": (self.hf_token or "").encode(), "pip_conf": b"",
                    "sccache_env": b""}
         target = self.lm.matrix.targets.get(self._target_name or "")
-        if kind == "engine" and target is not None and target.engine_from == "source":
+        if kind == "engine":
             from imagebuild.build.pipconfig import pip_indexes
 
-            # the runner's package indexes (and any credentials in their URLs) as a secret
+            # the runner's package indexes (and any credentials in their URLs) as a secret:
+            # every engine's pip installs from them, and no image keeps them
             secrets["pip_conf"] = pip_indexes().pip_conf().encode()
-            if target.compile_cache.shared:
+            if target is not None and target.compile_cache.shared:
                 secrets["sccache_env"] = sccache_secret()
         return secrets
 

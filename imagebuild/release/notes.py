@@ -124,7 +124,10 @@ def release_notes(jobs: tuple[Job, ...], facts: dict[str, ImageFacts]) -> str:
         by_digest = job.image.by_digest(f.digest) if f.digest else None
         out += [f"## {cell.image}", "",
                 f"`{job.id}` · {cell.target.platform} · model {cell.model_name} · drafter "
-                f"{cell.speculation} · profile {cell.profile_name}", "",
+                f"{cell.speculation} · profile {cell.profile_name}", ""]
+        if cell.engine.caveat:
+            out += [f"> **Caveat (engine {cell.engine_name}):** {cell.engine.caveat}", ""]
+        out += [
                 "```sh", f"docker pull {job.release_ref}"]
         out += [f"docker pull {by_digest}"] if by_digest else [
             "# not pushed: no digest in the registry for this tag"]

@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -90,8 +91,9 @@ def take_down(project: str, compose_file: Path) -> None:
     from imagebuild.smoke.suite.conftest import compose_command
 
     try:
-        subprocess.run(f'{compose_command()} -f "{compose_file}" -p "{project}" down '
-                       "--volumes --timeout 5", shell=True, capture_output=True, timeout=120)
+        subprocess.run([*shlex.split(compose_command()), "-f", str(compose_file), "-p", project,
+                        "down", "--volumes", "--timeout", "5"], capture_output=True,
+                       timeout=120)
     except Exception:  # noqa: BLE001 - the label sweep below still runs
         pass
     for name in engine().container_names(label=f"{PROJECT_LABEL}={project}"):

@@ -24,12 +24,23 @@ from imagebuild.errors import UserError
 from imagebuild.spec.dockerref import check_path, check_reference, check_registry
 from imagebuild.spec.profiles import resolve_extends
 from imagebuild.spec.repopaths import check_relative
-from imagebuild.spec.values import BadValue, memory_bytes, pep440
+from imagebuild.spec.values import (
+    BadValue,
+    bootstrap_settings,
+    branch_name,
+    build_arg_name,
+    env_name,
+    git_url,
+    hub_repository,
+    memory_bytes,
+    package_name,
+    pep440,
+)
 from imagebuild.spec.yamlpos import TAG, Located, explain, load_located, quote_fix, shorten
 
-HEX_PIN = re.compile(r"^[0-9a-f]{7,40}$")
-FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
-NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+HEX_PIN = re.compile(r"^[0-9a-f]{7,40}\Z")
+FULL_SHA = re.compile(r"^[0-9a-f]{40}\Z")
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")  # pydantic (Rust regex): $ is the very end
 
 Name = Annotated[str, StringConstraints(pattern=NAME.pattern, max_length=63)]
 
@@ -41,6 +52,11 @@ RegistryHost = Annotated[str, AfterValidator(check_registry)]
 Namespace = Annotated[str, AfterValidator(check_path)]
 MemorySize = Annotated[str, AfterValidator(lambda v: memory_bytes(v) and v)]
 PEP440 = Annotated[str, AfterValidator(pep440)]
+EnvName = Annotated[str, AfterValidator(env_name)]
+BuildArgName = Annotated[str, AfterValidator(build_arg_name)]
+HubRepository = Annotated[str, AfterValidator(hub_repository)]
+# one word of printable ASCII, no quotes: endpoints, buckets, prefixes
+Word = Annotated[str, StringConstraints(pattern=r"^[!#-&(-~]+$", max_length=500)]
 
 
 def _repo_file(what: str) -> Any:
@@ -111,10 +127,10 @@ class SharedCompileCache(Strict):
     (README: compile cache)."""
 
     backend: Literal["redis", "s3"]
-    endpoint: str | None = None  # redis://host:6379/0 (redis); an S3-compatible URL (s3)
-    bucket: str | None = None  # s3 only
-    region: str | None = None  # s3 only
-    key_prefix: str = "imagebuild"  # one cache can serve several targets or projects
+    endpoint: Word | None = None  # redis://host:6379/0 (redis); an S3-compatible URL (s3)
+    bucket: Word | None = None  # s3 only
+    region: Word | None = None  # s3 only
+    key_prefix: Word = "imagebuild"  # one cache can serve several targets or projects
 
     @model_validator(mode="after")
     def _complete(self) -> SharedCompileCache:
@@ -150,14 +166,15 @@ class Target(Strict):
     unified_memory: bool = False  # the GPU shares the host's memory (GB10)
     base_image: ImageRef
     runtime_image: ImageRef | None = None
-    bootstrap: dict[str, str] | None = None  # cpu: debootstrap suite/mirror when no pull works
+    # cpu: debootstrap `suite` (and `mirror`) when no pull works
+    bootstrap: Annotated[dict[str, str], AfterValidator(bootstrap_settings)] | None = None
     engine_from: Literal["source", "wheel"]
-    build_args: dict[str, str] = Field(default_factory=dict)
+    build_args: dict[BuildArgName, str] = Field(default_factory=dict)
     max_jobs: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = "auto"
     nvcc_threads: Annotated[int, Field(ge=1, le=64)] | None = None
-    # an extra package index for the engine build's pip, beside the runner's own pip
-    # configuration (which the build receives as the pip_conf secret)
-    torch_index: str | None = None
+    # gone: package indexes come from the runner's pip configuration (README: package
+    # indexes); kept as a field only to answer an old matrix with the way to do it now
+    torch_index: Annotated[Any, AfterValidator(_no_torch_index)] = None
     compile_cache: CompileCache = Field(default_factory=CompileCache)
     expect_cuda_arch: str | None = None
     runner: list[str] | None = Field(default=None, min_length=1)  # None: from the properties
@@ -211,7 +228,7 @@ class Target(Strict):
 # would say `FROM None AS runtime`. No index: torch for CUDA 13.0 is on the default index
 # for linux/arm64, and package indexes come from the runner's pip configuration.
 SOURCE_NEEDS = ("runtime_image", "expect_cuda_arch")
-CUDA_ARCH = re.compile(r"^sm_(\d{1,2})(\d)[af]?$")
+CUDA_ARCH = re.compile(r"^sm_(\d{1,2})(\d)[af]?\Z")
 
 
 def _arch_matches(arch: str, capability: str) -> None:
@@ -225,13 +242,23 @@ def _arch_matches(arch: str, capability: str) -> None:
                        f"{capability}", "make the two describe the same GPU")
 
 
+def _no_torch_index(value: Any) -> None:
+    if value is None:
+        return None
+    raise BadValue("torch_index is no longer a matrix setting: package indexes come from the "
+                   "runner's own pip configuration, so no index host is written here",
+                   "remove it, and add the index to the runner's pip configuration "
+                   "(`pip config set global.extra-index-url URL`, or PIP_EXTRA_INDEX_URL); "
+                   "engine builds receive it as the pip_conf build secret")
+
+
 class SourcePin(Strict):
-    repository: str
+    repository: Annotated[str, AfterValidator(git_url)]
     commit: Annotated[str, AfterValidator(_full_sha)]  # exactly 40 hex: nothing expands it
 
 
 class WheelPin(Strict):
-    package: str
+    package: Annotated[str, AfterValidator(package_name)]
     version: PEP440
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]  # --require-hashes
     # pinned requirement set installed before the wheel (--no-deps)
@@ -254,15 +281,18 @@ class Engine(Strict):
     vllm_version: PEP440
     description: str
     note: str | None = None
+    # what users must know about this patch set wherever it is named (plan, image labels,
+    # release notes, a preflight warning), e.g. that it lacks what its name promises
+    caveat: Annotated[str, StringConstraints(min_length=10, max_length=500)] | None = None
     realize: dict[Name, EngineRealization] = Field(min_length=1)
 
 
 class HubPin(Strict):
     """A Hub repository at a commit (`revision`) or a branch that `lock` resolves (`track`)."""
 
-    repository: str | None = None
+    repository: HubRepository | None = None
     revision: str | None = None
-    track: str | None = None
+    track: Annotated[str, AfterValidator(branch_name)] | None = None
     # repository files the image leaves out (fnmatch globs on their paths, e.g.
     # "original/*": Llama repos carry Meta's consolidated weights beside the safetensors)
     exclude: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
@@ -336,7 +366,7 @@ class Profile(Strict):
     methods: list[Method] = Field(default_factory=lambda: _plain(), min_length=1)
     port: int = Field(default=8000, ge=1, le=65535)
     args: dict[str, str | int | float | bool | dict[str, Any]] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, str] = Field(default_factory=dict)
     acceptance_floor: float | None = Field(default=None, ge=0, le=1)
     reasoning: bool = True
     tools: bool = True

@@ -38,7 +38,7 @@ from imagebuild.spec.yamlpos import Located, shorten
 
 AXES = ("engine", "model", "drafter", "profile")
 NAME_FIELDS = re.compile(r"{([^{}]*)}")
-IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*\Z")
 
 
 @dataclass(frozen=True)

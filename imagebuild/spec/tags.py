@@ -13,9 +13,9 @@ from packaging.version import InvalidVersion, Version
 
 from imagebuild.errors import UserError
 
-SHORT = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-(?P<name>[a-z0-9][a-z0-9._-]*)$")
-FULL = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-v(?P<version>\d[^-]*)"
-                  r"-(?P<name>[a-z0-9][a-z0-9._-]*)$")
+SHORT = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-(?P<name>[a-z0-9][a-z0-9._-]*)\Z")
+FULL = re.compile(r"^(?P<date>\d{4}-\d{2}-\d{2})-v(?P<version>\d[0-9A-Za-z._]*)"
+                  r"-(?P<name>[a-z0-9][a-z0-9._-]*)\Z")
 
 
 @dataclass(frozen=True, order=False)
