@@ -531,14 +531,18 @@ def cmd_pins(args: argparse.Namespace) -> int:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     from imagebuild.lock.lockfile import LOCK_NAME, read_lock
-    from imagebuild.lock.resolve import build_lock, dumps, verify_cells, write_lock
+    from imagebuild.lock.resolve import build_lock, check_whole_lock, dumps, write_lock
     from imagebuild.spec import matrix as mx
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    cells = mx.expand(lm)
+    mx.expand(lm)  # cross-references first: a lock cannot agree with a broken matrix
     if args.check:
-        verify_cells(lm, cells, read_lock(lm.root), allow_unresolved=True)
-        print(f"{LOCK_NAME} agrees with matrix.yaml")
+        if args.update:
+            raise UserError("--check resolves nothing, --update re-resolves: not both",
+                            fix="run `lock --update NAME`, then `lock --check`")
+        check_whole_lock(lm, read_lock(lm.root))
+        print(f"{LOCK_NAME} agrees with matrix.yaml: every input of every image is as "
+              "locked")
         return 0
     from imagebuild.lock.hub import HubClient
 
