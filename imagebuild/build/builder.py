@@ -353,8 +353,8 @@ class Builder:
         base_key = f"base/{cell.target_name}"
         if base_key not in self._done:
             if t.bootstrap:
-                ensure_base_image(t.base_image, suite=t.bootstrap["suite"],
-                                  mirror=t.bootstrap.get("mirror"),
+                ensure_base_image(t.base_image, suite=t.bootstrap.suite,
+                                  mirror=t.bootstrap.mirror,
                                   workdir=self.out_dir / "bootstrap", log=self.log)
             rendered = render_base(self.lm, cell.target_name, self.lock)
             ctx = self._context(rendered, f"{cell.target_name}-base")

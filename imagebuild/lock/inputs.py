@@ -155,8 +155,7 @@ def base_drift(lm: LoadedMatrix, lock: Lock, tname: str) -> list[Drift]:
     out: list[Drift] = []
     if target.bootstrap:
         return _fields(f"bases.{tname}", old, {"image": target.base_image,
-                                               "bootstrap": dict(sorted(
-                                                   target.bootstrap.items()))},
+                                               "bootstrap": target.bootstrap.settings()},
                        ["image", "bootstrap"], LOCK_FIX,
                        lm.located.where(("targets", tname, "bootstrap")))
     for key, ref, dkey, field in (("image", target.base_image, "digest", "base_image"),

@@ -73,7 +73,7 @@ def read_lock(root: Path) -> Lock | None:
     if data.get("version") != LOCK_VERSION:
         raise UserError(f"{LOCK_NAME} has version {shorten(data.get('version'))}, expected "
                         f"{LOCK_VERSION}", fix=fix, where=where)
-    check_lock(data, json_marks(text))
+    check_lock(data, lambda: json_marks(text))
     return Lock(data=data, path=path)
 
 

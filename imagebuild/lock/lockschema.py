@@ -10,6 +10,7 @@ so an older lock reads, and `lock --check` says what it lacks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -21,6 +22,7 @@ from imagebuild.spec.values import BadValue, hub_repository
 from imagebuild.spec.yamlpos import shorten, unsafe_char
 
 Marks = dict[tuple[str | int, ...], tuple[int, int]]
+MarksOf = Callable[[], Marks]  # positions are only worked out for a refusal
 FIX = "regenerate it with `python build.py lock` (and commit it); never edit it by hand"
 
 
@@ -158,8 +160,9 @@ def _where(marks: Marks, path: tuple[str | int, ...], file: str) -> str:
     return f"{file}:1:1"
 
 
-def _refuse(exc: ValidationError, prefix: tuple[str | int, ...], marks: Marks,
+def _refuse(exc: ValidationError, prefix: tuple[str | int, ...], marks_of: MarksOf,
             file: str) -> UserError:
+    marks = marks_of()
     err = exc.errors()[0]
     loc = prefix + tuple(p for p in err["loc"] if p != "[key]")
     cause = (err.get("ctx") or {}).get("error")
@@ -172,7 +175,7 @@ def _refuse(exc: ValidationError, prefix: tuple[str | int, ...], marks: Marks,
                      where=_where(marks, loc, file))
 
 
-def check_lock(data: dict[str, Any], marks: Marks, file: str = "matrix.lock.json") -> None:
+def check_lock(data: dict[str, Any], marks: MarksOf, file: str = "matrix.lock.json") -> None:
     """Raise UserError (with file:line:col) unless `data` is a well-formed lock."""
     try:
         doc = LockDoc.model_validate(data)

@@ -103,7 +103,7 @@ def _base_entry(lm: LoadedMatrix, tname: str, previous: dict | None,
     (`lock --update TARGET`), so a plain `lock` never needs the image registry."""
     target = lm.matrix.targets[tname]
     if target.bootstrap:
-        return {"image": target.base_image, "bootstrap": dict(sorted(target.bootstrap.items())),
+        return {"image": target.base_image, "bootstrap": target.bootstrap.settings(),
                 "status": "resolved", "digest": None}
     prev = previous or {}
     entry: dict[str, Any] = {"image": target.base_image, "digest": None}

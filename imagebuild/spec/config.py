@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -26,13 +27,13 @@ from imagebuild.spec.profiles import resolve_extends
 from imagebuild.spec.repopaths import check_relative
 from imagebuild.spec.values import (
     BadValue,
-    bootstrap_settings,
     branch_name,
     build_arg_name,
     env_name,
     git_url,
     hub_repository,
     memory_bytes,
+    mirror_url,
     package_name,
     pep440,
 )
@@ -132,10 +133,18 @@ class SharedCompileCache(Strict):
     region: Word | None = None  # s3 only
     key_prefix: Word = "imagebuild"  # one cache can serve several targets or projects
 
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_of_backend(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("backend") == "redis" and not (v or "").startswith(
+                ("redis://", "rediss://")):
+            raise BadValue(f"endpoint {v!r} is not a redis URL",
+                           "write `endpoint: redis://host:port[/db]` for a redis backend")
+        return v
+
     @model_validator(mode="after")
     def _complete(self) -> SharedCompileCache:
-        if self.backend == "redis" and not (self.endpoint or "").startswith(
-                ("redis://", "rediss://")):
+        if self.backend == "redis" and not self.endpoint:
             raise ValueError("a redis backend needs `endpoint: redis://host:port[/db]`")
         if self.backend == "redis" and (self.bucket or self.region):
             raise ValueError("`bucket`/`region` belong to an s3 backend")
@@ -145,6 +154,18 @@ class SharedCompileCache(Strict):
             raise ValueError("credentials do not belong in `endpoint`: pass them as the "
                              "sccache_env build secret (README: compile cache)")
         return self
+
+
+class Bootstrap(Strict):
+    """Debootstrap the base image (no registry to pull from): the Debian suite, and the
+    mirror (else IMAGEBUILD_DEBIAN_MIRROR, else the host's apt sources)."""
+
+    suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,30}$")]
+    mirror: Annotated[str, AfterValidator(mirror_url)] | None = None
+
+    def settings(self) -> dict[str, str]:
+        """As the lock records them."""
+        return self.model_dump(exclude_none=True)
 
 
 class CompileCache(Strict):
@@ -166,8 +187,7 @@ class Target(Strict):
     unified_memory: bool = False  # the GPU shares the host's memory (GB10)
     base_image: ImageRef
     runtime_image: ImageRef | None = None
-    # cpu: debootstrap `suite` (and `mirror`) when no pull works
-    bootstrap: Annotated[dict[str, str], AfterValidator(bootstrap_settings)] | None = None
+    bootstrap: Bootstrap | None = None  # cpu: debootstrap the base when no pull works
     engine_from: Literal["source", "wheel"]
     build_args: dict[BuildArgName, str] = Field(default_factory=dict)
     max_jobs: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = "auto"
@@ -176,7 +196,7 @@ class Target(Strict):
     # indexes); kept as a field only to answer an old matrix with the way to do it now
     torch_index: Annotated[Any, AfterValidator(_no_torch_index)] = None
     compile_cache: CompileCache = Field(default_factory=CompileCache)
-    expect_cuda_arch: str | None = None
+    expect_cuda_arch: str | None = None  # checked against compute_capability (declared first)
     runner: list[str] | None = Field(default=None, min_length=1)  # None: from the properties
     smoke_concurrency: list[Concurrency] = Field(min_length=1)
     boot_timeout_s: int = Field(ge=10, le=86400)
@@ -186,6 +206,13 @@ class Target(Strict):
     @property
     def gpu(self) -> bool:
         return self.accelerator == "cuda"
+
+    @field_validator("expect_cuda_arch")
+    @classmethod
+    def _arch_of_the_gpu(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None:
+            _arch_matches(v, info.data.get("compute_capability"))
+        return v
 
     @model_validator(mode="after")
     def _fields_of_its_kind(self) -> Target:
@@ -210,8 +237,6 @@ class Target(Strict):
                     "add " + ", ".join(missing or ["accelerator: cuda"]) + "; runtime_image "
                     "is the slim image the engine is installed into, e.g. "
                     "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04")
-            assert self.expect_cuda_arch is not None and self.compute_capability is not None
-            _arch_matches(self.expect_cuda_arch, str(self.compute_capability))
         if self.engine_from == "wheel":
             if cuda:
                 raise BadValue("engine_from: wheel installs vLLM's CPU wheel (the engine "
@@ -231,12 +256,12 @@ SOURCE_NEEDS = ("runtime_image", "expect_cuda_arch")
 CUDA_ARCH = re.compile(r"^sm_(\d{1,2})(\d)[af]?\Z")
 
 
-def _arch_matches(arch: str, capability: str) -> None:
+def _arch_matches(arch: str, capability: str | None) -> None:
     m = CUDA_ARCH.match(arch)
     if not m:
         raise BadValue(f"expect_cuda_arch {arch!r} is not a CUDA arch such as sm_121a",
                        "write sm_<major><minor>[a], e.g. sm_121a for GB10")
-    if f"{m.group(1)}.{m.group(2)}" != capability:
+    if capability is not None and f"{m.group(1)}.{m.group(2)}" != capability:
         raise BadValue(f"expect_cuda_arch {arch} is for compute capability "
                        f"{m.group(1)}.{m.group(2)}, but the target's compute_capability is "
                        f"{capability}", "make the two describe the same GPU")

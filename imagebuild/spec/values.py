@@ -113,7 +113,6 @@ def branch_name(text: str) -> str:
 
 
 MIRROR = re.compile(r"(?:https?|file)://[A-Za-z0-9._~:/%@+-]+")
-SUITE = re.compile(r"[a-z][a-z0-9-]{0,30}")
 
 
 def mirror_url(text: str) -> str:
@@ -123,17 +122,3 @@ def mirror_url(text: str) -> str:
                        "give the URL apt uses for Debian, e.g. http://HOST/debian (no "
                        "spaces or quotes)")
     return text
-
-
-def bootstrap_settings(value: dict[str, str]) -> dict[str, str]:
-    """targets.<name>.bootstrap: `suite` (a Debian suite) and an optional `mirror`."""
-    unknown = sorted(set(value) - {"suite", "mirror"})
-    if unknown:
-        raise BadValue(f"bootstrap has no setting {unknown[0]!r}",
-                       "give `suite` (e.g. bookworm) and optionally `mirror`")
-    if "suite" not in value or not SUITE.fullmatch(value["suite"]):
-        raise BadValue(f"bootstrap suite {value.get('suite')!r} is not a Debian suite name",
-                       "write the suite, e.g. bookworm")
-    if "mirror" in value:
-        mirror_url(value["mirror"])
-    return value
