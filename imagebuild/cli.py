@@ -105,6 +105,14 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=None, help="output dir (default build/bench/)")
 
 
+def _unmeasured_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accept-unmeasured", dest="accept_unmeasured", default=None,
+                   metavar="REASON",
+                   help="move latest although this release or latest has no bench results "
+                        "(the regression gate then compares nothing); REASON is recorded in "
+                        "the release record and its notes")
+
+
 def _untrusted_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-untrusted-bench", dest="accept_untrusted", default=None,
                    metavar="REASON",
@@ -134,11 +142,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="build dir (default: build/)")
     p.add_argument("--dry-run", action="store_true", help="no registry writes")
     p.add_argument("--no-bench", action="store_true",
-                   help="skip the benchmark (the regression gate then has nothing to compare)")
+                   help="skip the benchmark; latest then moves only with "
+                        "--accept-unmeasured REASON (the gate has nothing to compare)")
     p.add_argument("--accept-regression", default=None, metavar="REASON",
                    help="let a release slower than latest become latest; REASON goes into "
                         "its stored results and release notes")
     _untrusted_arg(p)
+    _unmeasured_arg(p)
 
     p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
     _release(p)
@@ -174,6 +184,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-latest", action="store_true", help="push and tag, keep latest")
     p.add_argument("--accept-regression", default=None, metavar="REASON")
     _untrusted_arg(p)
+    _unmeasured_arg(p)
 
     p = sub.add_parser("promote", help="move latest to an already pushed release")
     _release(p)
@@ -182,6 +193,7 @@ def parser() -> argparse.ArgumentParser:
                    help="promote although its tok/s fell more than the threshold below "
                         "latest; the reason is recorded with the release")
     _untrusted_arg(p)
+    _unmeasured_arg(p)
 
     p = sub.add_parser("rollback", help="move latest back to an older release (server-side)")
     _registry_args(p)
@@ -277,7 +289,8 @@ def cmd_release(args: argparse.Namespace) -> int:
     return run_release(plan, ReleaseOptions(out=_out(args, plan), dry_run=args.dry_run,
                                             bench=not args.no_bench,
                                             accept_regression=args.accept_regression,
-                                            accept_untrusted=args.accept_untrusted))
+                                            accept_untrusted=args.accept_untrusted,
+                                            accept_unmeasured=args.accept_unmeasured))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -391,7 +404,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     publish_jobs(client, plan.jobs, load_verdicts(plan.jobs, out), dry_run=args.dry_run)
     if not args.no_latest:
         promote(plan, client, accept_regression=args.accept_regression,
-                accept_untrusted=args.accept_untrusted, forward_only=True, dry_run=args.dry_run)
+                accept_untrusted=args.accept_untrusted,
+                accept_unmeasured=args.accept_unmeasured, forward_only=True,
+                dry_run=args.dry_run)
     return 0
 
 
@@ -401,7 +416,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
     plan = _plan(args)
     # a release slower than latest beyond the threshold needs a written reason
     promote(plan, registry_client(plan), accept_regression=args.accept_regression,
-            accept_untrusted=args.accept_untrusted, dry_run=args.dry_run)
+            accept_untrusted=args.accept_untrusted, accept_unmeasured=args.accept_unmeasured,
+            dry_run=args.dry_run)
     return 0
 
 
