@@ -155,8 +155,10 @@ def detect_target(lm: LoadedMatrix, host: Host | None = None) -> tuple[str, str]
     forced = os.environ.get("IMAGEBUILD_TARGET")
     if forced:
         if forced != ALL_TARGETS and forced not in lm.matrix.targets:
-            raise UserError(f"IMAGEBUILD_TARGET={forced} is not a target of matrix.yaml",
-                            fix=f"use one of: {', '.join(lm.matrix.targets)}")
+            raise UserError(f"environment variable IMAGEBUILD_TARGET={forced[:60]!r} is not a "
+                            "target of matrix.yaml",
+                            fix=f"use one of: {', '.join(lm.matrix.targets)} (or "
+                                f"{ALL_TARGETS}), or unset it")
         return forced, f"IMAGEBUILD_TARGET={forced}"
     return hardware.match(lm.matrix.targets, host or probe_host())
 
@@ -210,10 +212,10 @@ def load_plan(matrix: Path | None, tag: str | None, target: str | None = None,
     """Matrix -> cells of the target (and tag's engine) -> one Job per cell."""
     lm = mx.load(matrix.resolve() if matrix else None)
     cells = mx.expand(lm)
-    rtag = parse_tag(tag, lm.engines_versions()) if tag else None
+    rtag = parse_tag(tag, lm.engines_versions()) if tag is not None else None
     if target:
         if target != ALL_TARGETS and target not in lm.matrix.targets:
-            raise UserError(f"unknown target {target!r}",
+            raise UserError(f"--target {target[:60]!r} is not a target of matrix.yaml",
                             fix=f"use one of: {', '.join(lm.matrix.targets)} (or "
                                 f"{ALL_TARGETS})")
         why = "--target"

@@ -122,6 +122,35 @@ def sccache_secret(environ: dict[str, str] | None = None) -> bytes:
     return "".join(f"{k}={env[k]}\n" for k in SECRET_ENV if env.get(k)).encode()
 
 
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """The build's settings from the environment, checked before anything runs: a CA
+    bundle or compile-cache credentials file that cannot be read, or a Debian mirror that
+    is not a URL, would otherwise fail half-way (or reach a build as text)."""
+    from imagebuild.build.aptsources import MIRROR_ENV
+    from imagebuild.spec.values import BadValue, mirror_url
+
+    env = os.environ if environ is None else environ
+    for var, what in (("IMAGEBUILD_CA_BUNDLE", "a PEM file of extra CA certificates"),
+                      ("IMAGEBUILD_SCCACHE_ENV_FILE", "a file of SCCACHE_*/AWS_* KEY=VALUE "
+                                                      "lines")):
+        path = env.get(var)
+        if not path:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                fh.read(1)
+        except OSError as exc:
+            raise UserError(f"environment variable {var}={path[:80]!r}: "
+                            f"{exc.strerror or exc}", fix=f"point {var} at {what}, or unset "
+                                                          "it") from None
+    if env.get(MIRROR_ENV):
+        try:
+            mirror_url(env[MIRROR_ENV])
+        except BadValue as exc:
+            raise UserError(f"environment variable {MIRROR_ENV}: {exc}",
+                            fix=f"{exc.fix} (in {MIRROR_ENV})") from None
+
+
 def check_disk(root: str, need: int, what: str) -> None:
     """Refuse a build that would run the disk full half-way, before it starts."""
     try:
@@ -187,6 +216,7 @@ def layer_sizes(image_id: str) -> list[dict]:
 class Builder:
     def __init__(self, lm: LoadedMatrix, lock: Lock, *, out_dir: Path, log: Log = print,
                  ca_bundle: str | None = None, hf_token: str | None = None):
+        check_environment()
         self.lm, self.lock, self.log = lm, lock, log
         self.out_dir = out_dir
         self.ca_bundle = ca_bundle if ca_bundle is not None else (

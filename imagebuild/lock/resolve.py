@@ -219,7 +219,9 @@ def verify_cells(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
     """Refuse (exit 2) cells whose inputs the lock lacks, contradicts or (unless allowed,
     as `lock --check` does offline) has unresolved."""
     if lock is None:
-        raise UserError(f"no {LOCK_NAME}", fix="run `python build.py lock`")
+        raise UserError(f"no {LOCK_NAME} beside {lm.located.file}",
+                        fix="run `python build.py lock` and commit the lock",
+                        where=lm.located.where(()))
     for cell in cells:
         drifts = lock_drift(lm, lock, [cell])
         if drifts:
