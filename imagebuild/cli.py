@@ -744,8 +744,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         ap.print_help()
         return 2
+    from imagebuild.interrupts import interrupts_as_keyboard_interrupt
+
     try:
-        return COMMANDS[args.command](args)
+        with interrupts_as_keyboard_interrupt():  # SIGTERM cleans up like Ctrl-C
+            return COMMANDS[args.command](args)
     except ImagebuildError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return exc.exit_code

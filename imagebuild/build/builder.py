@@ -84,6 +84,18 @@ class BuildRecord:
     layers: list[dict] = field(default_factory=list)
 
 
+def stop_process(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
+    """Terminate a child (SIGTERM), kill it if it lingers; never raises."""
+    try:
+        proc.terminate()
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except (OSError, KeyboardInterrupt):
+        proc.kill()
+
+
 def preflight_engine() -> tuple[str, str]:
     """Fail early, in one line, on a missing daemon or a daemon without BuildKit.
     Returns the build command flavour ('buildx' or 'buildkit') and the daemon's data root."""
@@ -358,17 +370,23 @@ class Builder:
         last: list[str] = []
         with open(log_path, "w") as log_file, docker_engine().buildkit_build(cmd, {}) as proc:
             assert proc.stdout
-            for line in proc.stdout:
-                log_file.write(line)
-                line = line.rstrip("\n")
-                last = (last + [line])[-25:]
-                if m := STEP.match(line):
-                    steps.add(m.group(1))
-                    if sys.stderr.isatty() or os.environ.get("IMAGEBUILD_VERBOSE"):
-                        self.log(f"  [{kind}] {line[:150]}")
-                elif m := CACHED.match(line):
-                    cached.add(m.group(1))
-            proc.wait()
+            try:
+                for line in proc.stdout:
+                    log_file.write(line)
+                    line = line.rstrip("\n")
+                    last = (last + [line])[-25:]
+                    if m := STEP.match(line):
+                        steps.add(m.group(1))
+                        if sys.stderr.isatty() or os.environ.get("IMAGEBUILD_VERBOSE"):
+                            self.log(f"  [{kind}] {line[:150]}")
+                    elif m := CACHED.match(line):
+                        cached.add(m.group(1))
+                proc.wait()
+            except KeyboardInterrupt:
+                # a signal sent to this process only (a CI cancel) must stop the build too:
+                # the docker client cancels it on SIGTERM; leaving the `with` would wait
+                stop_process(proc)
+                raise
         # a step is a vertex with a [stage n/m] line; the ones marked CACHED were not run
         return len(steps - cached), len(steps & cached), "\n".join(last)
 
