@@ -23,6 +23,7 @@ import docker.errors
 import requests
 
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.interrupts import held_interrupts
 
 DOCKER_CLI = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
 ENGINE_FIX = "start a Docker engine: `bash scripts/setup.sh` (or `dockerd &`)"
@@ -248,20 +249,37 @@ class Engine:
 
     def run(self, image: str, command: list[str], *, name: str, labels: Mapping[str, str],
             **kw: Any) -> str:
-        """Create and start a detached container (SDK keyword arguments); its id."""
-        try:
-            c = self.client.containers.run(image, command, name=name, detach=True,
-                                           labels={OWNER_LABEL: "imagebuild", **labels}, **kw)
-        except docker.errors.ImageNotFound:
-            raise UserError(f"no local image {image}",
-                            fix="build it first (`build.py build`) or pull it") from None
-        except ENGINE_ERRORS as exc:
-            self.remove_container(name)
-            raise OperationFailed(f"docker run {image} failed: {exc}") from None
+        """Create and start a detached container (SDK keyword arguments); its id. An
+        interrupt waits until the engine has answered (the caller removes the container
+        by its name), never lands between the engine making it and us knowing it."""
+        client = self.client  # connect before holding: that may take a while
+        with held_interrupts():
+            try:
+                c = client.containers.run(image, command, name=name, detach=True,
+                                          labels={OWNER_LABEL: "imagebuild", **labels}, **kw)
+            except docker.errors.ImageNotFound:
+                raise UserError(f"no local image {image}",
+                                fix="build it first (`build.py build`) or pull it") from None
+            except ENGINE_ERRORS as exc:
+                self._remove(name)
+                raise OperationFailed(f"docker run {image} failed: {exc}") from None
         return str(c.id)
 
     def remove_container(self, name: str) -> None:
-        """Kill and delete with its anonymous volumes; fine if it is gone already."""
+        """Kill and delete with its anonymous volumes; fine if it is gone already. A
+        second Ctrl-C waits until it is gone."""
+        with held_interrupts():
+            self._remove(name)
+
+    def remove_labelled(self, label: str) -> list[str]:
+        """Remove every container carrying `label` (key=value): the sweep after a run."""
+        with held_interrupts():
+            names = self.container_names(label=label)
+            for name in names:
+                self._remove(name)
+        return names
+
+    def _remove(self, name: str) -> None:
         for attempt in (1, 2):
             try:
                 self.api.remove_container(name, force=True, v=True)

@@ -27,6 +27,30 @@ class ReleaseOptions:
     bench: bool = True
     accept_regression: str | None = None
     accept_untrusted: str | None = None
+    accept_unmeasured: str | None = None
+
+
+def unmeasured_jobs(plan: Plan, opts: ReleaseOptions) -> list[Job]:
+    """The jobs the whole job would promote without a measurement: all of them under
+    --no-bench, else those whose target has no `bench:` settings."""
+    return [j for j in plan.jobs if not opts.bench or j.cell.target.bench is None]
+
+
+def refuse_unmeasured(plan: Plan, opts: ReleaseOptions) -> None:
+    """Before anything is built: the whole job would end at the regression gate with
+    nothing to compare, so without --accept-unmeasured it does not start."""
+    if opts.dry_run or opts.accept_unmeasured:
+        return
+    jobs = unmeasured_jobs(plan, opts)
+    if jobs:
+        why = ("--no-bench measures nothing" if not opts.bench else
+               "target(s) " + ", ".join(sorted({j.cell.target_name for j in jobs}))
+               + " have no `bench:` settings in matrix.yaml")
+        raise UserError(
+            f"{why}: latest would move to {len(jobs)} release(s) with no bench results, "
+            "which the regression gate refuses",
+            fix='say so explicitly: --accept-unmeasured "why" (recorded in each release and '
+                "its notes)" + ("" if not opts.bench else ", or add `bench:` to the target"))
 
 
 def preflight(plan: Plan) -> None:
@@ -114,14 +138,15 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None
 
 
 def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
-            accept_untrusted: str | None = None, forward_only: bool = False,
-            dry_run: bool = False) -> None:
+            accept_untrusted: str | None = None, accept_unmeasured: str | None = None,
+            forward_only: bool = False, dry_run: bool = False) -> None:
     from imagebuild.release.latest import promote_jobs
 
     promote_jobs(client, plan.jobs,
                  default_threshold=plan.lm.matrix.publish.regression_threshold,
                  accept_regression=accept_regression, accept_untrusted=accept_untrusted,
-                 forward_only=forward_only, dry_run=dry_run)
+                 accept_unmeasured=accept_unmeasured, forward_only=forward_only,
+                 dry_run=dry_run)
 
 
 def run_release(plan: Plan, opts: ReleaseOptions) -> int:
@@ -130,6 +155,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     from imagebuild.smoke.runner import smoke_jobs
     from imagebuild.stagewatch import BuildWatch, SmokeWatch
 
+    refuse_unmeasured(plan, opts)
     buildable(plan)
     print(format_table(plan.jobs, plan.header()))
     verdicts = {}
@@ -157,6 +183,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     if opts.bench:
         bench_jobs(client, plan.jobs, opts.out / "bench")
     promote(plan, client, accept_regression=opts.accept_regression,
-            accept_untrusted=opts.accept_untrusted, forward_only=True)
+            accept_untrusted=opts.accept_untrusted, accept_unmeasured=opts.accept_unmeasured,
+            forward_only=True)
     return 0
 

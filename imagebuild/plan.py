@@ -120,6 +120,7 @@ class Job:
             "engine": c.engine_name, "model": c.model_name, "drafter": c.drafter_name,
             "method": c.method, "profile": c.profile_name,
             "pins": dict(self.pins), "serve": list(self.serve.argv),
+            "caveat": c.engine.caveat,
         }
 
 
@@ -154,8 +155,10 @@ def detect_target(lm: LoadedMatrix, host: Host | None = None) -> tuple[str, str]
     forced = os.environ.get("IMAGEBUILD_TARGET")
     if forced:
         if forced != ALL_TARGETS and forced not in lm.matrix.targets:
-            raise UserError(f"IMAGEBUILD_TARGET={forced} is not a target of matrix.yaml",
-                            fix=f"use one of: {', '.join(lm.matrix.targets)}")
+            raise UserError(f"environment variable IMAGEBUILD_TARGET={forced[:60]!r} is not a "
+                            "target of matrix.yaml",
+                            fix=f"use one of: {', '.join(lm.matrix.targets)} (or "
+                                f"{ALL_TARGETS}), or unset it")
         return forced, f"IMAGEBUILD_TARGET={forced}"
     return hardware.match(lm.matrix.targets, host or probe_host())
 
@@ -184,6 +187,8 @@ def cell_pins(cell: Cell, lm: LoadedMatrix, lock: Lock | None) -> dict[str, Any]
         engine["wheel"] = f"{real.wheel.package}=={real.wheel.version}"
     engine["patches"] = [{"file": p, "sha256": file_sha256(lm.root / "patches" / p)}
                          for p in real.patches]
+    if cell.engine.caveat:  # travels with the pins: plan, release record, notes
+        engine["caveat"] = cell.engine.caveat
     m, d = cell.model, cell.drafter
     model = _hub_pin(lock, "models", cell.model_name, m.repository, m.revision, m.track)
     if model is None and m.generate:
@@ -207,10 +212,10 @@ def load_plan(matrix: Path | None, tag: str | None, target: str | None = None,
     """Matrix -> cells of the target (and tag's engine) -> one Job per cell."""
     lm = mx.load(matrix.resolve() if matrix else None)
     cells = mx.expand(lm)
-    rtag = parse_tag(tag, lm.engines_versions()) if tag else None
+    rtag = parse_tag(tag, lm.engines_versions()) if tag is not None else None
     if target:
         if target != ALL_TARGETS and target not in lm.matrix.targets:
-            raise UserError(f"unknown target {target!r}",
+            raise UserError(f"--target {target[:60]!r} is not a target of matrix.yaml",
                             fix=f"use one of: {', '.join(lm.matrix.targets)} (or "
                                 f"{ALL_TARGETS})")
         why = "--target"
@@ -284,6 +289,8 @@ def format_table(jobs: tuple[Job, ...], header: str) -> str:
             f"  refs     {j.release_ref}",
             f"           {j.latest_ref} (moved last, after smoke)",
             f"  engine   {c.engine_name} vLLM {e['vllm']}: {origin} + {patches}",
+            *([f"  CAVEAT   engine {c.engine_name} {c.engine.caveat}"] if c.engine.caveat
+              else []),
             f"  model    {c.model_name}: {pin_text(j.pins['model'])}",
             f"  drafter  {c.speculation}"
             + (f": {pin_text(j.pins['drafter'])}" if c.drafter else ""),

@@ -2,13 +2,19 @@
 serve per cell. Output is byte-for-byte deterministic and headed as generated.
 
 Templates hold no logic Python can compute: every value arrives ready (label dicts sorted,
-weight files grouped into layers), and values put in shell lines go through `sh`.
+weight files grouped into layers). No value can add an instruction: every string that
+reaches a template is one line (the schema and the lock refuse line breaks and control
+characters, and `_refuse_line_breaks` checks the whole context again before rendering);
+values in shell lines go through `sh`, ARG/ENV/LABEL values through `dq` (a Dockerfile
+double-quoted word, taken literally) and exec-form lists through `json`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
+import ipaddress
 import json
 import shlex
 from dataclasses import dataclass
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from pydantic import BaseModel
 
 from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
@@ -23,8 +30,10 @@ from imagebuild.lock.lockfile import Lock, served_files
 from imagebuild.spec.config import CompileCache, EngineRealization
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
+from imagebuild.spec.yamlpos import unsafe_char
 
 LABEL_NS = "io.imagebuild"
+CAVEAT_LABEL = f"{LABEL_NS}.engine.caveat"  # what users must know about the patch set
 # Files the templates ship with (launcher, patch applier, arch gate): they belong to this
 # tool, not to a matrix, so they come from the repository even for a matrix elsewhere.
 TOOL_FILES = REPO_ROOT / "images"
@@ -57,6 +66,17 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(", ", ": ") if isinstance(value, list) else (",", ":"))
 
 
+def _dq(value: Any) -> str:
+    """A Dockerfile double-quoted word (ARG, ENV and LABEL values): backslash, quote and
+    `$` escaped, so BuildKit takes the value literally (no variable expansion)."""
+    text = str(value)
+    bad = unsafe_char(text)
+    if bad:  # _refuse_line_breaks saw the context first; this is the last line of defence
+        raise UserError(f"refusing to render {text[:60]!r}: it holds {bad}",
+                        fix="remove the line break or control character from the value")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
+
+
 @functools.lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
@@ -69,7 +89,57 @@ def _env() -> jinja2.Environment:
     )
     env.filters["sh"] = _sh
     env.filters["json"] = _json
+    env.filters["dq"] = _dq
     return env
+
+
+def _strings(value: Any, path: str) -> Any:
+    """(path, text) of every string reachable from a template's context value."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _strings(getattr(value, name), f"{path}.{name}")
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _strings(getattr(value, f.name), f"{path}.{f.name}")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(k, f"{path}[key]")
+            yield from _strings(v, f"{path}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{path}[{i}]")
+
+
+def _refuse_line_breaks(template: str, ctx: dict[str, Any]) -> None:
+    """Every string a template may print is a single line of text: a line break would
+    start a new Dockerfile instruction wherever the value lands (a comment included)."""
+    for key, value in ctx.items():
+        if key == "header":  # ours, several comment lines on purpose
+            continue
+        for path, text in _strings(value, key):
+            bad = unsafe_char(text)
+            if bad:
+                raise UserError(f"refusing to render {template}: {path} = {text[:60]!r} "
+                                f"holds {bad}", fix="remove the line break or control "
+                                "character (matrix.yaml or matrix.lock.json)")
+
+
+def _render(kind: str, ctx: dict[str, Any]) -> str:
+    _refuse_line_breaks(TEMPLATES[kind], ctx)
+    return _env().get_template(TEMPLATES[kind]).render(**ctx)
+
+
+def healthcheck(host: str, port: int) -> list[str]:
+    """The image's HEALTHCHECK command, exec form: the URL is a Python literal (repr) in
+    a JSON list, so no host value can reach a shell or break the list."""
+    try:
+        shown = f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        shown = host
+    url = f"http://{shown}:{port}/health"
+    return ["python3", "-c", f"import urllib.request; urllib.request.urlopen({url!r}, timeout=3)"]
 
 
 @dataclass(frozen=True)
@@ -156,7 +226,7 @@ def render_base(lm: LoadedMatrix, target_name: str, lock: Lock | None) -> Render
     digest = (lock.entry("bases", target_name) or {}).get("digest") if lock else None
     ctx = {"header": _header(TEMPLATES["base"]), "target_name": target_name, "target": target,
            "base_ref": pinned_ref(target.base_image, digest)}
-    text = _env().get_template(TEMPLATES["base"]).render(**ctx)
+    text = _render("base", ctx)
     return Rendered("base", f"{target_name}/base.Dockerfile", text, ())
 
 
@@ -223,9 +293,10 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str,
             f"{LABEL_NS}.vllm.version": engine.vllm_version,
             f"{LABEL_NS}.vllm.origin": _vllm_origin(real),
             f"{LABEL_NS}.patchset.sha256": _patchset_digest(lm, real.patches),
+            **({CAVEAT_LABEL: engine.caveat} if engine.caveat else {}),
         }.items()),
     }
-    text = _env().get_template(TEMPLATES["engine"]).render(**ctx)
+    text = _render("engine", ctx)
     return Rendered("engine", f"{target_name}/{engine_name}/engine.Dockerfile", text,
                     tuple(sorted(files)))
 
@@ -249,6 +320,8 @@ def serve_labels(cell: Cell, lm: LoadedMatrix, model: dict, drafter: dict | None
     }
     if cell.target.build_args.get("TORCH_CUDA_ARCH_LIST"):
         labels[f"{LABEL_NS}.cuda.arch-list"] = cell.target.build_args["TORCH_CUDA_ARCH_LIST"]
+    if cell.engine.caveat:
+        labels[CAVEAT_LABEL] = cell.engine.caveat
     if drafter:
         labels[f"{LABEL_NS}.drafter.repository"] = drafter["repository"]
         labels[f"{LABEL_NS}.drafter.revision"] = drafter["revision"]
@@ -271,10 +344,10 @@ def render_serve(lm: LoadedMatrix, cell: Cell, lock: Lock | None) -> Rendered:
     ctx = {
         "header": _header(TEMPLATES["serve"]), "cell": cell, "target": cell.target,
         "model": model, "drafter": drafter, "argv": list(cmd.argv), "env": list(cmd.env),
-        "port": cmd.port, "host": cmd.host, "serve_user": SERVE_USER,
-        "labels": serve_labels(cell, lm, model, drafter),
+        "port": cmd.port, "healthcheck": healthcheck(cmd.host, cmd.port),
+        "serve_user": SERVE_USER, "labels": serve_labels(cell, lm, model, drafter),
     }
-    text = _env().get_template(TEMPLATES["serve"]).render(**ctx)
+    text = _render("serve", ctx)
     return Rendered("serve", f"{cell.target_name}/{cell.engine_name}/{cell.image}.Dockerfile",
                     text, tuple(sorted(files)), cell=cell.id)
 

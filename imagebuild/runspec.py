@@ -69,22 +69,27 @@ def _cache_opts(spec: RunSpec) -> str:
     return CACHE_OPTS.format(uid=spec.user[0], gid=spec.user[1])
 
 
+def compose_literal(text: str) -> str:
+    """`text` as compose reads it back unchanged: compose interpolates `$NAME` and
+    `${NAME}` in every value, so each `$` of ours is written `$$`."""
+    return text.replace("$", "$$")
+
+
 def compose_document(spec: RunSpec, *, name: str) -> dict[str, Any]:
     """A compose file whose one service runs the image exactly as `docker_run_argv` does;
-    `${IMAGEBUILD_IMAGE}` and `${IMAGEBUILD_PORT}` may override the image and the port."""
-    # compose interpolates `$`: every literal one is doubled, so only our two variables act
-    command = [arg.replace("$", "$$") for arg in with_listen(list(spec.command), spec.port)]
-    command[-1] = f"${{{PORT_VAR}:-{spec.port}}}"
+    `${IMAGEBUILD_IMAGE}` and `${IMAGEBUILD_PORT}` may override the image and the port.
+    Those two are the only interpolations: every other `$` is escaped."""
     svc: dict[str, Any] = {
-        "image": f"${{{IMAGE_VAR}:-{spec.image.replace('$', '$$')}}}",
-        "command": command,
+        "image": f"${{{IMAGE_VAR}:-{compose_literal(spec.image)}}}",
+        "command": with_listen([compose_literal(a) for a in spec.command],
+                               f"${{{PORT_VAR}:-{spec.port}}}"),
         "network_mode": "host",
         "read_only": True,
         "security_opt": ["no-new-privileges"],
         "cap_drop": ["ALL"],
         "pids_limit": PIDS_LIMIT,
         "tmpfs": [f"{TMP_DIR}:{TMP_OPTS}"],
-        "labels": {"io.imagebuild.service": name},
+        "labels": {"io.imagebuild.service": compose_literal(name)},
         "stop_grace_period": "10s",
     }
     if spec.cache_volume:

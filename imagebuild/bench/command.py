@@ -121,6 +121,18 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
     if sum(bool(x) for x in (args.image, args.tag, args.url)) != 1:
         raise UserError("give one of IMAGE_REF, --tag T or --url URL",
                         fix="e.g. `build.py bench 127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:TAG`")
+    if args.store and args.url:
+        raise UserError("--store keeps results with a release, and --url measures a server "
+                        "of no release", fix="give the release's IMAGE_REF or --tag T")
+    if (args.store or args.baseline) and args.image:
+        from imagebuild.spec.tags import parse_release_tag
+
+        _, tag = ImageRef.parse(args.image)
+        if args.store and (tag is None or parse_release_tag(tag) is None):
+            raise UserError(f"--store: IMAGE_REF {args.image} is not a release "
+                            "(REGISTRY/NAMESPACE/IMAGE:DATE-vX.Y.Z-NAME)",
+                            fix="give the release's reference, or drop --store")
+    prompts.select(args.prompts or "structured")  # a bad prompts file stops here, early
     refs = [args.image] if args.image else []
     target = None
     if plan is not None:

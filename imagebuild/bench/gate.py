@@ -9,6 +9,12 @@ accepts promoting without that comparison (`--accept-untrusted-bench REASON`, re
 like an accepted regression). The two acceptances are separate on purpose: one says
 "slower is fine", the other "we could not tell"; the remaining trusted levels are still
 gated for regressions either way.
+
+Nothing measured is nothing compared: when the release or the current latest has no
+bench results, latest does not move unless the user says so (`--accept-unmeasured
+REASON`); a release promoted without results is then recorded as unmeasured in its
+release record (release/latest.py), one promoted against an unmeasured latest on its own
+results, and the release notes say both.
 """
 
 from __future__ import annotations
@@ -20,8 +26,12 @@ from imagebuild.bench import store, trust
 from imagebuild.bench.compare import Regression, regressions
 from imagebuild.errors import UserError
 from imagebuild.registry.client import RegistryClient
+from imagebuild.release.records import A_TAG as RELEASE_TAG
 from imagebuild.release.records import read_release, resolve_tag
 
+UNMEASURED_FIX = ('measure it first (`build.py bench --tag T --store`; for latest, the '
+                  'release it points at), or move latest without a measurement: '
+                  '--accept-unmeasured "why"')
 UNTRUSTED_FIX = ('re-run the bench where nothing else competes for the CPUs (`build.py bench '
                  '--tag T --store`), or promote without that comparison: '
                  '--accept-untrusted-bench "why"')
@@ -34,10 +44,18 @@ class GateResult:
     note: str = ""  # why the gate had nothing to compare, when it had not
     untrusted: dict[int, list[str]] = field(default_factory=dict)  # level -> reasons
     accepted_untrusted: str | None = None
+    # --accept-unmeasured: the reason, when a side had no results; `measured` whether
+    # the release itself had results (False: its record is marked unmeasured)
+    accepted_unmeasured: str | None = None
+    measured: bool = True
 
     def notes_markdown(self) -> str:
         """A paragraph for the release notes ('' when there was nothing to say)."""
         out = ""
+        if self.accepted_unmeasured:
+            what = ("without a measurement" if not self.measured
+                    else "without comparing it (latest has no bench results)")
+            out += f"**Promoted {what}**: {self.accepted_unmeasured}\n"
         if self.untrusted:
             lines = "\n".join(f"- c={c}: {'; '.join(r)}" for c, r in sorted(self.untrusted.items()))
             out += (f"**Promoted without comparing untrusted bench figures**: "
@@ -69,21 +87,33 @@ def _without(doc: dict, levels: set[int]) -> dict:
 def check_promotion(client: RegistryClient, repo: str, to: str, *, threshold: float,
                     accept_regression: str | None = None,
                     accept_untrusted: str | None = None,
+                    accept_unmeasured: str | None = None,
                     log: Callable[[str], None] = print) -> GateResult:
-    """Raise UserError when `to` regresses against latest, or when the figures to compare
-    are flagged, and no reason is given for it."""
+    """Raise UserError when `to` regresses against latest, when the figures to compare
+    are flagged, or when either side has no bench results, and no reason is given."""
     tag = resolve_tag(client, repo, to)
     latest, cand_rel = read_release(client, repo, "latest"), read_release(client, repo, tag)
-    if latest is None or cand_rel is None or latest.digest == cand_rel.digest:
+    if cand_rel is None:
+        raise UserError(f"{repo}:{tag} does not exist", fix="list them with `build.py releases`")
+    if latest is not None and latest.digest == cand_rel.digest:
+        return GateResult(note=f"latest is {tag} already")
+    cand = store.stored(client, repo, tag)
+    base = store.stored(client, repo, "latest") if latest is not None else None
+    missing = ([f"{tag} has no bench results"] if cand is None else []) + (
+        [f"latest ({latest.annotations.get(RELEASE_TAG) or 'untagged'}) has no bench results"]
+        if latest is not None and base is None else [])
+    if missing:
+        why = "; ".join(missing)
+        if not accept_unmeasured:
+            raise UserError(f"{repo}: {why}, so the regression gate has nothing to compare "
+                            "and latest does not move", fix=UNMEASURED_FIX)
+        log(f"{repo}: {why}; promoting without a measurement ({accept_unmeasured})")
+        if cand is not None:  # measured, but not compared: say so with its results
+            store.annotate(client, repo, tag, {store.A_UNCOMPARED: accept_unmeasured})
+        return GateResult(note=why, accepted_unmeasured=accept_unmeasured,
+                          measured=cand is not None)
+    if latest is None or base is None or cand is None:
         return GateResult(note="no other latest to compare with")
-    base, cand = store.stored(client, repo, "latest"), store.stored(client, repo, tag)
-    if base is None:
-        log(f"{repo}: latest has no bench results; regression gate not applied")
-        return GateResult(note="latest has no bench results")
-    if cand is None:
-        log(f"{repo}: {tag} has no bench results (run `build.py bench --tag ...`); "
-            "regression gate not applied")
-        return GateResult(note=f"{tag} has no bench results")
     result, recorded = judge(cand.doc, base.doc, what=f"{repo}: {tag}", threshold=threshold,
                              accept_regression=accept_regression,
                              accept_untrusted=accept_untrusted, log=log)

@@ -63,14 +63,30 @@ BUILTIN: dict[str, list[Prompt]] = {
 }
 
 
+MAX_PROMPTS_BYTES = 64 << 20
+
+
 def load_jsonl(path: Path) -> list[Prompt]:
     """One JSON object per line with a "prompt" string (and an optional "kind")."""
     out: list[Prompt] = []
     try:
-        lines = path.read_text().splitlines()
+        if not path.is_file():
+            raise UserError(f"prompts file {path} is not a regular file",
+                            fix="give an existing JSONL file", where=f"{path}:1:1")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_PROMPTS_BYTES + 1)
     except OSError as exc:
         raise UserError(f"cannot read prompts file {path}: {exc.strerror}",
-                        fix="give an existing JSONL file") from None
+                        fix="give an existing JSONL file", where=f"{path}:1:1") from None
+    if len(raw) > MAX_PROMPTS_BYTES:
+        raise UserError(f"prompts file {path} is larger than {MAX_PROMPTS_BYTES} bytes",
+                        fix="give a smaller set of prompts", where=f"{path}:1:1")
+    try:
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        at = raw[:exc.start].count(b"\n") + 1
+        raise UserError(f"prompts file {path} is not UTF-8", fix="save it as UTF-8",
+                        where=f"{path}:{at}:1") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -1,5 +1,7 @@
 """Start a serve image for a benchmark the way it is run everywhere (runspec.py: hardened,
-loopback, a free port), wait for /health, and always remove it."""
+loopback, a free port), wait for /health, and always remove it: on failure, Ctrl-C or
+SIGTERM (the Docker seam holds an interrupt while the container is being created, and
+the clean-up removes it by name and by this run's label)."""
 
 from __future__ import annotations
 
@@ -52,9 +54,12 @@ def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
                    gpu=bool(expect.get("gpu")),
                    user=image_user(image, info.get("Config", {}).get("User") or ""),
                    cpuset=cpuset).at_port(free_port())
-    c = Container(f"imagebuild-bench-{secrets.token_hex(4)}", spec.port)
+    token = secrets.token_hex(4)
+    c = Container(f"imagebuild-bench-{token}", spec.port)
     try:
-        engine().run(image, list(spec.command), name=c.name, labels={LABEL: "1"},
+        # the label carries this run's token: the clean-up below finds the container
+        # even if its name was never confirmed (an interrupt during creation)
+        engine().run(image, list(spec.command), name=c.name, labels={LABEL: token},
                      **sdk_run_kwargs(spec), **({"environment": environment}
                                                 if environment else {}))
         t0 = time.monotonic()
@@ -77,5 +82,6 @@ def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
             time.sleep(1)
         log(f"server up in {time.monotonic() - t0:.1f} s on {c.base_url}")
         yield c
-    finally:
+    finally:  # whatever ended the run: failure, Ctrl-C, SIGTERM
         engine().remove_container(c.name)
+        engine().remove_labelled(f"{LABEL}={token}")

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from imagebuild.errors import UserError
+from imagebuild.spec.values import MIRROR, BadValue, mirror_url
 
 MIRROR_ENV = "IMAGEBUILD_DEBIAN_MIRROR"
 
@@ -73,9 +74,13 @@ def debian_mirror(suite: str, explicit: str | None = None, *, root: Path = Path(
     if explicit:
         return explicit
     if env.get(MIRROR_ENV):
-        return env[MIRROR_ENV]
+        try:
+            return mirror_url(env[MIRROR_ENV])
+        except BadValue as exc:
+            raise UserError(f"environment variable {MIRROR_ENV}: {exc}",
+                            fix=f"{exc.fix} (in {MIRROR_ENV})") from None
     for uri, suites in apt_entries(root):
-        if suite in suites:
+        if suite in suites and MIRROR.fullmatch(uri):
             return uri.rstrip("/")
     raise UserError(
         f"no Debian mirror for suite {suite!r}: this machine's apt sources list none and "

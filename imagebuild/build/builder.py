@@ -3,7 +3,8 @@
 The only module that drives `docker build`. `docker buildx build --load` where the buildx
 plugin exists, else `DOCKER_BUILDKIT=1 docker build` (the Debian 20.10 client). Each image
 carries its inputs digest as a label; an image with that digest present locally is not
-rebuilt. Secrets (CA bundle, HF token) reach builds only as BuildKit secrets.
+rebuilt. Secrets (CA bundle, HF token, pip configuration, compile-cache credentials)
+reach builds only as BuildKit secrets (`--secret`), never as build args, labels or logs.
 """
 
 from __future__ import annotations
@@ -102,6 +103,18 @@ class Pending:
     parent_image: str | None = None  # the parent's local image id (lineage label)
 
 
+def stop_process(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
+    """Terminate a child (SIGTERM), kill it if it lingers; never raises."""
+    try:
+        proc.terminate()
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except (OSError, KeyboardInterrupt):
+        proc.kill()
+
+
 def preflight_engine() -> tuple[str, str]:
     """Fail early, in one line, on a missing daemon or a daemon without BuildKit.
     Returns the build command flavour ('buildx' or 'buildkit') and the daemon's data root."""
@@ -138,6 +151,35 @@ def sccache_secret(environ: dict[str, str] | None = None) -> bytes:
             raise UserError(f"IMAGEBUILD_SCCACHE_ENV_FILE={path}: {exc.strerror}",
                             fix="point it at a file of SCCACHE_*/AWS_* KEY=VALUE lines") from None
     return "".join(f"{k}={env[k]}\n" for k in SECRET_ENV if env.get(k)).encode()
+
+
+def check_environment(environ: dict[str, str] | None = None) -> None:
+    """The build's settings from the environment, checked before anything runs: a CA
+    bundle or compile-cache credentials file that cannot be read, or a Debian mirror that
+    is not a URL, would otherwise fail half-way (or reach a build as text)."""
+    from imagebuild.build.aptsources import MIRROR_ENV
+    from imagebuild.spec.values import BadValue, mirror_url
+
+    env = os.environ if environ is None else environ
+    for var, what in (("IMAGEBUILD_CA_BUNDLE", "a PEM file of extra CA certificates"),
+                      ("IMAGEBUILD_SCCACHE_ENV_FILE", "a file of SCCACHE_*/AWS_* KEY=VALUE "
+                                                      "lines")):
+        path = env.get(var)
+        if not path:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                fh.read(1)
+        except OSError as exc:
+            raise UserError(f"environment variable {var}={path[:80]!r}: "
+                            f"{exc.strerror or exc}", fix=f"point {var} at {what}, or unset "
+                                                          "it") from None
+    if env.get(MIRROR_ENV):
+        try:
+            mirror_url(env[MIRROR_ENV])
+        except BadValue as exc:
+            raise UserError(f"environment variable {MIRROR_ENV}: {exc}",
+                            fix=f"{exc.fix} (in {MIRROR_ENV})") from None
 
 
 def check_disk(root: str, need: int, what: str) -> None:
@@ -226,6 +268,7 @@ def layer_sizes(image_id: str) -> list[dict]:
 class Builder:
     def __init__(self, lm: LoadedMatrix, lock: Lock, *, out_dir: Path, log: Log = print,
                  ca_bundle: str | None = None, hf_token: str | None = None):
+        check_environment()
         self.lm, self.lock, self.log = lm, lock, log
         self.out_dir = out_dir
         self.ca_bundle = ca_bundle if ca_bundle is not None else (
@@ -298,12 +341,13 @@ class Builder:
                    "hf_token": (self.hf_token or "").encode(), "pip_conf": b"",
                    "sccache_env": b""}
         target = self.lm.matrix.targets.get(self._target_name or "")
-        if kind == "engine" and target is not None and target.engine_from == "source":
+        if kind == "engine":
             from imagebuild.build.pipconfig import pip_indexes
 
-            # the runner's package indexes (and any credentials in their URLs) as a secret
+            # the runner's package indexes (and any credentials in their URLs) as a secret:
+            # every engine's pip installs from them, and no image keeps them
             secrets["pip_conf"] = pip_indexes().pip_conf().encode()
-            if target.compile_cache.shared:
+            if target is not None and target.compile_cache.shared:
                 secrets["sccache_env"] = sccache_secret()
         return secrets
 
@@ -368,17 +412,23 @@ class Builder:
         last: list[str] = []
         with open(log_path, "w") as log_file, docker_engine().buildkit_build(cmd, {}) as proc:
             assert proc.stdout
-            for line in proc.stdout:
-                log_file.write(line)
-                line = line.rstrip("\n")
-                last = (last + [line])[-25:]
-                if m := STEP.match(line):
-                    steps.add(m.group(1))
-                    if sys.stderr.isatty() or os.environ.get("IMAGEBUILD_VERBOSE"):
-                        self.log(f"  [{kind}] {line[:150]}")
-                elif m := CACHED.match(line):
-                    cached.add(m.group(1))
-            proc.wait()
+            try:
+                for line in proc.stdout:
+                    log_file.write(line)
+                    line = line.rstrip("\n")
+                    last = (last + [line])[-25:]
+                    if m := STEP.match(line):
+                        steps.add(m.group(1))
+                        if sys.stderr.isatty() or os.environ.get("IMAGEBUILD_VERBOSE"):
+                            self.log(f"  [{kind}] {line[:150]}")
+                    elif m := CACHED.match(line):
+                        cached.add(m.group(1))
+                proc.wait()
+            except KeyboardInterrupt:
+                # a signal sent to this process only (a CI cancel) must stop the build too:
+                # the docker client cancels it on SIGTERM; leaving the `with` would wait
+                stop_process(proc)
+                raise
         # a step is a vertex with a [stage n/m] line; the ones marked CACHED were not run
         return len(steps - cached), len(steps & cached), "\n".join(last)
 
@@ -390,8 +440,8 @@ class Builder:
 
         t = cell.target
         if t.bootstrap:
-            ensure_base_image(t.base_image, suite=t.bootstrap["suite"],
-                              mirror=t.bootstrap.get("mirror"),
+            ensure_base_image(t.base_image, suite=t.bootstrap.suite,
+                              mirror=t.bootstrap.mirror,
                               workdir=self.out_dir / "bootstrap", log=self.log)
         entry = self.lock.entry("bases", cell.target_name)
         rendered = render_base(self.lm, cell.target_name, self.lock)

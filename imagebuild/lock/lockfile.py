@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import UserError
+from imagebuild.lock.jsonpos import json_marks
+from imagebuild.lock.lockschema import check_lock
 from imagebuild.spec.config import HubPin
+from imagebuild.spec.yamlpos import shorten
 
 LOCK_NAME = "matrix.lock.json"
 LOCK_VERSION = 1
+MAX_LOCK_BYTES = 32 << 20  # file lists of large Hub repositories; the real lock is ~7 KB
 
 
 @dataclass(frozen=True)
@@ -34,18 +38,42 @@ class Lock:
 
 
 def read_lock(root: Path) -> Lock | None:
+    """The lock beside matrix.yaml, checked value by value (a hand edit is refused at its
+    file:line:column, like matrix.yaml); None when there is none."""
     path = root / LOCK_NAME
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return None
+    where = f"{LOCK_NAME}:1:1"
+    fix = "regenerate it with `python build.py lock` (and commit it)"
     try:
-        data = json.loads(path.read_text())
+        if path.is_dir() or not path.is_file():
+            raise UserError(f"{LOCK_NAME} is not a regular file", fix=fix, where=where)
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_LOCK_BYTES + 1)
+    except OSError as exc:
+        raise UserError(f"cannot read {LOCK_NAME}: {exc.strerror or exc}", fix=fix,
+                        where=where) from None
+    if len(raw) > MAX_LOCK_BYTES:
+        raise UserError(f"{LOCK_NAME} is larger than {MAX_LOCK_BYTES} bytes", fix=fix,
+                        where=where)
+    try:
+        text = raw.decode("utf-8")
+        data = json.loads(text)
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{LOCK_NAME} is not UTF-8 (byte {exc.start})", fix=fix,
+                        where=where) from None
     except json.JSONDecodeError as exc:
-        raise UserError(f"{LOCK_NAME} is not valid JSON: {exc.msg}",
-                        fix="regenerate it with `python build.py lock`",
-                        where=f"{path.name}:{exc.lineno}:{exc.colno}") from None
+        raise UserError(f"{LOCK_NAME} is not valid JSON: {exc.msg}", fix=fix,
+                        where=f"{LOCK_NAME}:{exc.lineno}:{exc.colno}") from None
+    except RecursionError:
+        raise UserError(f"{LOCK_NAME} is nested too deep", fix=fix, where=where) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{LOCK_NAME} must be a JSON object, not a {type(data).__name__}",
+                        fix=fix, where=where)
     if data.get("version") != LOCK_VERSION:
-        raise UserError(f"{LOCK_NAME} has version {data.get('version')!r}, expected "
-                        f"{LOCK_VERSION}", fix="regenerate it with `python build.py lock`")
+        raise UserError(f"{LOCK_NAME} has version {shorten(data.get('version'))}, expected "
+                        f"{LOCK_VERSION}", fix=fix, where=where)
+    check_lock(data, lambda: json_marks(text))
     return Lock(data=data, path=path)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.lock.inputs import Drift, expected_engine, lock_drift, sha256_file
 from imagebuild.lock.lockfile import LOCK_NAME, LOCK_VERSION, Lock, hub_disagreement, read_lock
 from imagebuild.spec.config import Drafter, Model
 from imagebuild.spec.matrix import Cell, LoadedMatrix
@@ -25,10 +26,6 @@ from imagebuild.spec.matrix import Cell, LoadedMatrix
 METADATA_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json",
                   "tokenizer_config.json", "hf_quant_config.json")
 LOCKED_DIR = "locked"
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def metadata_dir(root: Path, repository: str, sha: str) -> Path:
@@ -93,28 +90,9 @@ def generate_model(script: Path, seed: int, out: Path) -> None:
 
 
 def _engine_entry(lm: LoadedMatrix, ename: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for tname, real in lm.matrix.engines[ename].realize.items():
-        entry: dict[str, Any] = {
-            "patches": [{"file": p, "sha256": sha256_file(lm.root / "patches" / p)}
-                        for p in real.patches]}
-        if real.source:
-            full = len(real.source.commit) == 40
-            entry["source"] = {"repository": real.source.repository,
-                               "commit": real.source.commit if full else None}
-            entry["status"] = "resolved" if full else "unresolved"
-            if not full:
-                entry["fix"] = ("write the full 40-hex commit in matrix.yaml (GitHub is not "
-                                "reachable from here to expand a short one)")
-        if real.wheel:
-            entry["wheel"] = {"package": real.wheel.package, "version": real.wheel.version,
-                              "sha256": real.wheel.sha256,
-                              "requirements": real.wheel.requirements,
-                              "requirements_sha256": sha256_file(lm.root /
-                                                                 real.wheel.requirements)}
-            entry["status"] = "resolved"
-        out[tname] = entry
-    return out
+    """Every realization of engine `ename`: what its images are built from (inputs.py)."""
+    return {tname: expected_engine(lm, ename, tname)
+            for tname in lm.matrix.engines[ename].realize}
 
 
 def _base_entry(lm: LoadedMatrix, tname: str, previous: dict | None,
@@ -125,7 +103,7 @@ def _base_entry(lm: LoadedMatrix, tname: str, previous: dict | None,
     (`lock --update TARGET`), so a plain `lock` never needs the image registry."""
     target = lm.matrix.targets[tname]
     if target.bootstrap:
-        return {"image": target.base_image, "bootstrap": dict(sorted(target.bootstrap.items())),
+        return {"image": target.base_image, "bootstrap": target.bootstrap.settings(),
                 "status": "resolved", "digest": None}
     prev = previous or {}
     entry: dict[str, Any] = {"image": target.base_image, "digest": None}
@@ -216,61 +194,55 @@ def write_lock(lm: LoadedMatrix, data: dict[str, Any]) -> Path:
     return path
 
 
+def drift_error(drifts: list[Drift], subject: str) -> UserError:
+    """One message naming every input that changed since the lock was written."""
+    fixes = list(dict.fromkeys(d.fix for d in drifts))
+    head = (f"{subject}: {LOCK_NAME} does not match what it is built from "
+            f"({len(drifts)} input(s) changed since it was locked)")
+    return UserError("\n".join([head] + [f"  {d.line()}" for d in drifts]),
+                     fix="; ".join(fixes), where=drifts[0].where)
+
+
+def check_whole_lock(lm: LoadedMatrix, lock: Lock | None) -> None:
+    """`lock --check`: every input of every image matrix.yaml describes agrees with the
+    lock, and the lock has nothing matrix.yaml does not (unresolved pins are fine here)."""
+    if lock is None:
+        raise UserError(f"no {LOCK_NAME}", fix="run `python build.py lock`",
+                        where=lm.located.where(()))
+    drifts = lock_drift(lm, lock)
+    if drifts:
+        raise drift_error(drifts, "lock --check")
+
+
 def verify_cells(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
                  allow_unresolved: bool = False) -> None:
-    """Refuse (exit 2) cells whose pins the lock lacks, contradicts or (unless allowed, as
-    `lock --check` does offline) has unresolved."""
+    """Refuse (exit 2) cells whose inputs the lock lacks, contradicts or (unless allowed,
+    as `lock --check` does offline) has unresolved."""
     if lock is None:
-        raise UserError(f"no {LOCK_NAME}", fix="run `python build.py lock`")
+        raise UserError(f"no {LOCK_NAME} beside {lm.located.file}",
+                        fix="run `python build.py lock` and commit the lock",
+                        where=lm.located.where(()))
     for cell in cells:
+        drifts = lock_drift(lm, lock, [cell])
+        if drifts:
+            raise drift_error(drifts, f"cell {cell.id} ({cell.engine_name})")
         for kind, name, pin in (("models", cell.model_name, cell.model),
                                 ("drafters", cell.drafter_name, cell.drafter)):
-            entry = lock.entry(kind, name)
-            if isinstance(pin, Model) and pin.generate:
-                if not entry or entry.get("seed") != pin.generate.seed or entry.get(
-                        "script_sha256") != sha256_file(lm.root / pin.generate.script):
-                    raise UserError(f"cell {cell.id}: the lock's generated-model entry for "
-                                    f"{name} is stale",
-                                    fix=f"run `python build.py lock --update {name}`",
-                                    where=lm.located.where((kind, name)))
-                continue
             if pin is None or not pin.repository:
                 continue
-            why = hub_disagreement(pin, entry)
-            if why:
-                raise UserError(f"cell {cell.id}: {kind[:-1]} {name} {why} in {LOCK_NAME}",
-                                fix=f"run `python build.py lock --update {name}`",
-                                where=lm.located.where((kind, name)))
+            entry = lock.entry(kind, name)
             if entry and entry.get("status") != "resolved" and not allow_unresolved:
                 raise UserError(
                     f"cell {cell.id}: {kind[:-1]} {name} ({pin.repository}) is unresolved in "
                     f"{LOCK_NAME} (missing: {', '.join(entry.get('unresolved', []))})",
                     fix=f"run `python build.py lock --update {name}` on a machine that can "
                         "reach the Hugging Face Hub, and commit the lock")
-        eng = (lock.entry("engines", cell.engine_name) or {}).get(cell.target_name)
-        if not eng:
-            raise UserError(f"cell {cell.id}: engine {cell.engine_name} is not in {LOCK_NAME}",
-                            fix="run `python build.py lock`")
-        for want, got in zip(cell.realization.patches, eng.get("patches", []), strict=False):
-            if got["file"] != want or got["sha256"] != sha256_file(lm.root / "patches" / want):
-                raise UserError(f"cell {cell.id}: patch {want} changed since it was locked",
-                                fix="review the patch, then run `python build.py lock`")
-        if len(cell.realization.patches) != len(eng.get("patches", [])):
-            raise UserError(f"cell {cell.id}: the patch series of {cell.engine_name} differs "
-                            f"from {LOCK_NAME}", fix="run `python build.py lock`")
+        eng = (lock.entry("engines", cell.engine_name) or {}).get(cell.target_name) or {}
         if eng.get("status") != "resolved" and not allow_unresolved:
             raise UserError(f"cell {cell.id}: engine source is unresolved in {LOCK_NAME}",
                             fix=eng.get("fix", "run `python build.py lock`"))
         base = lock.entry("bases", cell.target_name) or {}
         target = cell.target
-        stale = base and not target.bootstrap and (
-            base.get("image") != target.base_image
-            or base.get("runtime_image") != target.runtime_image)
-        if stale:
-            raise UserError(f"cell {cell.id}: {LOCK_NAME} pins other images for target "
-                            f"{cell.target_name} than matrix.yaml names",
-                            fix=f"run `python build.py lock --update {cell.target_name}`",
-                            where=lm.located.where(("targets", cell.target_name, "base_image")))
         if base.get("status") != "resolved" and not allow_unresolved:
             unpinned = [image for image, digest in (
                 (target.base_image, base.get("digest")),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import Lock
-from imagebuild.preflight import checkpoint, flags, pins, serve_args
+from imagebuild.preflight import caveats, checkpoint, flags, pins, serve_args
 from imagebuild.preflight.findings import (
     MATRIX,
     SEVERITY_ORDER,
@@ -52,7 +52,7 @@ WAIVER_RULES = (
          "remove the waiver", waivable=False),
 )
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
-                                  WAIVER_RULES, serve_args.RULES)
+                                  WAIVER_RULES, serve_args.RULES, caveats.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -177,6 +177,7 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None) -> list[F
     store = checkpoint.MetadataStore(lm.root, lock)
     labels = cell_labels(cells)
     findings: list[Finding] = pins.check(lm, cells, lock, labels)
+    findings += caveats.check(lm, cells, labels)
     views = []
     for cell, label in zip(cells, labels, strict=True):
         model = store.get("models", cell.model_name, cell.model.repository)

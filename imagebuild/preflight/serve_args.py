@@ -126,6 +126,21 @@ def _number(spec: dict[str, Any], text: str) -> float | None:
     return None
 
 
+HOST_NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _host_ok(text: str) -> bool:
+    """What the health check and every client connect to: an IP address or a DNS name."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return bool(HOST_NAME.fullmatch(text))
+
+
 def _argv_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":")) if isinstance(value, dict) else str(value)
 
@@ -186,6 +201,9 @@ def value_problem(flag: str, spec: dict[str, Any], value: Any, cli: dict[str, An
         if probe not in names:
             return (f"{flag} {shorten(text)} is not a name vLLM {cli['vllm_version']} has "
                     f"registered{_suggest(probe, names)}", f"use one of: {', '.join(names)}")
+    if flag == "host" and not _host_ok(text):
+        return (f"host {shorten(text)} is not an IP address or host name",
+                "serve on loopback: host: 127.0.0.1 (containers share the host network)")
     if flag in RANGES and number is not None:
         low, high, low_ok = RANGES[flag]
         if number < low or (number == low and not low_ok) or (high is not None

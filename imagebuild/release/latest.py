@@ -17,10 +17,14 @@ from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient
 from imagebuild.release.lease import Lease, holding_lease
 from imagebuild.release.records import (
+    A_BENCH,
     A_TAG,
+    A_UNMEASURED,
     LATEST,
+    UNMEASURED,
     Log,
     Release,
+    amended_manifest,
     read_release,
     resolve_tag,
     short_digest,
@@ -158,14 +162,36 @@ def advance(client: RegistryClient, repo: str, tag: ReleaseTag, *, dry_run: bool
                       settle=settle)
 
 
+def record_unmeasured(client: RegistryClient, repo: str, tag: str, reason: str, *,
+                      log: Log = print, settle: float | None = None) -> Release:
+    """Mark release `tag` as promoted without a measurement, in its release record (the
+    annotations of its manifest; config and layers stay, so the image is the tested one)."""
+    rel = _passing(client, repo, tag)
+    if rel.unmeasured == reason:
+        return rel
+    body = amended_manifest(rel, {A_BENCH: UNMEASURED, A_UNMEASURED: reason})
+    with holding_lease(client, repo, rel.config_descriptor, purpose=f"record {tag} unmeasured",
+                       log=log, settle=settle):
+        client.put_manifest(repo, tag, body, rel.media_type)
+    done = read_release(client, repo, tag)
+    if done is None or not done.passed or done.image_id != rel.image_id or not done.unmeasured:
+        raise OperationFailed(f"{repo}:{tag} did not read back as an unmeasured release",
+                              fix="re-run; check the registry")
+    log(f"{repo}: {tag} recorded as unmeasured ({reason})")
+    return done
+
+
 def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_threshold: float,
                  accept_regression: str | None, accept_untrusted: str | None = None,
-                 forward_only: bool = False, dry_run: bool = False,
-                 log: Log = print) -> list[Move]:
+                 accept_unmeasured: str | None = None, forward_only: bool = False,
+                 dry_run: bool = False, log: Log = print) -> list[Move]:
     """Regression gate for every job first (a refusal moves nothing), then latest.
     `forward_only` (the whole job, publish): a release older than latest leaves it alone.
-    `accept_untrusted`: promote although flagged bench figures could not be compared."""
+    `accept_untrusted`: promote although flagged bench figures could not be compared.
+    `accept_unmeasured`: promote although a side has no bench results; a release without
+    results is recorded as unmeasured before latest moves to it."""
     ready = []
+    unmeasured = []
     for job in jobs:
         repo = job.image.repository
         if forward_only:
@@ -175,10 +201,18 @@ def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_thres
                 log(f"{repo}: latest stays at the newer {current}; "
                     "use `build.py rollback` to go back")
                 continue
-        check_promotion(client, repo, str(job.tag),
-                        threshold=threshold_for(job, default_threshold),
-                        accept_regression=accept_regression,
-                        accept_untrusted=accept_untrusted, log=log)
+        result = check_promotion(client, repo, str(job.tag),
+                                 threshold=threshold_for(job, default_threshold),
+                                 accept_regression=accept_regression,
+                                 accept_untrusted=accept_untrusted,
+                                 accept_unmeasured=accept_unmeasured, log=log)
         ready.append(job)
+        if not result.measured and result.accepted_unmeasured:
+            unmeasured.append((repo, str(job.tag), result.accepted_unmeasured))
+    for repo, tag, reason in unmeasured:
+        if dry_run:
+            log(f"{repo}: would record {tag} as unmeasured ({reason})")
+        else:
+            record_unmeasured(client, repo, tag, reason, log=log)
     return [set_latest(client, j.image.repository, str(j.tag), mode="promote", dry_run=dry_run,
                        log=log) for j in ready]

@@ -18,14 +18,38 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from imagebuild.errors import OperationFailed
+from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient, Unsupported
 from imagebuild.release.records import OCI_CONFIG, Log, compact, read_release
 
 LEASE_TAG = "imagebuild-lease"
 LEASE = "io.imagebuild.lease"
-LEASE_TTL = float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300"))
-LEASE_SETTLE = float(os.environ.get("IMAGEBUILD_LEASE_SETTLE", "0.5"))
+TTL_ENV, SETTLE_ENV = "IMAGEBUILD_LEASE_TTL", "IMAGEBUILD_LEASE_SETTLE"
+
+
+def _seconds(var: str, default: float, low: float, high: float) -> float:
+    """A number of seconds from the environment, checked (a typo must not become a lease
+    that never expires, or a negative sleep)."""
+    text = os.environ.get(var)
+    if text is None or text == "":
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not low <= value <= high:  # nan fails too
+        raise UserError(f"environment variable {var}={text[:40]!r} is not a number of "
+                        f"seconds in {low:g}..{high:g}",
+                        fix=f"unset {var} (default {default:g}) or give e.g. {var}={default:g}")
+    return value
+
+
+def lease_ttl() -> float:
+    return _seconds(TTL_ENV, 300.0, 1.0, 86400.0)
+
+
+def lease_settle() -> float:
+    return _seconds(SETTLE_ENV, 0.5, 0.0, 60.0)
 
 
 def _lock_dir() -> Path:
@@ -64,9 +88,11 @@ class Lease:
     """
 
     def __init__(self, client: RegistryClient, repo: str, config: dict[str, Any], *,
-                 purpose: str, ttl: float = LEASE_TTL, settle: float = LEASE_SETTLE,
+                 purpose: str, ttl: float | None = None, settle: float | None = None,
                  log: Log = print):
         self.client, self.repo, self.log = client, repo, log
+        ttl = lease_ttl() if ttl is None else ttl
+        settle = lease_settle() if settle is None else settle
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.host = socket.gethostname()
         self.ttl, self.settle = ttl, settle
@@ -151,8 +177,7 @@ def _other_live_pid(held: dict[str, str]) -> bool:
 def holding_lease(client: RegistryClient, repo: str, config: dict[str, Any], *, purpose: str,
                   log: Log = print, settle: float | None = None) -> Iterator[Lease]:
     with local_lock(client.host, repo):
-        lease = Lease(client, repo, config, purpose=purpose, log=log,
-                      settle=LEASE_SETTLE if settle is None else settle)
+        lease = Lease(client, repo, config, purpose=purpose, log=log, settle=settle)
         lease.acquire()
         try:
             yield lease

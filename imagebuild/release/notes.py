@@ -37,6 +37,8 @@ class ImageFacts:
     bench_previous: dict[str, Any] | None = None  # ... with `previous`
     accepted_regression: str | None = None  # the reason promote was given
     accepted_untrusted: str | None = None  # why flagged figures were not compared
+    unmeasured: str | None = None  # why it was promoted without a measurement (its record)
+    uncompared: str | None = None  # why it was promoted over a latest without results
     plot: str | None = None  # where the notes link the PNG (asset URL or file name)
     history: str | None = None  # where the notes link the bench history of every release
 
@@ -98,6 +100,8 @@ def _history(job: Job, f: ImageFacts) -> list[str]:
 def _bench(f: ImageFacts) -> list[str]:
     from imagebuild.bench import compare, results
 
+    if f.unmeasured:
+        return [f"**UNMEASURED:** promoted without a measurement: {f.unmeasured}", ""]
     if f.bench is None:
         return ["_no benchmark results are stored with this release_ (`build.py bench "
                 "--tag ... --store`)"]
@@ -110,6 +114,9 @@ def _bench(f: ImageFacts) -> list[str]:
     if f.accepted_untrusted:
         out += ["**Promoted without comparing untrusted bench figures:** "
                 f"{f.accepted_untrusted}", ""]
+    if f.uncompared:
+        out += ["**Promoted without a comparison** (the latest it replaced had no bench "
+                f"results): {f.uncompared}", ""]
     if f.plot:
         out += [f"![tok/s and TTFT against concurrency]({f.plot})", ""]
     return out
@@ -128,7 +135,10 @@ def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, Imag
         by_digest = job.image.by_digest(f.digest) if f.digest else None
         out += [f"## {cell.image}", "",
                 f"`{job.id}` · {cell.target.platform} · model {cell.model_name} · drafter "
-                f"{cell.speculation} · profile {cell.profile_name}", "",
+                f"{cell.speculation} · profile {cell.profile_name}", ""]
+        if cell.engine.caveat:
+            out += [f"> **Caveat (engine {cell.engine_name}):** {cell.engine.caveat}", ""]
+        out += [
                 "```sh", f"docker pull {job.release_ref}"]
         out += [f"docker pull {by_digest}"] if by_digest else [
             "# not pushed: no digest in the registry for this tag"]
@@ -172,7 +182,7 @@ def _stored_bench(client: Any, repo: str, tag: str | None
 def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, ImageFacts]:
     """Digests, earlier releases and stored bench results from the registry, verdicts
     from the smoke reports."""
-    from imagebuild.bench.store import A_ACCEPTED, A_UNTRUSTED
+    from imagebuild.bench.store import A_ACCEPTED, A_UNCOMPARED, A_UNTRUSTED
     from imagebuild.release.records import list_releases
     from imagebuild.smoke.paths import verdict_path
 
@@ -189,7 +199,8 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
         facts[job.id] = ImageFacts(
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
-            accepted_regression=ann.get(A_ACCEPTED), accepted_untrusted=ann.get(A_UNTRUSTED))
+            accepted_regression=ann.get(A_ACCEPTED), accepted_untrusted=ann.get(A_UNTRUSTED),
+            unmeasured=mine.unmeasured if mine else None, uncompared=ann.get(A_UNCOMPARED))
     return facts
 
 

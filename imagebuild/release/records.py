@@ -34,6 +34,9 @@ ANN = "io.imagebuild.release"
 A_TAG, A_DATE, A_IMAGE, A_SMOKE = f"{ANN}.tag", f"{ANN}.date", f"{ANN}.image-id", f"{ANN}.smoke"
 A_CHECKS, A_PINS, A_CELL = f"{ANN}.checks", f"{ANN}.pins", f"{ANN}.cell"
 A_INPUTS, A_PUSHED = f"{ANN}.inputs", f"{ANN}.pushed-manifest"
+# a release promoted without a measurement says so in its record: `unmeasured` and why
+A_BENCH, A_UNMEASURED = f"{ANN}.bench", f"{ANN}.unmeasured-reason"
+UNMEASURED = "unmeasured"
 A_CREATED = "org.opencontainers.image.created"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
 # Docker v2 media types -> their OCI twins (same bytes, same digests)
@@ -131,6 +134,13 @@ class Release:
             return {}
 
     @property
+    def unmeasured(self) -> str | None:
+        """Why it was promoted without a measurement, when it was."""
+        if self.annotations.get(A_BENCH) != UNMEASURED:
+            return None
+        return self.annotations.get(A_UNMEASURED) or "no reason recorded"
+
+    @property
     def config_descriptor(self) -> dict[str, Any]:
         return json.loads(self.body)["config"]
 
@@ -139,7 +149,16 @@ class Release:
                 "latest": self.is_latest, "verdict": self.verdict,
                 "date": self.annotations.get(A_DATE), "cell": self.annotations.get(A_CELL),
                 "created": self.annotations.get(A_CREATED), "pins": self.pins,
+                "unmeasured": self.unmeasured,
                 "checks": json.loads(self.annotations.get(A_CHECKS, "{}") or "{}")}
+
+
+def amended_manifest(rel: Release, extra: dict[str, str]) -> bytes:
+    """The release's manifest with `extra` added to its record: the same config and
+    layers (the same tested image), the annotations in order."""
+    doc = json.loads(rel.body)
+    doc["annotations"] = dict(sorted({**(doc.get("annotations") or {}), **extra}.items()))
+    return compact(doc).encode()
 
 
 def read_release(client: RegistryClient, repo: str, tag: str) -> Release | None:
@@ -219,7 +238,8 @@ def format_releases(repo: str, rels: list[Release]) -> str:
     for r in rels:
         mark = "*" if r.is_latest else " "
         out.append(f"  {mark} {r.tag:<34} {short_digest(r.digest)}  "
-                   f"image {short_digest(r.image_id)}  smoke {r.verdict}")
+                   f"image {short_digest(r.image_id)}  smoke {r.verdict}"
+                   + (f"  bench UNMEASURED ({r.unmeasured})" if r.unmeasured else ""))
         out.append(f"      pins: {pins_text(r.pins)}")
     if not rels:
         out.append("  (no releases)")

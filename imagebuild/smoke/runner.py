@@ -17,12 +17,12 @@ import datetime as dt
 import json
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from rich.console import Console
 
 from imagebuild import PACKAGE_DIR, REPO_ROOT, work_root
 from imagebuild.docker import engine, image_user, inspect_image
+from imagebuild.interrupts import held_interrupts, interrupts_as_keyboard_interrupt
 from imagebuild.runspec import RunSpec, compose_yaml
 from imagebuild.smoke.checks import missing_checks
 from imagebuild.smoke.expect import expectations_from_labels
@@ -46,7 +47,8 @@ OUTPUTS = ("junit.xml", "summary.md", "verdict.json", "container.log", "boot.jso
            "container-attempt1.log", "checks.log", "config.json", "checks-junit.xml",
            "compose.yaml")
 PROJECT_LABEL = "com.docker.compose.project"
-INTERRUPT_GRACE_S = 20  # pytest's own teardown (compose down) gets this long after Ctrl-C
+INTERRUPT_GRACE_S = 5  # pytest's own teardown (compose down) gets this long after Ctrl-C
+SWEEP_SETTLE_S = 1.0  # a create the engine accepted before compose was stopped lands by then
 
 
 def default_stall_s(boot_timeout_s: float) -> float:
@@ -69,34 +71,24 @@ def run_spec(image_ref: str, info: dict[str, Any], expect: dict[str, Any]) -> Ru
                    port=int(expect.get("port") or 8000))
 
 
-@contextmanager
-def _sigterm_as_interrupt():
-    """SIGTERM (a CI cancel) takes the same clean-up path as Ctrl-C."""
-    def handler(signum, frame):  # noqa: ARG001
-        raise KeyboardInterrupt
-    try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def take_down(project: str, compose_file: Path) -> None:
-    """Backstop clean-up: compose down, then any container still labelled with the project
-    (a `docker run` interrupted half-way leaves one compose never learnt about)."""
+    """Backstop clean-up: every container labelled with the project goes first (killed,
+    not stopped: seconds), then compose down for what else it made; a second sweep after
+    a moment catches a container the engine was still creating when compose was stopped.
+    Its own session: a second Ctrl-C on the terminal does not cut it short."""
     from imagebuild.smoke.suite.conftest import compose_command
 
-    try:
-        subprocess.run(f'{compose_command()} -f "{compose_file}" -p "{project}" down '
-                       "--volumes --timeout 5", shell=True, capture_output=True, timeout=120)
-    except Exception:  # noqa: BLE001 - the label sweep below still runs
-        pass
-    for name in engine().container_names(label=f"{PROJECT_LABEL}={project}"):
-        engine().remove_container(name)
+    label = f"{PROJECT_LABEL}={project}"
+    engine().remove_labelled(label)
+    with held_interrupts():
+        try:
+            subprocess.run([*shlex.split(compose_command()), "-f", str(compose_file), "-p",
+                            project, "down", "--volumes", "--timeout", "5"],
+                           capture_output=True, timeout=120, start_new_session=True)
+        except Exception:  # noqa: BLE001 - the label sweeps still run
+            pass
+    time.sleep(SWEEP_SETTLE_S)
+    engine().remove_labelled(label)
 
 
 def _run_suite(out: Path, config: dict[str, Any], env: dict[str, str], console: Console,
@@ -124,14 +116,17 @@ def _run_suite(out: Path, config: dict[str, Any], env: dict[str, str], console: 
                 console.print(line.rstrip("\n"), markup=False, highlight=False)
             code = proc.wait()
         except KeyboardInterrupt:
-            # let pytest run its own teardown (compose down), then stop waiting
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=INTERRUPT_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            # let pytest run its own teardown (compose down) for a few seconds, then stop
+            # the whole group; take_down (the caller's finally) removes what is left
+            with held_interrupts():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(timeout=INTERRUPT_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
             raise
     return junit, code
 
@@ -225,7 +220,7 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
     env = {"IMAGEBUILD_PORT": str(port), "IMAGEBUILD_IMAGE": image_ref}
     console.print(f"smoke {image_ref}: compose project {project} on 127.0.0.1:{port}",
                   markup=False, highlight=False)
-    with _sigterm_as_interrupt():
+    with interrupts_as_keyboard_interrupt():
         t1 = time.time()
         try:
             checks_xml, code = _run_suite(out_dir, config, env, console,

@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -24,12 +25,23 @@ from imagebuild.errors import UserError
 from imagebuild.spec.dockerref import check_path, check_reference, check_registry
 from imagebuild.spec.profiles import resolve_extends
 from imagebuild.spec.repopaths import check_relative
-from imagebuild.spec.values import BadValue, memory_bytes, pep440
+from imagebuild.spec.values import (
+    BadValue,
+    branch_name,
+    build_arg_name,
+    env_name,
+    git_url,
+    hub_repository,
+    memory_bytes,
+    mirror_url,
+    package_name,
+    pep440,
+)
 from imagebuild.spec.yamlpos import TAG, Located, explain, load_located, quote_fix, shorten
 
-HEX_PIN = re.compile(r"^[0-9a-f]{7,40}$")
-FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
-NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+HEX_PIN = re.compile(r"^[0-9a-f]{7,40}\Z")
+FULL_SHA = re.compile(r"^[0-9a-f]{40}\Z")
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")  # pydantic (Rust regex): $ is the very end
 
 Name = Annotated[str, StringConstraints(pattern=NAME.pattern, max_length=63)]
 
@@ -41,6 +53,11 @@ RegistryHost = Annotated[str, AfterValidator(check_registry)]
 Namespace = Annotated[str, AfterValidator(check_path)]
 MemorySize = Annotated[str, AfterValidator(lambda v: memory_bytes(v) and v)]
 PEP440 = Annotated[str, AfterValidator(pep440)]
+EnvName = Annotated[str, AfterValidator(env_name)]
+BuildArgName = Annotated[str, AfterValidator(build_arg_name)]
+HubRepository = Annotated[str, AfterValidator(hub_repository)]
+# one word of printable ASCII, no quotes: endpoints, buckets, prefixes
+Word = Annotated[str, StringConstraints(pattern=r"^[!#-&(-~]+$", max_length=500)]
 
 
 def _repo_file(what: str) -> Any:
@@ -111,15 +128,23 @@ class SharedCompileCache(Strict):
     (README: compile cache)."""
 
     backend: Literal["redis", "s3"]
-    endpoint: str | None = None  # redis://host:6379/0 (redis); an S3-compatible URL (s3)
-    bucket: str | None = None  # s3 only
-    region: str | None = None  # s3 only
-    key_prefix: str = "imagebuild"  # one cache can serve several targets or projects
+    endpoint: Word | None = None  # redis://host:6379/0 (redis); an S3-compatible URL (s3)
+    bucket: Word | None = None  # s3 only
+    region: Word | None = None  # s3 only
+    key_prefix: Word = "imagebuild"  # one cache can serve several targets or projects
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_of_backend(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("backend") == "redis" and not (v or "").startswith(
+                ("redis://", "rediss://")):
+            raise BadValue(f"endpoint {v!r} is not a redis URL",
+                           "write `endpoint: redis://host:port[/db]` for a redis backend")
+        return v
 
     @model_validator(mode="after")
     def _complete(self) -> SharedCompileCache:
-        if self.backend == "redis" and not (self.endpoint or "").startswith(
-                ("redis://", "rediss://")):
+        if self.backend == "redis" and not self.endpoint:
             raise ValueError("a redis backend needs `endpoint: redis://host:port[/db]`")
         if self.backend == "redis" and (self.bucket or self.region):
             raise ValueError("`bucket`/`region` belong to an s3 backend")
@@ -129,6 +154,18 @@ class SharedCompileCache(Strict):
             raise ValueError("credentials do not belong in `endpoint`: pass them as the "
                              "sccache_env build secret (README: compile cache)")
         return self
+
+
+class Bootstrap(Strict):
+    """Debootstrap the base image (no registry to pull from): the Debian suite, and the
+    mirror (else IMAGEBUILD_DEBIAN_MIRROR, else the host's apt sources)."""
+
+    suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,30}$")]
+    mirror: Annotated[str, AfterValidator(mirror_url)] | None = None
+
+    def settings(self) -> dict[str, str]:
+        """As the lock records them."""
+        return self.model_dump(exclude_none=True)
 
 
 class CompileCache(Strict):
@@ -150,16 +187,16 @@ class Target(Strict):
     unified_memory: bool = False  # the GPU shares the host's memory (GB10)
     base_image: ImageRef
     runtime_image: ImageRef | None = None
-    bootstrap: dict[str, str] | None = None  # cpu: debootstrap suite/mirror when no pull works
+    bootstrap: Bootstrap | None = None  # cpu: debootstrap the base when no pull works
     engine_from: Literal["source", "wheel"]
-    build_args: dict[str, str] = Field(default_factory=dict)
+    build_args: dict[BuildArgName, str] = Field(default_factory=dict)
     max_jobs: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = "auto"
     nvcc_threads: Annotated[int, Field(ge=1, le=64)] | None = None
-    # an extra package index for the engine build's pip, beside the runner's own pip
-    # configuration (which the build receives as the pip_conf secret)
-    torch_index: str | None = None
+    # gone: package indexes come from the runner's pip configuration (README: package
+    # indexes); kept as a field only to answer an old matrix with the way to do it now
+    torch_index: Annotated[Any, AfterValidator(_no_torch_index)] = None
     compile_cache: CompileCache = Field(default_factory=CompileCache)
-    expect_cuda_arch: str | None = None
+    expect_cuda_arch: str | None = None  # checked against compute_capability (declared first)
     runner: list[str] | None = Field(default=None, min_length=1)  # None: from the properties
     smoke_concurrency: list[Concurrency] = Field(min_length=1)
     boot_timeout_s: int = Field(ge=10, le=86400)
@@ -169,6 +206,13 @@ class Target(Strict):
     @property
     def gpu(self) -> bool:
         return self.accelerator == "cuda"
+
+    @field_validator("expect_cuda_arch")
+    @classmethod
+    def _arch_of_the_gpu(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None:
+            _arch_matches(v, info.data.get("compute_capability"))
+        return v
 
     @model_validator(mode="after")
     def _fields_of_its_kind(self) -> Target:
@@ -193,8 +237,6 @@ class Target(Strict):
                     "add " + ", ".join(missing or ["accelerator: cuda"]) + "; runtime_image "
                     "is the slim image the engine is installed into, e.g. "
                     "nvcr.io/nvidia/cuda:13.0.1-base-ubuntu24.04")
-            assert self.expect_cuda_arch is not None and self.compute_capability is not None
-            _arch_matches(self.expect_cuda_arch, str(self.compute_capability))
         if self.engine_from == "wheel":
             if cuda:
                 raise BadValue("engine_from: wheel installs vLLM's CPU wheel (the engine "
@@ -211,27 +253,37 @@ class Target(Strict):
 # would say `FROM None AS runtime`. No index: torch for CUDA 13.0 is on the default index
 # for linux/arm64, and package indexes come from the runner's pip configuration.
 SOURCE_NEEDS = ("runtime_image", "expect_cuda_arch")
-CUDA_ARCH = re.compile(r"^sm_(\d{1,2})(\d)[af]?$")
+CUDA_ARCH = re.compile(r"^sm_(\d{1,2})(\d)[af]?\Z")
 
 
-def _arch_matches(arch: str, capability: str) -> None:
+def _arch_matches(arch: str, capability: str | None) -> None:
     m = CUDA_ARCH.match(arch)
     if not m:
         raise BadValue(f"expect_cuda_arch {arch!r} is not a CUDA arch such as sm_121a",
                        "write sm_<major><minor>[a], e.g. sm_121a for GB10")
-    if f"{m.group(1)}.{m.group(2)}" != capability:
+    if capability is not None and f"{m.group(1)}.{m.group(2)}" != capability:
         raise BadValue(f"expect_cuda_arch {arch} is for compute capability "
                        f"{m.group(1)}.{m.group(2)}, but the target's compute_capability is "
                        f"{capability}", "make the two describe the same GPU")
 
 
+def _no_torch_index(value: Any) -> None:
+    if value is None:
+        return None
+    raise BadValue("torch_index is no longer a matrix setting: package indexes come from the "
+                   "runner's own pip configuration, so no index host is written here",
+                   "remove it, and add the index to the runner's pip configuration "
+                   "(`pip config set global.extra-index-url URL`, or PIP_EXTRA_INDEX_URL); "
+                   "engine builds receive it as the pip_conf build secret")
+
+
 class SourcePin(Strict):
-    repository: str
+    repository: Annotated[str, AfterValidator(git_url)]
     commit: Annotated[str, AfterValidator(_full_sha)]  # exactly 40 hex: nothing expands it
 
 
 class WheelPin(Strict):
-    package: str
+    package: Annotated[str, AfterValidator(package_name)]
     version: PEP440
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]  # --require-hashes
     # pinned requirement set installed before the wheel (--no-deps)
@@ -254,15 +306,18 @@ class Engine(Strict):
     vllm_version: PEP440
     description: str
     note: str | None = None
+    # what users must know about this patch set wherever it is named (plan, image labels,
+    # release notes, a preflight warning), e.g. that it lacks what its name promises
+    caveat: Annotated[str, StringConstraints(min_length=10, max_length=500)] | None = None
     realize: dict[Name, EngineRealization] = Field(min_length=1)
 
 
 class HubPin(Strict):
     """A Hub repository at a commit (`revision`) or a branch that `lock` resolves (`track`)."""
 
-    repository: str | None = None
+    repository: HubRepository | None = None
     revision: str | None = None
-    track: str | None = None
+    track: Annotated[str, AfterValidator(branch_name)] | None = None
     # repository files the image leaves out (fnmatch globs on their paths, e.g.
     # "original/*": Llama repos carry Meta's consolidated weights beside the safetensors)
     exclude: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
@@ -336,7 +391,7 @@ class Profile(Strict):
     methods: list[Method] = Field(default_factory=lambda: _plain(), min_length=1)
     port: int = Field(default=8000, ge=1, le=65535)
     args: dict[str, str | int | float | bool | dict[str, Any]] = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[EnvName, str] = Field(default_factory=dict)
     acceptance_floor: float | None = Field(default=None, ge=0, le=1)
     reasoning: bool = True
     tools: bool = True

@@ -14,10 +14,10 @@ from imagebuild.spec.values import BadValue
 PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 HOST = rf"(?:{DOMAIN_COMPONENT}(?:\.{DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
-DOMAIN = re.compile(rf"^{HOST}(?::(\d+))?$")
-PATH = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*$")
-TAG = re.compile(r"^[\w][\w.-]{0,127}$")
-DIGEST = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$")
+DOMAIN = re.compile(rf"^{HOST}(?::(\d+))?\Z")
+PATH = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*\Z")
+TAG = re.compile(r"^[\w][\w.-]{0,127}\Z")
+DIGEST = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}\Z")
 NAME_MAX = 255
 
 

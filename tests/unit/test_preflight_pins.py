@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from imagebuild.errors import UserError
 from tests.support.hub.fake import FakeHub
 from tests.support.matrices import (
     blocking_rules,
@@ -59,11 +62,15 @@ def test_a_lock_entry_with_a_short_sha_is_refused(locked: Path) -> None:
     data = json.loads(path.read_text())
     entry = data["drafters"]["aeon"]
     entry["sha"] = entry["sha"][:12]  # a hand-edited lock; the track pin still "agrees"
-    path.write_text(json.dumps(data))
-    findings = check(locked, target="gb10", engine="dflashfix")
-    assert "pin-full-sha" in blocking_rules(findings)
-    (f,) = of(findings, "pin-full-sha")
-    assert f.cell == "gb10/spark-heretic-aeon"
+    text = json.dumps(data, indent=2)
+    path.write_text(text)
+    # refused where the lock is read, at the edited value, before any rule runs
+    with pytest.raises(UserError) as info:
+        check(locked, target="gb10", engine="dflashfix")
+    line = text[:text.index(f'"sha": "{entry["sha"]}"')].count("\n") + 1
+    assert info.value.where.startswith(f"matrix.lock.json:{line}:"), info.value.where
+    assert "drafters.aeon.sha" in info.value.message
+    assert "is not 40 lowercase hex characters" in info.value.message
 
 
 def test_pin_rules_cannot_be_waived(locked: Path) -> None:

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from imagebuild.bench.gate import GateResult
 from imagebuild.errors import UserError
 from imagebuild.plan import load_plan
 from imagebuild.release import latest
@@ -29,10 +30,11 @@ def calls(monkeypatch, jobs):
     slow = jobs[1].image.repository
 
     def gate(client, repo, tag, *, threshold, accept_regression, accept_untrusted=None,
-             log=print):
+             accept_unmeasured=None, log=print):
         seen["gate"].append((repo, threshold))
         if repo == slow and not accept_regression:
             raise UserError(f"{repo}: slower than latest", fix="--accept-regression")
+        return GateResult()
 
     monkeypatch.setattr(latest, "check_promotion", gate)
     monkeypatch.setattr(latest, "set_latest",

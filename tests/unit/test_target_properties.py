@@ -36,7 +36,6 @@ RTX_TARGET = """  rtx5090:
     base_image: nvcr.io/nvidia/cuda:13.0.1-devel-ubuntu24.04
     runtime_image: nvcr.io/nvidia/cuda:13.0.1-runtime-ubuntu24.04
     engine_from: source
-    torch_index: https://torch-wheels.example/whl/cu130
     expect_cuda_arch: sm_120a
     smoke_concurrency: [1]
     boot_timeout_s: 600

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -145,9 +146,9 @@ def smoke(docker_services: Any, smoke_config: dict[str, Any], docker_compose_com
         # the silent spawn hang clears on a clean relaunch; a real failure reproduces
         print("relaunching once: a silent hang at spawn clears on a clean start", flush=True)
         log_path.rename(out / "container-attempt1.log")
-        subprocess.run(f'{docker_compose_command} -f "{docker_compose_file}" -p '
-                       f'"{docker_compose_project_name}" up --detach --no-build '
-                       "--force-recreate", shell=True, check=True, capture_output=True)
+        subprocess.run([*shlex.split(docker_compose_command), "-f", docker_compose_file,
+                        "-p", docker_compose_project_name, "up", "--detach", "--no-build",
+                        "--force-recreate"], check=True, capture_output=True)
         watcher.stop(timeout=1)
     assert watcher is not None and outcome is not None
     boot = {**asdict(outcome), "attempts": attempts, "container": name,

@@ -28,6 +28,7 @@ HEALTHCHECK --interval=5s --timeout=4s --start-period=300s --retries=3 \
     CMD ["python3", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=3)"]
 LABEL io.imagebuild.cell="cpu/cpu-tiny-ngram" \
       io.imagebuild.engine="pr41703" \
+      io.imagebuild.engine.caveat="does not contain upstream PR 41703's diff (it could not be fetched where this patch set was made): only the cpu fixes and, on gb10, the sm_121a build fix" \
       io.imagebuild.model.repository="scripts/make_tiny_model.py" \
       io.imagebuild.model.revision="seed-0" \
       io.imagebuild.patchset.sha256="68f8931f7a0e5750ad1a52dcd7374daba42ab2d1f0dad7e3ebfe5f244cc0e4c7" \

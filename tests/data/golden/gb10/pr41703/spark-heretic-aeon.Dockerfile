@@ -56,6 +56,7 @@ LABEL io.imagebuild.cell="gb10/spark-heretic-aeon" \
       io.imagebuild.drafter.repository="AEON-7/AEON-DFlash-Qwen3.6-35B-A3B" \
       io.imagebuild.drafter.revision="fa6e213e7f42ebcebb14560536073efea420e44b" \
       io.imagebuild.engine="pr41703" \
+      io.imagebuild.engine.caveat="does not contain upstream PR 41703's diff (it could not be fetched where this patch set was made): only the cpu fixes and, on gb10, the sm_121a build fix" \
       io.imagebuild.model.repository="AEON-7/Qwen3.6-35B-A3B-heretic-NVFP4" \
       io.imagebuild.model.revision="fa6e7ea9d894ee0f464c56116851b2129485fc2b" \
       io.imagebuild.patchset.sha256="a45930129f31089db0fab97e467f662b740cf372e9a185094740addd820456f9" \

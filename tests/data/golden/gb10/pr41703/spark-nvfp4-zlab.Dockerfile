@@ -56,6 +56,7 @@ LABEL io.imagebuild.cell="gb10/spark-nvfp4-zlab" \
       io.imagebuild.drafter.repository="z-lab/Qwen3.6-35B-A3B-DFlash" \
       io.imagebuild.drafter.revision="31977fbe13a86e8b961774f773058175676d89b8" \
       io.imagebuild.engine="pr41703" \
+      io.imagebuild.engine.caveat="does not contain upstream PR 41703's diff (it could not be fetched where this patch set was made): only the cpu fixes and, on gb10, the sm_121a build fix" \
       io.imagebuild.model.repository="nvidia/Qwen3.6-35B-A3B-NVFP4" \
       io.imagebuild.model.revision="491c2f1ea524c639598bf8fa787a93fed5a6fbce" \
       io.imagebuild.patchset.sha256="a45930129f31089db0fab97e467f662b740cf372e9a185094740addd820456f9" \

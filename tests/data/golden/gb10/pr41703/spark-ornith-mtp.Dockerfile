@@ -44,6 +44,7 @@ HEALTHCHECK --interval=5s --timeout=4s --start-period=1200s --retries=3 \
 LABEL io.imagebuild.cell="gb10/spark-ornith-mtp" \
       io.imagebuild.cuda.arch-list="12.1a" \
       io.imagebuild.engine="pr41703" \
+      io.imagebuild.engine.caveat="does not contain upstream PR 41703's diff (it could not be fetched where this patch set was made): only the cpu fixes and, on gb10, the sm_121a build fix" \
       io.imagebuild.model.repository="AEON-7/Ornith-1.0-35B-AEON-Ultimate-Uncensored" \
       io.imagebuild.model.revision="fa6e64bc4aabbd4fdd4679db430ea7dc313f5f80" \
       io.imagebuild.patchset.sha256="a45930129f31089db0fab97e467f662b740cf372e9a185094740addd820456f9" \

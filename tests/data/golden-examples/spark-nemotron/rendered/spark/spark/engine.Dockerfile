@@ -25,15 +25,15 @@ FROM ${BASE_IMAGE} AS build
 # vLLM's build requirements for CUDA (requirements/build/cuda.txt, as its
 # own docker/Dockerfile installs them) before the source: a patch or a new commit that
 # leaves them alone reuses this layer. torch for linux/arm64 on the default index is a
-# CUDA 13.0 build; other indexes come from the runner's pip configuration (pip_conf).
+# CUDA 13.0 build; every index comes from the runner's pip configuration (pip_conf).
 COPY --from=source /src/vllm/requirements/build/cuda.txt /opt/imagebuild/build-requirements.txt
 RUN --mount=type=cache,target=/root/.cache/pip,id=pip-spark,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
-    pip install -r /opt/imagebuild/build-requirements.txt --extra-index-url https://torch-wheels.example/whl/cu130
+    pip install -r /opt/imagebuild/build-requirements.txt
 COPY --from=source /src/vllm /src/vllm
 COPY files/build-vllm-wheel.sh files/check-vllm-version.py files/check-cuda-arch.py /opt/imagebuild/
-ARG CUTE_DSL_ARCH=sm_121a
-ARG TORCH_CUDA_ARCH_LIST=12.1a
+ARG CUTE_DSL_ARCH="sm_121a"
+ARG TORCH_CUDA_ARCH_LIST="12.1a"
 # MAX_JOBS and NVCC_THREADS are chosen by build.py from this runner's memory (~8 GB per
 # job). Declared only here, after the fetch and the build requirements, so runners with
 # different memory share every layer above.
@@ -108,7 +108,7 @@ RUN python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase toolchai
 COPY --from=source /src/vllm/requirements/common.txt /src/vllm/requirements/cuda.txt /opt/imagebuild/vllm-requirements/
 RUN --mount=type=cache,target=/root/.cache/pip,id=pip-spark,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
-    pip install -r /opt/imagebuild/vllm-requirements/cuda.txt --extra-index-url https://torch-wheels.example/whl/cu130 \
+    pip install -r /opt/imagebuild/vllm-requirements/cuda.txt \
     && fi_version=$(python3 -c 'import importlib.metadata as m; print(m.version("flashinfer-python"))') \
     && { pip install "flashinfer-jit-cache==${fi_version}" \
          || { echo "flashinfer-jit-cache==${fi_version} is not on the package indexes this build was given: add FlashInfer's wheel index for this CUDA to the runner's pip configuration (extra-index-url; README: package indexes)" >&2; exit 1; }; } \
@@ -116,7 +116,7 @@ RUN --mount=type=cache,target=/root/.cache/pip,id=pip-spark,sharing=locked --mou
     && if [ -n "$dsl" ]; then pip install --force-reinstall --no-deps "nvidia-cutlass-dsl-libs-cu13==${dsl}"; fi
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cache,target=/root/.cache/pip,id=pip-spark,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
-    pip install /wheels/vllm-*.whl --extra-index-url https://torch-wheels.example/whl/cu130 \
+    pip install /wheels/vllm-*.whl \
     && python3 /opt/imagebuild/check-vllm-version.py --expect 0.23.0 \
     && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed
 LABEL io.imagebuild.engine="spark" \

@@ -1,0 +1,146 @@
+"""An OCI distribution registry in memory, behind a requests.Session, for unit tests of
+the code that reads and writes releases (gates, records, notes) through the real
+RegistryClient: manifests by tag and digest, tags, monolithic blob uploads, deletes by
+digest, no referrers API (as distribution 2.8, the embedded registry). Every request is
+recorded, so a test can assert that nothing was asked."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from urllib.parse import parse_qs, urlsplit
+
+import requests
+
+from imagebuild.registry.client import RegistryClient
+from imagebuild.registry.credentials import Credentials
+
+
+def _digest(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+class MemRegistry(requests.Session):
+    def __init__(self) -> None:
+        super().__init__()
+        self.manifests: dict[str, dict[str, tuple[bytes, str]]] = {}  # repo -> digest -> ..
+        self.tags: dict[str, dict[str, str]] = {}  # repo -> tag -> digest
+        self.blobs: dict[str, dict[str, bytes]] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    def client(self) -> RegistryClient:
+        return RegistryClient("127.0.0.1:5999", session=self, retries=0,
+                              credentials=Credentials("u", "p"))
+
+    # -- the HTTP side
+
+    def request(self, method, url, headers=None, data=None, **kw):  # type: ignore[override]
+        parts = urlsplit(url)
+        self.calls.append((method, parts.path))
+        path = parts.path
+        if path == "/v2/":
+            return self._answer(200, b"{}")
+        repo, kind, ref = self._split(path)
+        if kind == "manifests":
+            return self._manifest(method, repo, ref, headers or {}, data)
+        if kind == "tags":
+            if repo not in self.tags:
+                return self._error(404, "NAME_UNKNOWN")
+            return self._answer(200, json.dumps({"name": repo,
+                                                 "tags": sorted(self.tags[repo])}).encode())
+        if kind == "referrers":
+            return self._error(404, "NOT_FOUND")
+        if kind == "blobs":
+            blob = self.blobs.get(repo, {}).get(ref)
+            if blob is None:
+                return self._error(404, "BLOB_UNKNOWN")
+            return self._answer(200, b"" if method == "HEAD" else blob,
+                                {"Docker-Content-Digest": ref})
+        if kind == "uploads":
+            if method == "POST":
+                return self._answer(202, b"", {
+                    "Location": f"/v2/{repo}/blobs/uploads/{uuid.uuid4().hex}"})
+            digest = parse_qs(parts.query)["digest"][0]
+            assert _digest(data or b"") == digest
+            self.blobs.setdefault(repo, {})[digest] = data or b""
+            return self._answer(201, b"", {"Docker-Content-Digest": digest})
+        return self._error(404, "NOT_FOUND")
+
+    @staticmethod
+    def _split(path: str) -> tuple[str, str, str]:
+        rest = path.removeprefix("/v2/")
+        for kind, marker in (("uploads", "/blobs/uploads/"), ("manifests", "/manifests/"),
+                             ("blobs", "/blobs/"), ("tags", "/tags/list"),
+                             ("referrers", "/referrers/")):
+            if marker in rest:
+                repo, _, ref = rest.partition(marker)
+                return repo, kind, ref
+        return rest, "", ""
+
+    def _manifest(self, method, repo, ref, headers, data):
+        store = self.manifests.setdefault(repo, {})
+        tags = self.tags.setdefault(repo, {}) if method == "PUT" else self.tags.get(repo, {})
+        if method == "PUT":
+            body = bytes(data or b"")
+            digest = _digest(body)
+            store[digest] = (body, headers.get("Content-Type", ""))
+            if not ref.startswith("sha256:"):
+                tags[ref] = digest
+            return self._answer(201, b"", {"Docker-Content-Digest": digest})
+        if method == "DELETE":
+            if not ref.startswith("sha256:"):
+                return self._error(400, "UNSUPPORTED")
+            if ref not in store:
+                return self._error(404, "MANIFEST_UNKNOWN")
+            del store[ref]
+            for tag in [t for t, d in tags.items() if d == ref]:
+                del tags[tag]
+            return self._answer(202, b"")
+        digest = ref if ref.startswith("sha256:") else tags.get(ref)
+        if digest is None or digest not in store:
+            return self._error(404, "MANIFEST_UNKNOWN")
+        body, media = store[digest]
+        return self._answer(200, b"" if method == "HEAD" else body,
+                            {"Docker-Content-Digest": digest, "Content-Type": media,
+                             "Content-Length": str(len(body))})
+
+    @staticmethod
+    def _answer(status: int, body: bytes, headers: dict | None = None) -> requests.Response:
+        r = requests.Response()
+        r.status_code = status
+        r._content = body  # noqa: SLF001 - an answer made here
+        r.headers.update({"Docker-Distribution-API-Version": "registry/2.0",
+                          "Content-Type": "application/json", **(headers or {})})
+        return r
+
+    def _error(self, status: int, code: str) -> requests.Response:
+        return self._answer(status, json.dumps({"errors": [{"code": code,
+                                                            "message": code}]}).encode())
+
+    # -- what tests put in
+
+    def add_release(self, repo: str, tag: str, *, smoke: str = "passed",
+                    config: bytes = b'{"config":{}}') -> str:
+        """A release as publish records it: config and layer blobs, the annotated
+        manifest under the release tag. Returns its manifest digest."""
+        from imagebuild.release.records import annotated_manifest, release_record
+        from imagebuild.spec.tags import parse_release_tag
+
+        client = self.client()
+        config_digest = client.put_blob(repo, config)
+        layer = client.put_blob(repo, tag.encode())
+        pushed = {"mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                  "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                             "digest": config_digest, "size": len(config)},
+                  "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                              "digest": layer, "size": len(tag)}]}
+        rtag = parse_release_tag(tag)
+        assert rtag is not None, tag
+        record = release_record(rtag, config_digest, {"passed": smoke == "passed"},
+                                pins={}, cell=None, inputs=None, pushed_digest="sha256:" + "0" * 64)
+        return client.put_manifest(repo, tag, annotated_manifest(pushed, record),
+                                   "application/vnd.oci.image.manifest.v1+json")
+
+    def point_latest(self, repo: str, tag: str) -> None:
+        self.tags[repo]["latest"] = self.tags[repo][tag]

@@ -1,0 +1,284 @@
+"""The gates that must not open by accident, without Docker, through the real registry
+client against an in-memory registry (tests/support/memregistry.py):
+
+- publish pushes nothing, and asks the registry nothing, unless smoke passed for exactly
+  the image being pushed;
+- promotion refuses a release slower than latest beyond the threshold (a reason lets it
+  through and is recorded);
+- promotion refuses when the release or latest has no bench results, unless the user
+  says so (`--accept-unmeasured REASON`): then the release record says unmeasured, or
+  the release's results say they were not compared, and the notes say it;
+- the whole job refuses `--no-bench` (or a target without `bench:`) without that reason,
+  before anything is built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from imagebuild.bench import store
+from imagebuild.cli import main
+from imagebuild.docker import PushEvent
+from imagebuild.errors import OperationFailed, UserError
+from imagebuild.plan import load_plan
+from imagebuild.registry.credentials import Credentials
+from imagebuild.release import publish as publish_mod
+from imagebuild.release.latest import promote_jobs
+from imagebuild.release.notes import gather, release_notes
+from imagebuild.release.records import read_release
+from imagebuild.spec.tags import parse_release_tag
+from tests.support.memregistry import MemRegistry
+
+REPO = "vllm-spark/cpu-tiny-ngram"
+OLD, NEW = "2026-06-11-v0.23.0-pr41703", "2026-06-18-v0.23.0-dflashfix"
+WRITES = ("PUT", "POST", "DELETE", "PATCH")
+
+
+@pytest.fixture
+def reg() -> MemRegistry:
+    reg = MemRegistry()
+    reg.add_release(REPO, OLD, config=b'{"old":1}')
+    reg.add_release(REPO, NEW, config=b'{"new":1}')
+    reg.point_latest(REPO, OLD)
+    return reg
+
+
+@pytest.fixture
+def job(matrix_dir: Path):
+    (job,) = load_plan(matrix_dir / "matrix.yaml", NEW, "cpu").jobs
+    assert job.image.repository == REPO and str(job.tag) == NEW
+    return job
+
+
+def _lm(matrix_dir: Path):
+    return load_plan(matrix_dir / "matrix.yaml", NEW, "cpu").lm
+
+
+def _bench(reg: MemRegistry, tag: str, tok_s: float) -> None:
+    client = reg.client()
+    image_id = read_release(client, REPO, tag).image_id
+    stats = {"median": 10.0, "p90": 12.0, "mean": 10.5}
+    doc = {"image": {"id": image_id, "tag": tag}, "hardware": {"model": "a test CPU"},
+           "settings": {"prompts": "structured", "max_tokens": 64}, "levels": [
+               {"concurrency": c, "output_tok_s": tok_s * c, "flags": [], "errors": 0,
+                "requests": 16, "request_rate": 1.0, "ttft_ms": stats, "tpot_ms": stats,
+                "itl_ms": stats, "e2e_ms": stats, "client_cpu_ms_per_request": 5.0}
+               for c in (1, 4)]}
+    store.put_results(client, REPO, tag, doc)
+
+
+def _latest(reg: MemRegistry) -> str:
+    return reg.tags[REPO]["latest"]
+
+
+def _promote(reg: MemRegistry, job, **kw: Any):
+    kw.setdefault("accept_regression", None)
+    return promote_jobs(reg.client(), (job,), default_threshold=0.05, log=lambda _: None, **kw)
+
+
+def _writes_after(reg: MemRegistry, start: int) -> list[tuple[str, str]]:
+    return [c for c in reg.calls[start:] if c[0] in WRITES]
+
+
+# ------------------------------------------------------------------ regression gate
+
+
+def test_a_slower_release_does_not_become_latest(reg, job):
+    _bench(reg, OLD, 100.0)
+    _bench(reg, NEW, 40.0)  # cpu's threshold is 0.5: 40 % of latest is a regression
+    before, start = _latest(reg), len(reg.calls)
+    with pytest.raises(UserError) as info:
+        _promote(reg, job)
+    assert "is slower than latest by more than 50%" in info.value.message
+    assert "--accept-regression" in info.value.fix
+    assert _latest(reg) == before and _writes_after(reg, start) == []
+
+
+def test_a_reason_lets_a_slower_release_through_and_is_recorded(reg, job):
+    _bench(reg, OLD, 100.0)
+    _bench(reg, NEW, 40.0)
+    _promote(reg, job, accept_regression="known: smaller batch on purpose")
+    assert _latest(reg) == reg.tags[REPO][NEW]
+    stored = store.stored(reg.client(), REPO, NEW)
+    assert stored.annotations[store.A_ACCEPTED] == "known: smaller batch on purpose"
+
+
+def test_an_equal_release_moves_latest_without_a_reason(reg, job):
+    _bench(reg, OLD, 100.0)
+    _bench(reg, NEW, 99.0)
+    _promote(reg, job)
+    assert _latest(reg) == reg.tags[REPO][NEW]
+    assert read_release(reg.client(), REPO, NEW).unmeasured is None
+
+
+# ------------------------------------------------------------------ unmeasured gate
+
+
+@pytest.mark.parametrize("measured", [(), (OLD,), (NEW,)],
+                         ids=["neither-side", "release-unmeasured", "latest-unmeasured"])
+def test_nothing_to_compare_refuses_and_moves_nothing(reg, job, measured):
+    for tag in measured:
+        _bench(reg, tag, 100.0)
+    before, start = _latest(reg), len(reg.calls)
+    with pytest.raises(UserError) as info:
+        _promote(reg, job)
+    assert "has no bench results" in info.value.message
+    assert "latest does not move" in info.value.message
+    assert "--accept-unmeasured" in info.value.fix
+    assert _latest(reg) == before and _writes_after(reg, start) == []
+
+
+def test_a_first_release_without_results_is_refused_too(reg, job):
+    del reg.tags[REPO]["latest"]
+    with pytest.raises(UserError, match="has no bench results"):
+        _promote(reg, job)
+    assert "latest" not in reg.tags[REPO]
+
+
+def test_accepted_unmeasured_is_recorded_in_the_release_and_its_notes(reg, job, tmp_path,
+                                                                      matrix_dir):
+    client = reg.client()
+    image_id = read_release(client, REPO, NEW).image_id
+    _bench(reg, OLD, 100.0)
+    _promote(reg, job, accept_unmeasured="the bench runner is down; measured by hand")
+    rel = read_release(client, REPO, NEW)
+    assert _latest(reg) == rel.digest  # latest is the recorded release
+    assert rel.passed and rel.image_id == image_id  # the same tested image
+    assert rel.unmeasured == "the bench runner is down; measured by hand"
+    assert rel.annotations["io.imagebuild.release.bench"] == "unmeasured"
+    notes = release_notes(_lm(matrix_dir), (job,), gather(client, (job,), tmp_path))
+    bench = notes.split("Benchmark:")[1]
+    assert "**UNMEASURED:** promoted without a measurement: the bench runner is down" in bench
+
+
+def test_a_measured_release_over_an_unmeasured_latest_says_so_on_its_results(reg, job,
+                                                                              tmp_path,
+                                                                              matrix_dir):
+    _bench(reg, NEW, 100.0)
+    _promote(reg, job, accept_unmeasured="latest predates the bench")
+    client = reg.client()
+    assert _latest(reg) == reg.tags[REPO][NEW]
+    assert read_release(client, REPO, NEW).unmeasured is None  # it was measured
+    stored = store.stored(client, REPO, NEW)
+    assert stored.annotations[store.A_UNCOMPARED] == "latest predates the bench"
+    notes = release_notes(_lm(matrix_dir), (job,), gather(client, (job,), tmp_path))
+    assert "**Promoted without a comparison**" in notes and "latest predates" in notes
+
+
+def test_a_dry_run_records_nothing(reg, job):
+    start = len(reg.calls)
+    _promote(reg, job, accept_unmeasured="why", dry_run=True)
+    assert _writes_after(reg, start) == []
+    assert read_release(reg.client(), REPO, NEW).unmeasured is None
+
+
+class NoDocker:
+    def __getattr__(self, name: str):
+        raise AssertionError(f"Docker was asked for {name} before the refusal")
+
+
+@pytest.mark.parametrize("edit,args,words", [
+    (None, ["--no-bench"], "--no-bench measures nothing"),
+    ("      regression_threshold: 0.5\n", [], "target(s) cpu have no `bench:` settings"),
+], ids=["no-bench", "target-without-bench"])
+def test_the_whole_job_refuses_to_start_without_a_reason(matrix_dir, capsys, monkeypatch,
+                                                          edit, args, words):
+    from imagebuild import docker
+
+    monkeypatch.setattr(docker, "_engine", NoDocker())
+    if edit:
+        path = matrix_dir / "matrix.yaml"
+        text = path.read_text()
+        start = text.index("    bench:\n      concurrency: [1, 4]")
+        path.write_text(text[:start] + text[text.index(edit, start) + len(edit):])
+    argv = ["--tag", "2026-06-18-dflashfix", "--target", "cpu", "--matrix",
+            str(matrix_dir / "matrix.yaml"), "--out", str(matrix_dir / "out"), *args]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and "--accept-unmeasured" in err and "Traceback" not in err
+    assert not (matrix_dir / "out").exists()
+
+
+# ----------------------------------------------------------------------- smoke gate
+
+
+class PushDouble:
+    """The Docker seam's double for publish: an image to inspect, and a push that writes
+    the image's manifest into the in-memory registry as dockerd would."""
+
+    def __init__(self, reg: MemRegistry, image_id: str, manifest: bytes):
+        self.reg, self.image_id, self.manifest = reg, image_id, manifest
+        self.pushed: list[str] = []
+
+    def inspect_image(self, ref: str) -> dict[str, Any]:
+        return {"Id": self.image_id, "Config": {"Labels": {}}}
+
+    def tag(self, image: str, repository: str, tag: str) -> None:
+        pass
+
+    def push(self, repository: str, tag: str, auth):
+        self.pushed.append(f"{repository}:{tag}")
+        digest = self.reg.client().put_manifest(repository.split("/", 1)[1], tag, self.manifest,
+                                                "application/vnd.docker.distribution"
+                                                ".manifest.v2+json")
+        yield PushEvent(status="pushed", digest=digest)
+
+    def remove_image(self, ref: str, *, force: bool = False) -> bool:
+        return True
+
+
+@pytest.fixture
+def pushing(monkeypatch):
+    """(registry, engine double, image id) for publishing a fresh release."""
+    import json
+
+    reg = MemRegistry()
+    client = reg.client()
+    config = b'{"fresh":1}'
+    image_id = client.put_blob(REPO, config)
+    layer = client.put_blob(REPO, b"layer")
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                   "digest": image_id, "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                    "digest": layer, "size": 5}]}).encode()
+    double = PushDouble(reg, image_id, manifest)
+    monkeypatch.setattr(publish_mod, "engine", lambda: double)
+    reg.calls.clear()
+    return reg, double, image_id
+
+
+def _publish(reg: MemRegistry, verdict: dict[str, Any]):
+    return publish_mod.publish(reg.client(), REPO, local_ref=f"127.0.0.1:5999/{REPO}:{NEW}",
+                               release_tag=parse_release_tag(NEW), verdict=verdict,
+                               credentials=Credentials("u", "p"), log=lambda _: None,
+                               settle=0)
+
+
+@pytest.mark.parametrize("verdict", [
+    {"passed": False, "checks": {"chat": {"passed": False}}},
+    {"passed": "true"},  # not the boolean: a hand-edited verdict
+    {},
+    {"passed": True, "image_id": "sha256:" + "9" * 64},  # another image was tested
+], ids=["failed", "string-true", "empty", "other-image"])
+def test_nothing_is_pushed_or_asked_unless_smoke_passed_for_this_image(pushing, verdict):
+    reg, double, image_id = pushing
+    verdict = {"image_id": image_id, **verdict}
+    with pytest.raises(OperationFailed) as info:
+        _publish(reg, verdict)
+    assert "nothing pushed" in info.value.message or "not the one tested" in info.value.message
+    assert reg.calls == [] and double.pushed == []
+
+
+def test_a_passed_verdict_for_this_image_is_pushed_and_recorded(pushing):
+    """The control: the same double and registry do record a push when smoke passed."""
+    reg, double, image_id = pushing
+    res = _publish(reg, {"passed": True, "image_id": image_id, "checks": {}})
+    assert res.pushed and double.pushed
+    rel = read_release(reg.client(), REPO, NEW)
+    assert rel.passed and rel.image_id == image_id
+    assert "latest" not in reg.tags[REPO]  # publish never moves latest itself
