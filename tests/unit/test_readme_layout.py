@@ -1,0 +1,40 @@
+"""The README's Layout section and the repository say the same thing: every module and
+subpackage of imagebuild/ and every top-level folder is listed, and nothing listed is gone."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _layout_block() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Layout\n", 1)[1]
+    assert "\n## Layout\n" not in section, "the README has two Layout sections"
+    return section.split("```\n", 2)[1].splitlines()
+
+
+def _listed(indent: str) -> set[str]:
+    pattern = re.compile(rf"^{indent}(\S+)\s")
+    return {m.group(1) for line in _layout_block() if (m := pattern.match(line + " "))}
+
+
+def test_every_module_and_subpackage_of_imagebuild_is_listed() -> None:
+    pkg = ROOT / "imagebuild"
+    actual = {p.name for p in pkg.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    actual |= {p.name + "/" for p in pkg.iterdir() if (p / "__init__.py").is_file()}
+    assert _listed("  ") == actual
+
+
+def test_every_top_level_folder_is_listed_and_nothing_listed_is_gone() -> None:
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    folders = {f.split("/", 1)[0] + "/" for f in tracked
+               if "/" in f and not f.startswith((".ci/", ".github/"))}
+    listed = _listed("")
+    assert folders <= listed, f"not in the README's Layout: {sorted(folders - listed)}"
+    for entry in listed:
+        assert (ROOT / entry).exists(), f"the README's Layout lists {entry}, which is gone"
