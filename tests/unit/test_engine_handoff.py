@@ -1,7 +1,7 @@
 """The engine handoff's plumbing without a daemon (a double of the Docker seam): digest
 references, the $GITHUB_OUTPUT lines, digests runners agree on, and `--engine-image`:
 the pulled engine is used only when its inputs label is this checkout's, and then only
-the serve layers are built. The real thing: tests/e2e/test_engine_handoff.py."""
+the serve layers are built. The real thing: tests/e2e/test_engine_handoff_e2e.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Interrupt handling without Docker: SIGTERM becomes Ctrl-C's KeyboardInterrupt, an
 interrupt during a container's creation waits until the engine has answered, and the
-bench server's clean-up then removes the container (tests/e2e/test_interrupts.py does
+bench server's clean-up then removes the container (tests/e2e/test_interrupts_e2e.py does
 the same against the real engine, at several points of smoke, bench and the whole job)."""
 
 from __future__ import annotations

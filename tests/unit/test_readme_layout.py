@@ -38,3 +38,10 @@ def test_every_top_level_folder_is_listed_and_nothing_listed_is_gone() -> None:
     assert folders <= listed, f"not in the README's Layout: {sorted(folders - listed)}"
     for entry in listed:
         assert (ROOT / entry).exists(), f"the README's Layout lists {entry}, which is gone"
+
+
+def test_test_modules_have_one_basename_each() -> None:
+    """pytest imports test modules by basename (rootdir-relative, no packages): two
+    `test_x.py` in different folders stop the whole suite at collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py") if "data" not in p.parts]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
