@@ -25,7 +25,7 @@ MAX_REASON = 500  # it is stored in the release's annotations and shown in its n
 
 def accept_options() -> dict[str, bool]:
     """`--accept-NAME` options of `build.py promote`: NAME -> whether it takes a reason."""
-    from imagebuild.cli import parser
+    from imagebuild.cliparser import parser
 
     sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
     promote = sub.choices["promote"]

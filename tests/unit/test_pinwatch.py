@@ -84,7 +84,7 @@ def test_head_that_keeps_the_small_page_layout_passes(locked, hub_replay):
 
 def test_cli_json_and_issue_dir(locked, hub_replay, tmp_path, capsys):
     out = tmp_path / "pins"
-    from imagebuild.cli import parser
+    from imagebuild.cliparser import parser
 
     args = parser().parse_args(["pins", "watch", "--matrix", str(locked / "matrix.yaml"),
                           "--format", "json", "--out", str(out)])

@@ -314,7 +314,7 @@ def test_gates_are_dispatch_inputs_that_need_a_reason():
 
 
 def test_every_gate_of_promote_can_be_passed_with_a_reason_and_only_so():
-    from imagebuild.cli import parser
+    from imagebuild.cliparser import parser
 
     gates = accept_options()
     assert {"regression", "untrusted-bench"} <= set(gates)  # read from the real parser

@@ -1,0 +1,384 @@
+"""The command line's parser: every command, its options, and argument types that refuse a
+bad value at parse time, naming the option and the fix (exit 2, like every bad input).
+Commands themselves are in cli.py."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from imagebuild.errors import UserError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors read like every other error: the option, what is
+    wrong, and the fix (subcommands inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"error: {message}\n  fix: see `{self.prog} --help`\n")
+        raise SystemExit(2)
+
+
+# Argument types: each refuses a bad value at parse time, naming the option.
+UNSAFE_TEXT = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# a path compose receives through pytest-docker's shell (in double quotes)
+SHELL_SPECIAL = re.compile(r'["$`\\]')
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 1_000_000:
+        raise argparse.ArgumentTypeError(f"{value} is outside 1..1000000")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 7 * 86400:  # nan and inf fail too
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds in (0, 604800]")
+    return value
+
+
+def _reason(text: str) -> str:
+    """An accepted reason: recorded in the registry and the release notes."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the reason is empty: say why, in words")
+    if UNSAFE_TEXT.search(text) or len(text) > 500:
+        raise argparse.ArgumentTypeError("the reason must be one line of up to 500 characters")
+    return text.strip()
+
+
+def _out_dir(text: str) -> Path:
+    """A directory to write into: it may not exist yet, but nothing on its way may be a
+    file (checked before anything runs, so nothing is half written)."""
+    if not text or UNSAFE_TEXT.search(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory path")
+    path = Path(text)
+    for part in (path, *path.parents):
+        if part.exists() or part.is_symlink():
+            if not part.is_dir():
+                what = "a file" if part.is_file() else "not a directory"
+                raise argparse.ArgumentTypeError(
+                    f"{part} is {what}; give a directory (created if missing)")
+            break
+    return path
+
+
+def _run_dir(text: str) -> Path:
+    """An output directory the smoke run's compose file lives in: compose is driven
+    through a shell (pytest-docker), so no quote, `$`, backtick or backslash."""
+    path = _out_dir(text)
+    if SHELL_SPECIAL.search(str(path.resolve())):
+        raise argparse.ArgumentTypeError(f"{text!r} holds a quote, $, ` or \\; the compose "
+                                         "file inside it is passed through a shell")
+    return path
+
+
+def _image_ref(text: str) -> str:
+    from imagebuild.spec.dockerref import check_reference
+    from imagebuild.spec.values import BadValue
+
+    try:
+        if UNSAFE_TEXT.search(text):
+            raise BadValue("it holds a control character", "")
+        return check_reference(text, "IMAGE_REF")
+    except BadValue as exc:
+        raise argparse.ArgumentTypeError(f"{str(exc)[:200]} (e.g. 127.0.0.1:5000/"
+                                         "vllm-spark/cpu-tiny-ngram:latest)") from None
+
+
+def _release_tag(text: str) -> str:
+    from imagebuild.spec.tags import check_tag_text
+
+    try:
+        return check_tag_text(text, "")
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(f"{exc.message.strip()} ({exc.fix})") from None
+
+
+def _url(text: str) -> str:
+    if not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+(?::\d{1,5})?/?", text):
+        raise argparse.ArgumentTypeError(f"{text[:80]!r} is not a server's base URL "
+                                         "(http://HOST:PORT, e.g. http://127.0.0.1:8000)")
+    return text.rstrip("/")
+
+
+def _matrix(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--matrix", type=Path, default=None,
+                   help="matrix.yaml to read (default: the repository's)")
+
+
+def _release(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
+    _matrix(p)
+    p.add_argument("--tag", required=tag_required,
+                   help="DATE-NAME, e.g. 2026-06-18-dflashfix (NAME: an engine patch set)")
+    p.add_argument("--target", default=None,
+                   help="a target of matrix.yaml, or `all` (default: the target whose "
+                        "properties fit this host)")
+    p.add_argument("--only", default=None, metavar="GLOB",
+                   help="only cells whose id (target/image) or image matches GLOB")
+
+
+def _positive_ints(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError("comma-separated positive integers, e.g. 1,8,32,64")
+    return out
+
+
+def _cpus(text: str) -> set[int]:
+    """'0', '1,3' or '2-5' (the cpuset syntax docker takes) as a set of CPU numbers."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            if not (lo.strip().isdigit() and (hi == "" or hi.strip().isdigit())):
+                raise ValueError(part)
+            if int(hi or lo) - int(lo) > 4096:
+                raise ValueError(part)
+            out.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        out = set()
+    if not out or max(out) > 4096:
+        raise argparse.ArgumentTypeError("CPU numbers such as 1, 1,3 or 2-5")
+    return out
+
+
+def _cpuset(text: str) -> str:
+    """docker --cpuset-cpus: the same syntax, kept as text."""
+    _cpus(text)
+    return text.replace(" ", "")
+
+
+def _smoke_args(p: argparse.ArgumentParser) -> None:
+    _release(p, tag_required=False)
+    p.add_argument("image", nargs="?", default=None, metavar="IMAGE_REF", type=_image_ref,
+                   help="a local serve image; expectations from its labels and cell")
+    p.add_argument("--out", type=_run_dir, default=None,
+                   help="output dir (default: build/smoke/<target>/<engine>/<image>/, or "
+                        "build/smoke/ref/<ref>/ for IMAGE_REF)")
+    p.add_argument("--boot-timeout", type=_positive_seconds, default=None, metavar="S",
+                   help="override the target's boot_timeout_s")
+    p.add_argument("--stall-limit", type=_positive_seconds, default=None, metavar="S",
+                   help="silent-log seconds before boot counts as the spawn hang "
+                        "(default: boot timeout / 4, within 60..180)")
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    _release(p, tag_required=False)
+    p.add_argument("image", nargs="?", default=None, metavar="IMAGE_REF", type=_image_ref,
+                   help="a local serve image (started hardened on loopback, then removed)")
+    p.add_argument("--url", default=None, type=_url,
+                   help="measure an already running server (http://127.0.0.1:PORT) instead")
+    p.add_argument("--concurrency", type=_positive_ints, default=None, metavar="C,C,..",
+                   help="levels (default: the target's bench settings with --tag, else "
+                        "1,8,32,64)")
+    p.add_argument("--prompts", default=None, metavar="SETS|FILE.jsonl",
+                   help="built-in sets (structured,prose) or a JSONL file of your own")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--requests", type=_positive_int, default=None, metavar="N",
+                      help="requests per level (default: the target's, else 32)")
+    load.add_argument("--duration", type=_positive_seconds, default=None, metavar="S",
+                      help="seconds per level instead of a request count")
+    p.add_argument("--max-tokens", type=_positive_int, default=None, metavar="N",
+                   help="output tokens per request, fixed by ignore_eos (default: the "
+                        "target's, else 128)")
+    p.add_argument("--baseline", default=None, metavar="TAG", type=_release_tag,
+                   help="show deltas against the results stored with release TAG")
+    p.add_argument("--store", action="store_true",
+                   help="store the results in the registry next to the image's release")
+    p.add_argument("--label", default=None, help="legend name of this run in the plot")
+    p.add_argument("--server-cpus", default=None, metavar="LIST", type=_cpuset,
+                   help="pin the server container to these CPUs (docker --cpuset-cpus; "
+                        "default: every CPU but the client's)")
+    p.add_argument("--client-cpus", type=_cpus, default=None, metavar="LIST",
+                   help="pin this load generator to these CPUs (e.g. 1 or 2-3; default: the "
+                        "last CPU), so client and server do not take each other's cores")
+    p.add_argument("--out", type=_out_dir, default=None,
+                   help="output dir (default build/bench/)")
+
+
+def _unmeasured_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accept-unmeasured", dest="accept_unmeasured", default=None,
+                   metavar="REASON", type=_reason,
+                   help="move latest although this release or latest has no bench results "
+                        "(the regression gate then compares nothing); REASON is recorded in "
+                        "the release record and its notes")
+
+
+def _untrusted_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accept-untrusted-bench", dest="accept_untrusted", default=None,
+                   metavar="REASON", type=_reason,
+                   help="promote although bench levels are flagged as untrusted (the gate "
+                        "then compares the other levels only); REASON is recorded with the "
+                        "release")
+
+
+def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
+    _matrix(p)
+    p.add_argument("--image", default=None, metavar="GLOB",
+                   help="image name or repository glob (default: every image)")
+    if dry_run:
+        p.add_argument("--dry-run", action="store_true", help="say what would be written")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = Parser(
+        prog="build.py",
+        description="matrix.yaml -> tested, tagged, rollback-able vLLM serving images.")
+    sub = ap.add_subparsers(dest="command")
+
+    p = sub.add_parser("release", help="the whole job (the default: `build.py --tag T`): plan, "
+                                       "lock check, preflight, build, smoke, publish, bench, "
+                                       "regression gate, latest")
+    _release(p)
+    p.add_argument("--out", type=_run_dir, default=None, help="build dir (default: build/)")
+    p.add_argument("--dry-run", action="store_true", help="no registry writes")
+    p.add_argument("--no-bench", action="store_true",
+                   help="skip the benchmark; latest then moves only with "
+                        "--accept-unmeasured REASON (the gate has nothing to compare)")
+    p.add_argument("--accept-regression", default=None, metavar="REASON", type=_reason,
+                   help="let a release slower than latest become latest; REASON goes into "
+                        "its stored results and release notes")
+    _untrusted_arg(p)
+    _unmeasured_arg(p)
+
+    p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
+    _release(p)
+    p.add_argument("--format", choices=("table", "json", "github", "targets"), default="table",
+                   help="github: one strategy.matrix entry per cell with its runner labels; "
+                        "targets: one entry per target (properties, runner, cell count)")
+
+    p = sub.add_parser("render", help="render Dockerfiles (base, engine, serve per cell)")
+    _release(p, tag_required=False)
+    p.add_argument("--out", type=_out_dir, default=None, help="output dir (default: rendered/)")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 when the committed rendered files are stale")
+
+    p = sub.add_parser("check", help="preflight: KV-cache layout, serve-flag traps, "
+                                     "checkpoint and pin rules (exit 2 on any error)")
+    _release(p)
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+    p = sub.add_parser("build", help="build base, engine and serve images per cell (BuildKit)")
+    _release(p)
+    p.add_argument("--out", type=_out_dir, default=None,
+                   help="where logs, contexts and build records go (default: build/)")
+    p.add_argument("--engine-only", action="store_true",
+                   help="build base and engine of each target, no serve image (a release's "
+                        "engine stage)")
+    p.add_argument("--push", action="store_true",
+                   help="with --engine-only: push each engine by digest to REGISTRY/NAMESPACE/"
+                        "engine-TARGET-ENGINE (one the registry already holds is not built "
+                        "again); prints REF@sha256:..., writes it to OUT/engines/TARGET.ref "
+                        "and to $GITHUB_OUTPUT (engine_image)")
+    p.add_argument("--engine-image", default=None, metavar="REF@sha256:DIGEST",
+                   help="pull this engine (what --engine-only --push printed) instead of "
+                        "building it, refused unless its inputs are this checkout's; only "
+                        "the serve layers are built here")
+
+    _smoke_args(sub.add_parser("smoke", help="run serve images hardened and check they serve "
+                                             "correctly (exit 1 when one fails)"))
+    _bench_args(sub.add_parser("bench", help="measure a serve image: TTFT, TPOT, tok/s per "
+                                             "concurrency level, speculative acceptance; plot"))
+
+    p = sub.add_parser("publish", help="push cells that passed smoke by digest, verify, tag "
+                                       "the release, then move latest (regression gate)")
+    _release(p)
+    p.add_argument("--dry-run", action="store_true", help="say what would be written")
+    p.add_argument("--no-latest", action="store_true", help="push and tag, keep latest")
+    p.add_argument("--accept-regression", default=None, metavar="REASON", type=_reason)
+    _untrusted_arg(p)
+    _unmeasured_arg(p)
+
+    p = sub.add_parser("promote", help="move latest to an already pushed release")
+    _release(p)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--accept-regression", default=None, metavar="REASON", type=_reason,
+                   help="promote although its tok/s fell more than the threshold below "
+                        "latest; the reason is recorded with the release")
+    _untrusted_arg(p)
+    _unmeasured_arg(p)
+
+    p = sub.add_parser("rollback", help="move latest back to an older release (server-side)")
+    _registry_args(p)
+    p.add_argument("--to", required=True, type=_release_tag,
+                   help="release tag, full or DATE-NAME")
+    p.add_argument("--all", action="store_true", help="every image (the default)")
+
+    p = sub.add_parser("releases", help="list releases in the registry, newest first")
+    _registry_args(p, dry_run=False)
+    p.add_argument("--format", choices=("table", "json"), default="table")
+
+    p = sub.add_parser("history", help="tok/s and TTFT per concurrency across every release "
+                                       "of an image, from the registry (PNG + markdown)")
+    _registry_args(p, dry_run=False)
+    p.add_argument("--out", type=_out_dir, default=None,
+                   help="where history-<image>.png/.md go (default: build/bench/)")
+
+    p = sub.add_parser("prune", help="delete old releases (never latest or its rollback)")
+    _registry_args(p)
+    p.add_argument("--keep", type=_positive_int, required=True,
+                   help="newest N releases to keep")
+
+    p = sub.add_parser("notes", help="GitHub release notes of a release (markdown)")
+    _release(p)
+    p.add_argument("--smoke-dir", type=_out_dir, default=None,
+                   help="build dir holding smoke/<target>/<engine>/<image>/verdict.json "
+                        "(default: build/)")
+    p.add_argument("--asset-dir", "--plot-dir", dest="asset_dir", type=_out_dir, default=None,
+                   metavar="DIR", help="write the release assets there: <image>.compose.yaml, "
+                                       "bench-<image>.png and history-<image>.png/.md per "
+                                       "image (linked in the notes)")
+    p.add_argument("--asset-url", default=None, metavar="URL",
+                   help="prefix of the plot links (the GitHub release's download URL; "
+                        "default: the bare file name)")
+
+    p = sub.add_parser("pins", help="watch pinned models and drafters for upstream moves")
+    verbs = p.add_subparsers(dest="pins_command", required=True)
+    w = verbs.add_parser("watch", help="compare each pin's upstream head with the lock and "
+                                       "run preflight on a moved head")
+    _matrix(w)
+    w.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    w.add_argument("--out", type=_out_dir, default=None, metavar="DIR",
+                   help="also write one issue body (.md) and title (.title) per moved pin")
+    w.add_argument("--only", action="append", default=[], metavar="NAME",
+                   help="only this model or drafter (repeatable)")
+    p = sub.add_parser("rehearse", help="GB10 rehearsal on this machine (nvcc 13): vLLM's arch "
+                                        "selection, sm_121a compiles through the arch gate, "
+                                        "the package version, the runtime self-check")
+    p.add_argument("--matrix", type=Path, default=None)
+    p.add_argument("--target", default="gb10", help="a target built from source (default gb10)")
+    p.add_argument("--engine", default=None,
+                   help="engine patch set (default: the first built from source for it)")
+    p.add_argument("--workdir", type=_out_dir, default=None,
+                   help="scratch dir (default: build/rehearse/TARGET)")
+    p.add_argument("--jobs", type=_positive_int, default=2, help="parallel compiles (default 2)")
+    p = sub.add_parser("runner-clean", help="free this runner's disk by release age: keep the "
+                                            "newest N releases, latest and its rollback "
+                                            "target (with the images they are built from); "
+                                            "never BuildKit's cache mounts")
+    _matrix(p)
+    p.add_argument("--keep", type=_positive_int, required=True,
+                   help="newest N local releases to keep")
+    p.add_argument("--dry-run", action="store_true", help="say what would go")
+    p = sub.add_parser("lock", help="resolve every pin into matrix.lock.json")
+    _matrix(p)
+    p.add_argument("--update", action="append", default=[], metavar="NAME",
+                   help="re-resolve NAME (a model, drafter or target), moving a tracked branch")
+    p.add_argument("--check", action="store_true",
+                   help="exit 2 when the lock disagrees with matrix.yaml; resolve nothing")
+    return ap
