@@ -11,7 +11,6 @@ registry or the Hub: the Docker seam and HTTP refuse to be used during the test.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import time
@@ -24,6 +23,7 @@ import pytest
 
 from imagebuild import REPO_ROOT
 from imagebuild.cli import main
+from tests.support.snapshot import tree_snapshot
 
 TAG = "2026-06-18-dflashfix"
 LIMIT_S = 2.0
@@ -350,18 +350,6 @@ class Refuse:
         raise AssertionError(f"Docker was asked for {name!r}")
 
 
-def _snapshot(root: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = str(p.relative_to(root))
-        if p.is_symlink():
-            out[rel] = f"-> {p.readlink()}"
-        elif p.is_file():
-            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-        else:
-            out[rel] = "dir"
-    return out
-
 
 def _repo_build() -> list[str]:
     build = REPO_ROOT / "build"
@@ -398,7 +386,7 @@ def test_bad_cli_input(case: Case, matrix_dir: Path, guarded, capsys, monkeypatc
         case.edit(matrix_dir)
     argv = [a.replace("{m}", str(matrix_dir / "matrix.yaml")).replace("{d}", str(matrix_dir))
             for a in case.argv]
-    before, build_before = _snapshot(matrix_dir), _repo_build()
+    before, build_before = tree_snapshot(matrix_dir), _repo_build()
     tracemalloc.start()
     start = time.monotonic()
     try:
@@ -417,7 +405,7 @@ def test_bad_cli_input(case: Case, matrix_dir: Path, guarded, capsys, monkeypatc
     assert "fix:" in output, output
     assert elapsed < LIMIT_S, f"{case.id} took {elapsed:.2f} s"
     assert peak < LIMIT_BYTES, f"{case.id}: {peak / 2**20:.0f} MB allocated"
-    assert _snapshot(matrix_dir) == before, "something was written"
+    assert tree_snapshot(matrix_dir) == before, "something was written"
     assert _repo_build() == build_before, "something was written under build/"
     if case.where.endswith((".json", ".yaml", ".jsonl")) or case.where in ("patches", "locked"):
         located = [m for m in LOCATION.finditer(output) if case.where in m.group(1)]

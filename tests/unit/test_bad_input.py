@@ -10,7 +10,6 @@ in-process, with the peak of Python allocations measured by tracemalloc.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import resource
@@ -26,6 +25,7 @@ import pytest
 
 from imagebuild import REPO_ROOT
 from imagebuild.cli import main
+from tests.support.snapshot import tree_snapshot
 
 TAG = "2026-06-18-dflashfix"
 LIMIT_S = 2.0
@@ -340,18 +340,6 @@ CASES = [
 ]
 
 
-def _snapshot(root: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(root.rglob("*")):
-        rel = str(p.relative_to(root))
-        if p.is_symlink():
-            out[rel] = f"-> {p.readlink()}"
-        elif p.is_file():
-            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-        else:
-            out[rel] = "dir"
-    return out
-
 
 def _argv(root: Path, case: Case, fmt: str = "table") -> list[str]:
     return ["plan", "--tag", TAG, "--target", case.target, "--matrix",
@@ -398,7 +386,7 @@ def test_bad_input(case: Case, matrix_dir: Path, capsys: pytest.CaptureFixture[s
     for var, value in case.env.items():
         monkeypatch.setenv(var, value)
     case.edit(matrix_dir)
-    before = _snapshot(matrix_dir)
+    before = tree_snapshot(matrix_dir)
     if case.subprocess:
         code, output, elapsed = _run_subprocess(matrix_dir, case)
     else:
@@ -407,7 +395,7 @@ def test_bad_input(case: Case, matrix_dir: Path, capsys: pytest.CaptureFixture[s
     assert "Traceback" not in output, output
     assert case.expect in output, output
     assert elapsed < LIMIT_S, f"{case.id} took {elapsed:.2f} s"
-    assert _snapshot(matrix_dir) == before, "something was written"
+    assert tree_snapshot(matrix_dir) == before, "something was written"
     if case.code == 0:
         return
     assert "fix:" in output, output
