@@ -13,6 +13,7 @@ fails every check that needs the server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -106,7 +107,16 @@ def _container(project: str, deadline: float) -> str:
         time.sleep(0.2)
 
 
-def _wait(cfg: dict[str, Any], name: str, log_path: Path) -> tuple[LogWatcher, BootOutcome]:
+def _say(config: pytest.Config, text: str) -> None:
+    """A progress line on the terminal now, past pytest's output capture: the smoke
+    runner streams it to the user and the CI log while the boot goes on."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        print(text, flush=True)
+
+
+def _wait(cfg: dict[str, Any], name: str, log_path: Path, say: Callable[[str], None]
+          ) -> tuple[LogWatcher, BootOutcome]:
     watcher = LogWatcher(name, log_path).start()
     c = Container(name, int(cfg["port"]))
     seen = [""]
@@ -114,7 +124,7 @@ def _wait(cfg: dict[str, Any], name: str, log_path: Path) -> tuple[LogWatcher, B
     def tick(elapsed: float, phase: str) -> None:  # one line per phase change (CI logs)
         if phase != seen[0]:
             seen[0] = phase
-            print(f"booting {cfg['image_ref']} · {elapsed:5.1f}s · {phase}", flush=True)
+            say(f"booting {cfg['image_ref']} · {elapsed:5.1f}s · {phase}")
 
     outcome = wait_ready(c, watcher, timeout_s=float(cfg["boot_timeout_s"]),
                          stall_s=float(cfg["stall_s"]), tick=tick)
@@ -123,12 +133,16 @@ def _wait(cfg: dict[str, Any], name: str, log_path: Path) -> tuple[LogWatcher, B
 
 @pytest.fixture(scope="session")
 def smoke(docker_services: Any, smoke_config: dict[str, Any], docker_compose_command: str,
-          docker_compose_file: str, docker_compose_project_name: str
-          ) -> Iterator[dict[str, Any]]:
+          docker_compose_file: str, docker_compose_project_name: str,
+          pytestconfig: pytest.Config) -> Iterator[dict[str, Any]]:
     """The running, healthy server: {container, base_url, log_path, ...config}."""
     cfg = smoke_config
     out = Path(cfg["out_dir"])
     log_path = out / "container.log"
+
+    def say(text: str) -> None:
+        _say(pytestconfig, text)
+
     attempts: list[dict[str, Any]] = []
     t0 = time.time()
     watcher: LogWatcher | None = None
@@ -137,14 +151,14 @@ def smoke(docker_services: Any, smoke_config: dict[str, Any], docker_compose_com
     for attempt in (1, 2):
         started = time.time()
         name = _container(docker_compose_project_name, time.monotonic() + 60)
-        watcher, outcome = _wait(cfg, name, log_path)
+        watcher, outcome = _wait(cfg, name, log_path, say)
         attempts.append({"attempt": attempt, "container": name, "kind": outcome.kind,
                          "message": outcome.message})
-        print(f"boot attempt {attempt}: {outcome.message}", flush=True)
+        say(f"boot attempt {attempt}: {outcome.message}")
         if outcome.kind != "stalled" or attempt == 2:
             break
         # the silent spawn hang clears on a clean relaunch; a real failure reproduces
-        print("relaunching once: a silent hang at spawn clears on a clean start", flush=True)
+        say("relaunching once: a silent hang at spawn clears on a clean start")
         log_path.rename(out / "container-attempt1.log")
         subprocess.run([*shlex.split(docker_compose_command), "-f", docker_compose_file,
                         "-p", docker_compose_project_name, "up", "--detach", "--no-build",
