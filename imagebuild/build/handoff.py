@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from imagebuild.docker import engine as docker_engine
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient, resolve_credentials
+from imagebuild.registry.credentials import docker_auth_config
 
 if TYPE_CHECKING:
     from imagebuild.build.builder import BuildRecord
@@ -66,9 +67,7 @@ def parse_engine_ref(text: str) -> tuple[ImageRef, str]:
 
 
 def _auth(host: str) -> dict[str, str] | None:
-    from imagebuild.release.publish import _auth as auth_header
-
-    return auth_header(resolve_credentials(host), host)
+    return docker_auth_config(resolve_credentials(host), host)
 
 
 def pull_engine(ref: str, want: str, what: str, *, log: Log = print) -> str:

@@ -147,3 +147,13 @@ def resolve_credentials(
     if env.get(USER_ENV) or env.get(PASSWORD_ENV):
         return Credentials(env.get(USER_ENV), env.get(PASSWORD_ENV), None, "environment")
     return docker_config_credentials(host, config_path or docker_config_path(env))
+
+
+def docker_auth_config(creds: Credentials | None, host: str) -> dict[str, str] | None:
+    """The auth_config the Docker engine takes with a push or pull of `host`'s images."""
+    if creds is None:
+        return None  # dockerd gets nothing; docker-py falls back to the Docker config
+    if creds.identity_token:
+        return {"identitytoken": creds.identity_token, "serveraddress": host}
+    return {"username": creds.username or "", "password": creds.password or "",
+            "serveraddress": host}

@@ -31,6 +31,7 @@ from imagebuild.registry.client import (
     Unsupported,
     resolve_credentials,
 )
+from imagebuild.registry.credentials import docker_auth_config
 from imagebuild.release.lease import holding_lease
 from imagebuild.release.records import (
     STAGING_PREFIX,
@@ -93,15 +94,6 @@ def gate(verdict: dict[str, Any], image_id: str, ref: str) -> None:
             fix="run smoke on this image, then publish")
 
 
-def _auth(creds: Credentials | None, host: str) -> dict[str, str] | None:
-    if creds is None:
-        return None  # dockerd gets nothing; docker-py falls back to the Docker config
-    if creds.identity_token:
-        return {"identitytoken": creds.identity_token, "serveraddress": host}
-    return {"username": creds.username or "", "password": creds.password or "",
-            "serveraddress": host}
-
-
 def docker_push(image_id: str, name: str, tag: str, creds: Credentials | None) -> str:
     """Tag image_id as name:tag and push it through dockerd; returns the pushed digest.
 
@@ -112,7 +104,7 @@ def docker_push(image_id: str, name: str, tag: str, creds: Credentials | None) -
     digest = None
     layers: dict[str, tuple[int, int]] = {}  # layer -> (bytes sent, size) for progress
     try:
-        for event in seam.push(name, tag, _auth(creds, name.split("/")[0])):
+        for event in seam.push(name, tag, docker_auth_config(creds, name.split("/")[0])):
             if event.total:
                 layers[event.layer] = (event.current, event.total)
                 progress.wait("push", f"{sum(c for c, _ in layers.values()) / 1e6:,.0f} of "
