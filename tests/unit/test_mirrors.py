@@ -1,33 +1,55 @@
-"""Mirrors, not hosts: no package-registry host is named anywhere in the repository (this
-file excepted: it lists what must be absent), and no image keeps an index location. Index
-and mirror locations come from the machine (pip configuration, apt sources) or an explicit
-setting, and reach builds as the pip_conf secret."""
+"""Mirrors, not hosts: no package-registry host is named anywhere in the repository, and
+no image keeps an index location. Index and mirror locations come from the machine (pip
+configuration, apt sources) or an explicit setting, and reach builds as the pip_conf
+secret.
+
+The hosts looked for are the ones this machine's own clients name (pip's built-in index
+and its configured ones, apt's sources, debootstrap's default mirror), so this file names
+none either; and any index location written into a file (after an index option, in an apt
+source line, as a URL pip installs from) is refused whatever its host."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from imagebuild import REPO_ROOT
+from imagebuild.build.aptsources import apt_entries
+from imagebuild.build.pipconfig import builtin_index, pip_indexes
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import render_all
 from imagebuild.spec import matrix as mx
 from tests.support.dockerfile_text import logical_lines
 
-# Package registries and archive mirrors teams replace with their own. GitHub (source
-# pins) and nvcr.io (base images) are pins, not registries, and may be named.
-REGISTRY_HOSTS = (
-    "pypi.org", "pythonhosted.org", "pypi.python.org", "download.pytorch.org",
-    "deb.debian.org", "security.debian.org", "ftp.debian.org", "httpredir.debian.org",
-    "archive.ubuntu.com", "ports.ubuntu.com", "security.ubuntu.com",
-    "conda.anaconda.org", "repo.anaconda.com", "registry.npmjs.org", "proxy.golang.org",
-    "crates.io", "pypi.nvidia.com", "pypi.ngc.nvidia.com", "flashinfer.ai",
-    "wheels.vllm.ai", "developer.download.nvidia.com", "torch-wheels.example",
-)
 INDEX_SETTINGS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS",
                   "PIP_CONFIG_FILE", "UV_INDEX", "UV_EXTRA_INDEX_URL")
-SELF = Path(__file__).resolve()
+DEBOOTSTRAP = Path("/usr/sbin/debootstrap")
+# an index location written down: after an index option, in an apt source, installed by URL
+URL = r"""['"]?([a-z][a-z0-9+.-]*://[^\s'"]+)"""
+WRITTEN_INDEX = re.compile(
+    r"(?:--index-url|--extra-index-url|--find-links|\bindex-url\s*=|\bextra-index-url\s*="
+    r"|\bfind-links\s*=|torch_index\s*:)[\s=]*" + URL
+    + r"|^\s*deb(?:-src)?\s+(?:\[[^\]]*\]\s+)?" + URL
+    + r"|\bpip3?\s+install\b[^\n]*?\s" + URL, re.M)
+# hosts that are no registry: this machine, and names reserved for examples (RFC 2606)
+NOT_A_REGISTRY = re.compile(r"^(?:127\.\d+\.\d+\.\d+|localhost|\[::1\])?$"
+                            r"|\.(?:example|invalid|test|localhost)$")
+
+
+def _host(url: str) -> str:
+    return (urlsplit(url).hostname or "").lower()
+
+
+def _machine_registry_hosts() -> set[str]:
+    """The package-registry hosts this machine's own clients would use."""
+    urls = [builtin_index(), *pip_indexes().urls(), *(uri for uri, _ in apt_entries())]
+    if DEBOOTSTRAP.is_file():  # its default mirror, as the script itself sets it
+        urls += re.findall(r'^DEF_(?:HTTPS_)?MIRROR="([^"]+)"', DEBOOTSTRAP.read_text(),
+                           re.M)
+    return {h for h in map(_host, urls) if not NOT_A_REGISTRY.search(h)}
 
 
 def _tracked_files() -> list[Path]:
@@ -41,19 +63,51 @@ def _tracked_files() -> list[Path]:
             for f in files]
 
 
-def test_no_package_registry_host_is_named_in_the_repository():
-    found = []
-    files = [p for p in _tracked_files() if p.resolve() != SELF and p.is_file()]
+def _texts() -> list[tuple[str, str]]:
+    files = [p for p in _tracked_files() if p.is_file()]
     assert len(files) > 100, "the repository's files were not found"
-    for path in files:
-        text = path.read_bytes().decode("utf-8", errors="ignore").lower()
-        for host in REGISTRY_HOSTS:
-            at = text.find(host)
+    return [(str(p.relative_to(REPO_ROOT)), p.read_bytes().decode("utf-8", errors="ignore"))
+            for p in files]
+
+
+def test_no_package_registry_host_is_named_in_the_repository():
+    hosts = _machine_registry_hosts()
+    assert hosts, "this machine's pip names no index host"
+    found = []
+    for rel, text in _texts():
+        lower = text.lower()
+        for host in sorted(hosts):
+            at = lower.find(host)
             if at >= 0:
-                line = text.count("\n", 0, at) + 1
-                found.append(f"{path.relative_to(REPO_ROOT)}:{line}: {host}")
+                found.append(f"{rel}:{lower.count(chr(10), 0, at) + 1}: {host}")
     assert not found, "package-registry hosts named (take them from the machine):\n" + \
         "\n".join(found)
+
+
+def test_no_index_location_is_written_into_any_file():
+    found = []
+    for rel, text in _texts():
+        for m in WRITTEN_INDEX.finditer(text):
+            url = next(u for u in m.groups() if u)
+            if not NOT_A_REGISTRY.search(_host(url)):
+                found.append(f"{rel}:{text.count(chr(10), 0, m.start()) + 1}: {url}")
+    assert not found, "index locations written into files (take them from the machine's " \
+        "pip configuration or apt sources):\n" + "\n".join(found)
+
+
+def test_the_written_index_pattern_finds_what_it_is_for():
+    # hosts under .example (reserved, RFC 2606): the pattern must find them all the same
+    written = ["RUN pip install --extra-index-url https://wheels.example/cu130 torch",
+               "[global]\nindex-url = http://pkgs.example/simple",
+               "deb [arch=arm64] http://ports.example/ubuntu noble main",
+               "  torch_index: https://torch.example/whl",
+               "RUN pip3 install https://files.example/flashinfer-0.1-py3-none-any.whl"]
+    for text in written:
+        m = WRITTEN_INDEX.search(text)
+        assert m and _host(next(u for u in m.groups() if u)).endswith(".example"), text
+    assert not WRITTEN_INDEX.search("pip config set global.extra-index-url URL")
+    assert NOT_A_REGISTRY.search(_host("http://127.0.0.1:9/simple"))
+    assert NOT_A_REGISTRY.search(_host("https://mirror.example/simple"))
 
 
 def _rendered_dockerfiles() -> list[tuple[str, str]]:
