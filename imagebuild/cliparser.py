@@ -211,20 +211,22 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
                    help="output dir (default build/bench/)")
 
 
-def _unmeasured_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--accept-unmeasured", dest="accept_unmeasured", default=None,
-                   metavar="REASON", type=_reason,
-                   help="move latest although this release or latest has no bench results "
-                        "(the regression gate then compares nothing); REASON is recorded in "
-                        "the release record and its notes")
-
-
-def _untrusted_arg(p: argparse.ArgumentParser) -> None:
+def _gate_args(p: argparse.ArgumentParser) -> None:
+    """The gates on moving latest a user may pass with a reason (release, publish, promote
+    alike; release/overrides.py offers promote's to the release workflow)."""
+    p.add_argument("--accept-regression", default=None, metavar="REASON", type=_reason,
+                   help="let a release slower than latest (beyond the threshold) become "
+                        "latest; REASON is recorded with the release and in its notes")
     p.add_argument("--accept-untrusted-bench", dest="accept_untrusted", default=None,
                    metavar="REASON", type=_reason,
                    help="promote although bench levels are flagged as untrusted (the gate "
                         "then compares the other levels only); REASON is recorded with the "
                         "release")
+    p.add_argument("--accept-unmeasured", dest="accept_unmeasured", default=None,
+                   metavar="REASON", type=_reason,
+                   help="move latest although this release or latest has no bench results "
+                        "(the regression gate then compares nothing); REASON is recorded in "
+                        "the release record and its notes")
 
 
 def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
@@ -250,11 +252,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bench", action="store_true",
                    help="skip the benchmark; latest then moves only with "
                         "--accept-unmeasured REASON (the gate has nothing to compare)")
-    p.add_argument("--accept-regression", default=None, metavar="REASON", type=_reason,
-                   help="let a release slower than latest become latest; REASON goes into "
-                        "its stored results and release notes")
-    _untrusted_arg(p)
-    _unmeasured_arg(p)
+    _gate_args(p)
 
     p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
     _release(p)
@@ -300,18 +298,12 @@ def parser() -> argparse.ArgumentParser:
     _release(p)
     p.add_argument("--dry-run", action="store_true", help="say what would be written")
     p.add_argument("--no-latest", action="store_true", help="push and tag, keep latest")
-    p.add_argument("--accept-regression", default=None, metavar="REASON", type=_reason)
-    _untrusted_arg(p)
-    _unmeasured_arg(p)
+    _gate_args(p)
 
     p = sub.add_parser("promote", help="move latest to an already pushed release")
     _release(p)
     p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--accept-regression", default=None, metavar="REASON", type=_reason,
-                   help="promote although its tok/s fell more than the threshold below "
-                        "latest; the reason is recorded with the release")
-    _untrusted_arg(p)
-    _unmeasured_arg(p)
+    _gate_args(p)
 
     p = sub.add_parser("rollback", help="move latest back to an older release (server-side)")
     _registry_args(p)
