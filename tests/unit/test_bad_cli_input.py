@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
-import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +20,9 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.cli import main
-from tests.support.snapshot import tree_snapshot
+from tests.support.bad_input import LIMIT_BYTES, LIMIT_S, run_cli_measured, tree_snapshot
 
 TAG = "2026-06-18-dflashfix"
-LIMIT_S = 2.0
-LIMIT_BYTES = 256 << 20
 LOCATION = re.compile(r"(\S+?):(\d+):(\d+)")
 EDIT = Callable[[Path], None]
 
@@ -387,18 +382,7 @@ def test_bad_cli_input(case: Case, matrix_dir: Path, guarded, capsys, monkeypatc
     argv = [a.replace("{m}", str(matrix_dir / "matrix.yaml")).replace("{d}", str(matrix_dir))
             for a in case.argv]
     before, build_before = tree_snapshot(matrix_dir), _repo_build()
-    tracemalloc.start()
-    start = time.monotonic()
-    try:
-        code = main(argv)
-    except BaseException as exc:  # noqa: BLE001 - any escape is what this test is against
-        pytest.fail(f"{case.id}: {type(exc).__name__} escaped the CLI: {exc}")
-    finally:
-        elapsed = time.monotonic() - start
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    out = capsys.readouterr()
-    output = out.out + out.err
+    code, output, elapsed, peak = run_cli_measured(argv, case.id, capsys)
     assert code == case.code, output
     assert "Traceback" not in output, output
     assert case.expect in output, output

@@ -16,7 +16,6 @@ import resource
 import subprocess
 import sys
 import time
-import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,11 +24,9 @@ import pytest
 
 from imagebuild import REPO_ROOT
 from imagebuild.cli import main
-from tests.support.snapshot import tree_snapshot
+from tests.support.bad_input import LIMIT_BYTES, LIMIT_S, run_cli_measured, tree_snapshot
 
 TAG = "2026-06-18-dflashfix"
-LIMIT_S = 2.0
-LIMIT_BYTES = 256 << 20
 LOCATION = re.compile(r"(?:^|[\s\[])(\S+?):(\d+):(\d+)")
 EDIT = Callable[[Path], None]
 
@@ -363,19 +360,9 @@ def _run_subprocess(root: Path, case: Case) -> tuple[int, str, float]:
 
 def _run_in_process(root: Path, case: Case, capsys: pytest.CaptureFixture[str]
                     ) -> tuple[int, str, float]:
-    tracemalloc.start()
-    start = time.monotonic()
-    try:
-        code = main(_argv(root, case))
-    except BaseException as exc:  # noqa: BLE001 - any escape is what this test is against
-        pytest.fail(f"{case.id}: {type(exc).__name__} escaped the CLI: {exc}")
-    finally:
-        elapsed = time.monotonic() - start
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+    code, output, elapsed, peak = run_cli_measured(_argv(root, case), case.id, capsys)
     assert peak < LIMIT_BYTES, f"{case.id}: {peak / 2**20:.0f} MB allocated"
-    out = capsys.readouterr()
-    return code, out.out + out.err, elapsed
+    return code, output, elapsed
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
