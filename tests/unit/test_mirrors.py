@@ -10,6 +10,7 @@ source line, as a URL pip installs from) is refused whatever its host."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -63,11 +64,12 @@ def _tracked_files() -> list[Path]:
             for f in files]
 
 
-def _texts() -> list[tuple[str, str]]:
+@functools.cache  # both scans read the same files
+def _texts() -> tuple[tuple[str, str], ...]:
     files = [p for p in _tracked_files() if p.is_file()]
     assert len(files) > 100, "the repository's files were not found"
-    return [(str(p.relative_to(REPO_ROOT)), p.read_bytes().decode("utf-8", errors="ignore"))
-            for p in files]
+    return tuple((str(p.relative_to(REPO_ROOT)),
+                  p.read_bytes().decode("utf-8", errors="ignore")) for p in files)
 
 
 def test_no_package_registry_host_is_named_in_the_repository():
