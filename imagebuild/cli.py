@@ -54,7 +54,8 @@ def cmd_release(args: argparse.Namespace) -> int:
                                             bench=not args.no_bench,
                                             accept_regression=args.accept_regression,
                                             accept_untrusted=args.accept_untrusted,
-                                            accept_unmeasured=args.accept_unmeasured))
+                                            accept_unmeasured=args.accept_unmeasured,
+                                            accept_rolled_back=args.accept_rolled_back))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -197,7 +198,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.no_latest:
         promote(plan, client, accept_regression=args.accept_regression,
                 accept_untrusted=args.accept_untrusted,
-                accept_unmeasured=args.accept_unmeasured, forward_only=True,
+                accept_unmeasured=args.accept_unmeasured,
+                accept_rolled_back=args.accept_rolled_back, forward_only=True,
                 dry_run=args.dry_run)
     return 0
 
@@ -211,7 +213,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     # a release slower than latest beyond the threshold needs a written reason
     promote(plan, registry_client(plan), accept_regression=args.accept_regression,
             accept_untrusted=args.accept_untrusted, accept_unmeasured=args.accept_unmeasured,
-            dry_run=args.dry_run)
+            accept_rolled_back=args.accept_rolled_back, dry_run=args.dry_run)
     return 0
 
 
@@ -228,12 +230,14 @@ def _repositories(args: argparse.Namespace):
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from imagebuild.release.latest import set_latest_many
+    from imagebuild.release.latest import Accept, set_latest_many
 
     _writes_releases()
 
     client, repos = _repositories(args)
-    moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run)
+    moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run,
+                            accept=Accept(forward=args.accept_forward,
+                                          unmeasured=args.accept_unmeasured))
     print(f"rollback to {args.to}: {len(moves)} image(s) in "
           f"{sum(m.seconds for m in moves):.2f} s")
     return 0

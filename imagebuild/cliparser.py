@@ -227,6 +227,10 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
                    help="move latest although this release or latest has no bench results "
                         "(the regression gate then compares nothing); REASON is recorded in "
                         "the release record and its notes")
+    p.add_argument("--accept-rolled-back", dest="accept_rolled_back", default=None,
+                   metavar="REASON", type=_reason,
+                   help="move latest to a release that was rolled back (re-runs never do); "
+                        "takes it off the record of rollbacks")
 
 
 def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
@@ -310,6 +314,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, type=_release_tag,
                    help="release tag, full or DATE-NAME")
     p.add_argument("--all", action="store_true", help="every image (the default)")
+    p.add_argument("--accept-unmeasured", dest="accept_unmeasured", default=None,
+                   metavar="REASON", type=_reason,
+                   help="roll back to a release that was never benched or was promoted "
+                        "unmeasured")
+    p.add_argument("--accept-forward", dest="accept_forward", default=None,
+                   metavar="REASON", type=_reason,
+                   help="let a rollback move latest forward (past the regression gate that "
+                        "`promote` runs)")
 
     p = sub.add_parser("releases", help="list releases in the registry, newest first")
     _registry_args(p, dry_run=False)

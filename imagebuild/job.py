@@ -28,6 +28,7 @@ class ReleaseOptions:
     accept_regression: str | None = None
     accept_untrusted: str | None = None
     accept_unmeasured: str | None = None
+    accept_rolled_back: str | None = None
 
 
 def unmeasured_jobs(plan: Plan, opts: ReleaseOptions) -> list[Job]:
@@ -139,13 +140,15 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None
 
 def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
             accept_untrusted: str | None = None, accept_unmeasured: str | None = None,
-            forward_only: bool = False, dry_run: bool = False) -> None:
+            accept_rolled_back: str | None = None, forward_only: bool = False,
+            dry_run: bool = False) -> None:
     from imagebuild.release.latest import promote_jobs
 
     promote_jobs(client, plan.jobs,
                  default_threshold=plan.lm.matrix.publish.regression_threshold,
                  accept_regression=accept_regression, accept_untrusted=accept_untrusted,
-                 accept_unmeasured=accept_unmeasured, forward_only=forward_only,
+                 accept_unmeasured=accept_unmeasured, accept_rolled_back=accept_rolled_back,
+                 forward_only=forward_only,
                  dry_run=dry_run)
 
 
@@ -184,6 +187,6 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
         bench_jobs(client, plan.jobs, opts.out / "bench")
     promote(plan, client, accept_regression=opts.accept_regression,
             accept_untrusted=opts.accept_untrusted, accept_unmeasured=opts.accept_unmeasured,
-            forward_only=True)
+            accept_rolled_back=opts.accept_rolled_back, forward_only=True)
     return 0
 

@@ -87,10 +87,12 @@ def _without(doc: dict, levels: set[int]) -> dict:
 def check_promotion(client: RegistryClient, repo: str, to: str, *, threshold: float,
                     accept_regression: str | None = None,
                     accept_untrusted: str | None = None,
-                    accept_unmeasured: str | None = None,
+                    accept_unmeasured: str | None = None, dry_run: bool = False,
                     log: Callable[[str], None] = print) -> GateResult:
     """Raise UserError when `to` regresses against latest, when the figures to compare
-    are flagged, or when either side has no bench results, and no reason is given."""
+    are flagged, or when either side has no bench results, and no reason is given.
+    An accepted reason is recorded on the stored results, except in a dry run (which
+    reads only)."""
     tag = resolve_tag(client, repo, to)
     latest, cand_rel = read_release(client, repo, "latest"), read_release(client, repo, tag)
     if cand_rel is None:
@@ -108,7 +110,7 @@ def check_promotion(client: RegistryClient, repo: str, to: str, *, threshold: fl
             raise UserError(f"{repo}: {why}, so the regression gate has nothing to compare "
                             "and latest does not move", fix=UNMEASURED_FIX)
         log(f"{repo}: {why}; promoting without a measurement ({accept_unmeasured})")
-        if cand is not None:  # measured, but not compared: say so with its results
+        if cand is not None and not dry_run:  # measured, not compared: say so with them
             store.annotate(client, repo, tag, {store.A_UNCOMPARED: accept_unmeasured})
         return GateResult(note=why, accepted_unmeasured=accept_unmeasured,
                           measured=cand is not None)
@@ -117,7 +119,7 @@ def check_promotion(client: RegistryClient, repo: str, to: str, *, threshold: fl
     result, recorded = judge(cand.doc, base.doc, what=f"{repo}: {tag}", threshold=threshold,
                              accept_regression=accept_regression,
                              accept_untrusted=accept_untrusted, log=log)
-    if recorded:
+    if recorded and not dry_run:
         store.annotate(client, repo, tag, recorded)
     return result
 

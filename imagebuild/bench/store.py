@@ -182,26 +182,43 @@ def annotate(client: RegistryClient, repo: str, tag: str, extra: dict[str, str])
     put_results(client, repo, tag, found.doc, annotations={**keep, **extra})
 
 
+def _subject_of(client: RegistryClient, repo: str, digest: str) -> str | None:
+    """The subject digest artifact `digest` is attached to (None: gone or not one)."""
+    try:
+        raw, _media, _ = client.get_manifest(repo, digest)
+        subject = json.loads(raw).get("subject") or {}
+    except (UserError, ValueError, AttributeError):
+        return None
+    return subject.get("digest") if isinstance(subject, dict) else None
+
+
 def forget(client: RegistryClient, repo: str, digest: str) -> int:
     """Delete the results attached to manifest `digest` (a release being pruned) and its
-    referrers tag when nothing else is listed there; how many artifacts went."""
-    ours, _how = _ours(client, repo, digest)
+    referrers tag when nothing else is listed there; how many artifacts went. Only
+    artifacts whose own `subject` is `digest` go: an index entry naming anything else
+    (a corrupt or foreign fallback index) is not ours to delete."""
+    ours, how = _ours(client, repo, digest)
     gone = 0
     for desc in ours:
+        if _subject_of(client, repo, str(desc.get("digest"))) != digest:
+            continue
         try:
             client.delete_manifest(repo, desc["digest"])
             gone += 1
         except (Unsupported, NotFound):
             pass
-    others = [m for m in _fallback_index(client, repo, digest)
-              if m.get("artifactType") != ARTIFACT_TYPE]
+    if how != "referrers-tag":
+        return gone
     try:
+        index = client.head_manifest(repo, referrers_tag(digest))
+        others = [m for m in _fallback_index(client, repo, digest)
+                  if m.get("artifactType") != ARTIFACT_TYPE] if index else []
         if others:
-            index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": others}
+            doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": others}
             client.put_manifest(repo, referrers_tag(digest), json.dumps(
-                index, sort_keys=True, separators=(",", ":")).encode(), OCI_INDEX)
-        elif client.head_manifest(repo, referrers_tag(digest)):
-            client.delete_tag(repo, referrers_tag(digest))
+                doc, sort_keys=True, separators=(",", ":")).encode(), OCI_INDEX)
+        elif index:  # by digest: no scan of every tag (the index is this subject's alone)
+            client.delete_manifest(repo, index[0])
     except (Unsupported, NotFound):
         pass
     return gone

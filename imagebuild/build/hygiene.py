@@ -204,20 +204,15 @@ def plan_clean(images: dict[str, Local], keep: int,
 
 
 def protected_releases(client: Any, repos: Iterable[str]) -> dict[tuple[str, str], str]:
-    """(repository path, tag) of each repository's latest and its rollback target: the
-    newest passed release older than latest (as `prune` keeps them in the registry)."""
-    from imagebuild.release.records import list_releases
+    """(repository path, tag) of each repository's latest and its rollback target, as
+    `prune` protects them in the registry: latest from a direct read of `latest`, and a
+    tag list that disagrees with it stops runner-clean before anything goes."""
+    from imagebuild.release.prune import protected, read_state
 
     out: dict[tuple[str, str], str] = {}
     for repo in repos:
-        rels = list_releases(client, repo)
-        latest_i = next((i for i, r in enumerate(rels) if r.is_latest), None)
-        if latest_i is None:
-            continue
-        out[(repo, rels[latest_i].tag)] = "latest"
-        target = next((r for r in rels[latest_i + 1:] if r.passed), None)
-        if target:
-            out[(repo, target.tag)] = "rollback target"
+        for tag, why in protected(read_state(client, repo)).items():
+            out[(repo, tag)] = why
     return out
 
 

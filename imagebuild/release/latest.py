@@ -2,19 +2,29 @@
 
 `latest` is re-pointed server-side by PUTting a release manifest's bytes under `latest`
 (no blob moves), under the registry lease, and only to a release recorded as passed.
-Promotion (the whole job, `publish`, `promote`) first runs the regression gate for every
-job, so a refusal moves nothing; rollback goes back on purpose and skips the gate.
+A set of images (a promote of several jobs, `rollback --all`) moves together or not at
+all: every image's checks pass before the first moves, every lease is held, the target
+and latest are read again under the leases, and a refusal while moving puts the images
+already moved back where they were (images that had a latest move first: those can be
+undone). Promotion is forward only (publish and `promote` alike: a release recorded
+before latest's refuses, so of two tags in flight the newer wins) and never to a release
+that was rolled back (rollbacks.py) unless asked on purpose. Rollback goes back on
+purpose and skips the regression gate, but not the others: its target must have been
+measured, and a rollback that would move latest forward is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from imagebuild.bench import store
 from imagebuild.bench.gate import check_promotion
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient
+from imagebuild.release import rollbacks
 from imagebuild.release.lease import Lease, holding_lease
 from imagebuild.release.records import (
     A_BENCH,
@@ -25,11 +35,12 @@ from imagebuild.release.records import (
     Log,
     Release,
     amended_manifest,
+    check_tag_date,
     read_release,
     resolve_tag,
     short_digest,
 )
-from imagebuild.spec.tags import ReleaseTag, parse_release_tag
+from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
@@ -66,6 +77,62 @@ def latest_release(client: RegistryClient, repo: str) -> tuple[str | None, str |
     return rel.digest, rel.annotations.get(A_TAG)
 
 
+def _passing(client: RegistryClient, repo: str, tag: str) -> Release:
+    rel = read_release(client, repo, tag)
+    if rel is None:
+        raise UserError(f"{repo}:{tag} does not exist", fix="list them with `build.py releases`")
+    if not rel.passed:
+        raise UserError(f"{repo}:{tag} never passed smoke (verdict: {rel.verdict})",
+                        fix="only a release recorded as passed can become latest")
+    return rel
+
+
+@dataclass
+class Accept:
+    """Reasons a user gave to pass a check of moving latest (None: not accepted)."""
+    rolled_back: str | None = None  # promote a release that was rolled back
+    forward: str | None = None  # rollback that moves latest forward, past the gates
+    unmeasured: str | None = None  # rollback to a release without bench results
+
+
+def _newer(a: Release, b: Release) -> bool:
+    return a.order_key() > b.order_key()
+
+
+def refusal(mode: str, rel: Release, before: Release | None, rolled: dict[str, dict],
+            accept: Accept) -> str | None:
+    """Why latest must not move from `before` to `rel`, or None. Everything here is read
+    again under the lease, so a decision never rests on a read another run outdated."""
+    if before is not None and before.digest == rel.digest:
+        return None
+    if mode == "promote":
+        if before is not None and _newer(before, rel):
+            return (f"{rel.tag} is older than latest "
+                    f"({before.annotations.get(A_TAG) or 'untagged'}); nothing moved. Use "
+                    f"`build.py rollback --to {rel.tag}` to go back on purpose")
+        if rel.tag in rolled and not accept.rolled_back:
+            return (f"{rel.tag} was rolled back (to {rolled[rel.tag].get('to', '?')} at "
+                    f"{rolled[rel.tag].get('at', '?')}); a re-run does not undo a rollback. "
+                    f"Promote it on purpose with --accept-rolled-back \"why\"")
+    elif not accept.forward and (before is None or _newer(rel, before)):
+        now = before.annotations.get(A_TAG) if before else None
+        return (f"{rel.tag} is newer than latest ({now or 'none'}): a rollback does not "
+                f"move latest forward past the regression gate. Use `build.py promote`, "
+                f"or pass --accept-forward \"why\"")
+    return None
+
+
+def _measured(client: RegistryClient, rel: Release, accept: Accept) -> str | None:
+    """Why a rollback target is not a measured release, or None."""
+    if accept.unmeasured:
+        return None
+    if rel.unmeasured:
+        return f"{rel.tag} was promoted unmeasured ({rel.unmeasured})"
+    if store.stored(client, rel.repo, rel.tag) is None:
+        return f"{rel.tag} was never benched (no stored bench results)"
+    return None
+
+
 def move_latest(client: RegistryClient, lease: Lease, rel: Release,
                 expected: str | None) -> None:
     """Point latest at rel, only if latest is still `expected` and the lease still ours."""
@@ -84,61 +151,127 @@ def move_latest(client: RegistryClient, lease: Lease, rel: Release,
                               fix="re-run; check the registry")
 
 
-def _passing(client: RegistryClient, repo: str, tag: str) -> Release:
-    rel = read_release(client, repo, tag)
-    if rel is None:
-        raise UserError(f"{repo}:{tag} does not exist", fix="list them with `build.py releases`")
-    if not rel.passed:
-        raise UserError(f"{repo}:{tag} never passed smoke (verdict: {rel.verdict})",
-                        fix="only a release recorded as passed can become latest")
-    return rel
+def _reread(client: RegistryClient, rel: Release) -> Release:
+    """The target again, under the lease: it must still exist as the same passed release
+    (a prune between our first read and the lease would otherwise be undone by our PUT)."""
+    now = read_release(client, rel.repo, rel.tag)
+    if now is None or now.digest != rel.digest or not now.passed:
+        raise OperationFailed(f"{rel.repo}: {rel.tag} was deleted or changed during this run; "
+                              "nothing moved", fix="check `build.py releases`, then re-run")
+    return now
+
+
+def move_set(client: RegistryClient, targets: list[Release], *, mode: str,
+             accept: Accept | None = None, dry_run: bool = False, log: Log = print,
+             settle: float | None = None) -> list[Move]:
+    """Move latest of every target's repository to it, all or none (see the module)."""
+    accept = accept or Accept()
+    start, sent0 = time.monotonic(), client.bytes.total
+    plans = []
+    for rel in targets:
+        before = read_release(client, rel.repo, LATEST)
+        why = refusal(mode, rel, before, rollbacks.rolled_back(client, rel.repo), accept)
+        if why is None and mode == "rollback" and (before is None or before.digest != rel.digest):
+            why = _measured(client, rel, accept)
+            why = why and f"{why}; rollback refuses it without --accept-unmeasured \"why\""
+        if why:
+            raise OperationFailed(f"{rel.repo}: {why}",
+                                  fix="nothing moved; see `build.py releases`")
+        plans.append((rel, before))
+    moves = [Move(rel.repo, rel.tag, rel.digest, b.annotations.get(A_TAG) if b else None,
+                  b.digest if b else None, b is None or b.digest != rel.digest, dry_run)
+             for rel, b in plans]
+    if not dry_run and any(m.moved for m in moves):
+        _move_all(client, [(rel, b) for (rel, b), m in zip(plans, moves, strict=True)
+                           if m.moved], mode=mode, accept=accept, log=log, settle=settle)
+    for m in moves:
+        m.seconds = time.monotonic() - start
+        m.bytes = client.bytes.total - sent0
+        log(m.line())
+    return moves
+
+
+def _move_all(client: RegistryClient, plans: list[tuple[Release, Release | None]], *,
+              mode: str, accept: Accept, log: Log, settle: float | None) -> None:
+    purpose = f"{mode} {' '.join(sorted({rel.tag for rel, _ in plans}))}"
+    with contextlib.ExitStack() as stack:
+        leases = {rel.repo: stack.enter_context(holding_lease(
+            client, rel.repo, rel.config_descriptor, purpose=purpose, log=log, settle=settle))
+            for rel, _ in sorted(plans, key=lambda p: p[0].repo)}
+        checked = []
+        for rel, before in plans:  # everything again, under every lease, before any move
+            rel = _reread(client, rel)
+            now = read_release(client, rel.repo, LATEST)
+            if (now.digest if now else None) != (before.digest if before else None):
+                raise OperationFailed(f"{rel.repo}: latest moved during this run; nothing moved",
+                                      fix="check `build.py releases`, then re-run")
+            why = refusal(mode, rel, now, rollbacks.rolled_back(client, rel.repo), accept)
+            if why:
+                raise OperationFailed(f"{rel.repo}: {why}", fix="nothing moved")
+            checked.append((rel, before))
+        # images that had a latest first: their move can be undone by PUTting it back
+        checked.sort(key=lambda p: p[1] is None)
+        done: list[tuple[Release, Release | None]] = []
+        try:
+            for rel, before in checked:
+                lease = leases[rel.repo]
+                if mode == "rollback" and before is not None:
+                    lease.check()
+                    rollbacks.record(client, rel.repo, str(before.annotations.get(A_TAG)),
+                                     rel.tag, rel.config_descriptor)
+                move_latest(client, lease, rel, before.digest if before else None)
+                done.append((rel, before))
+                if mode == "promote" and accept.rolled_back:
+                    rollbacks.forgive(client, rel.repo, rel.tag, rel.config_descriptor)
+        except BaseException:
+            _undo(client, done, log)
+            raise
+
+
+def _undo(client: RegistryClient, done: list[tuple[Release, Release | None]],
+          log: Log) -> None:
+    """Put latest back where it was for the images this run moved (best effort: this runs
+    while another error is on its way out)."""
+    for rel, before in reversed(done):
+        if before is None:
+            log(f"{rel.repo}: latest stays at {rel.tag} (it had no latest to go back to)")
+            continue
+        try:
+            client.put_manifest(rel.repo, LATEST, before.body, before.media_type)
+            log(f"{rel.repo}: latest put back to {before.annotations.get(A_TAG)}")
+        except Exception as exc:  # noqa: BLE001 - report, keep undoing the others
+            log(f"{rel.repo}: could not put latest back ({exc}); it is at {rel.tag}")
 
 
 def set_latest(client: RegistryClient, repo: str, to: str, *, mode: str = "rollback",
-               dry_run: bool = False, log: Log = print, settle: float | None = None) -> Move:
+               dry_run: bool = False, log: Log = print, settle: float | None = None,
+               accept: Accept | None = None) -> Move:
     """Move latest to release `to` (full or DATE-NAME) server-side: manifests only.
 
-    mode "promote" refuses to move latest backwards (that is what rollback is for).
-    """
-    start, sent0 = time.monotonic(), client.bytes.total
+    mode "promote" refuses to move latest backwards (that is what rollback is for);
+    mode "rollback" refuses to move it forward and to an unmeasured release."""
     tag = resolve_tag(client, repo, to)
-    rel = _passing(client, repo, tag)
-    before, before_tag = latest_release(client, repo)
-    if mode == "promote" and before_tag and (cur := parse_release_tag(before_tag)):
-        if rel.release_tag and rel.release_tag.sort_key() < cur.sort_key():
-            raise UserError(f"{repo}: {tag} is older than latest ({before_tag})",
-                            fix=f"use `build.py rollback --to {tag}` to go back on purpose")
-    move = Move(repo, tag, rel.digest, before_tag, before, before != rel.digest, dry_run)
-    if move.moved and not dry_run:
-        with holding_lease(client, repo, rel.config_descriptor, purpose=f"{mode} {tag}",
-                           log=log, settle=settle) as lease:
-            move_latest(client, lease, rel, before)
-    move.seconds = time.monotonic() - start
-    move.bytes = client.bytes.total - sent0
-    log(move.line())
-    return move
+    return move_set(client, [_passing(client, repo, tag)], mode=mode, accept=accept,
+                    dry_run=dry_run, log=log, settle=settle)[0]
 
 
 def set_latest_many(client: RegistryClient, repos: list[str], to: str, *,
                     mode: str = "rollback", dry_run: bool = False, log: Log = print,
-                    settle: float | None = None) -> list[Move]:
+                    settle: float | None = None, accept: Accept | None = None) -> list[Move]:
     """`rollback --all`: every repo that has a passed release `to` moves; repos without
-    it are left alone (and said so); none having it is an error. All targets are checked
-    before the first move, so a refusal moves nothing."""
+    it are left alone (and said so); none having it is an error. The repos that move,
+    move together (move_set)."""
     ready = []
     for repo in repos:
         try:
-            tag = resolve_tag(client, repo, to)
-            _passing(client, repo, tag)
+            ready.append(_passing(client, repo, resolve_tag(client, repo, to)))
         except UserError as exc:
             log(f"{repo}: left alone ({exc.message})")
-            continue
-        ready.append((repo, tag))
     if not ready:
         raise UserError(f"no repository has a passed release {to}",
                         fix="list them with `build.py releases`")
-    return [set_latest(client, repo, tag, mode=mode, dry_run=dry_run, log=log, settle=settle)
-            for repo, tag in ready]
+    return move_set(client, ready, mode=mode, accept=accept, dry_run=dry_run, log=log,
+                    settle=settle)
 
 
 def threshold_for(job: Job, default: float) -> float:
@@ -151,15 +284,17 @@ def threshold_for(job: Job, default: float) -> float:
 
 def advance(client: RegistryClient, repo: str, tag: ReleaseTag, *, dry_run: bool = False,
             log: Log = print, settle: float | None = None) -> Move | None:
-    """Forward only: latest moves to `tag` unless it already holds a newer release (going
-    back is `rollback`'s job). None when latest stays."""
-    _, current = latest_release(client, repo)
-    cur = parse_release_tag(current or "")
-    if cur and tag.sort_key() < cur.sort_key():
-        log(f"{repo}: latest stays at the newer {current}; use `build.py rollback` to go back")
+    """Forward only: latest moves to `tag` unless it already holds a newer release, or
+    `tag` was rolled back (going back, and forward again, are on purpose). None when
+    latest stays."""
+    rel = _passing(client, repo, str(tag))
+    why = refusal("promote", rel, read_release(client, repo, LATEST),
+                  rollbacks.rolled_back(client, repo), Accept())
+    if why:
+        log(f"{repo}: latest stays: {why}")
         return None
-    return set_latest(client, repo, str(tag), mode="promote", dry_run=dry_run, log=log,
-                      settle=settle)
+    return move_set(client, [rel], mode="promote", dry_run=dry_run, log=log,
+                    settle=settle)[0]
 
 
 def record_unmeasured(client: RegistryClient, repo: str, tag: str, reason: str, *,
@@ -183,36 +318,47 @@ def record_unmeasured(client: RegistryClient, repo: str, tag: str, reason: str, 
 
 def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_threshold: float,
                  accept_regression: str | None, accept_untrusted: str | None = None,
-                 accept_unmeasured: str | None = None, forward_only: bool = False,
-                 dry_run: bool = False, log: Log = print) -> list[Move]:
-    """Regression gate for every job first (a refusal moves nothing), then latest.
-    `forward_only` (the whole job, publish): a release older than latest leaves it alone.
+                 accept_unmeasured: str | None = None, accept_rolled_back: str | None = None,
+                 forward_only: bool = False, dry_run: bool = False,
+                 log: Log = print) -> list[Move]:
+    """Every job's checks first (forward only, not rolled back, the regression gate), so
+    a refusal moves nothing; then latest of every job's image moves, all or none.
+    `forward_only` (the whole job, publish): when a job's release is older than latest or
+    was rolled back, latest of every image stays and this says why (not an error: the
+    release itself was published); `promote` refuses instead (exit 1).
     `accept_untrusted`: promote although flagged bench figures could not be compared.
     `accept_unmeasured`: promote although a side has no bench results; a release without
-    results is recorded as unmeasured before latest moves to it."""
-    ready = []
+    results is recorded as unmeasured before latest moves to it.
+    `accept_rolled_back`: promote a release that was rolled back, on purpose."""
+    accept = Accept(rolled_back=accept_rolled_back)
+    rels = []
+    for job in jobs:
+        check_tag_date(job.tag)
+        repo = job.image.repository
+        rel = _passing(client, repo, str(job.tag))
+        why = refusal("promote", rel, read_release(client, repo, LATEST),
+                      rollbacks.rolled_back(client, repo), accept)
+        if why and forward_only:
+            log(f"{repo}: latest stays: {why}")
+            log("latest of every image of this release stays (a set moves together)")
+            return []
+        if why:
+            raise OperationFailed(f"{repo}: {why}", fix="nothing moved")
+        rels.append(rel)
     unmeasured = []
     for job in jobs:
         repo = job.image.repository
-        if forward_only:
-            _, current = latest_release(client, repo)
-            cur = parse_release_tag(current or "")
-            if cur and job.tag.sort_key() < cur.sort_key():
-                log(f"{repo}: latest stays at the newer {current}; "
-                    "use `build.py rollback` to go back")
-                continue
         result = check_promotion(client, repo, str(job.tag),
                                  threshold=threshold_for(job, default_threshold),
                                  accept_regression=accept_regression,
                                  accept_untrusted=accept_untrusted,
-                                 accept_unmeasured=accept_unmeasured, log=log)
-        ready.append(job)
+                                 accept_unmeasured=accept_unmeasured, dry_run=dry_run, log=log)
         if not result.measured and result.accepted_unmeasured:
             unmeasured.append((repo, str(job.tag), result.accepted_unmeasured))
     for repo, tag, reason in unmeasured:
         if dry_run:
             log(f"{repo}: would record {tag} as unmeasured ({reason})")
         else:
-            record_unmeasured(client, repo, tag, reason, log=log)
-    return [set_latest(client, j.image.repository, str(j.tag), mode="promote", dry_run=dry_run,
-                       log=log) for j in ready]
+            rel = record_unmeasured(client, repo, tag, reason, log=log)
+            rels = [rel if r.repo == repo else r for r in rels]
+    return move_set(client, rels, mode="promote", accept=accept, dry_run=dry_run, log=log)

@@ -7,8 +7,10 @@ runs on different machines apart (see `Lease` for what it can and cannot promise
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import fcntl
 import json
+import math
 import os
 import re
 import socket
@@ -52,6 +54,33 @@ def lease_settle() -> float:
     return _seconds(SETTLE_ENV, 0.5, 0.0, 60.0)
 
 
+MAX_TTL = 86400.0  # an expiry further ahead than this is malformed, not a long lease
+
+
+def registry_time(client: RegistryClient) -> float:
+    """Now, by the registry's own clock (the `Date` header of GET /v2/): every run
+    compares lease expiries with the same clock, so a writer's skewed clock neither keeps
+    a dead lease alive nor lets a live one be taken. Our clock only when it sends none."""
+    try:
+        resp = client._request("GET", "/v2/")  # noqa: SLF001 - the one header we need
+        date = resp.headers.get("Date")
+        if date:
+            return email.utils.parsedate_to_datetime(date).timestamp()
+    except (TypeError, ValueError, IndexError):
+        pass
+    return time.time()
+
+
+def identity() -> tuple[str, int, str]:
+    """(host name, pid, pid namespace) of this run: a pid means something only inside
+    its own pid namespace (containers share a host name but not their pids)."""
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = ""
+    return socket.gethostname(), os.getpid(), pidns
+
+
 def _lock_dir() -> Path:
     base = os.environ.get("IMAGEBUILD_LOCK_DIR") or Path.home() / ".cache" / "imagebuild" / "locks"
     return Path(base)
@@ -82,9 +111,12 @@ class Lease:
     other writer sees a foreign owner and backs off. Two runs could both win only if one
     stalled longer than `settle` between reading "free" and writing; before moving
     `latest` the holder checks the lease again and that `latest` is where it was.
-    A lease of this host whose process is gone (or is us) is stale, since we hold the
-    local flock, so a run killed mid-promote never blocks its own re-run; other leases
-    are honoured until they expire after `ttl`.
+    A lease of this host and pid namespace whose process is gone (or is us) is stale,
+    since we hold the local flock, so a run killed mid-promote never blocks its own
+    re-run; other leases (another host, or a container with its own pid namespace) are
+    honoured until they expire after `ttl`, by the registry's clock (`registry_time`).
+    Long work calls `check()` before each write: it stops when the lease was lost and
+    renews it (a new generation, a later expiry) once a third of the TTL has passed.
     """
 
     def __init__(self, client: RegistryClient, repo: str, config: dict[str, Any], *,
@@ -93,50 +125,77 @@ class Lease:
         self.client, self.repo, self.log = client, repo, log
         ttl = lease_ttl() if ttl is None else ttl
         settle = lease_settle() if settle is None else settle
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-        self.host = socket.gethostname()
+        self.host, pid, self.pidns = identity()
+        self.owner = f"{self.host}:{pid}:{uuid.uuid4().hex[:12]}"
         self.ttl, self.settle = ttl, settle
-        note = {f"{LEASE}.owner": self.owner, f"{LEASE}.host": self.host,
-                f"{LEASE}.pid": str(os.getpid()),
-                f"{LEASE}.purpose": purpose, f"{LEASE}.expires": f"{time.time() + ttl:.3f}"}
+        self.note = {f"{LEASE}.owner": self.owner, f"{LEASE}.host": self.host,
+                     f"{LEASE}.pid": str(pid), f"{LEASE}.pidns": self.pidns,
+                     f"{LEASE}.purpose": purpose}
         # config: an existing config blob of this repo (a manifest must reference one)
-        self.body = compact({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                              "config": {**config, "mediaType": OCI_CONFIG}, "layers": [],
-                              "annotations": note}).encode()
+        self.config = {**config, "mediaType": OCI_CONFIG}
+        self.generation = 0
+        self.body = b""
         self.digest: str | None = None
+        self.written = 0.0  # monotonic time of our last write of the lease
 
     def _holder(self) -> dict[str, str] | None:
         rel = read_release(self.client, self.repo, LEASE_TAG)
         return rel.annotations if rel else None
 
+    def _write(self, now: float) -> None:
+        """PUT the lease: expiry in the registry's time, the next generation."""
+        self.generation += 1
+        note = {**self.note, f"{LEASE}.expires": f"{now + self.ttl:.3f}",
+                f"{LEASE}.generation": str(self.generation)}
+        self.body = compact({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                             "config": self.config, "layers": [],
+                             "annotations": note}).encode()
+        self.digest = self.client.put_manifest(self.repo, LEASE_TAG, self.body, OCI_MANIFEST)
+        self.written = time.monotonic()
+
     def acquire(self) -> Lease:
         held = self._holder()
+        now = registry_time(self.client)
         if held and held.get(f"{LEASE}.owner") and held.get(f"{LEASE}.state") != "released":
             owner = held.get(f"{LEASE}.owner", "?")
-            expires = float(held.get(f"{LEASE}.expires", "0") or 0)
-            if held.get(f"{LEASE}.host") == self.host and not _other_live_pid(held):
+            expires = _expiry(held, now)
+            try:
+                self.generation = max(0, int(held.get(f"{LEASE}.generation", "0")))
+            except ValueError:
+                self.generation = 0
+            if (held.get(f"{LEASE}.host") == self.host
+                    and held.get(f"{LEASE}.pidns", "") == self.pidns
+                    and not _other_live_pid(held)):
                 self.log(f"{self.repo}: taking over a stale lease of this host ({owner})")
-            elif expires > time.time():
+            elif expires is None:
+                self.log(f"{self.repo}: taking over a lease of {owner} whose expiry "
+                         f"{held.get(f'{LEASE}.expires', '')[:40]!r} is malformed")
+            elif expires > now:
                 raise OperationFailed(
                     f"{self.repo}: another run ({owner}, {held.get(f'{LEASE}.purpose')}) "
-                    f"holds the registry lease for {expires - time.time():.0f} s more",
+                    f"holds the registry lease for {expires - now:.0f} s more",
                     fix="wait for it to finish, then re-run (re-runs resume)")
             else:
                 self.log(f"{self.repo}: taking over an expired lease of {owner}")
-        self.digest = self.client.put_manifest(self.repo, LEASE_TAG, self.body, OCI_MANIFEST)
+        self._write(now)
         time.sleep(self.settle)
         self.check()
         return self
 
     def check(self) -> None:
-        """Raise unless the lease tag still points at our lease manifest."""
+        """Raise unless the lease tag still points at our lease manifest; renew it when a
+        third of its TTL has passed since we wrote it (long work keeps it alive)."""
         now = self.client.head_manifest(self.repo, LEASE_TAG)
         if not now or now[0] != self.digest:
             holder = self._holder() or {}
             raise OperationFailed(
                 f"{self.repo}: lost the registry lease to "
-                f"{holder.get(f'{LEASE}.owner', 'another run')}; nothing moved by this run",
-                fix="another run is promoting; wait for it, then re-run")
+                f"{holder.get(f'{LEASE}.owner', 'another run')}; this run stops here",
+                fix="another run is writing; wait for it, then re-run")
+        if time.monotonic() - self.written >= self.ttl / 3:
+            self._write(registry_time(self.client))
+            time.sleep(self.settle)
+            self.check()
 
     def release(self) -> None:
         """Drop our lease if it is still ours; never raises (it runs in finally)."""
@@ -153,6 +212,18 @@ class Lease:
         except Exception as exc:  # noqa: BLE001 - a stale lease expires; report, go on
             self.log(f"{self.repo}: could not release the lease ({exc}); it expires in "
                      f"{self.ttl:.0f} s and this host's re-runs take it over")
+
+
+def _expiry(held: dict[str, str], now: float) -> float | None:
+    """The lease's expiry (registry time), None when malformed: not a number, not
+    finite, or further ahead than any TTL could make it (it would never expire)."""
+    try:
+        value = float(held.get(f"{LEASE}.expires", ""))
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value > now + MAX_TTL:
+        return None
+    return value
 
 
 def _other_live_pid(held: dict[str, str]) -> bool:

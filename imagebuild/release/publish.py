@@ -37,6 +37,7 @@ from imagebuild.release.records import (
     STAGING_PREFIX,
     Log,
     annotated_manifest,
+    check_tag_date,
     read_release,
     release_record,
 )
@@ -177,6 +178,7 @@ def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: R
     info = inspect_local(local_ref)
     image_id = info["Id"]
     gate(verdict, image_id, local_ref)  # before any registry request
+    check_tag_date(release_tag)
     labels = (info.get("Config") or {}).get("Labels") or {}
     tag = str(release_tag)
     res = PublishResult(repo, tag, image_id, dry_run=dry_run)

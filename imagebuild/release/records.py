@@ -10,6 +10,8 @@ one manifest GET; `docker pull` of the release tag yields the tested image id.
 
 from __future__ import annotations
 
+import calendar
+import datetime as dt
 import json
 import time
 from collections.abc import Callable
@@ -25,6 +27,8 @@ from imagebuild.registry.client import (
     RegistryClient,
 )
 from imagebuild.spec.tags import FULL, SHORT, ReleaseTag, parse_release_tag
+
+DATE_SKEW = dt.timedelta(days=1)  # a tag dated beyond tomorrow (UTC) is a typo
 
 Log = Callable[[str], None]
 
@@ -141,6 +145,27 @@ class Release:
         return self.annotations.get(A_UNMEASURED) or "no reason recorded"
 
     @property
+    def recorded_at(self) -> float | None:
+        """When publish recorded it (UTC seconds), None when the record does not say."""
+        try:
+            return float(calendar.timegm(time.strptime(self.annotations.get(A_CREATED, ""),
+                                                       "%Y-%m-%dT%H:%M:%SZ")))
+        except ValueError:
+            return None
+
+    def order_key(self) -> tuple[Any, ...]:
+        """Newer sorts greater: by when it was recorded, the tag's date only a bound. The
+        day is the tag date, or the recording day when the tag claims a later one (a
+        future-dated typo must not outrank every release to come); within a day, the
+        recording time (not the name's alphabet); the tag as the last tie-break."""
+        rt = parse_release_tag(self.annotations.get(A_TAG, "")) or self.release_tag
+        at = self.recorded_at
+        day = rt.date if rt else dt.date.min
+        if at is not None:
+            day = min(day, dt.datetime.fromtimestamp(at, dt.UTC).date())
+        return (day, at or 0.0) + (rt.sort_key() if rt else (dt.date.min,))
+
+    @property
     def config_descriptor(self) -> dict[str, Any]:
         return json.loads(self.body)["config"]
 
@@ -178,7 +203,7 @@ def list_releases(client: RegistryClient, repo: str) -> list[Release]:
         tags = client.tags(repo)
     except NotFound:
         return []
-    latest = client.head_manifest(repo, LATEST) if LATEST in tags else None
+    latest = client.head_manifest(repo, LATEST)  # directly: a short tag list may lack it
     found = []
     for tag in tags:
         if parse_release_tag(tag) is None:
@@ -187,7 +212,17 @@ def list_releases(client: RegistryClient, repo: str) -> list[Release]:
         if rel is not None:
             rel.is_latest = bool(latest and latest[0] == rel.digest)
             found.append(rel)
-    return sorted(found, key=lambda r: r.release_tag.sort_key(), reverse=True)  # type: ignore[union-attr]
+    return sorted(found, key=Release.order_key, reverse=True)
+
+
+def check_tag_date(tag: ReleaseTag, *, today: dt.date | None = None) -> None:
+    """Refuse a release dated in the future (beyond a day of skew): exit 2, nothing
+    written. Such a tag would sort after every release to come."""
+    today = today or dt.datetime.now(dt.UTC).date()
+    if tag.date > today + DATE_SKEW:
+        raise UserError(f"--tag {tag}: its date {tag.date} is in the future (today is "
+                        f"{today} UTC)", fix=f"tag the release with today's date, e.g. "
+                                             f"{today.isoformat()}-{tag.name}")
 
 
 def resolve_tag(client: RegistryClient, repo: str, wanted: str) -> str:

@@ -2,13 +2,22 @@
 the code that reads and writes releases (gates, records, notes) through the real
 RegistryClient: manifests by tag and digest, tags, monolithic blob uploads, deletes by
 digest, no referrers API (as distribution 2.8, the embedded registry). Every request is
-recorded, so a test can assert that nothing was asked."""
+recorded, so a test can assert that nothing was asked.
+
+For the release-state tests it also has a clock of its own (`now`, sent as `Date`, as
+distribution does), a crash switch (`crash_at`: the Nth request from now raises `Crash`
+and so does every later one until `revive()`, like a run killed mid-command), a hook run
+before each request (`before`: another client acting in the middle of a command), a tag
+list cut short (`tag_limit`) and a DELETE whose answer was lost (`lost_delete`)."""
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import json
+import time
 import uuid
+from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
 import requests
@@ -21,6 +30,10 @@ def _digest(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
+class Crash(BaseException):  # noqa: N818 - not an error a command may catch and go on
+    """The run was killed here (BaseException: no `except Exception` survives it)."""
+
+
 class MemRegistry(requests.Session):
     def __init__(self) -> None:
         super().__init__()
@@ -28,15 +41,35 @@ class MemRegistry(requests.Session):
         self.tags: dict[str, dict[str, str]] = {}  # repo -> tag -> digest
         self.blobs: dict[str, dict[str, bytes]] = {}
         self.calls: list[tuple[str, str]] = []
+        self.now: float | None = None  # the registry's clock (None: this machine's)
+        self.crash_at: int | None = None  # requests from now until the crash
+        self.dead = False
+        self.before: Callable[[str, str], None] | None = None
+        self.tag_limit: int | None = None
+        self.lost_delete = False
 
     def client(self) -> RegistryClient:
         return RegistryClient("127.0.0.1:5999", session=self, retries=0,
                               credentials=Credentials("u", "p"))
 
+    def revive(self) -> None:
+        self.dead, self.crash_at = False, None
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [c for c in self.calls if c[0] not in ("GET", "HEAD")]
+
     # -- the HTTP side
 
     def request(self, method, url, headers=None, data=None, **kw):  # type: ignore[override]
         parts = urlsplit(url)
+        if self.crash_at is not None:
+            self.crash_at -= 1
+            if self.crash_at < 0:
+                self.dead = True
+        if self.dead:
+            raise Crash(f"killed before {method} {parts.path}")
+        if self.before is not None:
+            self.before(method, parts.path)
         self.calls.append((method, parts.path))
         path = parts.path
         if path == "/v2/":
@@ -47,8 +80,8 @@ class MemRegistry(requests.Session):
         if kind == "tags":
             if repo not in self.tags:
                 return self._error(404, "NAME_UNKNOWN")
-            return self._answer(200, json.dumps({"name": repo,
-                                                 "tags": sorted(self.tags[repo])}).encode())
+            tags = sorted(self.tags[repo])[:self.tag_limit]
+            return self._answer(200, json.dumps({"name": repo, "tags": tags}).encode())
         if kind == "referrers":
             return self._error(404, "NOT_FOUND")
         if kind == "blobs":
@@ -96,6 +129,9 @@ class MemRegistry(requests.Session):
             del store[ref]
             for tag in [t for t, d in tags.items() if d == ref]:
                 del tags[tag]
+            if self.lost_delete:  # done, but the answer was lost: the retry sees 404
+                self.lost_delete = False
+                return self._error(404, "MANIFEST_UNKNOWN")
             return self._answer(202, b"")
         digest = ref if ref.startswith("sha256:") else tags.get(ref)
         if digest is None or digest not in store:
@@ -106,12 +142,19 @@ class MemRegistry(requests.Session):
                              "Content-Length": str(len(body))})
 
     @staticmethod
-    def _answer(status: int, body: bytes, headers: dict | None = None) -> requests.Response:
+    def _plain(status: int, body: bytes, headers: dict | None = None) -> requests.Response:
         r = requests.Response()
         r.status_code = status
         r._content = body  # noqa: SLF001 - an answer made here
         r.headers.update({"Docker-Distribution-API-Version": "registry/2.0",
                           "Content-Type": "application/json", **(headers or {})})
+        return r
+
+    def _answer(self, status: int, body: bytes,
+                headers: dict | None = None) -> requests.Response:
+        r = MemRegistry._plain(status, body, headers)
+        r.headers["Date"] = email.utils.formatdate(
+            self.now if self.now is not None else time.time(), usegmt=True)
         return r
 
     def _error(self, status: int, code: str) -> requests.Response:
@@ -121,7 +164,8 @@ class MemRegistry(requests.Session):
     # -- what tests put in
 
     def add_release(self, repo: str, tag: str, *, smoke: str = "passed",
-                    config: bytes = b'{"config":{}}') -> str:
+                    config: bytes = b'{"config":{}}', created: float | None = None,
+                    benched: bool = False) -> str:
         """A release as publish records it: config and layer blobs, the annotated
         manifest under the release tag. Returns its manifest digest."""
         from imagebuild.release.records import annotated_manifest, release_record
@@ -139,8 +183,17 @@ class MemRegistry(requests.Session):
         assert rtag is not None, tag
         record = release_record(rtag, config_digest, {"passed": smoke == "passed"},
                                 pins={}, cell=None, inputs=None, pushed_digest="sha256:" + "0" * 64)
-        return client.put_manifest(repo, tag, annotated_manifest(pushed, record),
-                                   "application/vnd.oci.image.manifest.v1+json")
+        if created is not None:
+            record["org.opencontainers.image.created"] = time.strftime(
+                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+        digest = client.put_manifest(repo, tag, annotated_manifest(pushed, record),
+                                     "application/vnd.oci.image.manifest.v1+json")
+        if benched:
+            from imagebuild.bench import store
+
+            store.put_results(client, repo, tag, {"image": {"id": config_digest},
+                                                  "levels": []})
+        return digest
 
     def point_latest(self, repo: str, tag: str) -> None:
         self.tags[repo]["latest"] = self.tags[repo][tag]
