@@ -46,7 +46,7 @@ class MemRegistry(requests.Session):
         self.dead = False
         self.before: Callable[[str, str], None] | None = None
         self.tag_limit: int | None = None
-        self.lost_delete = False
+        self.lost_delete: set[str] = set()  # digests whose DELETE answer gets lost
 
     def client(self) -> RegistryClient:
         return RegistryClient("127.0.0.1:5999", session=self, retries=0,
@@ -130,7 +130,7 @@ class MemRegistry(requests.Session):
             for tag in [t for t, d in tags.items() if d == ref]:
                 del tags[tag]
             if self.lost_delete:  # done, but the answer was lost: the retry sees 404
-                self.lost_delete = False
+                self.lost_delete: set[str] = set()  # digests whose DELETE answer gets lost
                 return self._error(404, "MANIFEST_UNKNOWN")
             return self._answer(202, b"")
         digest = ref if ref.startswith("sha256:") else tags.get(ref)
