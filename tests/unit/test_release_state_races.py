@@ -138,7 +138,8 @@ def test_a_rerun_does_not_undo_a_rollback(reg):
     set_latest(reg.client(), REPO, A, log=lambda _: None)
     assert _at(reg) == A and B in rolled_back(reg.client(), REPO)
     out: list[str] = []
-    assert advance(reg.client(), REPO, parse_release_tag(B), log=out.append) is None  # publish re-run
+    # a re-run of the publish of B
+    assert advance(reg.client(), REPO, parse_release_tag(B), log=out.append) is None
     assert _at(reg) == A and "was rolled back" in out[0]
     with pytest.raises(OperationFailed, match="--accept-rolled-back"):
         set_latest(reg.client(), REPO, B, mode="promote", log=lambda _: None)
