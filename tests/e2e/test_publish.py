@@ -22,7 +22,7 @@ import requests
 
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import Credentials, RegistryClient
-from imagebuild.release.latest import advance, set_latest, set_latest_many
+from imagebuild.release.latest import Accept, advance, set_latest, set_latest_many
 from imagebuild.release.lease import LEASE_TAG, Lease
 from imagebuild.release.prune import prune
 from imagebuild.release.publish import publish
@@ -143,6 +143,7 @@ def pub(request, registry, client):
 
 
 R1, R2, R3 = "2026-06-04-v0.23.0-base", "2026-06-11-v0.23.0-pr41703", "2026-06-18-v0.23.0-dflashfix"
+UNBENCHED = Accept(unmeasured="these test releases are never benched")
 
 
 # ------------------------------------------------------------------------- the gate
@@ -222,7 +223,8 @@ def test_dry_runs_write_nothing(registry, pub):
         c = registry.client(proxy.url)
         pub.client = c
         pub.publish("2026-06-25-v0.23.0-dflashfix", dry_run=True)
-        set_latest(c, pub.repo, "2026-06-04-base", dry_run=True, log=pub.log.append)
+        set_latest(c, pub.repo, "2026-06-04-base", dry_run=True, log=pub.log.append,
+                   accept=UNBENCHED)
         prune(c, pub.repo, 1, dry_run=True, log=pub.log.append)
         writes = [s for s in proxy.seen if s.method not in ("GET", "HEAD")]
         assert writes == []
@@ -244,7 +246,8 @@ def test_releases_rollback_and_roll_forward(registry, client, pub):
     assert f"latest -> {R3}" in text and "engine dflashfix vLLM 0.23.0" in text
 
     client.bytes.reset()
-    move = set_latest(client, pub.repo, "2026-06-11-pr41703", log=pub.log.append)
+    move = set_latest(client, pub.repo, "2026-06-11-pr41703", log=pub.log.append,
+                      accept=UNBENCHED)
     assert move.moved and move.before_tag == R3 and move.target == R2
     assert client.digest(pub.repo, LATEST) == rels[1].digest
     # manifests only: no blob crossed the wire
@@ -253,10 +256,14 @@ def test_releases_rollback_and_roll_forward(registry, client, pub):
     print(f"\nrollback: {move.seconds:.3f} s, {client.bytes.summary()}")
     assert f"moved latest {R3}" in pub.log[-1]
 
-    # promote refuses to go backwards; forward it goes
-    with pytest.raises(UserError, match="older than latest"):
+    # promote refuses to go backwards, and back to the release rolled back from unless
+    # on purpose; forward it goes
+    with pytest.raises(OperationFailed, match="older than latest"):
         set_latest(client, pub.repo, R1, mode="promote", log=pub.log.append)
-    fwd = set_latest(client, pub.repo, R3, mode="promote", log=pub.log.append)
+    with pytest.raises(OperationFailed, match="was rolled back"):
+        set_latest(client, pub.repo, R3, mode="promote", log=pub.log.append)
+    fwd = set_latest(client, pub.repo, R3, mode="promote", log=pub.log.append,
+                     accept=Accept(rolled_back="the regression is fixed in the config"))
     assert fwd.moved and client.digest(pub.repo, LATEST) == rels[0].digest
     assert not set_latest(client, pub.repo, R3, mode="promote", log=pub.log.append).moved
     assert_safe(client, pub.repo, pub.tested())
@@ -285,25 +292,26 @@ def test_a_foreign_lease_blocks_and_a_stale_own_lease_does_not(registry, client,
     Lease(client, pub.repo, cfg, purpose="test", settle=0, ttl=2).acquire()  # not released
     monkeypatch.undo()
     with pytest.raises(OperationFailed, match="another run .*another-machine.* holds"):
-        set_latest(client, pub.repo, R1, log=pub.log.append)
+        set_latest(client, pub.repo, R1, log=pub.log.append, accept=UNBENCHED)
     assert read_release(client, pub.repo, LATEST).annotations[
         "io.imagebuild.release.tag"] == R2
     time.sleep(2.1)  # expired: the next lease takes it over
     # a lease this host left behind (a killed run) is taken over by the next run
     Lease(client, pub.repo, cfg, purpose="killed run", settle=0).acquire()
-    assert set_latest(client, pub.repo, R1, log=pub.log.append, settle=0.05).moved
+    assert set_latest(client, pub.repo, R1, log=pub.log.append, settle=0.05,
+                      accept=UNBENCHED).moved
     assert LEASE_TAG not in client.tags(pub.repo)
 
 
 _RACER = """
 import sys, time
 from imagebuild.registry.client import RegistryClient
-from imagebuild.release.latest import set_latest
+from imagebuild.release.latest import Accept, set_latest
 url, user, pw, repo, tag, at = sys.argv[1:]
 c = RegistryClient(url, username=user, password=pw)
 c.ping()
 time.sleep(max(0, float(at) - time.time()))
-set_latest(c, repo, tag, settle=0.5)
+set_latest(c, repo, tag, settle=0.5, accept=Accept(unmeasured="never benched"))
 """
 
 
@@ -335,7 +343,8 @@ def test_prune_keeps_newest_latest_and_rollback_target(registry, client, pub):
     tags = [f"2026-06-0{d}-v0.23.0-dflashfix" for d in range(1, 7)]
     for tag in tags:
         pub.publish(tag)
-    set_latest(client, pub.repo, tags[2], log=pub.log.append)  # latest rolled back to 06-03
+    set_latest(client, pub.repo, tags[2], log=pub.log.append,  # rolled back to 06-03
+               accept=UNBENCHED)
     # 06-02 never passed (pushed around the gate): the rollback target is 06-01
     push_tiny_image(registry, pub.repo, ("2026-06-02-v0.23.0-dflashfix",), size=4096)
     plan = prune(client, pub.repo, keep=2, log=pub.log.append)
@@ -348,7 +357,8 @@ def test_prune_keeps_newest_latest_and_rollback_target(registry, client, pub):
     assert read_release(client, pub.repo, LATEST).annotations[
         "io.imagebuild.release.tag"] == tags[2]
     # and a rollback to the protected target still works
-    assert set_latest(client, pub.repo, "2026-06-01-dflashfix", log=pub.log.append).moved
+    assert set_latest(client, pub.repo, "2026-06-01-dflashfix", log=pub.log.append,
+                      accept=UNBENCHED).moved
     with pytest.raises(UserError, match="at least 1"):
         prune(client, pub.repo, keep=0)
 
@@ -360,7 +370,7 @@ def test_rollback_all_moves_every_repo_that_has_the_release(registry, client, pu
     try:
         other.publish(R3)  # has no R1: left alone
         moves = set_latest_many(client, [pub.repo, other.repo], "2026-06-04-base",
-                                log=pub.log.append)
+                                log=pub.log.append, accept=UNBENCHED)
         assert [(m.repo, m.target) for m in moves] == [(pub.repo, R1)]
         assert any("left alone" in line and other.repo in line for line in pub.log)
         assert client.digest(other.repo, LATEST) == client.digest(other.repo, R3)

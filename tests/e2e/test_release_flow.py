@@ -69,8 +69,13 @@ def test_rollback_and_roll_forward_move_only_manifests(released):
     # roll forward through the regression gate; figures measured on a shared 2-core CI
     # host may be flagged untrusted (tests/e2e/test_bench_store.py tests that refusal),
     # which is not what this test is about: accept them with a reason, as a user would
+    # the release rolled back from goes forward again only on purpose
     proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
                 "--accept-untrusted-bench", "e2e roll-forward on a shared CI host")
+    assert proc.returncode == 1 and "was rolled back" in proc.stderr, proc.stderr
+    proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
+                "--accept-untrusted-bench", "e2e roll-forward on a shared CI host",
+                "--accept-rolled-back", "e2e: the rollback was a drill")
     assert proc.returncode == 0, proc.stderr
     assert _latest_line(_run(released, "releases", "--image", "cpu-*").stdout) == NEW
 
