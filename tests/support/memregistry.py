@@ -18,6 +18,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import requests
@@ -163,37 +164,104 @@ class MemRegistry(requests.Session):
 
     # -- what tests put in
 
-    def add_release(self, repo: str, tag: str, *, smoke: str = "passed",
-                    config: bytes = b'{"config":{}}', created: float | None = None,
-                    benched: bool = False) -> str:
-        """A release as publish records it: config and layer blobs, the annotated
-        manifest under the release tag. Returns its manifest digest."""
-        from imagebuild.release.records import annotated_manifest, release_record
-        from imagebuild.spec.tags import parse_release_tag
-
-        client = self.client()
-        config_digest = client.put_blob(repo, config)
-        layer = client.put_blob(repo, tag.encode())
-        pushed = {"mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-                  "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
-                             "digest": config_digest, "size": len(config)},
-                  "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
-                              "digest": layer, "size": len(tag)}]}
-        rtag = parse_release_tag(tag)
-        assert rtag is not None, tag
-        record = release_record(rtag, config_digest, {"passed": smoke == "passed"},
-                                pins={}, cell=None, inputs=None, pushed_digest="sha256:" + "0" * 64)
-        if created is not None:
-            record["org.opencontainers.image.created"] = time.strftime(
-                "%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
-        digest = client.put_manifest(repo, tag, annotated_manifest(pushed, record),
-                                     "application/vnd.oci.image.manifest.v1+json")
-        if benched:
-            from imagebuild.bench import store
-
-            store.put_results(client, repo, tag, {"image": {"id": config_digest},
-                                                  "levels": []})
-        return digest
+    def add_release(self, repo: str, tag: str, **kw: Any) -> str:
+        return add_release(self.client(), repo, tag, **kw)
 
     def point_latest(self, repo: str, tag: str) -> None:
         self.tags[repo]["latest"] = self.tags[repo][tag]
+
+
+def add_release(client: RegistryClient, repo: str, tag: str, *, smoke: str = "passed",
+                config: bytes = b'{"config":{}}', created: float | None = None,
+                benched: bool = False) -> str:
+    """A release as publish records it: config and layer blobs, the annotated manifest
+    under the release tag (and bench results stored with it when `benched`). Returns its
+    manifest digest."""
+    from imagebuild.release.records import annotated_manifest, release_record
+    from imagebuild.spec.tags import parse_release_tag
+
+    config_digest = client.put_blob(repo, config)
+    layer = client.put_blob(repo, tag.encode())
+    pushed = {"mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+              "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                         "digest": config_digest, "size": len(config)},
+              "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                          "digest": layer, "size": len(tag)}]}
+    rtag = parse_release_tag(tag)
+    assert rtag is not None, tag
+    record = release_record(rtag, config_digest, {"passed": smoke == "passed"},
+                            pins={}, cell=None, inputs=None, pushed_digest="sha256:" + "0" * 64)
+    if created is not None:
+        record["org.opencontainers.image.created"] = time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+    digest = client.put_manifest(repo, tag, annotated_manifest(pushed, record),
+                                 "application/vnd.oci.image.manifest.v1+json")
+    if benched:
+        from imagebuild.bench import store
+
+        store.put_results(client, repo, tag, {"image": {"id": config_digest}, "levels": []})
+    return digest
+
+
+class FaultSession(requests.Session):
+    """A real registry behind the same switches as MemRegistry (crash_at, before, calls),
+    for the slice of the release-state properties run against distribution itself."""
+
+    def __init__(self, url: str, user: str, password: str) -> None:
+        super().__init__()
+        self.url, self.user, self.password = url, user, password
+        self.calls: list[tuple[str, str]] = []
+        self.now: float | None = None  # the registry keeps its own clock
+        self.crash_at: int | None = None
+        self.dead = False
+        self.before: Callable[[str, str], None] | None = None
+
+    def request(self, method, url, *args, **kw):  # type: ignore[override]
+        path = urlsplit(url).path
+        if self.crash_at is not None:
+            self.crash_at -= 1
+            if self.crash_at < 0:
+                self.dead = True
+        if self.dead:
+            raise Crash(f"killed before {method} {path}")
+        if self.before is not None:
+            self.before(method, path)
+        self.calls.append((method, path))
+        return super().request(method, url, *args, **kw)
+
+    def client(self) -> RegistryClient:
+        return RegistryClient(self.url, session=self, retries=0,
+                              credentials=Credentials(self.user, self.password))
+
+    def _clean(self) -> RegistryClient:
+        return RegistryClient(self.url, retries=2,
+                              credentials=Credentials(self.user, self.password))
+
+    def revive(self) -> None:
+        self.dead, self.crash_at = False, None
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [c for c in self.calls if c[0] not in ("GET", "HEAD")]
+
+    @property
+    def tags(self) -> dict[str, dict[str, str]]:
+        """repo -> {tag: ""} as the registry lists them now (read without faults)."""
+        clean = self._clean()
+
+        class View(dict):
+            def __missing__(self, repo: str) -> dict[str, str]:
+                try:
+                    return dict.fromkeys(clean.tags(repo), "")
+                except Exception:  # noqa: BLE001 - an unknown repository has no tags
+                    return {}
+
+            def get(self, repo, default=None):  # type: ignore[override]
+                return self[repo]
+
+        return View()
+
+    def add_release(self, repo: str, tag: str, **kw: Any) -> str:
+        return add_release(self._clean(), repo, tag, **kw)
+
+    def point_latest(self, repo: str, tag: str) -> None:
+        self._clean().copy_tag(repo, tag, "latest")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -48,12 +49,18 @@ COMMANDS = st.one_of(
 
 
 class ReleaseState(RuleBasedStateMachine):
+    repos = REPOS  # promoted together
+
+    def make_registry(self):  # the e2e slice runs the same against distribution
+        reg = MemRegistry()
+        reg.now = T0
+        return reg
+
     def __init__(self) -> None:
         super().__init__()
-        self.reg = MemRegistry()
-        self.reg.now = T0
+        self.reg = self.make_registry()
         self.published: list[str] = []
-        self.rolled: dict[str, set[str]] = {r: set() for r in REPOS}
+        self.rolled: dict[str, set[str]] = {r: set() for r in self.repos}
         self.locks = tempfile.mkdtemp(prefix="release-props-")
         self.who = 0
         os.environ["IMAGEBUILD_LEASE_SETTLE"] = "0"
@@ -81,7 +88,7 @@ class ReleaseState(RuleBasedStateMachine):
     def latest_tags(self) -> dict[str, str | None]:
         c = self.reg.client()
         out = {}
-        for repo in REPOS:
+        for repo in self.repos:
             rel = read_release(c, repo, LATEST)
             out[repo] = rel.annotations.get(A_TAG) if rel else None
         return out
@@ -89,7 +96,7 @@ class ReleaseState(RuleBasedStateMachine):
     def _jobs(self, tag: str):
         bench = SimpleNamespace(target=SimpleNamespace(bench=None))
         return tuple(SimpleNamespace(image=SimpleNamespace(repository=r),
-                                     tag=parse_release_tag(tag), cell=bench) for r in REPOS)
+                                     tag=parse_release_tag(tag), cell=bench) for r in self.repos)
 
     def execute(self, cmd: tuple, *, dry_run: bool = False) -> None:
         """One command; refusals are fine, anything but an ImagebuildError is not."""
@@ -106,9 +113,9 @@ class ReleaseState(RuleBasedStateMachine):
                                     accept_regression=None, dry_run=dry_run, log=quiet,
                                     accept_rolled_back="on purpose" if cmd[2] else None)
             elif kind == "rollback" and (tag := self.tag(cmd[1])):
-                latest.set_latest_many(c, list(REPOS), tag, dry_run=dry_run, log=quiet)
+                latest.set_latest_many(c, list(self.repos), tag, dry_run=dry_run, log=quiet)
             elif kind == "prune":
-                for repo in REPOS:
+                for repo in self.repos:
                     prune(c, repo, cmd[1], dry_run=dry_run, log=quiet)
         except ImagebuildError:
             pass
@@ -120,7 +127,7 @@ class ReleaseState(RuleBasedStateMachine):
         tag = f"2026-{1 + n // 28:02d}-{1 + n % 28:02d}-v0.23.0-r{n}"
         crash, self.reg.crash_at = self.reg.crash_at, None
         before, self.reg.before = self.reg.before, None
-        for repo in REPOS:
+        for repo in self.repos:
             self.reg.add_release(repo, tag, smoke=smoke, benched=benched and smoke == "passed",
                                  created=T0 + 60 * n)
         self.reg.crash_at, self.reg.before = crash, before
@@ -130,7 +137,7 @@ class ReleaseState(RuleBasedStateMachine):
     def observe(self, cmd: tuple, before: dict[str, str | None]) -> None:
         """Update the model of rollbacks from what the command did, and check (4)."""
         after = self.latest_tags()
-        for repo in REPOS:
+        for repo in self.repos:
             if before[repo] == after[repo] or after[repo] is None:
                 continue
             if cmd[0] == "rollback":
@@ -148,7 +155,7 @@ class ReleaseState(RuleBasedStateMachine):
         out = {}
         c = self.reg.client()
         lt = self.latest_tags()
-        for repo in REPOS:
+        for repo in self.repos:
             alive = [t for t in self.published if t in self.reg.tags.get(repo, {})]
             keep_set = set(alive[-keep:])
             if lt[repo]:
@@ -226,7 +233,10 @@ class ReleaseState(RuleBasedStateMachine):
     @rule()
     def time_passes(self):
         """Leases left by killed runs of the other host expire (by the registry's clock)."""
-        self.reg.now = (self.reg.now or T0) + 301
+        if self.reg.now is not None:
+            self.reg.now += 301
+        else:  # a real registry's clock: the slice runs with a short lease TTL
+            time.sleep(float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1.2)
 
     # -- invariants
 
@@ -234,7 +244,7 @@ class ReleaseState(RuleBasedStateMachine):
     def latest_is_a_passed_measured_release_and_the_set_is_together(self):
         c = self.reg.client()
         tags = set()
-        for repo in REPOS:
+        for repo in self.repos:
             rel = read_release(c, repo, LATEST)
             if rel is None:
                 tags.add(None)
