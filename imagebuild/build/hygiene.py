@@ -211,7 +211,7 @@ def protected_releases(client: Any, repos: Iterable[str]) -> dict[tuple[str, str
 
     out: dict[tuple[str, str], str] = {}
     for repo in repos:
-        for tag, why in protected(read_state(client, repo)).items():
+        for tag, why in protected(client, read_state(client, repo)).items():
             out[(repo, tag)] = why
     return out
 

@@ -181,9 +181,9 @@ def move_set(client: RegistryClient, targets: list[Release], *, mode: str,
     moves = [Move(rel.repo, rel.tag, rel.digest, b.annotations.get(A_TAG) if b else None,
                   b.digest if b else None, b is None or b.digest != rel.digest, dry_run)
              for rel, b in plans]
-    if not dry_run and any(m.moved for m in moves):
-        _move_all(client, [(rel, b) for (rel, b), m in zip(plans, moves, strict=True)
-                           if m.moved], mode=mode, accept=accept, log=log, settle=settle)
+    if not dry_run and any(m.moved for m in moves):  # every image of the set: leased and
+        # read again, those already there too (another run may move them meanwhile)
+        _move_all(client, plans, mode=mode, accept=accept, log=log, settle=settle)
     for m in moves:
         m.seconds = time.monotonic() - start
         m.bytes = client.bytes.total - sent0
@@ -215,12 +215,13 @@ def _move_all(client: RegistryClient, plans: list[tuple[Release, Release | None]
         try:
             for rel, before in checked:
                 lease = leases[rel.repo]
-                if mode == "rollback" and before is not None:
+                if mode == "rollback" and before is not None and before.digest != rel.digest:
                     lease.check()
                     rollbacks.record(client, rel.repo, str(before.annotations.get(A_TAG)),
                                      rel.tag, rel.config_descriptor)
                 move_latest(client, lease, rel, before.digest if before else None)
-                done.append((rel, before))
+                if before is None or before.digest != rel.digest:
+                    done.append((rel, before))
                 if mode == "promote" and accept.rolled_back:
                     rollbacks.forgive(client, rel.repo, rel.tag, rel.config_descriptor)
         except BaseException:

@@ -87,9 +87,10 @@ def read_state(client: RegistryClient, repo: str) -> Releases:
     return Releases(rels, digests, latest)
 
 
-def protected(state: Releases) -> dict[str, str]:
-    """tag -> why: latest's release and its rollback target (the newest passed release
-    recorded before it)."""
+def protected(client: RegistryClient, state: Releases) -> dict[str, str]:
+    """tag -> why: latest's release and its rollback target: the newest passed release
+    recorded before it that `rollback` takes without an override (measured), else the
+    newest passed one."""
     why: dict[str, str] = {}
     if state.latest is None:
         return why
@@ -97,7 +98,10 @@ def protected(state: Releases) -> dict[str, str]:
     if latest_i is None:
         return why
     why[state.rels[latest_i].tag] = "latest"
-    target = next((r for r in state.rels[latest_i + 1:] if r.passed), None)
+    older = [r for r in state.rels[latest_i + 1:] if r.passed]
+    target = next((r for r in older if not r.unmeasured
+                   and store.stored(client, r.repo, r.tag) is not None),
+                  older[0] if older else None)
     if target:
         why[target.tag] = "rollback target"
     return why
@@ -111,7 +115,7 @@ def plan_prune(client: RegistryClient, repo: str, keep: int) -> PrunePlan:
         raise UserError(f"--keep {keep}: must keep at least 1 release", fix="use --keep 1 or more")
     state = read_state(client, repo)
     why = {rel.tag: f"newest {keep}" for rel in state.rels[:keep]}
-    why.update(protected(state))
+    why.update(protected(client, state))
     plan = PrunePlan(repo, [(r.tag, why[r.tag]) for r in state.rels if r.tag in why], [], [],
                      state.digests, state.latest.digest if state.latest else None)
     for rel in state.rels:

@@ -130,8 +130,8 @@ class MemRegistry(requests.Session):
             del store[ref]
             for tag in [t for t, d in tags.items() if d == ref]:
                 del tags[tag]
-            if self.lost_delete:  # done, but the answer was lost: the retry sees 404
-                self.lost_delete: set[str] = set()  # digests whose DELETE answer gets lost
+            if ref in self.lost_delete:  # done, but the answer was lost: the retry sees 404
+                self.lost_delete.discard(ref)
                 return self._error(404, "MANIFEST_UNKNOWN")
             return self._answer(202, b"")
         digest = ref if ref.startswith("sha256:") else tags.get(ref)
