@@ -41,9 +41,13 @@ IDS = (("host-a", 4_000_001, "pid:[1]"), ("host-b", 4_000_002, "pid:[2]"))  # de
 quiet = lambda _: None  # noqa: E731
 
 COMMANDS = st.one_of(
-    st.tuples(st.just("publish"), st.booleans(), st.sampled_from(["passed", "passed", "failed"])),
-    st.tuples(st.just("promote"), st.integers(0, 9), st.booleans()),
-    st.tuples(st.just("rollback"), st.integers(0, 9)),
+    st.tuples(st.just("publish"), st.sampled_from([True, True, True, False]),  # benched
+              st.sampled_from(["passed", "passed", "passed", "failed"])),
+    # which release: "newest", "previous" (the newest before latest), "rolled" (one that
+    # was rolled back) or any by index: the states where the invariants bite
+    st.tuples(st.just("promote"), st.one_of(st.sampled_from(["newest", "rolled"]),
+                                            st.integers(0, 9)), st.booleans()),
+    st.tuples(st.just("rollback"), st.one_of(st.just("previous"), st.integers(0, 9))),
     st.tuples(st.just("prune"), st.integers(1, 3)),
 )
 
@@ -82,8 +86,19 @@ class ReleaseState(RuleBasedStateMachine):
             else:
                 os.environ["IMAGEBUILD_LOCK_DIR"] = saved[1]
 
-    def tag(self, i: int) -> str | None:
-        return self.published[i % len(self.published)] if self.published else None
+    def tag(self, i: int | str) -> str | None:
+        if not self.published:
+            return None
+        if isinstance(i, int):
+            return self.published[i % len(self.published)]
+        now = self.latest_tags()[self.repos[0]]
+        if i == "rolled" and self.rolled[self.repos[0]]:
+            return sorted(self.rolled[self.repos[0]])[-1]
+        if i == "previous" and now:
+            c = self.reg.client()
+            older = [t for t in self.published if t < now and store.stored(c, self.repos[0], t)]
+            return older[-1] if older else now
+        return self.published[-1]
 
     def latest_tags(self) -> dict[str, str | None]:
         c = self.reg.client()
@@ -224,7 +239,7 @@ class ReleaseState(RuleBasedStateMachine):
     def dry_run(self, cmd, i):
         if cmd == "publish":
             return  # publish's dry run pushes nothing: its promote part is "promote"
-        full = {"promote": ("promote", i, True), "rollback": ("rollback", i),
+        full = {"promote": ("promote", i, True), "rollback": ("rollback", "previous"),
                 "prune": ("prune", 1 + i % 3)}[cmd]
         self.reg.calls.clear()
         with self.as_client(0):
