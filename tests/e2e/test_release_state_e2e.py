@@ -28,5 +28,5 @@ def test_release_state_invariants_hold_against_distribution(registry, monkeypatc
             return FaultSession(registry.url, registry.user, registry.password)
 
     run_state_machine_as_test(OnDistribution, settings=settings(
-        max_examples=8, stateful_step_count=10, deadline=None, derandomize=True, database=None,
+        max_examples=5, stateful_step_count=8, deadline=None, derandomize=True, database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
