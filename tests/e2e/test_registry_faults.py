@@ -278,13 +278,14 @@ def test_a_link_next_chain_without_end_is_cut(tmp_path):
 def test_escape_sequences_in_annotations_never_reach_the_terminal(tmp_path):
     mem = seeded(annotate={"io.imagebuild.release.smoke": ESCAPES,
                            "io.imagebuild.release.bench": "unmeasured",
-                           "io.imagebuild.release.unmeasured-reason": ESCAPES})
+                           "io.imagebuild.release.unmeasured-reason": ESCAPES + "x" * 50_000})
     with FaultyRegistry(mem) as reg:
         r = run(reg, "releases", tmp=tmp_path)
     text = r.out + r.err
     assert r.code == 0, text
     assert "\x1b" not in text and "\x07" not in text and "\r" not in text
     assert "\\x1b]0;pwned" in text  # shown, escaped
+    assert len(text) < 3000, len(text)  # a 50,000-character reason, capped
     assert not any(line.startswith("error: forged") for line in text.splitlines())
 
 
