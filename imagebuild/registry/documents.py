@@ -104,25 +104,59 @@ class ErrorBody(_Doc):
     errors: list[ErrorEntry | Any] | None = None
 
 
-class TTFT(_Doc):
-    median: float | None = None
-
-
-class BenchLevel(_Doc):
+class _Figures(_Doc):
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class Stats(_Figures):
+    median: float | None = None
+    p90: float | None = None
+    mean: float | None = None
+
+
+class Flag(_Doc):
+    code: StrictStr
+    reason: StrictStr
+
+
+class BenchLevel(_Figures):
     concurrency: StrictInt = Field(ge=1)
-    output_tok_s: float
-    ttft_ms: TTFT | None = None
-    flags: list[dict[StrictStr, StrictStr]] | None = None
+    output_tok_s: float = Field(ge=0)
+    requests: StrictInt | None = None
+    errors: StrictInt | None = None
+    request_rate: float | None = None
+    ttft_ms: Stats | None = None
+    tpot_ms: Stats | None = None
+    itl_ms: Stats | None = None
+    e2e_ms: Stats | None = None
+    client_cpu_ms_per_request: float | None = None
+    server_ttft_mean_ms: float | None = None
+    spec_decode: dict[StrictStr, float | None] | None = None
+    flags: list[Flag] | None = None
+
+
+# the level keys the readers index directly (bench/results.markdown): absent -> None
+_LEVEL_KEYS = ("requests", "errors", "request_rate", "ttft_ms", "tpot_ms", "itl_ms",
+               "e2e_ms", "client_cpu_ms_per_request")
 
 
 class BenchImage(_Doc):
     id: StrictStr | None = None
+    tag: StrictStr | None = None
+    ref: StrictStr | None = None
+    label: StrictStr | None = None
+
+
+class Hardware(_Doc):
+    model: StrictStr
+    machine: StrictStr | None = None
 
 
 class BenchResults(_Doc):
-    levels: list[BenchLevel] = []
-    image: BenchImage | None = None
+    image: BenchImage
+    hardware: Hardware
+    settings: dict[StrictStr, Any]
+    levels: list[BenchLevel]
 
 
 def _describe(exc: ValidationError) -> str:
@@ -258,8 +292,11 @@ def bench_results(body: bytes, host: str, what: str) -> dict[str, Any]:
     """A bench results document: the checked shape, returned as the plain dict readers
     use, its texts made safe to print."""
     _parse(BenchResults, body, MAX_BLOB, host, "bench results document", what)
-    doc = _escaped(json.loads(body))
-    return doc if isinstance(doc, dict) else {}
+    doc: dict[str, Any] = _escaped(json.loads(body))
+    for level in doc["levels"]:
+        for key in _LEVEL_KEYS:
+            level.setdefault(key, None)
+    return doc
 
 
 def json_object(body: bytes, host: str, kind: str, what: str) -> dict[str, Any]:

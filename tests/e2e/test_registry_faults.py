@@ -22,26 +22,33 @@ from imagebuild.bench import store
 from tests.support.faulty_registry import Answer, Drip, FaultyRegistry, Hang, Request
 from tests.support.memregistry import MemRegistry
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "cpu-tiny-ngram"
 REPO = f"vllm-spark/{IMAGE}"
-TAGS = ("2026-06-01-v0.23.0-a", "2026-06-02-v0.23.0-b", "2026-06-03-v0.23.0-c")
+TAGS = ("2026-06-01-v0.23.0-pr41703", "2026-06-02-v0.23.0-pr41703",
+        "2026-06-03-v0.23.0-pr41703")
 DEADLINE = 3.0  # IMAGEBUILD_REGISTRY_DEADLINE of every case: a hang ends by it
 WALL = 25.0  # what a case may take, start-up of the interpreter included
 ESCAPES = "\x1b]0;pwned\x07\x1b[2J\x1b[H\nerror: forged by the registry\r"
 
 
-def _bench_doc(tok_s: float, image_id: str) -> dict:
-    return {"image": {"id": image_id},
-            "levels": [{"concurrency": 1, "output_tok_s": tok_s, "ttft_ms": {"median": 50.0}},
-                       {"concurrency": 4, "output_tok_s": tok_s * 3, "ttft_ms": {"median": 80}}]}
+def _bench_doc(tok_s: float, image_id: str, reason: str = "burst") -> dict:
+    stats = {"median": 50.0, "p90": 60.0, "mean": 52.0}
+    return {"image": {"id": image_id, "tag": "t"}, "hardware": {"model": "a test CPU"},
+            "settings": {"prompts": "structured", "max_tokens": 64},
+            "levels": [{"concurrency": c, "output_tok_s": tok_s * c, "requests": 16,
+                        "errors": 0, "request_rate": 1.0, "ttft_ms": stats, "tpot_ms": stats,
+                        "itl_ms": stats, "e2e_ms": stats, "client_cpu_ms_per_request": 5.0,
+                        "flags": [{"code": "gaps-collapse", "reason": reason}] if c == 4
+                        else []} for c in (1, 4)]}
 
 
-def seeded(*, bench: bool = False, annotate: dict[str, str] | None = None) -> MemRegistry:
-    """Three passing releases, latest on the newest; bench results on each if asked;
-    `annotate` added to the newest release's record."""
+def seeded(*, bench: bool = False, annotate: dict[str, str] | None = None,
+           reason: str = "burst", latest: int = -1) -> MemRegistry:
+    """Three passing releases, latest on the newest (or TAGS[latest]); bench results on
+    each if asked (`reason`: their flag's); `annotate` added to the newest one's record."""
     mem = MemRegistry()
     for tag in TAGS:
         mem.add_release(REPO, tag)
@@ -51,12 +58,12 @@ def seeded(*, bench: bool = False, annotate: dict[str, str] | None = None) -> Me
         doc = json.loads(body)
         doc["annotations"].update(annotate)
         client.put_manifest(REPO, TAGS[-1], json.dumps(doc).encode(), media)
-    mem.point_latest(REPO, TAGS[-1])
+    mem.point_latest(REPO, TAGS[latest])
     if bench:
         client = mem.client()
         for i, tag in enumerate(TAGS):
             rel_config = json.loads(client.get_manifest(REPO, tag)[0])["config"]["digest"]
-            store.put_results(client, REPO, tag, _bench_doc(10.0 + i, rel_config))
+            store.put_results(client, REPO, tag, _bench_doc(10.0 + i, rel_config, reason))
     mem.calls.clear()
     return mem
 
@@ -77,14 +84,16 @@ class Run:
         assert not any(line.startswith("error: forged") for line in text.splitlines())
 
 
-def run(reg: FaultyRegistry, *args: str, tmp: Path, env: dict[str, str] | None = None) -> Run:
+def run(reg: FaultyRegistry, *args: str, tmp: Path, env: dict[str, str] | None = None,
+        image: bool = True) -> Run:
     full = {**os.environ, "IMAGEBUILD_REGISTRY": reg.host,
             "IMAGEBUILD_NAMESPACE": "vllm-spark",
             "IMAGEBUILD_REGISTRY_DEADLINE": str(DEADLINE),
             "IMAGEBUILD_LOCK_DIR": str(tmp / "locks"),
             "IMAGEBUILD_LEASE_SETTLE": "0", **(env or {})}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "build.py", *args, "--image", IMAGE], cwd=ROOT,
+    select = ["--image", IMAGE] if image else ["--target", "cpu"]
+    proc = subprocess.run([sys.executable, "build.py", *args, *select], cwd=ROOT,
                           env=full, capture_output=True, text=True, timeout=WALL + 30)
     return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
 
@@ -355,6 +364,84 @@ def test_no_token_fetch_from_a_host_that_challenges_after_a_redirect(tmp_path):
     assert r.code in (1, 2) and "Traceback" not in r.out + r.err
 
 
+# ----------------------------------------------- commands that move or describe latest
+
+SHORT = [t.replace("-v0.23.0", "") for t in TAGS]  # 2026-06-03-pr41703: what --tag takes
+
+
+def _latest(mem: MemRegistry) -> str:
+    return mem.tags[REPO]["latest"]
+
+
+def test_promote_stops_on_a_corrupt_referrers_index_and_leaves_latest(tmp_path):
+    mem = seeded(bench=True, latest=1)
+    before = _latest(mem)
+
+    def fault(req: Request, ans: Answer) -> Answer:
+        if on("manifests", "/manifests/sha256-")(req) and ans.status == 200:
+            return ans.rebody(b'{"schemaVersion": 2, "manifests": {"not": "a list"}}')
+        return ans
+
+    with FaultyRegistry(mem, fault) as reg:
+        r = run(reg, "promote", "--tag", SHORT[2], tmp=tmp_path, image=False)
+    r.assert_clean_failure()
+    assert _latest(mem) == before
+    assert "image index" in r.err, r.err
+
+
+def test_promote_that_hangs_on_the_results_ends_by_the_deadline(tmp_path):
+    mem = seeded(bench=True, latest=1)
+    before = _latest(mem)
+    with FaultyRegistry(mem, lambda req, ans: Hang() if on("blobs")(req) else ans) as reg:
+        r = run(reg, "promote", "--tag", SHORT[2], tmp=tmp_path, image=False)
+    r.assert_clean_failure()
+    assert _latest(mem) == before and "deadline" in r.err, r.err
+
+
+def test_rollback_to_a_release_whose_manifest_is_garbage_moves_nothing(tmp_path):
+    mem = seeded()
+    before = _latest(mem)
+
+    def fault(req: Request, ans: Answer) -> Answer:
+        return ans.rebody(b"\x1b[2J not a manifest") if _release_get(TAGS[1])(req) else ans
+
+    with FaultyRegistry(mem, fault) as reg:
+        r = run(reg, "rollback", "--to", SHORT[1], tmp=tmp_path)
+    r.assert_clean_failure()
+    assert _latest(mem) == before and not [c for c in mem.calls if c[0] in ("PUT", "DELETE")
+                                           and "/manifests/latest" in c[1]]
+
+
+def test_notes_show_registry_text_escaped(tmp_path):
+    mem = seeded(bench=True, reason=ESCAPES)
+    client = mem.client()
+    store.put_results(client, REPO, TAGS[2], store.stored(client, REPO, TAGS[2]).doc,
+                      annotations={store.A_ACCEPTED: ESCAPES + "y" * 5000})
+    with FaultyRegistry(mem) as reg:
+        r = run(reg, "notes", "--tag", SHORT[2], tmp=tmp_path, image=False)
+    text = r.out + r.err
+    assert r.code == 0, text[-3000:]
+    assert "\\x1b]0;pwned" in text and "Traceback" not in text
+    assert "\x1b" not in text and "\x07" not in text and "\r" not in text
+    assert not any(line.startswith("error: forged") for line in text.splitlines())
+    assert "y" * 400 not in text  # the 5,000-character reason, capped
+
+
+def test_notes_with_a_missing_blob_end_in_a_registry_fault(tmp_path):
+    mem = seeded(bench=True)
+
+    def fault(req: Request, ans: Answer) -> Answer:
+        if on("blobs")(req):
+            return Answer(404, {"Content-Type": "application/json"},
+                          b'{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown"}]}')
+        return ans
+
+    with FaultyRegistry(mem, fault) as reg:
+        r = run(reg, "notes", "--tag", SHORT[2], tmp=tmp_path, image=False)
+    r.assert_clean_failure(1)
+    assert "BLOB_UNKNOWN" in r.err
+
+
 # -------------------------------------------------- the tag list that hides `latest`
 
 
@@ -367,7 +454,7 @@ def test_prune_stops_when_the_tag_list_stops_showing_latest(tmp_path):
     to b of a..d, so neither is among the newest 1; the plan before the lease protects
     them, the one under it, from the later list, did not)."""
     mem = seeded()
-    mem.add_release(REPO, "2026-06-04-v0.23.0-d")
+    mem.add_release(REPO, "2026-06-04-v0.23.0-pr41703")
     mem.point_latest(REPO, TAGS[1])
     mem.calls.clear()
     seen = {"tags": 0}

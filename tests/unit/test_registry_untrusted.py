@@ -80,8 +80,14 @@ def test_well_formed_documents_pass():
          "platform": {"os": "unknown", "architecture": "unknown"}}]}), H, "i")
     assert documents.tag_list(b'{"name": "ns/img", "tags": null}', H, "t") == []
     assert documents.token(b'{"access_token": "t", "expires_in": 300}', H, "tok") == ("t", 300)
-    documents.bench_results(_b({"levels": [{"concurrency": 1, "output_tok_s": 3,
-                                            "ttft_ms": {"median": None}}]}), H, "b")
+    doc = documents.bench_results(_b(_bench([{"concurrency": 1, "output_tok_s": 3,
+                                              "ttft_ms": {"median": None}}])), H, "b")
+    assert doc["levels"][0]["tpot_ms"] is None  # what the notes' table indexes is there
+
+
+def _bench(levels) -> dict:
+    return {"image": {"tag": "t"}, "hardware": {"model": "cpu"}, "settings": {},
+            "levels": levels}
 
 
 @pytest.mark.parametrize("body, says", [
@@ -120,18 +126,22 @@ def test_a_corrupt_referrers_index_is_a_registry_fault(body):
         documents.referrers_index(body, H, "referrers")
 
 
-@pytest.mark.parametrize("body", [b"nope", b'{"levels": "x"}', b'[]',
-                                  b'{"levels": [{"concurrency": 0, "output_tok_s": 1}]}',
-                                  b'{"levels": [{"concurrency": 1, "output_tok_s": "fast"}]}',
-                                  b'{"levels": [{"concurrency": 1, "output_tok_s": NaN}]}'])
+@pytest.mark.parametrize("body", [
+    b"nope", b"[]", _b(_bench("x")), _b({**_bench([]), "hardware": {}}),
+    _b(_bench([{"concurrency": 0, "output_tok_s": 1}])),
+    _b(_bench([{"concurrency": 1, "output_tok_s": "fast"}])),
+    _b(_bench([{"concurrency": 1, "output_tok_s": 1, "tpot_ms": 5}])),
+    _b(_bench([{"concurrency": 1, "output_tok_s": 1, "flags": [{"code": 1}]}])),
+    b'{"image": {}, "hardware": {"model": "c"}, "settings": {}, '
+    b'"levels": [{"concurrency": 1, "output_tok_s": NaN}]}'])
 def test_a_malformed_bench_document_is_a_registry_fault(body):
     with pytest.raises(RegistryFault, match="bench results document"):
         documents.bench_results(body, H, "bench")
 
 
 def test_the_texts_of_a_bench_document_are_escaped():
-    doc = documents.bench_results(_b({"levels": [{"concurrency": 1, "output_tok_s": 1,
-                                                  "flags": [{"code": ESC, "reason": ESC}]}]}),
+    doc = documents.bench_results(_b(_bench([{"concurrency": 1, "output_tok_s": 1,
+                                               "flags": [{"code": ESC, "reason": ESC}]}])),
                                   H, "bench")
     assert "\x1b" not in json.dumps(doc, ensure_ascii=False)
 
