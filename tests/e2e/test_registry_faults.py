@@ -156,7 +156,10 @@ def test_malformed_annotations_end_in_a_registry_fault(tmp_path, key, value):
     assert "answered" in r.err and key in r.err, r.err
 
 
-def test_a_malformed_lease_stops_prune_before_any_delete(tmp_path):
+@pytest.mark.parametrize("bad", [{"io.imagebuild.lease.expires": 17e8},
+                                 {"io.imagebuild.lease.owner": ESCAPES}])
+def test_a_malformed_lease_stops_prune_before_any_delete(tmp_path, bad):
+    """A lease document that is not text (what an expiry means is the lease's to judge)."""
     mem = seeded()
     client = mem.client()
     config = json.loads(client.get_manifest(REPO, TAGS[0])[0])["config"]
@@ -164,7 +167,7 @@ def test_a_malformed_lease_stops_prune_before_any_delete(tmp_path):
              "config": {**config, "mediaType": "application/vnd.oci.image.config.v1+json"},
              "layers": [], "annotations": {"io.imagebuild.lease.owner": "elsewhere:1:x",
                                            "io.imagebuild.lease.host": "elsewhere",
-                                           "io.imagebuild.lease.expires": "soon"}}
+                                           "io.imagebuild.lease.expires": "1e10", **bad}}
     client.put_manifest(REPO, "imagebuild-lease", json.dumps(lease).encode(),
                         "application/vnd.oci.image.manifest.v1+json")
     mem.calls.clear()

@@ -73,7 +73,7 @@ def _b(doc) -> bytes:
 
 def test_well_formed_documents_pass():
     documents.image_manifest(_b(_manifest(annotations={
-        "io.imagebuild.release.pins": "{}", "io.imagebuild.lease.expires": "17e8"})), H, "m")
+        "io.imagebuild.release.pins": "{}", "io.imagebuild.lease.expires": "inf"})), H, "m")
     documents.index(_b({"schemaVersion": 2, "manifests": [
         {"mediaType": "application/vnd.oci.image.manifest.v1+json",
          "digest": "sha256:" + "c" * 64, "size": 5,
@@ -98,9 +98,9 @@ def _bench(levels) -> dict:
     (_b(_manifest(config={"digest": "nope", "size": 1})), "config.digest"),
     (_b(_manifest(annotations={"io.imagebuild.release.pins": "[1]"})), "not a JSON object"),
     (_b(_manifest(annotations={"io.imagebuild.release.checks": "{"})), "not a JSON object"),
-    (_b(_manifest(annotations={"io.imagebuild.lease.expires": "inf"})), "not a time"),
-    (_b(_manifest(annotations={"io.imagebuild.lease.expires": "soon"})), "not a time"),
+    (_b(_manifest(annotations={"io.imagebuild.lease.expires": 17e8})), "annotations"),
     (_b(_manifest(annotations={"io.imagebuild.lease.owner": ESC})), "printable"),
+    (_b(_manifest(annotations={"io.imagebuild.lease.purpose": "p" * 300})), "printable"),
     (_b(_manifest(annotations={"x": "y" * (documents.MAX_ANNOTATION + 1)})), "cap"),
     (b" " * (documents.MAX_MANIFEST + 1), "cap"),
 ])
