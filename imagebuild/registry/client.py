@@ -310,7 +310,7 @@ class RegistryClient:
                               "s registry deadline")
         return min(self.timeout, left)
 
-    def _read_body(self, resp: requests.Response, kind: str, what: str) -> int:
+    def _read_body(self, resp: requests.Response, method: str, kind: str, what: str) -> int:
         """Read the body streamed: the deadline is checked between reads (a server that
         drips a byte a second ends by it) and a success's body is capped per kind."""
         ok = resp.status_code < 300
@@ -319,7 +319,8 @@ class RegistryClient:
             body = resp.content or b""
         else:
             declared = resp.headers.get("Content-Length", "")
-            if ok and declared.isdigit() and int(declared) > cap:
+            # (a HEAD's length is the size of what it describes, not of a body to read)
+            if ok and method != "HEAD" and declared.isdigit() and int(declared) > cap:
                 resp.close()
                 raise RegistryFault(self.host, f"a body of {int(declared):,} bytes (the cap "
                                     f"for a {kind} is {cap:,})", what)
@@ -364,7 +365,7 @@ class RegistryClient:
             resp = self._session.request(method, url, headers=hdrs, data=data,
                                          timeout=(wait, wait), proxies=self._proxies,
                                          allow_redirects=False, stream=True)
-            received = self._read_body(resp, kind, what)
+            received = self._read_body(resp, method, kind, what)
             resp.url = url
             location = resp.headers.get("Location")
             if resp.status_code not in _REDIRECTS or not location:

@@ -266,6 +266,21 @@ def test_a_body_over_its_cap_is_refused_before_it_is_read():
             client.tags(REPO)
 
 
+def test_a_head_of_a_big_blob_is_not_a_body_over_its_cap():
+    big = str(documents.MAX_BLOB * 10)
+
+    def fault(req: Request, ans: Answer) -> Answer:
+        if req.method == "HEAD" and "/blobs/" in req.path:
+            return Answer(200, {"Content-Length": big, "Docker-Content-Digest": "sha256:"
+                                + "e" * 64})
+        return ans
+
+    with FaultyRegistry(_seeded(), fault) as reg:
+        client, _ = _client(reg)
+        assert client.put_blob(REPO, b"exists already")  # HEAD says it is there
+        assert [q.method for q in reg.requests] == ["HEAD"]
+
+
 def test_a_link_chain_has_a_page_limit():
     def fault(req: Request, ans: Answer) -> Answer:
         n = int(req.path.rsplit("=", 1)[-1]) if "p=" in req.path else 0
