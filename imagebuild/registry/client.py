@@ -18,16 +18,18 @@ page, an upload `Location` or a redirect on another origin.
 from __future__ import annotations
 
 import email.utils
+import functools
 import hashlib
 import ipaddress
 import json
 import logging
 import re
 import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import requests
@@ -58,6 +60,7 @@ __all__ = ["AuthError", "Challenge", "Credentials", "MissingBlob", "NotFound",
            "parse_challenges", "resolve_credentials"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -355,6 +358,35 @@ class RegistryClient:
         resp._content_consumed = True  # type: ignore[attr-defined]  # noqa: SLF001
         return len(body)
 
+    def _exchange(self, method: str, url: str, headers: dict[str, str], data: bytes | None,
+                  wait: float, kind: str, what: str) -> tuple[requests.Response, int]:
+        resp = self._session.request(method, url, headers=headers, data=data,
+                                     timeout=(wait, wait), proxies=self._proxies,
+                                     allow_redirects=False, stream=True)
+        return resp, self._read_body(resp, method, kind, what)
+
+    def _within_deadline(self, exchange: Callable[[], _T], what: str) -> _T:
+        """Run one exchange in a worker and stop waiting for it at the deadline. Socket
+        timeouts bound each read, not their sum: a server that sends its headers a byte at
+        a time never trips one, so the bound on the whole exchange is kept here."""
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["value"] = exchange()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name="registry-request", daemon=True)
+        worker.start()
+        worker.join(max(self.deadline.remaining(), 0) + 0.05)
+        if worker.is_alive():  # left behind: its socket timeout or the exit ends it
+            self._out_of_time(what, f"no complete answer within the "
+                              f"{self.deadline.seconds:g} s registry deadline")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
     def _send(self, method: str, url: str, headers: Mapping[str, str], data: bytes | None,
               kind: str, what: str) -> requests.Response:
         """One attempt, redirects followed here (not by requests): every hop is charged to
@@ -362,10 +394,9 @@ class RegistryClient:
         hdrs = dict(headers)
         for _ in range(MAX_REDIRECTS + 1):
             wait = self._read_timeout(what)
-            resp = self._session.request(method, url, headers=hdrs, data=data,
-                                         timeout=(wait, wait), proxies=self._proxies,
-                                         allow_redirects=False, stream=True)
-            received = self._read_body(resp, method, kind, what)
+            resp, received = self._within_deadline(
+                functools.partial(self._exchange, method, url, hdrs, data, wait, kind, what),
+                what)
             resp.url = url
             location = resp.headers.get("Location")
             if resp.status_code not in _REDIRECTS or not location:

@@ -58,6 +58,7 @@ class Hang:
 class Drip:
     answer: Answer
     interval: float = 1.0
+    headers_too: bool = False  # drip the status line and headers as well
 
 
 Fault = Callable[[Request, Answer], "Answer | Hang | Drip"]
@@ -111,6 +112,11 @@ class FaultyRegistry:
                     return
                 drip = answer.interval if isinstance(answer, Drip) else None
                 ans = answer.answer if isinstance(answer, Drip) else answer
+                if isinstance(answer, Drip) and answer.headers_too:
+                    head = (f"HTTP/1.1 {ans.status} OK\r\n" + "".join(
+                        f"{k}: {v}\r\n" for k, v in ans.headers.items()) + "\r\n").encode()
+                    self._drip(head + ans.body, answer.interval)
+                    return
                 self.send_response(ans.status)
                 headers = {k: v for k, v in ans.headers.items()
                            if k.lower() not in ("content-length", "connection")}
@@ -125,11 +131,14 @@ class FaultyRegistry:
                 if drip is None:
                     self.wfile.write(ans.body)
                     return
-                for i in range(len(ans.body)):
-                    if registry.stopping.wait(drip):
+                self._drip(ans.body, drip)
+
+            def _drip(self, data: bytes, interval: float) -> None:
+                for i in range(len(data)):
+                    if registry.stopping.wait(interval):
                         return
                     try:
-                        self.wfile.write(ans.body[i:i + 1])
+                        self.wfile.write(data[i:i + 1])
                         self.wfile.flush()
                     except OSError:
                         return

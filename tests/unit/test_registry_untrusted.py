@@ -235,8 +235,9 @@ def test_a_retry_after_beyond_the_deadline_ends_at_once():
     assert sleeps == []
 
 
-@pytest.mark.parametrize("fault", [lambda req, ans: Hang(), lambda req, ans: Drip(ans, 0.2)],
-                         ids=["never-answers", "drips"])
+@pytest.mark.parametrize("fault", [lambda req, ans: Hang(), lambda req, ans: Drip(ans, 0.2),
+                                   lambda req, ans: Drip(ans, 0.2, headers_too=True)],
+                         ids=["never-answers", "drips", "drips-its-headers"])
 def test_a_stuck_registry_ends_by_the_deadline(fault):
     with FaultyRegistry(_seeded(), lambda req, ans: fault(req, ans)
                         if "/manifests/" in req.path and req.method == "GET" else ans) as reg:
