@@ -145,15 +145,15 @@ class BenchImage(_Doc):
 
 
 class Hardware(_Doc):
-    model: StrictStr
+    model: StrictStr | None = None
     machine: StrictStr | None = None
 
 
 class BenchResults(_Doc):
-    image: BenchImage
-    hardware: Hardware
-    settings: dict[StrictStr, Any]
-    levels: list[BenchLevel]
+    image: BenchImage | None = None
+    hardware: Hardware | None = None
+    settings: dict[StrictStr, Any] | None = None
+    levels: list[BenchLevel] = []
 
 
 def _describe(exc: ValidationError) -> str:
@@ -280,6 +280,13 @@ def bench_results(body: bytes, host: str, what: str) -> dict[str, Any]:
     use, its texts made safe to print."""
     _parse(BenchResults, body, MAX_BLOB, host, "bench results document", what)
     doc: dict[str, Any] = _escaped(json.loads(body))
+    # what the notes' table indexes directly, present (a minimal document still reads)
+    doc["image"] = doc.get("image") or {}
+    doc["hardware"] = {"model": "unknown hardware", **{k: v for k, v in
+                                                      (doc.get("hardware") or {}).items()
+                                                      if v is not None}}
+    doc["settings"] = doc.get("settings") or {}
+    doc.setdefault("levels", [])
     for level in doc["levels"]:
         for key in _LEVEL_KEYS:
             level.setdefault(key, None)

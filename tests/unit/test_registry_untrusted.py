@@ -83,6 +83,8 @@ def test_well_formed_documents_pass():
     doc = documents.bench_results(_b(_bench([{"concurrency": 1, "output_tok_s": 3,
                                               "ttft_ms": {"median": None}}])), H, "b")
     assert doc["levels"][0]["tpot_ms"] is None  # what the notes' table indexes is there
+    minimal = documents.bench_results(b'{"image": {"id": "sha256:1"}, "levels": []}', H, "b")
+    assert minimal["hardware"]["model"] and minimal["settings"] == {}
 
 
 def _bench(levels) -> dict:
@@ -127,7 +129,8 @@ def test_a_corrupt_referrers_index_is_a_registry_fault(body):
 
 
 @pytest.mark.parametrize("body", [
-    b"nope", b"[]", _b(_bench("x")), _b({**_bench([]), "hardware": {}}),
+    b"nope", b"[]", _b(_bench("x")), _b({**_bench([]), "hardware": {"model": 5}}),
+    _b({**_bench([]), "image": "x"}), _b({**_bench([]), "settings": []}),
     _b(_bench([{"concurrency": 0, "output_tok_s": 1}])),
     _b(_bench([{"concurrency": 1, "output_tok_s": "fast"}])),
     _b(_bench([{"concurrency": 1, "output_tok_s": 1, "tpot_ms": 5}])),
