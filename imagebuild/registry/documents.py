@@ -132,11 +132,6 @@ class BenchLevel(_Figures):
     flags: list[Flag] | None = None
 
 
-# the level keys the readers index directly (bench/results.markdown): absent -> None
-_LEVEL_KEYS = ("requests", "errors", "request_rate", "ttft_ms", "tpot_ms", "itl_ms",
-               "e2e_ms", "client_cpu_ms_per_request")
-
-
 class BenchImage(_Doc):
     id: StrictStr | None = None
     tag: StrictStr | None = None
@@ -280,16 +275,44 @@ def bench_results(body: bytes, host: str, what: str) -> dict[str, Any]:
     use, its texts made safe to print."""
     _parse(BenchResults, body, MAX_BLOB, host, "bench results document", what)
     doc: dict[str, Any] = _escaped(json.loads(body))
-    # what the notes' table indexes directly, present (a minimal document still reads)
-    doc["image"] = doc.get("image") or {}
-    doc["hardware"] = {"model": "unknown hardware", **{k: v for k, v in
-                                                      (doc.get("hardware") or {}).items()
-                                                      if v is not None}}
-    doc["settings"] = doc.get("settings") or {}
-    doc.setdefault("levels", [])
-    for level in doc["levels"]:
-        for key in _LEVEL_KEYS:
-            level.setdefault(key, None)
+    return doc
+
+
+class _TableLevel(_Figures):
+    """A level as the notes' table reads it: every figure's key present (null allowed)."""
+
+    concurrency: StrictInt
+    output_tok_s: float
+    requests: StrictInt | None
+    errors: StrictInt | None
+    request_rate: float | None
+    ttft_ms: Stats | None
+    tpot_ms: Stats | None
+    itl_ms: Stats | None
+    e2e_ms: Stats | None
+    client_cpu_ms_per_request: float | None
+
+
+class _TableHardware(_Doc):
+    model: StrictStr
+
+
+class _BenchTable(_Doc):
+    image: dict[StrictStr, Any]
+    hardware: _TableHardware
+    settings: dict[StrictStr, Any]
+    levels: list[_TableLevel]
+
+
+def bench_table(doc: dict[str, Any], host: str, what: str) -> dict[str, Any]:
+    """A results document (from bench_results) that also holds everything the release
+    notes' table shows, as `build.py bench` writes it; a bare one (gate and history need
+    only concurrency and tok/s) is a fault here, not a KeyError in the notes."""
+    try:
+        _BenchTable.model_validate(doc)
+    except ValidationError as exc:
+        raise RegistryFault(host, f"{_describe(exc)} as the bench results document (the "
+                            "release notes need the whole table)", what) from None
     return doc
 
 

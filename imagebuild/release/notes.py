@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imagebuild.plan import UNRESOLVED
+from imagebuild.registry.documents import bench_table
 from imagebuild.runspec import RunSpec, docker_run_text
 from imagebuild.safetext import safe
 from imagebuild.spec.tags import ReleaseTag
@@ -198,6 +199,8 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
                                     job.tag)
         bench, ann = _stored_bench(client, repo, mine.tag if mine else None)
         ann = {k: safe(v) for k, v in ann.items()}  # registry text, shown in the notes
+        if bench:  # the table below indexes every figure: a bare document is a fault
+            bench_table(bench, client.host, f"bench results of {repo}:{mine.tag if mine else ''}")
         facts[job.id] = ImageFacts(
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],

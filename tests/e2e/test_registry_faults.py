@@ -430,6 +430,17 @@ def test_notes_show_registry_text_escaped(tmp_path):
     assert "y" * 400 not in text  # the 5,000-character reason, capped
 
 
+def test_notes_on_a_bare_bench_document_end_in_a_registry_fault(tmp_path):
+    """Results without the figures the notes' table shows (gate and history read them)."""
+    mem = seeded()
+    store.put_results(mem.client(), REPO, TAGS[2], {"image": {"tag": TAGS[2]}, "levels": [
+        {"concurrency": 1, "output_tok_s": 10.0}]})
+    with FaultyRegistry(mem) as reg:
+        r = run(reg, "notes", "--tag", SHORT[2], tmp=tmp_path, image=False)
+    r.assert_clean_failure(1)
+    assert "the release notes need the whole table" in r.err, r.err
+
+
 def test_notes_with_a_missing_blob_end_in_a_registry_fault(tmp_path):
     mem = seeded(bench=True)
 
