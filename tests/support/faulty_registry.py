@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ class FaultyRegistry:
         self.fault = fault
         self.basic_auth = basic_auth
         self.requests: list[Request] = []
+        self.hung_up: list[float] = []  # when a client closed a connection mid-answer
         self.stopping = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -141,6 +143,7 @@ class FaultyRegistry:
                         self.wfile.write(data[i:i + 1])
                         self.wfile.flush()
                     except OSError:
+                        registry.hung_up.append(time.monotonic())
                         return
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = do_PATCH = _serve

@@ -252,6 +252,19 @@ def test_a_stuck_registry_ends_by_the_deadline(fault):
         assert time.monotonic() - start < 3.0
 
 
+def test_a_dripping_answer_is_hung_up_on_at_the_deadline():
+    """The reader stops too (not only the wait for it): no socket left reading after."""
+    body = Answer(200, {"Content-Type": "application/json"}, b" " * 400 + b"{}")
+    with FaultyRegistry(_seeded(), _on_tags(lambda r, a: Drip(body, 0.05))) as reg:
+        client, _ = _client(reg, seconds=1)
+        with pytest.raises(RegistryFault, match="deadline"):
+            client.tags(REPO)
+        end = time.monotonic()
+        while not reg.hung_up and time.monotonic() < end + 3:
+            time.sleep(0.05)
+        assert reg.hung_up and reg.hung_up[0] - end < 1.5
+
+
 def test_retries_stop_when_the_deadline_is_spent():
     """No wait past the deadline: a backoff longer than what is left ends the command."""
     with FaultyRegistry(_seeded(), _on_tags(lambda r, a: Answer(503))) as reg:
