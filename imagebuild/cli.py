@@ -326,7 +326,7 @@ def cmd_notes(args: argparse.Namespace) -> int:
         write_compose_files(plan.lm, facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
         facts = write_histories(client, facts, plan.jobs, args.asset_dir, args.asset_url or "")
-    print(release_notes(plan.lm, plan.jobs, facts), end="")
+    print(safe_lines(release_notes(plan.lm, plan.jobs, facts)), end="")
     return 0
 
 

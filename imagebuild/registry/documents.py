@@ -274,7 +274,7 @@ def bench_results(body: bytes, host: str, what: str) -> dict[str, Any]:
     """A bench results document: the checked shape, returned as the plain dict readers
     use, its texts made safe to print."""
     _parse(BenchResults, body, MAX_BLOB, host, "bench results document", what)
-    doc: dict[str, Any] = json.loads(body)
+    doc: dict[str, Any] = _escaped(json.loads(body))
     return doc
 
 

@@ -198,6 +198,7 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
         previous = previous_release([r.release_tag for r in rels if r.passed and r.release_tag],
                                     job.tag)
         bench, ann = _stored_bench(client, repo, mine.tag if mine else None)
+        ann = {k: safe(v) for k, v in ann.items()}  # registry text, shown in the notes
         if bench:  # the table below indexes every figure: a bare document is a fault
             bench_table(bench, client.host, f"bench results of {repo}:{mine.tag if mine else ''}")
         facts[job.id] = ImageFacts(
