@@ -16,6 +16,7 @@ from pathlib import Path
 
 from imagebuild.cliparser import parser
 from imagebuild.errors import ImagebuildError, UserError
+from imagebuild.safetext import safe_lines
 
 # ---------------------------------------------------------------------------- commands
 
@@ -252,7 +253,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
                          indent=2))
         return 0
     for repo in repos:
-        print(format_releases(repo, list_releases(client, repo)))
+        print(safe_lines(format_releases(repo, list_releases(client, repo))))
     return 0
 
 
@@ -264,7 +265,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     for repo in repos:
         h = history.gather(client, repo)
         paths = history.write(h, args.out or work_root(REPO_ROOT) / "build" / "bench")
-        print(paths["md"].read_text() + f"png: {paths['png']}\nmd: {paths['md']}\n")
+        print(safe_lines(paths["md"].read_text()) + f"png: {paths['png']}\nmd: {paths['md']}\n")
     return 0
 
 
@@ -329,7 +330,7 @@ def cmd_notes(args: argparse.Namespace) -> int:
         write_compose_files(plan.lm, facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
         facts = write_histories(client, facts, plan.jobs, args.asset_dir, args.asset_url or "")
-    print(release_notes(plan.lm, plan.jobs, facts), end="")
+    print(safe_lines(release_notes(plan.lm, plan.jobs, facts)), end="")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Errors that end a command with a clear message instead of a traceback.
 
-Exit codes (docs/design.md): 0 ok, 1 a build/test/publish failed, 2 bad input.
+Exit codes (docs/design.md): 0 ok, 1 a build/test/publish failed or a registry misbehaved,
+2 bad input.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ class ImagebuildError(Exception):
         self.where = where  # "file:line:col" when the cause sits in a file
 
     def render(self) -> str:
+        from imagebuild.safetext import safe_lines
+
         head = f"{self.where}: {self.message}" if self.where else self.message
-        return f"{head}\n  fix: {self.fix}" if self.fix else head
+        # messages may embed outside text (a registry's answer): no control reaches the tty
+        return safe_lines(f"{head}\n  fix: {self.fix}" if self.fix else head)
 
 
 class UserError(ImagebuildError):

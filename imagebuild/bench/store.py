@@ -141,7 +141,7 @@ def _read(client: RegistryClient, repo: str, ref: str, how: str) -> Stored | Non
     manifest = json.loads(raw)
     if manifest.get("artifactType") != ARTIFACT_TYPE or not manifest.get("layers"):
         return None
-    doc = json.loads(client.get_blob(repo, manifest["layers"][0]["digest"]))
+    doc = client.get_bench_results(repo, manifest["layers"][0]["digest"])
     return Stored(doc, dict(manifest.get("annotations") or {}), digest, how)
 
 

@@ -13,8 +13,10 @@ from urllib.parse import urlencode, urlsplit
 import requests
 
 from imagebuild.errors import OperationFailed
+from imagebuild.registry import documents
 from imagebuild.registry.credentials import CRED_FIX, Credentials
-from imagebuild.registry.errors import AuthError
+from imagebuild.registry.errors import AuthError, RegistryFault
+from imagebuild.safetext import safe
 
 Transport = Callable[..., requests.Response]
 
@@ -136,23 +138,18 @@ class Auth:
             resp = self.transport("GET", url, headers=headers, kind="token", idempotent=True)
         if resp.status_code in (401, 403):
             raise AuthError(
-                f"token server {urlsplit(realm).netloc} refused a token for "
+                f"token server {safe(urlsplit(realm).netloc, 100)} refused a token for "
                 f"{' '.join(scopes) or 'the registry'} {self.who()} (HTTP {resp.status_code})",
                 fix=CRED_FIX,
             )
         if resp.status_code != 200:
             raise OperationFailed(
-                f"token server {urlsplit(realm).netloc} answered HTTP {resp.status_code}",
+                f"token server {safe(urlsplit(realm).netloc, 100)} answered HTTP "
+                f"{resp.status_code}",
                 fix="retry later; check the registry's status",
             )
-        try:
-            data = resp.json()
-            tok = data.get("token") or data.get("access_token")
-            ttl = float(data.get("expires_in") or 60)
-        except (ValueError, AttributeError, TypeError):
-            tok = None
-        if not tok:
-            raise OperationFailed(f"token server {urlsplit(realm).netloc} sent no token")
+        tok, ttl = documents.token(resp.content, urlsplit(realm).netloc,
+                                   f"a token for {' '.join(scopes) or 'the registry'}")
         # renew a little early so a token never expires between check and use
         self.tokens[scope or ""] = (tok, time.monotonic() + max(1.0, ttl - 5))
 
@@ -162,6 +159,14 @@ class Auth:
         bearer = next((c for c in challenges if c.scheme == "bearer"), None)
         basic = next((c for c in challenges if c.scheme == "basic"), None)
         if bearer:
+            first = self.challenge.params.get("realm") if self.challenge else None
+            if first is not None and bearer.params.get("realm") != first:
+                # credentials go to the realm the registry's first challenge named, only
+                raise RegistryFault(
+                    self.host, f"a challenge naming the token server "
+                    f"{safe(bearer.params.get('realm'), 120)!r} after {safe(first, 120)!r}",
+                    "authentication", fix="no credentials were sent to the new token "
+                    "server; check the registry's auth configuration (or who answers for it)")
             self.scheme = "bearer"
             self.challenge = bearer
             self.tokens.pop(scope or "", None)

@@ -7,25 +7,35 @@ request's body bytes are counted (ByteCounter) so callers can prove that.
 Requests retry on 429/5xx/connection errors when idempotent (never on 401/403). Auth
 (auth.py) answers the registry's challenge with credentials from credentials.py; secrets
 never appear in messages, logs or repr.
+
+A registry's answer is untrusted input: every body is read streamed under a size cap and
+the command's registry deadline (deadline.py), parsed by documents.py, and anything it
+says reaches messages only through safetext.safe. Credentials go to the registry's own
+origin and the token realm its first challenge named, nowhere else: not to a `Link: next`
+page, an upload `Location` or a redirect on another origin.
 """
 
 from __future__ import annotations
 
 import email.utils
+import functools
 import hashlib
 import ipaddress
 import json
 import logging
 import re
+import sys
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import requests
 
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.registry import documents
 from imagebuild.registry.auth import Auth, Challenge, parse_challenges
 from imagebuild.registry.credentials import (
     CRED_FIX,
@@ -35,13 +45,22 @@ from imagebuild.registry.credentials import (
     docker_config_credentials,
     resolve_credentials,
 )
-from imagebuild.registry.errors import AuthError, NotFound, Unsupported
+from imagebuild.registry.deadline import DEADLINE_ENV, Deadline, deadline_seconds
+from imagebuild.registry.errors import (
+    AuthError,
+    MissingBlob,
+    NotFound,
+    RegistryFault,
+    Unsupported,
+)
+from imagebuild.safetext import safe
 
-__all__ = ["AuthError", "Challenge", "Credentials", "NotFound", "RegistryClient",
-           "Unsupported", "docker_config_credentials", "parse_challenges",
-           "resolve_credentials"]
+__all__ = ["AuthError", "Challenge", "Credentials", "MissingBlob", "NotFound",
+           "RegistryClient", "RegistryFault", "Unsupported", "docker_config_credentials",
+           "parse_challenges", "resolve_credentials"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -58,7 +77,15 @@ _REPO_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _DIGEST_RE = re.compile(r"^(sha256:[a-f0-9]{64}|sha512:[a-f0-9]{128})$")
 
-_RETRY_AFTER_CAP = 60.0  # never let a server park us longer than this per attempt
+RETRY_AFTER_CAP = 30.0  # never let a server park us longer than this per attempt
+MAX_PAGES = 1000  # a `Link: next` chain longer than this is a registry fault
+MAX_REDIRECTS = 5
+_REDIRECTS = (301, 302, 303, 307, 308)
+# the most a body of each kind of endpoint may hold on a success (documents.py caps)
+_BODY_CAPS = {"manifest": documents.MAX_MANIFEST, "referrers": documents.MAX_MANIFEST,
+              "tags": documents.MAX_TAG_PAGE, "catalog": documents.MAX_TAG_PAGE,
+              "blob": documents.MAX_BLOB}
+_CHUNK = 65536
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 _TRANSIENT_ERRORS = (
     requests.ConnectionError,
@@ -182,13 +209,14 @@ def normalize_base_url(base_url: str) -> str:
 
 def _error_codes(resp: requests.Response) -> list[tuple[str, str]]:
     """(code, message) pairs of a distribution error body; empty if it is not one."""
-    try:
-        errors = resp.json().get("errors") or []
-    except (ValueError, AttributeError):
-        return []
-    return [
-        (str(e.get("code", "")), str(e.get("message", ""))) for e in errors if isinstance(e, dict)
-    ]
+    return documents.error_codes(resp.content or b"")
+
+
+def origin(url: str) -> tuple[str, str]:
+    """(scheme, host:port) with the default port made explicit: what credentials bind to."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return parts.scheme, f"{(parts.hostname or '').lower()}:{port}"
 
 
 def _kind_of(path: str) -> str:
@@ -215,6 +243,10 @@ def _scope_for(method: str, path: str) -> str | None:
     return None
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 # ----------------------------------------------------------------------------- client
 
 
@@ -234,12 +266,18 @@ class RegistryClient:
         session: requests.Session | None = None,
         bytes_counter: ByteCounter | None = None,
         credentials: Credentials | None = None,
+        deadline: Deadline | None = None,
+        max_pages: int = MAX_PAGES,
     ):
         self.base_url = normalize_base_url(base_url)
         self.host = urlsplit(self.base_url).netloc
+        self.origin = origin(self.base_url)
         self.timeout = timeout
         self.retries = max(0, retries)
         self.backoff = backoff
+        self.max_pages = max_pages
+        # one budget for the whole command (every request, read and retry wait)
+        self.deadline = deadline if deadline is not None else Deadline(deadline_seconds())
         self.bytes = bytes_counter if bytes_counter is not None else ByteCounter()
         self._session = session or requests.Session()
         self._session.headers.setdefault("User-Agent", "imagebuild-registry/0.1")
@@ -249,6 +287,7 @@ class RegistryClient:
                          credentials or resolve_credentials(self.host, username, password),
                          token, self._transport)
         self._sleep = time.sleep
+        self.say = _to_stderr  # what the user must hear at once (a long Retry-After wait)
 
     def __repr__(self) -> str:
         return f"RegistryClient({self.base_url!r}, credentials={self.auth.creds!r})"
@@ -256,8 +295,120 @@ class RegistryClient:
     def _mask(self, text: str) -> str:
         return self.auth.mask(text)
 
+    def own_origin(self, url: str) -> bool:
+        return origin(url) == self.origin
 
     # -- transport
+
+    def _out_of_time(self, what: str, why: str) -> NoReturn:
+        raise RegistryFault(
+            self.host, why, what,
+            fix=f"the registry is too slow or stuck; retry later (re-runs resume), or give "
+            f"it more time with {DEADLINE_ENV} (now {self.deadline.seconds:g} s)")
+
+    def _read_timeout(self, what: str) -> float:
+        left = self.deadline.remaining()
+        if left <= 0:
+            self._out_of_time(what, f"no complete answer within the {self.deadline.seconds:g} "
+                              "s registry deadline")
+        return min(self.timeout, left)
+
+    def _read_body(self, resp: requests.Response, method: str, kind: str, what: str) -> int:
+        """Read the body streamed: the deadline is checked between reads (a server that
+        drips a byte a second ends by it) and a success's body is capped per kind."""
+        ok = resp.status_code < 300
+        cap = _BODY_CAPS.get(kind, documents.MAX_SMALL) if ok else documents.MAX_SMALL
+        if resp.raw is None:  # a canned response (tests): already in memory
+            body = resp.content or b""
+        else:
+            declared = resp.headers.get("Content-Length", "")
+            # (a HEAD's length is the size of what it describes, not of a body to read)
+            if ok and method != "HEAD" and declared.isdigit() and int(declared) > cap:
+                resp.close()
+                raise RegistryFault(self.host, f"a body of {int(declared):,} bytes (the cap "
+                                    f"for a {kind} is {cap:,})", what)
+            chunks: list[bytes] = []
+            size = 0
+            try:
+                while True:
+                    if self.deadline.expired():
+                        resp.close()
+                        self._out_of_time(what, f"a body still incomplete after {size:,} "
+                                          f"bytes when the {self.deadline.seconds:g} s "
+                                          "registry deadline ran out")
+                    chunk = resp.raw.read1(_CHUNK, decode_content=True)
+                    if not chunk:
+                        break
+                    size += len(chunk)
+                    if size > cap:
+                        resp.close()
+                        if not ok:  # an error body only decorates a message
+                            break
+                        raise RegistryFault(self.host, f"a body of more than {cap:,} bytes "
+                                            f"(the cap for a {kind})", what)
+                    chunks.append(chunk)
+                else:
+                    resp.raw.release_conn()
+            except Exception as exc:  # urllib3's own errors, as requests would map them
+                if isinstance(exc, RegistryFault):
+                    raise
+                raise requests.ConnectionError(str(exc)) from None
+            body = b"".join(chunks)
+        resp._content = body  # noqa: SLF001 - what resp.content returns from now on
+        resp._content_consumed = True  # type: ignore[attr-defined]  # noqa: SLF001
+        return len(body)
+
+    def _exchange(self, method: str, url: str, headers: dict[str, str], data: bytes | None,
+                  wait: float, kind: str, what: str) -> tuple[requests.Response, int]:
+        resp = self._session.request(method, url, headers=headers, data=data,
+                                     timeout=(wait, wait), proxies=self._proxies,
+                                     allow_redirects=False, stream=True)
+        return resp, self._read_body(resp, method, kind, what)
+
+    def _within_deadline(self, exchange: Callable[[], _T], what: str) -> _T:
+        """Run one exchange in a worker and stop waiting for it at the deadline. Socket
+        timeouts bound each read, not their sum: a server that sends its headers a byte at
+        a time never trips one, so the bound on the whole exchange is kept here."""
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["value"] = exchange()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name="registry-request", daemon=True)
+        worker.start()
+        worker.join(max(self.deadline.remaining(), 0) + 0.05)
+        if worker.is_alive():  # left behind: its socket timeout or the exit ends it
+            self._out_of_time(what, f"no complete answer within the "
+                              f"{self.deadline.seconds:g} s registry deadline")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _send(self, method: str, url: str, headers: Mapping[str, str], data: bytes | None,
+              kind: str, what: str) -> requests.Response:
+        """One attempt, redirects followed here (not by requests): every hop is charged to
+        the deadline, and a hop to another origin goes without our Authorization."""
+        hdrs = dict(headers)
+        for _ in range(MAX_REDIRECTS + 1):
+            wait = self._read_timeout(what)
+            resp, received = self._within_deadline(
+                functools.partial(self._exchange, method, url, hdrs, data, wait, kind, what),
+                what)
+            resp.url = url
+            location = resp.headers.get("Location")
+            if resp.status_code not in _REDIRECTS or not location:
+                self.bytes.add(kind, len(data or b""), received)
+                return resp
+            self.bytes.add(kind, len(data or b""), received)
+            url = urljoin(url, location)
+            if not self.own_origin(url):
+                hdrs.pop("Authorization", None)
+            if resp.status_code == 303:
+                method, data = "GET", None
+        raise RegistryFault(self.host, f"more than {MAX_REDIRECTS} redirects", what)
 
     def _transport(
         self,
@@ -269,64 +420,70 @@ class RegistryClient:
         kind: str,
         idempotent: bool,
     ) -> requests.Response:
-        """One logical request: retries on 429/5xx/connection errors when idempotent."""
+        """One logical request: retries on 429/5xx/connection errors when idempotent,
+        all of it inside the command's registry deadline."""
+        what = f"{method} {self._where(url)}"
         attempt = 0
-        while True:
-            try:
-                resp = self._session.request(
-                    method,
-                    url,
-                    headers=dict(headers or {}),
-                    data=data,
-                    timeout=self.timeout,
-                    proxies=self._proxies,
-                    allow_redirects=True,
-                )
-                received = len(resp.content)  # reads the body: a cut body raises here
-            except requests.exceptions.SSLError as exc:
-                raise OperationFailed(
-                    f"TLS to {self.host} failed: {self._mask(str(exc))[:300]}",
-                    fix="trust the registry's CA (REQUESTS_CA_BUNDLE) or fix its certificate",
-                ) from None
-            except _TRANSIENT_ERRORS as exc:
-                self.bytes.add(kind, len(data or b""), 0)
-                if not idempotent or attempt >= self.retries:
+        with self.deadline.running():
+            while True:
+                try:
+                    resp = self._send(method, url, dict(headers or {}), data, kind, what)
+                except requests.exceptions.SSLError as exc:
                     raise OperationFailed(
-                        f"{method} {self._where(url)} failed after {attempt + 1} attempt(s): "
-                        f"{type(exc).__name__}: {self._mask(str(exc))[:300]}",
-                        fix=f"check that the registry at {self.base_url} is up "
-                        "(scripts/start-registry.sh starts the local one)",
+                        f"TLS to {self.host} failed: {safe(self._mask(str(exc)))}",
+                        fix="trust the registry's CA (REQUESTS_CA_BUNDLE) or fix its certificate",
                     ) from None
-                delay = self.backoff * 2**attempt
-                log.info(
-                    "retrying %s %s after %s in %.2fs",
-                    method,
-                    self._where(url),
-                    type(exc).__name__,
-                    delay,
-                )
-            else:
-                self.bytes.add(kind, len(data or b""), received)
-                status = resp.status_code
-                if not (status == 429 or status >= 500) or not idempotent:
-                    return resp
-                if attempt >= self.retries:
-                    return resp  # the caller turns it into a message
-                hinted = _retry_after(resp.headers.get("Retry-After"))
-                delay = (
-                    min(hinted, _RETRY_AFTER_CAP)
-                    if hinted is not None
-                    else (self.backoff * 2**attempt)
-                )
-                log.info(
-                    "retrying %s %s after HTTP %d in %.2fs", method, self._where(url), status, delay
-                )
-            attempt += 1
-            self._sleep(delay)
+                except _TRANSIENT_ERRORS as exc:
+                    self.bytes.add(kind, len(data or b""), 0)
+                    if self.deadline.expired():
+                        self._out_of_time(what, f"no complete answer within the "
+                                          f"{self.deadline.seconds:g} s registry deadline "
+                                          f"({type(exc).__name__})")
+                    if not idempotent or attempt >= self.retries:
+                        raise OperationFailed(
+                            f"{what} failed after {attempt + 1} attempt(s): "
+                            f"{type(exc).__name__}: {safe(self._mask(str(exc)))}",
+                            fix=f"check that the registry at {self.base_url} is up "
+                            "(scripts/start-registry.sh starts the local one)",
+                        ) from None
+                    delay = self.backoff * 2**attempt
+                    log.info("retrying %s after %s in %.2fs", what, type(exc).__name__, delay)
+                else:
+                    status = resp.status_code
+                    if not (status == 429 or status >= 500) or not idempotent:
+                        return resp
+                    if attempt >= self.retries:
+                        return resp  # the caller turns it into a message
+                    delay = self._retry_delay(resp, attempt, what)
+                    log.info("retrying %s after HTTP %d in %.2fs", what, status, delay)
+                if delay >= self.deadline.remaining():
+                    self._out_of_time(what, f"errors until the {self.deadline.seconds:g} s "
+                                      "registry deadline left no time for another attempt")
+                attempt += 1
+                self._sleep(delay)
+
+    def _retry_delay(self, resp: requests.Response, attempt: int, what: str) -> float:
+        """Retry-After honoured up to RETRY_AFTER_CAP and the deadline, and said."""
+        raw = resp.headers.get("Retry-After")
+        hinted = _retry_after(raw)
+        if hinted is None:
+            return self.backoff * 2**attempt
+        left = self.deadline.remaining()
+        if hinted > left and hinted > RETRY_AFTER_CAP:
+            self._out_of_time(what, f"HTTP {resp.status_code} with Retry-After "
+                              f"{safe(raw, 40)} (more than the {max(left, 0):.0f} s left "
+                              f"of the registry deadline)")
+        delay = min(hinted, RETRY_AFTER_CAP)
+        if hinted >= 1:
+            capped = f", capped at {RETRY_AFTER_CAP:.0f} s" if hinted > RETRY_AFTER_CAP else ""
+            self.say(f"registry {self.host} answered HTTP {resp.status_code} to {what} and "
+                     f"asked to wait {hinted:.0f} s (Retry-After); retrying in {delay:.0f} s"
+                     f"{capped}")
+        return delay
 
     def _where(self, url: str) -> str:
         parts = urlsplit(url)
-        return f"{parts.netloc}{parts.path}"
+        return safe(f"{parts.netloc}{parts.path}", 200)
 
     def _request(
         self,
@@ -337,20 +494,24 @@ class RegistryClient:
         data: bytes | None = None,
         url: str | None = None,
     ) -> requests.Response:
-        """A registry request with the auth dance: at most one re-try per 401."""
+        """A registry request with the auth dance: at most one re-try per 401. A URL on
+        another origin (a `Link: next` page, an upload `Location`) gets no credentials."""
         url = url or self.base_url + path
         path = urlsplit(url).path
         scope = _scope_for(method, path)
         kind = _kind_of(path)
+        ours = self.own_origin(url)
         for _ in range(2):
             hdrs = dict(headers or {})
-            auth = self.auth.header_for(scope)
+            auth = self.auth.header_for(scope) if ours else None
             if auth:
                 hdrs["Authorization"] = auth
             resp = self._transport(
                 method, url, headers=hdrs, data=data, kind=kind, idempotent=method in _IDEMPOTENT
             )
-            if resp.status_code != 401 or not self.auth.answer_challenge(resp, scope):
+            # a challenge from another origin (after a redirect) is not the registry's
+            if (resp.status_code != 401 or not ours or not self.own_origin(resp.url or url)
+                    or not self.auth.answer_challenge(resp, scope)):
                 return resp
         return resp
 
@@ -359,7 +520,7 @@ class RegistryClient:
         status = resp.status_code
         codes = _error_codes(resp)
         detail = "; ".join(f"{c}: {m}" for c, m in codes) or resp.reason or ""
-        detail = self._mask(detail)[:300]
+        detail = safe(self._mask(str(detail)))
         if status == 401:
             creds = self.auth.creds
             if not creds or not (creds.password or creds.identity_token):
@@ -419,17 +580,19 @@ class RegistryClient:
         url: str | None = self.base_url + path + (f"?n={page_size}" if page_size else "")
         seen: set[str] = set()
         items: list[str] = []
+        parse = documents.tag_list if key == "tags" else documents.catalog
         while url:
             if url in seen:  # a server looping its Link header would spin forever
-                raise OperationFailed(f"{what}: registry {self.host} repeats page {url}")
+                raise RegistryFault(self.host, f"a Link header that repeats the page "
+                                    f"{self._where(url)}", what)
+            if len(seen) >= self.max_pages:
+                raise RegistryFault(self.host, f"a Link: next chain longer than "
+                                    f"{self.max_pages} pages", what)
             seen.add(url)
             resp = self._request("GET", "", url=url)
             if resp.status_code != 200:
                 self._fail(resp, what)
-            try:
-                items.extend(resp.json().get(key) or [])
-            except (ValueError, AttributeError):
-                raise OperationFailed(f"{what}: registry {self.host} sent no JSON") from None
+            items.extend(parse(resp.content, self.host, what))
             url = parse_link_next(resp.headers.get("Link"), url)
         return items
 
@@ -454,9 +617,13 @@ class RegistryClient:
             self._fail(resp, f"HEAD {repo}:{ref}", f"repository:{repo}:pull")
         digest = resp.headers.get("Docker-Content-Digest")
         media = resp.headers.get("Content-Type", "").split(";")[0].strip()
+        if digest and not is_digest(digest):
+            raise RegistryFault(self.host, f"a Docker-Content-Digest {safe(digest, 80)!r} "
+                                "that is not a digest", f"HEAD {repo}:{ref}")
         if not digest:  # not every registry sends it on HEAD; fall back to a GET
             _, media, digest = self.get_manifest(repo, ref)
-        size = int(resp.headers.get("Content-Length") or 0)
+        length = resp.headers.get("Content-Length") or "0"
+        size = int(length) if length.isdigit() else 0
         return digest, media, size
 
     def digest(self, repo: str, ref: str) -> str:
@@ -479,18 +646,29 @@ class RegistryClient:
         if resp.status_code != 200:
             self._fail(resp, f"manifest {repo}:{ref}", f"repository:{repo}:pull")
         body = resp.content
+        what = f"manifest {repo}:{ref}"
         media = resp.headers.get("Content-Type", "").split(";")[0].strip()
         try:
-            declared = json.loads(body).get("mediaType")
-        except (ValueError, AttributeError):
-            declared = None
-        media = declared or media  # the body is authoritative when it says
-        if media not in MANIFEST_TYPES:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise RegistryFault(self.host, "a body that is not a JSON object", what)
+        declared = doc.get("mediaType")
+        media = declared if isinstance(declared, str) and declared else media
+        if media not in MANIFEST_TYPES:  # the body is authoritative when it says
             raise OperationFailed(
-                f"manifest {repo}:{ref} has unsupported media type {media!r}",
+                f"manifest {repo}:{ref} has unsupported media type {safe(media, 100)!r}",
                 fix="push it as a Docker v2 / OCI image manifest or index",
             )
+        if media in IMAGE_MANIFESTS:
+            documents.image_manifest(body, self.host, what)
+        else:
+            documents.index(body, self.host, what)
         header = resp.headers.get("Docker-Content-Digest")
+        if header and not is_digest(header):
+            raise RegistryFault(self.host, f"a Docker-Content-Digest {safe(header, 80)!r} "
+                                "that is not a digest", what)
         expect = ref if is_digest(ref) else header
         digest = _digest_of(body, expect or "sha256")
         if expect and digest != expect:
@@ -548,6 +726,8 @@ class RegistryClient:
             return None
         if resp.status_code != 200:
             self._fail(resp, f"referrers of {repo}@{digest}", f"repository:{repo}:pull")
+        what = f"referrers of {repo}@{digest}"
+        documents.referrers_index(resp.content, self.host, what)
         manifests = list(json.loads(resp.content).get("manifests") or [])
         if artifact_type:  # the filter is optional for registries (OCI-Filters-Applied)
             manifests = [m for m in manifests if m.get("artifactType") == artifact_type]
@@ -617,6 +797,12 @@ class RegistryClient:
         if not is_digest(digest):
             raise UserError(f"get_blob needs a digest, got {digest!r}")
         resp = self._request("GET", f"/v2/{repo}/blobs/{digest}")
+        if resp.status_code == 404:  # named by a stored manifest: the registry lost it
+            codes = " ".join(c for c, _ in _error_codes(resp)) or "not found"
+            raise MissingBlob(self.host, f"HTTP 404 ({safe(codes, 80)})", f"blob {repo}@{digest}",
+                              fix="a manifest in the registry names a blob it no longer has "
+                              "(storage lost, or garbage-collected while in use): re-publish "
+                              "the release or restore the registry's storage")
         if resp.status_code != 200:
             self._fail(resp, f"blob {repo}@{digest}", f"repository:{repo}:pull")
         if _digest_of(resp.content, digest) != digest:
@@ -674,12 +860,18 @@ class RegistryClient:
         config = (manifest.get("config") or {}).get("digest")
         if not config:
             raise OperationFailed(f"{repo}:{ref}: manifest has no config blob")
-        return json.loads(self.get_blob(repo, config))
+        return documents.json_object(self.get_blob(repo, config), self.host, "image config",
+                                     f"config of {repo}:{ref}")
 
     def image_labels(self, repo: str, ref: str, *, platform: str | None = None) -> dict:
         """The image's labels (they live in the config blob, not in the manifest)."""
         config = self.image_config(repo, ref, platform=platform)
         return dict((config.get("config") or {}).get("Labels") or {})
+
+    def get_bench_results(self, repo: str, digest: str) -> dict[str, Any]:
+        """A bench results document (a blob), checked against its schema."""
+        return documents.bench_results(self.get_blob(repo, digest), self.host,
+                                       f"bench results {repo}@{digest}")
 
     def iter_tag_digests(self, repo: str) -> Iterator[tuple[str, str]]:
         """(tag, digest) for every tag of repo: one HEAD per tag, no bodies."""

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imagebuild.plan import UNRESOLVED
+from imagebuild.registry.documents import bench_table
 from imagebuild.runspec import RunSpec, docker_run_text
+from imagebuild.safetext import safe
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
@@ -196,11 +198,15 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
         previous = previous_release([r.release_tag for r in rels if r.passed and r.release_tag],
                                     job.tag)
         bench, ann = _stored_bench(client, repo, mine.tag if mine else None)
+        ann = {k: safe(v) for k, v in ann.items()}  # registry text, shown in the notes
+        if bench:  # the table below indexes every figure: a bare document is a fault
+            bench_table(bench, client.host, f"bench results of {repo}:{mine.tag if mine else ''}")
         facts[job.id] = ImageFacts(
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
             accepted_regression=ann.get(A_ACCEPTED), accepted_untrusted=ann.get(A_UNTRUSTED),
-            unmeasured=mine.unmeasured if mine else None, uncompared=ann.get(A_UNCOMPARED))
+            unmeasured=safe(mine.unmeasured) if mine and mine.unmeasured else None,
+            uncompared=ann.get(A_UNCOMPARED))
     return facts
 
 

@@ -26,6 +26,7 @@ from imagebuild.registry.client import (
     NotFound,
     RegistryClient,
 )
+from imagebuild.safetext import safe
 from imagebuild.spec.tags import FULL, SHORT, ReleaseTag, parse_release_tag
 
 DATE_SKEW = dt.timedelta(days=1)  # a tag dated beyond tomorrow (UTC) is a typo
@@ -273,9 +274,9 @@ def format_releases(repo: str, rels: list[Release]) -> str:
     for r in rels:
         mark = "*" if r.is_latest else " "
         out.append(f"  {mark} {r.tag:<34} {short_digest(r.digest)}  "
-                   f"image {short_digest(r.image_id)}  smoke {r.verdict}"
-                   + (f"  bench UNMEASURED ({r.unmeasured})" if r.unmeasured else ""))
-        out.append(f"      pins: {pins_text(r.pins)}")
+                   f"image {short_digest(r.image_id)}  smoke {safe(r.verdict)}"
+                   + (f"  bench UNMEASURED ({safe(r.unmeasured)})" if r.unmeasured else ""))
+        out.append(f"      pins: {safe(pins_text(r.pins))}")
     if not rels:
         out.append("  (no releases)")
     return "\n".join(out)
