@@ -20,6 +20,7 @@ from pathlib import Path
 
 from imagebuild import REPO_ROOT
 from imagebuild.build.patches import touched_files
+from imagebuild.lock.sourcepins import sdist_commit
 
 FILES = REPO_ROOT / "images" / "engine" / "files"
 # What `python setup.py sdist` adds on top of the repository's files.
@@ -43,15 +44,6 @@ class Checkout:
     head: str  # the commit the recipe's fetch checked out
     sdist_commit: str | None  # what the sdist's _version.py says it was built from
     log: list[str]  # the scripts' own lines
-
-
-def sdist_commit(sdist_root: Path) -> str | None:
-    """The commit the sdist was built from (setuptools-scm's `commit_id`, "g<hex>")."""
-    version_py = sdist_root / "vllm" / "_version.py"
-    if not version_py.is_file():
-        return None
-    match = re.search(r"commit_id = '(?:g)?([0-9a-f]{7,40})'", version_py.read_text())
-    return match.group(1) if match else None
 
 
 def _git(root: Path, *args: str) -> str:

@@ -173,3 +173,25 @@ def test_the_rendered_gb10_runtime_stage_runs_its_selfcheck():
     assert phases == ["toolchain", "installed"]
     assert all(args[args.index("--arch") + 1] == "sm_121a" for args in stage.selfchecks)
     assert stage.env["TRITON_PTXAS_PATH"].startswith("/usr/local/cuda/")
+
+
+def test_source_step_fails_when_the_pin_is_not_the_sdists_commit(tmp_path, monkeypatch):
+    """What is rehearsed must be what is built: the sdist's commit is the pinned one. The
+    recipe's scripts run in the e2e rehearsal; here only their checkout is stood in for."""
+    import dataclasses
+
+    from imagebuild.rehearse import source
+    from imagebuild.rehearse.run import _source_step
+
+    def prepare(sdist, workdir, version, patches, paths):
+        return source.Checkout(workdir, "f" * 40, source.sdist_commit(sdist), [])
+
+    monkeypatch.setattr(source, "prepare", prepare)
+    inputs = load_inputs(None, "gb10", None)
+    step, _, _ = _source_step(inputs, tmp_path)
+    assert step.status == PASSED, step.summary
+    assert any("built from commit 91df0fad4" in d for d in step.details)
+    other = dataclasses.replace(inputs, commit="0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665")
+    step, sdist, _ = _source_step(other, tmp_path)
+    assert step.status == FAILED and sdist is not None  # later steps still run on the tree
+    assert "built from commit 91df0fad4, the recipe pins 0fc695fc6d1d" in step.summary
