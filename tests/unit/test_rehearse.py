@@ -19,7 +19,7 @@ from imagebuild.rehearse.runtime_stage import (
     read_runtime_stage,
 )
 from imagebuild.rehearse.source import cmake_patches
-from imagebuild.rehearse.step_arch import _survives, gencode_for
+from imagebuild.rehearse.step_arch import _survives, gencode_for, reason_without
 from imagebuild.rehearse.steps import FAILED, NOT_REHEARSED, PASSED, Step, exit_code, table
 
 CMAKE = """\
@@ -195,3 +195,15 @@ def test_source_step_fails_when_the_pin_is_not_the_sdists_commit(tmp_path, monke
     step, sdist, _ = _source_step(other, tmp_path)
     assert step.status == FAILED and sdist is not None  # later steps still run on the tree
     assert "built from commit 91df0fad4, the recipe pins 0fc695fc6d1d" in step.summary
+
+
+def test_step_a_asserts_the_patchs_reason():
+    """cuda13-keep-sm121a.patch is kept for the arch-specific build; without it vLLM 0.23
+    still builds NVFP4 (12.0f family code, which 12.1 runs), so no Marlin fallback."""
+    inputs = load_inputs(None, "gb10", None)
+    holds, why = reason_without(_arch("12.0", "12.0f", "arch=compute_120f,code=sm_120f"), inputs)
+    assert holds and "12.0f family code" in why and "not NVFP4 itself" in why
+    holds, why = reason_without(_arch("12.0", "", "arch=compute_120,code=sm_120"), inputs)
+    assert not holds and "compiled out" in why  # a pin bump that changes the reason fails
+    assert not reason_without(_arch("12.0", "12.0a", "arch=compute_120a,code=sm_120a"),
+                              inputs)[0]

@@ -83,7 +83,9 @@ RUN --network=none --mount=type=cache,target=/root/.cache/ccache,id=ccache-gb10,
       CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache \
     && MAX_JOBS="${MAX_JOBS:?MAX_JOBS is set by build.py}" NVCC_THREADS="${NVCC_THREADS}" \
        sh /opt/imagebuild/build-vllm-wheel.sh /src/vllm /wheels 0.23.0
-# Arch gate: CUDA 13 can collapse 12.1a to 12.0; the compiled objects must hold sm_121a.
+# Arch gate: vLLM's CUDA 13 arch list can silently rewrite 12.1a to 12.0 (sm_120 and
+# sm_120f family code, which runs but is not this target's build); the compiled objects
+# must hold sm_121a.
 RUN mkdir -p /tmp/wheel && python3 -m zipfile -e /wheels/vllm-*.whl /tmp/wheel \
     && python3 /opt/imagebuild/check-cuda-arch.py --expect sm_121a /tmp/wheel/vllm \
     && rm -rf /tmp/wheel
@@ -159,6 +161,6 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cach
     && python3 /opt/imagebuild/check-vllm-version.py --expect 0.23.0 \
     && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed
 LABEL io.imagebuild.engine="dflashfix" \
-      io.imagebuild.patchset.sha256="d7d10a98fbdebb44020f4c6d578f32b7417c1b410b6546ef7863bf7b4036e1e0" \
+      io.imagebuild.patchset.sha256="b5488e4a68c6d69f322eb39262b537ae3d49e10e9ee2dcd2b0d1bc73ca73a179" \
       io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@91df0fad4dc98a67c7659d9dbd915245d5c43d96" \
       io.imagebuild.vllm.version="0.23.0"

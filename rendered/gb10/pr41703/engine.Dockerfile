@@ -84,7 +84,9 @@ RUN --network=none --mount=type=cache,target=/root/.cache/ccache,id=ccache-gb10,
       CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache \
     && MAX_JOBS="${MAX_JOBS:?MAX_JOBS is set by build.py}" NVCC_THREADS="${NVCC_THREADS}" \
        sh /opt/imagebuild/build-vllm-wheel.sh /src/vllm /wheels 0.23.0
-# Arch gate: CUDA 13 can collapse 12.1a to 12.0; the compiled objects must hold sm_121a.
+# Arch gate: vLLM's CUDA 13 arch list can silently rewrite 12.1a to 12.0 (sm_120 and
+# sm_120f family code, which runs but is not this target's build); the compiled objects
+# must hold sm_121a.
 RUN mkdir -p /tmp/wheel && python3 -m zipfile -e /wheels/vllm-*.whl /tmp/wheel \
     && python3 /opt/imagebuild/check-cuda-arch.py --expect sm_121a /tmp/wheel/vllm \
     && rm -rf /tmp/wheel
@@ -161,6 +163,6 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cach
     && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed
 LABEL io.imagebuild.engine="pr41703" \
       io.imagebuild.engine.caveat="does not contain upstream PR 41703's diff (it could not be fetched where this patch set was made): only the cpu fixes and, on gb10, the sm_121a build fix" \
-      io.imagebuild.patchset.sha256="a45930129f31089db0fab97e467f662b740cf372e9a185094740addd820456f9" \
+      io.imagebuild.patchset.sha256="b724ff8128fb2951a028f11944e7d188f08e9a6e355837411292e33a7580c145" \
       io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@91df0fad4dc98a67c7659d9dbd915245d5c43d96" \
       io.imagebuild.vllm.version="0.23.0"

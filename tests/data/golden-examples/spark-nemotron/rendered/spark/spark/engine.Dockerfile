@@ -83,7 +83,9 @@ RUN --network=none --mount=type=cache,target=/root/.cache/ccache,id=ccache-spark
       CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache \
     && MAX_JOBS="${MAX_JOBS:?MAX_JOBS is set by build.py}" NVCC_THREADS="${NVCC_THREADS}" \
        sh /opt/imagebuild/build-vllm-wheel.sh /src/vllm /wheels 0.23.0
-# Arch gate: CUDA 13 can collapse 12.1a to 12.0; the compiled objects must hold sm_121a.
+# Arch gate: vLLM's CUDA 13 arch list can silently rewrite 12.1a to 12.0 (sm_120 and
+# sm_120f family code, which runs but is not this target's build); the compiled objects
+# must hold sm_121a.
 RUN mkdir -p /tmp/wheel && python3 -m zipfile -e /wheels/vllm-*.whl /tmp/wheel \
     && python3 /opt/imagebuild/check-cuda-arch.py --expect sm_121a /tmp/wheel/vllm \
     && rm -rf /tmp/wheel
