@@ -20,7 +20,8 @@ its kernels follow that project's own arch list; pass its files explicitly to ga
 
 Exit 0: every file holds at least one cubin for the expected arch. Exit 1: a file
 lacks one (PTX alone does not count: it is JIT-compiled at load, not native code), a
-file holds no device code, or no file matched. Exit 2: bad usage or no cuobjdump. Standard library only: this runs in the build image, not the project venv.
+file holds no device code, or no file matched. Exit 2: bad usage or no cuobjdump.
+Standard library only: this runs in the build image, not the project venv.
 """
 
 from __future__ import annotations
