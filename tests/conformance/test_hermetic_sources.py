@@ -160,3 +160,45 @@ def test_ls_remote_resolves_an_annotated_tag_to_its_commit(remote) -> None:
     assert remote["tag_object"] != remote["commit"]
     assert resolve_ref(remote["url"], "v1.0") == remote["commit"]
     assert resolve_ref(remote["url"], "main") == remote["commit"]
+
+
+def test_cmake_takes_every_locked_source_from_src_deps_without_a_download(tmp_path) -> None:
+    """The rendered compile's CMAKE_ARGS, given to CMake (>= 3.26, as vLLM's build pins)
+    with each dependency declared as the sdist declares it: configure uses the local
+    directories and downloads nothing (GitHub is unreachable here, so a fetch would fail)."""
+    import shlex
+
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.render import render_engine
+    from imagebuild.rehearse.toolchain import find_tools
+
+    lm = mx.load(REPO_ROOT / "matrix.yaml")
+    text = render_engine(lm, "gb10", "dflashfix", read_lock(lm.root)).text
+    args = shlex.split(re.search(r"CMAKE_ARGS=('[^']*')", text).group(1))[0].split()
+    deps = read_lock(lm.root).entry("engines", "dflashfix")["gb10"]["dependencies"]
+    deps_dir = tmp_path / "src" / "deps"
+    lines = ["cmake_minimum_required(VERSION 3.26)", "project(probe NONE)",
+             "include(FetchContent)"]
+    for name, dep in deps.items():
+        (deps_dir / name).mkdir(parents=True)
+        (deps_dir / name / "MARKER").write_text(name)
+        subs = ("" if dep["submodules"] == "all" else
+                " GIT_SUBMODULES " + " ".join(f'"{s}"' for s in dep["submodules"]))
+        lines += [f"FetchContent_Declare({name} GIT_REPOSITORY {dep['repository']} "
+                  f"GIT_TAG {dep['ref']}{subs} GIT_PROGRESS TRUE)",
+                  f"FetchContent_MakeAvailable({name})",
+                  f'file(READ "${{{name}_SOURCE_DIR}}/MARKER" got)',
+                  f'message(STATUS "source {name}: ${{got}}")']
+    (tmp_path / "CMakeLists.txt").write_text("\n".join(lines) + "\n")
+    local = [a.replace("=/src/deps/", f"={deps_dir}/") for a in args]
+    proc = subprocess.run([find_tools().cmake, "-S", str(tmp_path), "-B",
+                           str(tmp_path / "build"), *local], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in deps:
+        assert f"source {name}: {name}" in proc.stdout
+    # the same project without the source directories would have to download: it fails
+    proc = subprocess.run([find_tools().cmake, "-S", str(tmp_path), "-B",
+                           str(tmp_path / "build2"), "-DFETCHCONTENT_FULLY_DISCONNECTED=ON"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
