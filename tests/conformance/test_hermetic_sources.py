@@ -169,8 +169,8 @@ def test_cmake_takes_every_locked_source_from_src_deps_without_a_download(tmp_pa
     import shlex
 
     from imagebuild.lock.lockfile import read_lock
-    from imagebuild.render import render_engine
     from imagebuild.rehearse.toolchain import find_tools
+    from imagebuild.render import render_engine
 
     lm = mx.load(REPO_ROOT / "matrix.yaml")
     text = render_engine(lm, "gb10", "dflashfix", read_lock(lm.root)).text
