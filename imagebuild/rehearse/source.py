@@ -5,8 +5,9 @@ tags), apply-patches.sh and check-source-tree.sh. GitHub is unreachable here, so
 repository it fetches from is recreated from the sha256-pinned sdist: the files only an
 sdist has (PKG-INFO, *.egg-info, the generated vllm/_version.py) are removed, the rest is
 committed once and tagged v<version> as upstream is; the scripts then fetch that commit
-over file:// exactly as they fetch GitHub's. Its commit id is necessarily not the pinned
-one (the step says so).
+over file:// exactly as they fetch GitHub's. That recreated commit's id is necessarily not
+upstream's; what ties the tree to the pin is the commit the sdist records it was built
+from (`sdist_commit`), which the source step requires to be the pinned one.
 """
 
 from __future__ import annotations
