@@ -161,6 +161,6 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cach
     && python3 /opt/imagebuild/check-vllm-version.py --expect 0.23.0 \
     && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed
 LABEL io.imagebuild.engine="dflashfix" \
-      io.imagebuild.patchset.sha256="b5488e4a68c6d69f322eb39262b537ae3d49e10e9ee2dcd2b0d1bc73ca73a179" \
+      io.imagebuild.patchset.sha256="f0654453a72ad6df0c8ef9c69e673fb9bf7d0296967fc68a90bb082d9b9116b3" \
       io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@91df0fad4dc98a67c7659d9dbd915245d5c43d96" \
       io.imagebuild.vllm.version="0.23.0"

@@ -163,6 +163,6 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cach
     && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed
 LABEL io.imagebuild.engine="pr41703" \
       io.imagebuild.engine.caveat="does not contain upstream PR 41703's diff (it could not be fetched where this patch set was made): only the cpu fixes and, on gb10, the sm_121a build fix" \
-      io.imagebuild.patchset.sha256="b724ff8128fb2951a028f11944e7d188f08e9a6e355837411292e33a7580c145" \
+      io.imagebuild.patchset.sha256="cfad1f9c935cd0c51a7e168b7d24ce389f5aeb73c427f7ce0206e6a79c5f5f04" \
       io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@91df0fad4dc98a67c7659d9dbd915245d5c43d96" \
       io.imagebuild.vllm.version="0.23.0"
