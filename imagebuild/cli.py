@@ -373,12 +373,17 @@ def cmd_lock(args: argparse.Namespace) -> int:
     path = write_lock(lm, data)
     unresolved = [f"{kind}/{name}" for kind in ("models", "drafters", "bases")
                   for name, e in data[kind].items() if e.get("status") != "resolved"]
+    engines = [(f"engines/{ename}/{tname}", e) for ename, per in data["engines"].items()
+               for tname, e in per.items() if e.get("status") != "resolved"]
+    unresolved += [name for name, _ in engines]
     print(f"wrote {path.name} ({len(dumps(data))} bytes)")
     if unresolved:
         print(f"unresolved (cells using them refuse to build): {', '.join(unresolved)}")
         for name, e in data["bases"].items():
             if e.get("status") != "resolved":
                 print(f"  bases/{name}: {e['fix']}")
+        for name, e in engines:
+            print(f"  {name}: {e['fix']}")
     return 0
 
 

@@ -49,6 +49,11 @@ VLLM_PATHS = {
     "pyproject": "pyproject.toml",
     "setup": "setup.py",
 }
+# Where the engine's source stage puts the FetchContent sources (one directory each).
+DEPS_DIR = "/src/deps"
+# Build args that are read at run time, not by vLLM's build: set as ENV in the runtime
+# stage too (CUTE_DSL_ARCH: the CuTe DSL compiles its kernels when they are first used).
+RUNTIME_BUILD_ARGS = ("CUTE_DSL_ARCH",)
 # The user serve images run as (a numeric USER: no name lookup at run time).
 SERVE_USER = {"uid": 1000, "name": "vllm", "home": "/home/vllm"}
 TEMPLATES = {
@@ -254,6 +259,37 @@ def sccache_settings(cache: CompileCache) -> list[tuple[str, str]]:
     return env
 
 
+def source_dependencies(lock: Lock | None, engine_name: str, target_name: str
+                        ) -> list[dict[str, Any]]:
+    """The git sources vLLM's CMake fetches, as the lock pins them (lock/sourcepins.py):
+    where the source stage puts each, and the fetch script's arguments. A tag the lock has
+    not resolved yet is rendered as `unresolved:<tag>`, which the fetch refuses (builds
+    refuse the unresolved engine before that)."""
+    entry = ((lock.entry("engines", engine_name) or {}).get(target_name) or {}) if lock else {}
+    if entry.get("dependencies") is None:
+        raise UserError(f"the lock records no FetchContent sources for engine {engine_name} "
+                        f"on {target_name}", fix="run `python build.py lock` and commit the lock")
+    out = []
+    for name, dep in sorted(entry["dependencies"].items()):
+        subs = dep["submodules"]
+        out.append({"name": name, "repository": dep["repository"], "ref": dep["ref"],
+                    "declared_in": dep["declared_in"], "dest": f"{DEPS_DIR}/{name}",
+                    "commit_arg": dep["commit"] or f"unresolved:{dep['ref']}",
+                    "submodule_args": [subs] if isinstance(subs, str) else list(subs),
+                    "source_dir_var": f"FETCHCONTENT_SOURCE_DIR_{name.upper()}"})
+    return out
+
+
+def cmake_args(deps: list[dict[str, Any]]) -> str:
+    """CMAKE_ARGS (vLLM's setup.py appends it to its cmake command): each FetchContent
+    source from /src/deps, and no download for anything else (a FetchContent the lock
+    does not know fails at configure, minutes in, naming itself)."""
+    if not deps:
+        return ""
+    return " ".join(["-DFETCHCONTENT_FULLY_DISCONNECTED=ON"]
+                    + [f"-D{d['source_dir_var']}={d['dest']}" for d in deps])
+
+
 def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str,
                   lock: Lock | None = None) -> Rendered:
     target = lm.matrix.targets[target_name]
@@ -270,7 +306,8 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str,
         files.append(("files/check-cuda-arch.py",
                       str(TOOL_FILES / "engine/files/check-cuda-arch.py")))
     if real.source:
-        for name in ("fetch-vllm-source.sh", "check-source-tree.sh", "build-vllm-wheel.sh",
+        for name in ("fetch-vllm-source.sh", "fetch-git-commit.sh", "check-source-tree.sh",
+                     "build-vllm-wheel.sh",
                      "check-vllm-version.py", "runtime-selfcheck.py"):
             files.append((f"files/{name}", str(TOOL_FILES / "engine/files" / name)))
         files.append(("files/ensure-serve-user.sh",
@@ -279,6 +316,7 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str,
             files.append(("files/requirements-sccache.txt",
                           str(TOOL_FILES / "engine/files/requirements-sccache.txt")))
     base = (lock.entry("bases", target_name) or {}) if lock else {}
+    deps = source_dependencies(lock, engine_name, target_name) if real.source else []
     ctx = {
         "header": _header(TEMPLATES["engine"]), "target_name": target_name, "target": target,
         "engine_name": engine_name, "engine": engine, "real": real,
@@ -287,7 +325,9 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str,
         "runtime_ref": pinned_ref(target.runtime_image or "", base.get("runtime_digest")),
         "source_paths": sorted(VLLM_PATHS.values()), "source_paths_by_role": VLLM_PATHS,
         "cache": target.compile_cache, "sccache_env": sccache_settings(target.compile_cache),
-        "serve_user": SERVE_USER,
+        "serve_user": SERVE_USER, "dependencies": deps, "cmake_args": cmake_args(deps),
+        "runtime_env": [(k, target.build_args[k]) for k in RUNTIME_BUILD_ARGS
+                        if k in target.build_args],
         "labels": sorted({
             f"{LABEL_NS}.engine": engine_name,
             f"{LABEL_NS}.vllm.version": engine.vllm_version,

@@ -120,6 +120,8 @@ def engine_drift(lm: LoadedMatrix, lock: Lock, ename: str, tname: str) -> list[D
                                    f"lock, now {_show(d.new)}: the file changed since it "
                                    "was locked")
                 out.append(d)
+    if new.get("source") and not out:
+        out += _source_pin_drift(prefix, old, new, where)
     o_patches, n_patches = old.get("patches") or [], new["patches"]
     o_files, n_files = [p.get("file") for p in o_patches], [p["file"] for p in n_patches]
     if o_files != n_files:
@@ -142,6 +144,24 @@ def engine_drift(lm: LoadedMatrix, lock: Lock, ename: str, tname: str) -> list[D
                        sorted(set(o_recipe) | set(n_recipe)), LOCK_FIX,
                        lm.located.where(("targets", tname)))
     return out
+
+
+def _source_pin_drift(prefix: str, old: dict[str, Any], new: dict[str, Any],
+                      where: str | None) -> list[Drift]:
+    """A source engine's lock entry records the sdist's commit (which the pin must be) and
+    the git sources its CMake fetches (lock/sourcepins.py)."""
+    built_from = (old.get("source") or {}).get("sdist_commit")
+    commit = new["source"]["commit"]
+    if not built_from or old.get("dependencies") is None:
+        return [Drift(f"{prefix}.source", None, None, LOCK_FIX, where,
+                      text="records neither the commit the vLLM sdist was built from nor "
+                           "the git sources its CMake fetches (an older lock)")]
+    if not commit.startswith(built_from):
+        return [Drift(f"{prefix}.source.commit", built_from, commit,
+                      f"pin the commit the sdist was built from ({built_from}...)", where,
+                      text=f"is {commit[:12]}, but the vLLM sdist the lock read was built "
+                           f"from {built_from}: the image would not be the tested tree")]
+    return []
 
 
 def base_drift(lm: LoadedMatrix, lock: Lock, tname: str) -> list[Drift]:

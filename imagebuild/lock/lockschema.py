@@ -114,6 +114,18 @@ class PatchEntry(_Strict):
 class SourceEntry(_Strict):
     repository: Text
     commit: Sha40 | None
+    # the commit the sdist was built from (setuptools-scm's short form)
+    sdist_commit: Annotated[str, Field(pattern=r"^[0-9a-f]{7,40}$")] | None = None
+
+
+class DependencyEntry(_Strict):
+    """A git source vLLM's CMake fetches at build time (lock/fetchcontent.py)."""
+
+    repository: Text
+    ref: Text  # GIT_TAG as vLLM's CMake declares it
+    commit: Sha40 | None  # null until a tag is resolved (`lock --update TARGET`)
+    submodules: Literal["all"] | list[RelPath]
+    declared_in: RelPath
 
 
 class WheelEntry(_Strict):
@@ -129,6 +141,7 @@ class EngineEntry(_Strict):
     patches: list[PatchEntry]
     source: SourceEntry | None = None
     wheel: WheelEntry | None = None
+    dependencies: dict[Text, DependencyEntry] | None = None  # source builds
     recipe: dict[str, Any] | None = None  # target settings that change the engine
     status: Status
     fix: Text | None = None

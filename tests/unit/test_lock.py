@@ -38,7 +38,7 @@ def test_lock_resolves_every_pin_deterministically(online, matrix_dir, capsys):
     assert json.loads(cfg.read_text())["num_key_value_heads"] == 4
     assert (matrix_dir / "locked" / "nvidia/Qwen3.6-35B-A3B-NVFP4" / NVIDIA /
             "hf_quant_config.json").exists()
-    assert data["engines"]["dflashfix"]["gb10"]["source"]["commit"].startswith("0fc695fc")
+    assert data["engines"]["dflashfix"]["gb10"]["source"]["commit"].startswith("91df0fad")
     assert all(len(p["sha256"]) == 64 for p in data["engines"]["dflashfix"]["cpu"]["patches"])
     assert data["models"]["tiny"]["files"]  # generated model hashed file by file
     assert _lock(matrix_dir) == 0

@@ -13,7 +13,7 @@ import pytest
 
 from imagebuild.cli import main
 
-COMMIT = "0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665"
+COMMIT = "91df0fad4dc98a67c7659d9dbd915245d5c43d96"
 OTHER_COMMIT = "1234567890abcdef1234567890abcdef12345678"
 WHEEL_SHA = "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7"
 OTHER_SHA = "ab" * 32
@@ -53,7 +53,7 @@ def _sub(old: str, new: str, count: int = 1) -> Callable[[Path], None]:
 REQUIREMENTS = "images/engine/cpu/requirements-vllm-cpu.txt"
 # (id, edit, words the message must hold: the input and its old and new value)
 CASES = [
-    ("engine-commit", _sub(f"commit: {COMMIT}  # tag v0.23.0", f"commit: {OTHER_COMMIT}"),
+    ("engine-commit", _sub(f"commit: {COMMIT}  # v0.23.0", f"commit: {OTHER_COMMIT}"),
      ["engines.dflashfix.gb10.source.commit", COMMIT[:12], OTHER_COMMIT[:12]]),
     ("engine-source-repository", _sub("repository: https://github.com/vllm-project/vllm\n",
                                       "repository: https://github.com/example/vllm-fork\n"),

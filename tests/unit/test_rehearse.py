@@ -19,7 +19,7 @@ from imagebuild.rehearse.runtime_stage import (
     read_runtime_stage,
 )
 from imagebuild.rehearse.source import cmake_patches
-from imagebuild.rehearse.step_arch import _survives, gencode_for
+from imagebuild.rehearse.step_arch import _survives, gencode_for, reason_without
 from imagebuild.rehearse.steps import FAILED, NOT_REHEARSED, PASSED, Step, exit_code, table
 
 CMAKE = """\
@@ -173,3 +173,37 @@ def test_the_rendered_gb10_runtime_stage_runs_its_selfcheck():
     assert phases == ["toolchain", "installed"]
     assert all(args[args.index("--arch") + 1] == "sm_121a" for args in stage.selfchecks)
     assert stage.env["TRITON_PTXAS_PATH"].startswith("/usr/local/cuda/")
+
+
+def test_source_step_fails_when_the_pin_is_not_the_sdists_commit(tmp_path, monkeypatch):
+    """What is rehearsed must be what is built: the sdist's commit is the pinned one. The
+    recipe's scripts run in the e2e rehearsal; here only their checkout is stood in for."""
+    import dataclasses
+
+    from imagebuild.rehearse import source
+    from imagebuild.rehearse.run import _source_step
+
+    def prepare(sdist, workdir, version, patches, paths):
+        return source.Checkout(workdir, "f" * 40, source.sdist_commit(sdist), [])
+
+    monkeypatch.setattr(source, "prepare", prepare)
+    inputs = load_inputs(None, "gb10", None)
+    step, _, _ = _source_step(inputs, tmp_path)
+    assert step.status == PASSED, step.summary
+    assert any("built from commit 91df0fad4" in d for d in step.details)
+    other = dataclasses.replace(inputs, commit="0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665")
+    step, sdist, _ = _source_step(other, tmp_path)
+    assert step.status == FAILED and sdist is not None  # later steps still run on the tree
+    assert "built from commit 91df0fad4, the recipe pins 0fc695fc6d1d" in step.summary
+
+
+def test_step_a_asserts_the_patchs_reason():
+    """cuda13-keep-sm121a.patch is kept for the arch-specific build; without it vLLM 0.23
+    still builds NVFP4 (12.0f family code, which 12.1 runs), so no Marlin fallback."""
+    inputs = load_inputs(None, "gb10", None)
+    holds, why = reason_without(_arch("12.0", "12.0f", "arch=compute_120f,code=sm_120f"), inputs)
+    assert holds and "12.0f family code" in why and "not NVFP4 itself" in why
+    holds, why = reason_without(_arch("12.0", "", "arch=compute_120,code=sm_120"), inputs)
+    assert not holds and "compiled out" in why  # a pin bump that changes the reason fails
+    assert not reason_without(_arch("12.0", "12.0a", "arch=compute_120a,code=sm_120a"),
+                              inputs)[0]

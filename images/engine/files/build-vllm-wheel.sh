@@ -13,7 +13,11 @@
 # still appends its own local suffix on top (+cu<NNN> when nvcc is not its main CUDA
 # version, +empty, ...), exactly as for its release wheels.
 #
-# Environment used when set: VLLM_TARGET_DEVICE, MAX_JOBS, NVCC_THREADS,
+# MAX_JOBS is the number of compile jobs wanted. vLLM's setup.py (compute_num_jobs) runs
+# MAX_JOBS // NVCC_THREADS jobs when nvcc is the compiler, so setup.py is handed
+# MAX_JOBS x NVCC_THREADS: 12 jobs of 2 nvcc threads, not 6.
+#
+# Environment used when set: VLLM_TARGET_DEVICE, MAX_JOBS, NVCC_THREADS, CMAKE_ARGS,
 # TORCH_CUDA_ARCH_LIST, CMAKE_{C,CXX,CUDA}_COMPILER_LAUNCHER (ccache or sccache: its
 # statistics are printed before and after), PYTHON (default python3).
 #
@@ -41,9 +45,14 @@ stats() {
 }
 mkdir -p "$out"
 export SETUPTOOLS_SCM_PRETEND_VERSION="$version" SETUPTOOLS_SCM_PRETEND_VERSION_FOR_VLLM="$version"
+jobs=${MAX_JOBS:-unset}
+if [ -n "${MAX_JOBS:-}" ] && [ -n "${NVCC_THREADS:-}" ]; then
+    MAX_JOBS=$((MAX_JOBS * NVCC_THREADS))
+    export MAX_JOBS
+fi
 echo "$prog: building vLLM $version from $src (target device ${VLLM_TARGET_DEVICE:-auto}," \
-     "MAX_JOBS=${MAX_JOBS:-unset}, NVCC_THREADS=${NVCC_THREADS:-unset}," \
-     "launcher ${launcher:-none})"
+     "$jobs compile jobs x NVCC_THREADS=${NVCC_THREADS:-unset}: setup.py gets" \
+     "MAX_JOBS=${MAX_JOBS:-unset}, launcher ${launcher:-none})"
 stats
 # vLLM's docker/Dockerfile runs `setup.py bdist_wheel --py-limited-api=cp38`; pip wheel
 # runs the same setup.py through PEP 517 (direct setup.py calls are deprecated). Its

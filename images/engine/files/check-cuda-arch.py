@@ -3,9 +3,11 @@
 code (a cubin) for the GPU the image is for.
 
 Why: vLLM 0.23 built with CUDA 13 lists no 12.1 in CMakeLists.txt CUDA_SUPPORTED_ARCHS,
-so TORCH_CUDA_ARCH_LIST=12.1a silently collapses to 12.0 and the NVFP4 kernels end up
-as sm_120 code (or Marlin fallbacks). Nothing fails at build time, so the binaries are
-checked after the compile, with `cuobjdump --list-elf --list-ptx`.
+so TORCH_CUDA_ARCH_LIST=12.1a is silently rewritten to 12.0: generic kernels become
+sm_120 code and the NVFP4 kernels sm_120f family code. A GB10 runs both (NVFP4 is not
+lost), but the build is then not the one the target asked for, and nothing fails at build
+time; so the binaries are checked after the compile, with `cuobjdump --list-elf
+--list-ptx`, for cubins of exactly the expected arch.
 
 Usage (inside the CUDA devel image, after vLLM is installed):
     check-cuda-arch.py --expect sm_121a [--cuobjdump PATH] FILE_OR_DIR...
@@ -17,9 +19,9 @@ is `_C.abi3.so`, `_moe_C.abi3.so`, `_C_stable_libtorch.abi3.so` and, when built,
 its kernels follow that project's own arch list; pass its files explicitly to gate them.
 
 Exit 0: every file holds at least one cubin for the expected arch. Exit 1: a file
-lacks one (PTX alone does not count: it is JIT-compiled at load, not the native NVFP4
-path), a file holds no device code, or no file matched. Exit 2: bad usage or no
-cuobjdump. Standard library only: this runs in the build image, not the project venv.
+lacks one (PTX alone does not count: it is JIT-compiled at load, not native code), a
+file holds no device code, or no file matched. Exit 2: bad usage or no cuobjdump.
+Standard library only: this runs in the build image, not the project venv.
 """
 
 from __future__ import annotations

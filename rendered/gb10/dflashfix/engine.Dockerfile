@@ -4,18 +4,48 @@
 # vLLM 0.23.0 engine, patch set `dflashfix`, target gb10.
 # vLLM 0.23.0 with the KV page-size fix for DFlash drafters on hybrid targets
 ARG BASE_IMAGE
-# Stages: `source` (the pinned commit, the patch series, a check that every path this
-# recipe uses exists: seconds), `build` (vLLM's build requirements, then the compile: an
+# Stages: `source` (the locked git sources of vLLM's CMake, the pinned commit, the patch
+# series, a check that every path this recipe uses exists: minutes), `build` (vLLM's build requirements, then the compile: an
 # hour cold) and `runtime` (what serves). BuildKit runs `runtime` beside `build`, so its
 # self-checks fail the build within minutes, not after the compile.
 FROM ${BASE_IMAGE} AS source
+# The git sources vLLM's CMake would clone inside the compile (FetchContent), read from the
+# pinned tree's CMake files by `build.py lock` and pinned there by commit: each fetched
+# here by that commit, HEAD and every submodule checked against it. The compile gets them
+# through FetchContent's own FETCHCONTENT_SOURCE_DIR_<NAME> and has no network. First in
+# the stage: a new patch or vLLM commit with the same sources reuses these layers.
+COPY files/fetch-git-commit.sh files/fetch-vllm-source.sh /opt/imagebuild/
+# cutlass: https://github.com/nvidia/cutlass.git at v4.4.2 (CMakeLists.txt)
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    sh /opt/imagebuild/fetch-git-commit.sh https://github.com/nvidia/cutlass.git unresolved:v4.4.2 /src/deps/cutlass all
+# deepgemm: https://github.com/deepseek-ai/DeepGEMM.git at 891d57b4db1071624b5c8fa0d1e51cb317fa709f (cmake/external_projects/deepgemm.cmake)
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    sh /opt/imagebuild/fetch-git-commit.sh https://github.com/deepseek-ai/DeepGEMM.git 891d57b4db1071624b5c8fa0d1e51cb317fa709f /src/deps/deepgemm third-party/cutlass third-party/fmt
+# flashmla: https://github.com/vllm-project/FlashMLA at a6ec2ba7bd0a7dff98b3f4d3e6b52b159c48d78b (cmake/external_projects/flashmla.cmake)
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    sh /opt/imagebuild/fetch-git-commit.sh https://github.com/vllm-project/FlashMLA a6ec2ba7bd0a7dff98b3f4d3e6b52b159c48d78b /src/deps/flashmla all
+# qutlass: https://github.com/IST-DASLab/qutlass.git at 830d2c4537c7396e14a02a46fbddd18b5d107c65 (cmake/external_projects/qutlass.cmake)
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    sh /opt/imagebuild/fetch-git-commit.sh https://github.com/IST-DASLab/qutlass.git 830d2c4537c7396e14a02a46fbddd18b5d107c65 /src/deps/qutlass all
+# triton_kernels: https://github.com/triton-lang/triton.git at v3.5.1 (cmake/external_projects/triton_kernels.cmake)
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    sh /opt/imagebuild/fetch-git-commit.sh https://github.com/triton-lang/triton.git unresolved:v3.5.1 /src/deps/triton_kernels all
+# vllm-flash-attn: https://github.com/vllm-project/flash-attention.git at dd62dac706b1cf7895bd99b18c6cb7e7e117ee25 (cmake/external_projects/vllm_flash_attn.cmake)
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    sh /opt/imagebuild/fetch-git-commit.sh https://github.com/vllm-project/flash-attention.git dd62dac706b1cf7895bd99b18c6cb7e7e117ee25 /src/deps/vllm-flash-attn all
 COPY files/fetch-vllm-source.sh files/apply-patches.sh files/check-source-tree.sh /opt/imagebuild/
 # The pinned commit, fetched alone (no branch can move under us).
 # Then (after the patch series, if any) every vLLM source path this recipe uses is
 # checked on the tree, seconds into the build.
 RUN --mount=type=secret,id=ca_bundle \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
-    sh /opt/imagebuild/fetch-vllm-source.sh https://github.com/vllm-project/vllm 0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665 /src/vllm
+    sh /opt/imagebuild/fetch-vllm-source.sh https://github.com/vllm-project/vllm 91df0fad4dc98a67c7659d9dbd915245d5c43d96 /src/vllm
 COPY patches/ /opt/imagebuild/patches/
 # Each patch is checked with `git apply --check` before it is applied; a failure names it.
 RUN sh /opt/imagebuild/apply-patches.sh /src/vllm /opt/imagebuild/patches/cuda13-keep-sm121a.patch /opt/imagebuild/patches/kv-page-size-pad-mamba.patch \
@@ -31,23 +61,31 @@ RUN --mount=type=cache,target=/root/.cache/pip,id=pip-gb10,sharing=locked --moun
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     pip install -r /opt/imagebuild/build-requirements.txt
 COPY --from=source /src/vllm /src/vllm
+COPY --from=source /src/deps /src/deps
 COPY files/build-vllm-wheel.sh files/check-vllm-version.py files/check-cuda-arch.py /opt/imagebuild/
 ARG CUTE_DSL_ARCH="sm_121a"
 ARG TORCH_CUDA_ARCH_LIST="12.1a"
-# MAX_JOBS and NVCC_THREADS are chosen by build.py from this runner's memory (~8 GB per
-# job). Declared only here, after the fetch and the build requirements, so runners with
-# different memory share every layer above.
+# MAX_JOBS (concurrent compile jobs) and NVCC_THREADS are chosen by build.py from this
+# runner's memory (~8 GB per job); build-vllm-wheel.sh hands setup.py MAX_JOBS x
+# NVCC_THREADS, which it divides back. Declared only here, after the fetch and the build
+# requirements, so runners with different memory share every layer above.
 ARG MAX_JOBS
 ARG NVCC_THREADS=2
 # Compile cache: ccache in a BuildKit cache mount on this runner, capped at 40G.
-# VLLM_DISABLE_SCCACHE: vLLM's setup.py prefers an sccache it finds on PATH.
-RUN --mount=type=cache,target=/root/.cache/ccache,id=ccache-gb10,sharing=locked \
+# VLLM_DISABLE_SCCACHE: vLLM's setup.py prefers an sccache it finds on PATH. No network:
+# every source is in /src (CMAKE_ARGS hands CMake the locked FetchContent sources).
+# `RUN --network` needs BuildKit's Dockerfile frontend 1.3+ (buildx; Debian's docker.io
+# 20.10 rejects it: "Unknown flag: network").
+RUN --network=none --mount=type=cache,target=/root/.cache/ccache,id=ccache-gb10,sharing=locked \
     export VLLM_TARGET_DEVICE=cuda VLLM_DISABLE_SCCACHE=1 CCACHE_DIR=/root/.cache/ccache \
+      CMAKE_ARGS='-DFETCHCONTENT_FULLY_DISCONNECTED=ON -DFETCHCONTENT_SOURCE_DIR_CUTLASS=/src/deps/cutlass -DFETCHCONTENT_SOURCE_DIR_DEEPGEMM=/src/deps/deepgemm -DFETCHCONTENT_SOURCE_DIR_FLASHMLA=/src/deps/flashmla -DFETCHCONTENT_SOURCE_DIR_QUTLASS=/src/deps/qutlass -DFETCHCONTENT_SOURCE_DIR_TRITON_KERNELS=/src/deps/triton_kernels -DFETCHCONTENT_SOURCE_DIR_VLLM-FLASH-ATTN=/src/deps/vllm-flash-attn' \
       CCACHE_MAXSIZE=40G CMAKE_C_COMPILER_LAUNCHER=ccache \
       CMAKE_CXX_COMPILER_LAUNCHER=ccache CMAKE_CUDA_COMPILER_LAUNCHER=ccache \
     && MAX_JOBS="${MAX_JOBS:?MAX_JOBS is set by build.py}" NVCC_THREADS="${NVCC_THREADS}" \
        sh /opt/imagebuild/build-vllm-wheel.sh /src/vllm /wheels 0.23.0
-# Arch gate: CUDA 13 can collapse 12.1a to 12.0; the compiled objects must hold sm_121a.
+# Arch gate: vLLM's CUDA 13 arch list can silently rewrite 12.1a to 12.0 (sm_120 and
+# sm_120f family code, which runs but is not this target's build); the compiled objects
+# must hold sm_121a.
 RUN mkdir -p /tmp/wheel && python3 -m zipfile -e /wheels/vllm-*.whl /tmp/wheel \
     && python3 /opt/imagebuild/check-cuda-arch.py --expect sm_121a /tmp/wheel/vllm \
     && rm -rf /tmp/wheel
@@ -65,6 +103,8 @@ RUN mkdir -p /tmp/wheel && python3 -m zipfile -e /wheels/vllm-*.whl /tmp/wheel \
 # - g++ (with gcc) explicitly: Triton needs a C compiler and nvcc a host C++ compiler;
 #   vLLM's image gets them only indirectly.
 # - cuda-cudart-dev: the CUDA headers FlashInfer's JIT sources include.
+# - CUTE_DSL_ARCH: the CuTe DSL (nvidia-cutlass-dsl: FlashInfer's and vllm-flash-attn's
+#   FA4 kernels) reads it when it compiles, at run time; vLLM's build does not read it.
 # - Triton: TRITON_PTXAS_PATH and TRITON_PTXAS_BLACKWELL_PATH name the toolkit's ptxas
 #   (CUDA 13.0 knows sm_121a). Triton's bundled ptxas (CUDA 12.8) rejects it, and
 #   for sm_100 and up Triton 3.6 uses its bundled ptxas-blackwell (CUDA 12.9) unless
@@ -82,6 +122,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PATH=/opt/vllm/bin:$PATH \
     TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas \
     TRITON_PTXAS_BLACKWELL_PATH=/usr/local/cuda/bin/ptxas \
+    CUTE_DSL_ARCH="sm_121a" \
     LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64:${LD_LIBRARY_PATH}
 # The CUDA packages match the image's own CUDA_VERSION (13.0.1 -> 13-0), as vLLM's do.
 RUN --mount=type=secret,id=ca_bundle \
@@ -120,6 +161,6 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cach
     && python3 /opt/imagebuild/check-vllm-version.py --expect 0.23.0 \
     && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed
 LABEL io.imagebuild.engine="dflashfix" \
-      io.imagebuild.patchset.sha256="d7d10a98fbdebb44020f4c6d578f32b7417c1b410b6546ef7863bf7b4036e1e0" \
-      io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665" \
+      io.imagebuild.patchset.sha256="f0654453a72ad6df0c8ef9c69e673fb9bf7d0296967fc68a90bb082d9b9116b3" \
+      io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@91df0fad4dc98a67c7659d9dbd915245d5c43d96" \
       io.imagebuild.vllm.version="0.23.0"

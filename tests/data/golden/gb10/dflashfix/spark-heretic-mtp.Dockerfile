@@ -29,11 +29,15 @@ RUN --mount=type=secret,id=hf_token --mount=type=secret,id=ca_bundle \
     python3 /opt/imagebuild/fetch-hub-files.py --manifest /opt/imagebuild/model-files.json \
       --dest /model model-00005-of-00005.safetensors
 
+# Every cache under ~/.cache: the one writable place of the read-only container (a tmpfs,
+# or the cache volume). CUDA_CACHE_PATH: the driver's PTX JIT cache (kernels shipped only
+# as PTX, like vllm-flash-attn's FA2 8.0+PTX, are compiled once, not at every load).
 ENV HOME=/home/vllm \
     VLLM_CACHE_ROOT=/home/vllm/.cache/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \
     TORCHINDUCTOR_CACHE_DIR=/home/vllm/.cache/inductor \
     TRITON_CACHE_DIR=/home/vllm/.cache/triton \
+    CUDA_CACHE_PATH=/home/vllm/.cache/nv/ComputeCache \
     DO_NOT_TRACK="1" \
     HF_HUB_OFFLINE="1" \
     VLLM_NO_USAGE_STATS="1"
@@ -46,11 +50,11 @@ LABEL io.imagebuild.cell="gb10/spark-heretic-mtp" \
       io.imagebuild.engine="dflashfix" \
       io.imagebuild.model.repository="AEON-7/Qwen3.6-35B-A3B-heretic-NVFP4" \
       io.imagebuild.model.revision="fa6e7ea9d894ee0f464c56116851b2129485fc2b" \
-      io.imagebuild.patchset.sha256="d7d10a98fbdebb44020f4c6d578f32b7417c1b410b6546ef7863bf7b4036e1e0" \
+      io.imagebuild.patchset.sha256="f0654453a72ad6df0c8ef9c69e673fb9bf7d0296967fc68a90bb082d9b9116b3" \
       io.imagebuild.profile="spark-mtp" \
       io.imagebuild.served-names="qwen36-35b-heretic,qwen36-fast,qwen36-deep" \
       io.imagebuild.speculative.method="mtp" \
-      io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665" \
+      io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@91df0fad4dc98a67c7659d9dbd915245d5c43d96" \
       org.opencontainers.image.description="Qwen3.6-35B-A3B abliterated, compressed-tensors NVFP4 (~22 GB)" \
       org.opencontainers.image.title="spark-heretic-mtp" \
       org.opencontainers.image.vendor="imagebuild" \

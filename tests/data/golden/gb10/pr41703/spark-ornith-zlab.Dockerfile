@@ -39,11 +39,15 @@ RUN --mount=type=secret,id=hf_token --mount=type=secret,id=ca_bundle \
     python3 /opt/imagebuild/fetch-hub-files.py --manifest /opt/imagebuild/drafter-files.json \
       --dest /drafter model.safetensors
 
+# Every cache under ~/.cache: the one writable place of the read-only container (a tmpfs,
+# or the cache volume). CUDA_CACHE_PATH: the driver's PTX JIT cache (kernels shipped only
+# as PTX, like vllm-flash-attn's FA2 8.0+PTX, are compiled once, not at every load).
 ENV HOME=/home/vllm \
     VLLM_CACHE_ROOT=/home/vllm/.cache/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \
     TORCHINDUCTOR_CACHE_DIR=/home/vllm/.cache/inductor \
     TRITON_CACHE_DIR=/home/vllm/.cache/triton \
+    CUDA_CACHE_PATH=/home/vllm/.cache/nv/ComputeCache \
     DO_NOT_TRACK="1" \
     HF_HUB_OFFLINE="1" \
     VLLM_NO_USAGE_STATS="1"
@@ -59,11 +63,11 @@ LABEL io.imagebuild.cell="gb10/spark-ornith-zlab" \
       io.imagebuild.engine.caveat="does not contain upstream PR 41703's diff (it could not be fetched where this patch set was made): only the cpu fixes and, on gb10, the sm_121a build fix" \
       io.imagebuild.model.repository="AEON-7/Ornith-1.0-35B-AEON-Ultimate-Uncensored" \
       io.imagebuild.model.revision="fa6e64bc4aabbd4fdd4679db430ea7dc313f5f80" \
-      io.imagebuild.patchset.sha256="a45930129f31089db0fab97e467f662b740cf372e9a185094740addd820456f9" \
+      io.imagebuild.patchset.sha256="cfad1f9c935cd0c51a7e168b7d24ce389f5aeb73c427f7ce0206e6a79c5f5f04" \
       io.imagebuild.profile="spark-dflash" \
       io.imagebuild.served-names="ornith-35b" \
       io.imagebuild.speculative.method="dflash" \
-      io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665" \
+      io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@91df0fad4dc98a67c7659d9dbd915245d5c43d96" \
       org.opencontainers.image.description="Ornith 1.0, an RL post-train of Qwen3.6-35B-A3B (compressed-tensors NVFP4)" \
       org.opencontainers.image.title="spark-ornith-zlab" \
       org.opencontainers.image.vendor="imagebuild" \

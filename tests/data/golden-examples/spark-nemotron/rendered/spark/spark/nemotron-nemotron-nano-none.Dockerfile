@@ -33,11 +33,15 @@ RUN --mount=type=secret,id=hf_token --mount=type=secret,id=ca_bundle \
     python3 /opt/imagebuild/fetch-hub-files.py --manifest /opt/imagebuild/model-files.json \
       --dest /model model-00007-of-00007.safetensors
 
+# Every cache under ~/.cache: the one writable place of the read-only container (a tmpfs,
+# or the cache volume). CUDA_CACHE_PATH: the driver's PTX JIT cache (kernels shipped only
+# as PTX, like vllm-flash-attn's FA2 8.0+PTX, are compiled once, not at every load).
 ENV HOME=/home/vllm \
     VLLM_CACHE_ROOT=/home/vllm/.cache/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \
     TORCHINDUCTOR_CACHE_DIR=/home/vllm/.cache/inductor \
     TRITON_CACHE_DIR=/home/vllm/.cache/triton \
+    CUDA_CACHE_PATH=/home/vllm/.cache/nv/ComputeCache \
     DO_NOT_TRACK="1" \
     HF_HUB_OFFLINE="1" \
     VLLM_NO_USAGE_STATS="1"
@@ -54,7 +58,7 @@ LABEL io.imagebuild.cell="spark/nemotron-nemotron-nano-none" \
       io.imagebuild.profile="spark" \
       io.imagebuild.served-names="nemotron-3-nano" \
       io.imagebuild.speculative.method="none" \
-      io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@0fc695fc6d1d82e9a5ac6835ac8e4e1c83703665" \
+      io.imagebuild.vllm.origin="https://github.com/vllm-project/vllm@91df0fad4dc98a67c7659d9dbd915245d5c43d96" \
       org.opencontainers.image.description="NVIDIA Nemotron 3 Nano 30B-A3B, FP8 (ModelOpt), a NemotronH hybrid" \
       org.opencontainers.image.title="nemotron-nemotron-nano-none" \
       org.opencontainers.image.vendor="imagebuild" \
