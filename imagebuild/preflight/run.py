@@ -172,11 +172,14 @@ def cell_labels(cells: list[Cell]) -> list[str]:
     return [f"{c.id}@{c.engine_name}" if many else c.id for c in cells]
 
 
-def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None) -> list[Finding]:
-    """Every finding for `cells`, errors first within each cell (waived ones marked)."""
+def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
+               building: bool = False) -> list[Finding]:
+    """Every finding for `cells`, errors first within each cell (waived ones marked).
+    `building`: a release builds these cells (`check --tag`, `build`): unresolved pins
+    are errors (preflight/pins.py)."""
     store = checkpoint.MetadataStore(lm.root, lock)
     labels = cell_labels(cells)
-    findings: list[Finding] = pins.check(lm, cells, lock, labels)
+    findings: list[Finding] = pins.check(lm, cells, lock, labels, building=building)
     findings += caveats.check(lm, cells, labels)
     views = []
     for cell, label in zip(cells, labels, strict=True):
