@@ -379,6 +379,25 @@ def _plain() -> list[Method]:
     return ["none"]
 
 
+# Which kernels vLLM chose at boot, as its log names them (smoke/backends.py reads them):
+# attention backend (FLASH_ATTN, FLASHINFER, CPU_ATTN...), NVFP4 GEMM kernel (CUTLASS,
+# MARLIN, FLASHINFER_CUTLASS...), MoE backend (VLLM_CUTLASS, FLASHINFER_CUTLASS, MARLIN...),
+# top-p/top-k sampler (FLASHINFER, NATIVE), speculative method (ngram, dflash, mtp, none).
+BackendName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                                               max_length=63)]
+
+
+class ExpectBackends(Strict):
+    """What a profile expects vLLM to choose at boot; smoke fails on a mismatch with both
+    values. A kind left out is not asserted (it is still reported)."""
+
+    attention: BackendName | None = None
+    nvfp4_gemm: BackendName | None = None
+    moe: BackendName | None = None
+    sampler: BackendName | None = None
+    speculative: BackendName | None = None
+
+
 class Profile(Strict):
     """How a server runs: serve flags, environment, what smoke expects. `extends` names a
     profile whose fields this one starts from (spec/profiles.py resolves it before this
@@ -395,6 +414,19 @@ class Profile(Strict):
     acceptance_floor: float | None = Field(default=None, ge=0, le=1)
     reasoning: bool = True
     tools: bool = True
+    expect_backends: ExpectBackends | None = None
+
+    @field_validator("expect_backends")
+    @classmethod
+    def _expected_method_is_served(cls, value: ExpectBackends | None,
+                                   info: ValidationInfo) -> ExpectBackends | None:
+        methods = info.data.get("methods") or []
+        want = value.speculative if value else None
+        if want is not None and methods and want not in methods:
+            raise BadValue(f"expect_backends.speculative is {want!r}, but the profile serves "
+                           f"{', '.join(methods)}",
+                           f"write one of {', '.join(methods)}, or leave it out")
+        return value
 
     @model_validator(mode="after")
     def _floor_for_speculation(self) -> Profile:
