@@ -416,18 +416,6 @@ class Profile(Strict):
     tools: bool = True
     expect_backends: ExpectBackends | None = None
 
-    @field_validator("expect_backends")
-    @classmethod
-    def _expected_method_is_served(cls, value: ExpectBackends | None,
-                                   info: ValidationInfo) -> ExpectBackends | None:
-        methods = info.data.get("methods") or []
-        want = value.speculative if value else None
-        if want is not None and methods and want not in methods:
-            raise BadValue(f"expect_backends.speculative is {want!r}, but the profile serves "
-                           f"{', '.join(methods)}",
-                           f"write one of {', '.join(methods)}, or leave it out")
-        return value
-
     @model_validator(mode="after")
     def _floor_for_speculation(self) -> Profile:
         speculative = [m for m in self.methods if m != NO_SPECULATION]
