@@ -64,8 +64,9 @@ def is_nvfp4(cp: Checkpoint | None) -> bool | None:
 
 
 def is_moe(cp: Checkpoint | None) -> bool:
-    cfg = (cp.config or {}) if cp else {}
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    cfg: dict = (cp.config or {}) if cp else {}
+    sub = cfg.get("text_config")
+    text: dict = sub if isinstance(sub, dict) else cfg
     return any(k in text for k in ("num_experts", "n_routed_experts", "num_local_experts"))
 
 
