@@ -74,7 +74,10 @@ def rank(verdict: str) -> int:
 
 
 def classify(cubins: list[str], ptx: list[str], expect: str) -> str:
-    """`expect` (its own cubin), `sm_<major>0 family`, PTX-only or none."""
+    """`expect` (its own cubin), `sm_<major>0 family`, PTX-only or none (always none
+    for `expect` "none": a target without a GPU, whose table only lists what is there)."""
+    if expect == NONE:
+        return NONE
     want = _arch(expect)
     if want is None:
         raise ValueError(f"--expect {expect}: want a name like sm_121a")
@@ -139,6 +142,8 @@ def scan(paths: list[Path], expect: str, cuobjdump: str,
                 continue
             lib = library or library_of(f, base)
             row = rows.setdefault(lib, Row(lib, NONE, worst=expect))
+            if expect == NONE:
+                row.worst = NONE
             row.files += 1
             row.cubins = sorted(set(row.cubins) | set(cubins))
             row.ptx = sorted(set(row.ptx) | set(ptx))
@@ -186,7 +191,8 @@ def problems(rows: list[Row], expect_backends: dict[str, str], gpu: bool) -> lis
 
 
 def markdown(rows: list[Row], expect: str) -> str:
-    lines = [f"| library | code for {expect} | weakest file | files | cubins | PTX |",
+    what = f"code for {expect}" if expect != NONE else "code for this target (no GPU)"
+    lines = [f"| library | {what} | weakest file | files | cubins | PTX |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r.library} | {r.verdict} | {r.worst} | {r.files} | "
@@ -240,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = list(args.paths) + (site_packages() if args.site_packages else [])
     if not paths:
         ap.error("give ROOT_OR_FILE... or --site-packages")
-    if _arch(args.expect) is None:
+    if _arch(args.expect) is None and args.expect != NONE:
         print(f"archtable: --expect {args.expect}: want a name like sm_121a", file=sys.stderr)
         return 2
     rows = scan([p for p in paths if p.exists()], args.expect, args.cuobjdump)
@@ -250,3 +256,17 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------ for `build`
+
+def find_cuobjdump() -> str | None:
+    """IMAGEBUILD_CUOBJDUMP, PATH, or the nvidia-cuda-cuobjdump wheel of this Python."""
+    import glob
+    import shutil
+
+    wheel = [c for p in sys.path for c in glob.glob(os.path.join(p, "nvidia/cu*/bin/cuobjdump"))]
+    for cand in (os.environ.get("IMAGEBUILD_CUOBJDUMP"), shutil.which("cuobjdump"), *wheel):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return cand
+    return None

@@ -45,3 +45,22 @@ def test_selected_families_need_code_for_the_target():
     # vLLM's own kernels are always needed on a GPU target, never on the cpu target
     assert problems([], {}, gpu=True)[0].startswith("vLLM's own kernels needs vllm")
     assert problems([], {"attention": "CPU_ATTN"}, gpu=False) == []
+
+
+def test_release_notes_show_the_build_records_table(matrix_dir):
+    from dataclasses import asdict
+
+    from imagebuild.plan import load_plan
+    from imagebuild.release.notes import ImageFacts, release_notes
+
+    plan = load_plan(matrix_dir / "matrix.yaml", "2026-06-18-dflashfix", "gb10")
+    job = plan.jobs[0]
+    rows = [asdict(_row("vllm", "sm_121a", ("sm_121a",))),
+            asdict(_row("flashinfer_cubin", "sm_120 family", ("sm_120",)))]
+    text = release_notes(plan.lm, plan.jobs, {job.id: ImageFacts(None, None, None,
+                                                                 gpu_code=rows)})
+    assert "GPU code per library (build/archtable.py)" in text
+    assert "| library | code for sm_121a |" in text
+    assert "| flashinfer_cubin | sm_120 family | sm_120 family | 1 | sm_120 | - |" in text
+    without = release_notes(plan.lm, plan.jobs, {job.id: ImageFacts(None, None, None)})
+    assert "GPU code per library" not in without
