@@ -211,20 +211,23 @@ def as_json(rows: list[Row]) -> list[dict]:
 PROBE_DIR = "/opt/imagebuild-archtable"
 
 
-def table_for_image(image: str, expect: str, cuobjdump: str) -> list[Row]:
+def table_for_image(image: str, expect: str, cuobjdump: str, probe=None) -> list[Row]:  # noqa: ANN001
     """Run this file inside `image` (its own python3, no network, read-only, the host's
-    cuobjdump mounted) over the image interpreter's site-packages."""
+    cuobjdump mounted) over the image interpreter's site-packages. `probe`: how to run
+    it (docker.DockerEngine.probe, the one Docker seam; tests pass another)."""
+    if probe is None:
+        from imagebuild.docker import engine
+
+        probe = engine().probe
     script = Path(__file__).resolve()
-    cmd = ["docker", "run", "--rm", "--network", "none", "--read-only", "--user", "0",
-           "--entrypoint", "python3", "-v", f"{script}:{PROBE_DIR}/archtable.py:ro",
-           "-v", f"{Path(cuobjdump).resolve()}:{PROBE_DIR}/cuobjdump:ro", image,
-           f"{PROBE_DIR}/archtable.py", "--json", "--expect", expect,
-           "--cuobjdump", f"{PROBE_DIR}/cuobjdump", "--site-packages"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"arch table in {image} failed (exit {proc.returncode}): "
-                           f"{(proc.stderr or proc.stdout).strip()[-500:]}")
-    return [Row(**r) for r in json.loads(proc.stdout)]
+    code, out = probe(image, [f"{PROBE_DIR}/archtable.py", "--json", "--expect", expect,
+                              "--cuobjdump", f"{PROBE_DIR}/cuobjdump", "--site-packages"],
+                      entrypoint="python3",
+                      mounts={str(script): f"{PROBE_DIR}/archtable.py",
+                              str(Path(cuobjdump).resolve()): f"{PROBE_DIR}/cuobjdump"})
+    if code != 0:
+        raise RuntimeError(f"arch table in {image} failed (exit {code}): {out.strip()[-500:]}")
+    return [Row(**r) for r in json.loads(out)]
 
 
 def site_packages() -> list[Path]:

@@ -567,7 +567,12 @@ class Builder:
                 self.log(f"[serve] {cell.id}: no cuobjdump here, GPU code not listed")
                 return None
             start = time.monotonic()
-            cache[engine.image_id] = archtable.table_for_image(engine.ref, expect, tool)
+            try:
+                cache[engine.image_id] = archtable.table_for_image(
+                    engine.ref, expect, tool, docker_engine().probe)
+            except RuntimeError as exc:
+                raise OperationFailed(str(exc), fix="see the engine image's python3 and "
+                                                    "the cuobjdump named above") from None
             self.log(f"[engine] {engine.ref}: GPU code of {len(cache[engine.image_id])} "
                      f"librar(ies) listed in {time.monotonic() - start:.1f}s")
         rows = cache[engine.image_id]
