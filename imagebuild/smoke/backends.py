@@ -61,11 +61,13 @@ class Chosen:
     seen: dict[str, list[str]] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)
 
-    def add(self, kind: str, name: str, line: str) -> None:
+    def add(self, kind: str, name: str, line: str, m: re.Match[str] | None = None) -> None:
         names = self.seen.setdefault(kind, [])
         if name not in names:
             names.append(name)
-            self.evidence.setdefault(kind, line.strip()[-300:])
+            # the words around the match: vLLM's config line runs to thousands of characters
+            start, end = (m.start(), m.end()) if m else (0, len(line))
+            self.evidence.setdefault(kind, line[max(0, start - 60):end + 60].strip())
 
     def as_dict(self) -> dict[str, list[str]]:
         return {k: list(v) for k, v in self.seen.items()}
@@ -76,16 +78,16 @@ def read_log(lines: Iterable[str]) -> Chosen:
     for line in lines:
         for pattern in _ATTENTION:
             if m := pattern.search(line):
-                out.add("attention", normal(m.group(1)), line)
+                out.add("attention", normal(m.group(1)), line, m)
         if m := _GEMM.search(line):
-            out.add("nvfp4_gemm", _gemm_name(m.group(1)), line)
+            out.add("nvfp4_gemm", _gemm_name(m.group(1)), line, m)
         elif "MoE backend" in line and (m := _MOE.search(line)):
-            out.add("moe", normal(m.group(1)), line)
+            out.add("moe", normal(m.group(1)), line, m)
         for pattern, name in _SAMPLER:
-            if pattern.search(line):
-                out.add("sampler", name, line)
+            if sm := pattern.search(line):
+                out.add("sampler", name, line, sm)
         if m := _SPEC.search(line):
-            out.add("speculative", (m.group(1) or "none").lower(), line)
+            out.add("speculative", (m.group(1) or "none").lower(), line, m)
     return out
 
 

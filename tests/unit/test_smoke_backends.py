@@ -101,3 +101,10 @@ def test_the_cells_expectations_carry_the_profile_field(matrix_dir: Path):
     cell = next(c for c in mx.expand(lm) if c.target_name == "cpu")
     exp = expectations_for(cell, read_lock(lm.root))
     assert exp["expect_backends"] == {"attention": "CPU_ATTN", "speculative": "ngram"}
+
+
+def test_the_evidence_is_the_words_around_the_match():
+    line = ("INFO [core.py:113] Initializing a V1 LLM engine (v0.23.0) with config: "
+            "model='/m', speculative_config=None, " + "x=1, " * 400 + "end")
+    bad = mismatches({"speculative": "ngram"}, read_log([line]))
+    assert "speculative_config=None" in bad[0] and len(bad[0]) < 300
