@@ -81,7 +81,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from imagebuild.preflight.run import render, run_checks
 
     plan = _plan(args)
-    findings = run_checks(plan.lm, list(plan.cells), plan.lock)
+    # with a tag, the selected cells are what `build --tag` builds: unresolved pins are
+    # errors; without one the matrix is reviewed, not released, and they are warnings
+    findings = run_checks(plan.lm, list(plan.cells), plan.lock, building=plan.tag is not None)
     print(render(findings, args.format, plan.meta()))
     return 2 if has_errors(findings) else 0
 

@@ -271,8 +271,10 @@ def parser() -> argparse.ArgumentParser:
                    help="exit 1 when the committed rendered files are stale")
 
     p = sub.add_parser("check", help="preflight: KV-cache layout, serve-flag traps, "
-                                     "checkpoint and pin rules (exit 2 on any error)")
-    _release(p)
+                                     "checkpoint and pin rules (exit 2 on any error); with "
+                                     "--tag the cells that release builds, whose unresolved "
+                                     "pins are then errors")
+    _release(p, tag_required=False)
     p.add_argument("--format", choices=("table", "json"), default="table")
 
     p = sub.add_parser("build", help="build base, engine and serve images per cell (BuildKit)")

@@ -265,6 +265,25 @@ class Engine:
                 raise OperationFailed(f"docker run {image} failed: {exc}") from None
         return str(c.id)
 
+    def probe(self, image: str, argv: list[str], *, entrypoint: str,
+              mounts: Mapping[str, str]) -> tuple[int, str]:
+        """Run `argv` once in a local image, read-only, without network, as root, with
+        host files mounted read-only ({host path: container path}); (exit code, stdout
+        or the error output). Never pulls: a missing image is refused first."""
+        if self.inspect_image(image) is None:
+            raise UserError(f"no local image {image}", fix="build it first (`build.py build`)")
+        volumes = {host: {"bind": dest, "mode": "ro"} for host, dest in mounts.items()}
+        try:
+            out = self.client.containers.run(
+                image, argv, entrypoint=entrypoint, remove=True, network_mode="none",
+                read_only=True, user="0", volumes=volumes, stdout=True, stderr=False,
+                labels={OWNER_LABEL: "imagebuild"})
+        except docker.errors.ContainerError as exc:
+            return int(exc.exit_status or 1), (exc.stderr or b"").decode(errors="replace")
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"docker run {image} failed: {exc}") from None
+        return 0, (out or b"").decode(errors="replace")
+
     def remove_container(self, name: str) -> None:
         """Kill and delete with its anonymous volumes; fine if it is gone already. A
         second Ctrl-C waits until it is gone."""

@@ -54,13 +54,14 @@ def refuse_unmeasured(plan: Plan, opts: ReleaseOptions) -> None:
                 "its notes)" + ("" if not opts.bench else ", or add `bench:` to the target"))
 
 
-def preflight(plan: Plan) -> None:
-    """Errors block (exit 2), warnings print: what plan and build run before anything."""
+def preflight(plan: Plan, *, building: bool = False) -> None:
+    """Errors block (exit 2), warnings print: what plan and build run before anything.
+    `building`: unresolved pins are errors (the rule `check --tag` applies)."""
     from imagebuild.preflight.findings import format_table as findings_table
     from imagebuild.preflight.findings import has_errors
     from imagebuild.preflight.run import run_checks
 
-    findings = run_checks(plan.lm, list(plan.cells), plan.lock)
+    findings = run_checks(plan.lm, list(plan.cells), plan.lock, building=building)
     shown = [f for f in findings if f.severity != "info"]
     if shown:
         print(findings_table(shown, show_info=False), file=sys.stderr)
@@ -71,13 +72,11 @@ def preflight(plan: Plan) -> None:
 
 
 def buildable(plan: Plan) -> Plan:
-    """A plan that may build: a tag, pins locked and resolved, preflight clean."""
-    from imagebuild.lock.resolve import verify_cells
-
+    """A plan that may build: a tag, pins locked and resolved, preflight clean; the same
+    findings `check --tag` prints (lock agreement and unresolved pins: preflight/pins.py)."""
     if plan.tag is None:
         raise UserError("building needs a release tag", fix="pass --tag DATE-NAME")
-    verify_cells(plan.lm, list(plan.cells), plan.lock)
-    preflight(plan)
+    preflight(plan, building=True)
     return plan
 
 

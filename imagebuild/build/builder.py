@@ -85,6 +85,9 @@ class BuildRecord:
     cell: str | None = None
     layers: list[dict] = field(default_factory=list)
     pulled_from: str | None = None  # an engine pulled by digest (build --engine-image)
+    # serve: device code per library of its engine runtime (build/archtable.py; None: no
+    # cuobjdump on this machine, a cpu target only)
+    gpu_code: list[dict] | None = None
 
 
 @dataclass(frozen=True)
@@ -278,6 +281,7 @@ class Builder:
         self.flavour: str | None = None
         self.data_root = "/var/lib/docker"
         self.records: list[BuildRecord] = []
+        self._tables: dict[str, list] = {}  # engine image id -> its GPU-code table
         self._done: dict[str, BuildRecord] = {}
         self._target = "wheel"  # the target's engine_from: what the disk estimate reads
         self._target_name: str | None = None  # the cell's target (engine build secrets)
@@ -539,10 +543,48 @@ class Builder:
              self.lock.entry("drafters", cell.drafter_name)], cell=cell.id,
             parent_image=engine.image_id))
         serve.layers = layer_sizes(serve.image_id)
+        serve.gpu_code = self._gpu_code(cell, engine)
         records.append(serve)
         self.records.extend(records)
         self._write_records(cell, records)
         return records
+
+    def _gpu_code(self, cell: Cell, engine: BuildRecord) -> list[dict] | None:
+        """The engine's GPU-code table (once per engine image), refused when a kernel
+        family the cell's profile selects has no code for its GPU."""
+        from imagebuild.build import archtable
+
+        expect = cell.target.expect_cuda_arch or archtable.NONE
+        cache = self._tables
+        if engine.image_id not in cache:
+            tool = archtable.find_cuobjdump()
+            if tool is None:
+                if cell.target.gpu:
+                    raise OperationFailed(
+                        f"cannot list the GPU code of {engine.ref}: no cuobjdump",
+                        fix="install requirements-dev.txt (nvidia-cuda-cuobjdump) or set "
+                            "IMAGEBUILD_CUOBJDUMP")
+                self.log(f"[serve] {cell.id}: no cuobjdump here, GPU code not listed")
+                return None
+            start = time.monotonic()
+            try:
+                cache[engine.image_id] = archtable.table_for_image(
+                    engine.ref, expect, tool, docker_engine().probe)
+            except RuntimeError as exc:
+                raise OperationFailed(str(exc), fix="see the engine image's python3 and "
+                                                    "the cuobjdump named above") from None
+            self.log(f"[engine] {engine.ref}: GPU code of {len(cache[engine.image_id])} "
+                     f"librar(ies) listed in {time.monotonic() - start:.1f}s")
+        rows = cache[engine.image_id]
+        eb = cell.profile.expect_backends
+        want = {k: v for k, v in (eb.model_dump() if eb else {}).items() if v}
+        bad = archtable.problems(rows, want, gpu=bool(cell.target.gpu))
+        if bad:
+            raise OperationFailed(
+                f"{cell.id}: a kernel family its profile selects has no code for {expect}: "
+                + "; ".join(bad),
+                fix="build the library for the target arch, or select another backend")
+        return archtable.as_json(rows)
 
     def _write_records(self, cell: Cell, records: list[BuildRecord]) -> None:
         folder = self.out_dir / "records" / cell.target_name / cell.engine_name

@@ -31,7 +31,13 @@ from typing import Any
 
 from imagebuild.errors import UserError
 from imagebuild.preflight.kv import families
-from imagebuild.preflight.kv.align import MLA_BACKENDS, Alignment, Sizing, align
+from imagebuild.preflight.kv.align import (
+    MLA_BACKENDS,
+    Alignment,
+    Sizing,
+    align,
+    check_batched_tokens,
+)
 from imagebuild.preflight.kv.attention import drafter_layers, plain_attention, text_config
 from imagebuild.preflight.kv.dtypes import (
     CACHE_DTYPES,
@@ -81,7 +87,7 @@ class KVFlags:
     default_block_size: int = 16
     # --enable-prefix-caching / --no-enable-prefix-caching; None: vLLM's default, which is
     # off for hybrid and attention-free models and on for the rest (EngineArgs).
-    enable_prefix_caching: bool | None = True
+    enable_prefix_caching: bool | None = None
     max_model_len: int | None = None  # mamba block size when prefix caching is off
     mamba_block_size: int | None = None  # --mamba-block-size
     mamba_cache_mode: str = "none"  # --mamba-cache-mode (none = let vLLM pick)
@@ -202,8 +208,8 @@ def predict(
                 "--attention-backend to predict the layout")
         has_attention = bool(drafter) or any(isinstance(x, AttnLayer) for x in layout.layers)
         al = align(layout, sizing, has_attention)
-        return _finish(layout, drafter, al, flags, cache_dtype, source, model_dtype, skip,
-                       num_spec, pad_mamba)
+        return _finish(layout, drafter, al, sizing, cache_dtype, source, model_dtype, skip,
+                       num_spec, pad_mamba, flags)
     except VllmRefuses as exc:
         return _refused(exc, flags)
 
@@ -229,9 +235,9 @@ def read_layout(cfg: dict, text: dict, ctx: families.Ctx) -> ModelLayout:
 
 # --- from layers and block sizes to specs, unify, explanation ---------------------------------
 
-def _finish(layout: ModelLayout, drafter: list[AttnLayer], al: Alignment, flags: KVFlags,
+def _finish(layout: ModelLayout, drafter: list[AttnLayer], al: Alignment, sizing: Sizing,
             cache_dtype: str, source: str, model_dtype: str, skip: tuple[str, ...],
-            num_spec: int, pad_mamba: bool) -> KVPrediction:
+            num_spec: int, pad_mamba: bool, flags: KVFlags) -> KVPrediction:
     target = [_spec(x, "target", al, cache_dtype, model_dtype, skip) for x in layout.layers]
     drafts = [_spec(x, "drafter", al, cache_dtype, model_dtype, skip) for x in drafter]
     specs = target + drafts
@@ -261,6 +267,10 @@ def _finish(layout: ModelLayout, drafter: list[AttnLayer], al: Alignment, flags:
     else:
         outcome, message = "ok", ""
         finals = [FinalLayer(s.name, s.block_size, s.page_bytes) for s in specs]
+    if outcome == "ok" and finals:
+        # EngineCore: validate_block_size runs after get_kv_cache_configs, on the smallest
+        # block of the unified groups, so a unify error is what vLLM reports first
+        check_batched_tokens(min(f.block_size for f in finals), al.mamba_cache_mode, sizing)
     max_page = max((s.page_bytes for s in specs), default=0)
     by_fix = any(f.padded_by_dflashfix for f in finals)
     n_mamba = sum(1 for s in specs if s.kind == "mamba")

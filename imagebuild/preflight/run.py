@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import Lock
-from imagebuild.preflight import caveats, checkpoint, flags, pins, serve_args
+from imagebuild.preflight import caveats, checkpoint, flags, kernels, pins, serve_args
 from imagebuild.preflight.findings import (
     MATRIX,
     SEVERITY_ORDER,
@@ -52,7 +52,7 @@ WAIVER_RULES = (
          "remove the waiver", waivable=False),
 )
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
-                                  WAIVER_RULES, serve_args.RULES, caveats.RULES)
+                                  WAIVER_RULES, serve_args.RULES, caveats.RULES, kernels.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -172,11 +172,14 @@ def cell_labels(cells: list[Cell]) -> list[str]:
     return [f"{c.id}@{c.engine_name}" if many else c.id for c in cells]
 
 
-def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None) -> list[Finding]:
-    """Every finding for `cells`, errors first within each cell (waived ones marked)."""
+def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
+               building: bool = False) -> list[Finding]:
+    """Every finding for `cells`, errors first within each cell (waived ones marked).
+    `building`: a release builds these cells (`check --tag`, `build`): unresolved pins
+    are errors (preflight/pins.py)."""
     store = checkpoint.MetadataStore(lm.root, lock)
     labels = cell_labels(cells)
-    findings: list[Finding] = pins.check(lm, cells, lock, labels)
+    findings: list[Finding] = pins.check(lm, cells, lock, labels, building=building)
     findings += caveats.check(lm, cells, labels)
     views = []
     for cell, label in zip(cells, labels, strict=True):
@@ -189,6 +192,7 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None) -> list[F
         findings += flags.check_cell(v)
         refused = serve_args.check_cell(v)
         findings += refused + checkpoint.check_cell(v, model, drafter)
+        findings += kernels.check_cell(v, model)
         # the KV layout of a command line vLLM would refuse anyway is not worth predicting
         # (it would only repeat the refusal with a vaguer fix)
         if not any(f.severity == "error" for f in refused):

@@ -1,5 +1,7 @@
 """The image's arch gate (images/engine/files/check-cuda-arch.py) on compiled objects, run
-as the engine Dockerfile runs it: a separate python3 process, exit code and lines."""
+as the engine Dockerfile runs it: a separate python3 process, exit code and lines; then
+the GPU-code table (build/archtable.py) of the same objects, as `build` records it for an
+image: which code each library carries for the target."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagebuild import REPO_ROOT
+from imagebuild.build.archtable import Row, markdown, scan
 
 GATE = REPO_ROOT / "images" / "engine" / "files" / "check-cuda-arch.py"
 
@@ -17,6 +20,7 @@ GATE = REPO_ROOT / "images" / "engine" / "files" / "check-cuda-arch.py"
 class GateResult:
     returncode: int
     lines: list[str]
+    table: tuple[Row, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -29,4 +33,8 @@ def run_gate(objects: list[Path], expect: str, cuobjdump: str) -> GateResult:
          *map(str, objects)],
         capture_output=True, text=True, check=False, timeout=300,
     )
-    return GateResult(proc.returncode, (proc.stdout + proc.stderr).strip().splitlines())
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    # the rehearsed units are vLLM's own kernels: one library
+    rows = scan(objects, expect, cuobjdump, library="vllm")
+    lines += ["GPU code per library (build/archtable.py):", *markdown(rows, expect).splitlines()]
+    return GateResult(proc.returncode, lines, tuple(rows))

@@ -43,6 +43,7 @@ class ImageFacts:
     uncompared: str | None = None  # why it was promoted over a latest without results
     plot: str | None = None  # where the notes link the PNG (asset URL or file name)
     history: str | None = None  # where the notes link the bench history of every release
+    gpu_code: list[dict[str, Any]] | None = None  # the serve build record's GPU-code table
 
 
 def run_spec(job: Job, ref: str) -> RunSpec:
@@ -89,6 +90,17 @@ def _smoke(v: dict[str, Any] | None) -> list[str]:
         rows.append(f"| {name} | {c.get('outcome')}" + (f" ({measured})" if measured else "")
                     + " |")
     return rows
+
+
+def _gpu_code(job: Job, f: ImageFacts) -> list[str]:
+    """Which code each library with device code carries for the target (build record)."""
+    from imagebuild.build.archtable import NONE, Row, markdown
+
+    if f.gpu_code is None:
+        return []
+    expect = job.cell.target.expect_cuda_arch or NONE
+    return ["<details><summary>GPU code per library (build/archtable.py)</summary>", "",
+            markdown([Row(**r) for r in f.gpu_code], expect), "", "</details>", ""]
 
 
 def _history(job: Job, f: ImageFacts) -> list[str]:
@@ -159,6 +171,7 @@ def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, Imag
                 f"| model | {_pin(job.pins['model'])} |",
                 f"| drafter | {_pin(job.pins['drafter'])} |", "", "Smoke:", ""]
         out += _smoke(f.verdict) + ["", "Benchmark:", ""] + _bench(f) + _history(job, f)
+        out += _gpu_code(job, f)
     out += ["## Rollback", ""]
     if previous:
         out += ["```sh"] + [f"python build.py rollback --to {p}" for p in previous] + ["```"]
@@ -201,12 +214,15 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
         ann = {k: safe(v) for k, v in ann.items()}  # registry text, shown in the notes
         if bench:  # the table below indexes every figure: a bare document is a fault
             bench_table(bench, client.host, f"bench results of {repo}:{mine.tag if mine else ''}")
+        record = (smoke_dir / "records" / job.cell.target_name / job.cell.engine_name
+                  / f"{job.cell.image}.json")
+        gpu_code = json.loads(record.read_text()).get("gpu_code") if record.is_file() else None
         facts[job.id] = ImageFacts(
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
             accepted_regression=ann.get(A_ACCEPTED), accepted_untrusted=ann.get(A_UNTRUSTED),
             unmeasured=safe(mine.unmeasured) if mine and mine.unmeasured else None,
-            uncompared=ann.get(A_UNCOMPARED))
+            uncompared=ann.get(A_UNCOMPARED), gpu_code=gpu_code)
     return facts
 
 

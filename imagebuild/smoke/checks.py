@@ -22,6 +22,7 @@ ALWAYS = (
     "served_files_match_the_lock",
     "no_credentials_in_the_environment",
     "model_is_read_only",
+    "kernel_backends_are_the_expected_ones",
 )
 PER_LEVEL = ("burst_has_no_errors",)  # parametrized by the image's smoke concurrency
 

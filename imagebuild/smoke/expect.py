@@ -86,6 +86,9 @@ def expectations_for(cell: Cell, lock: Lock | None) -> dict[str, Any]:
         # None: the cell serves without speculative decoding (the check is not applicable)
         "speculative_method": cell.drafter.method if cell.drafter else None,
         "acceptance_floor": prof.acceptance_floor,
+        # kernels the boot must choose (smoke/backends.py); {} asserts none, reports all
+        "expect_backends": ({k: v for k, v in prof.expect_backends.model_dump().items()
+                             if v is not None} if prof.expect_backends else {}),
         "multimodal": cell.model.multimodal,
         "concurrency": list(target.smoke_concurrency),
         "boot_timeout_s": target.boot_timeout_s,

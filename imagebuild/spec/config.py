@@ -379,6 +379,25 @@ def _plain() -> list[Method]:
     return ["none"]
 
 
+# Which kernels vLLM chose at boot, as its log names them (smoke/backends.py reads them):
+# attention backend (FLASH_ATTN, FLASHINFER, CPU_ATTN...), NVFP4 GEMM kernel (CUTLASS,
+# MARLIN, FLASHINFER_CUTLASS...), MoE backend (VLLM_CUTLASS, FLASHINFER_CUTLASS, MARLIN...),
+# top-p/top-k sampler (FLASHINFER, NATIVE), speculative method (ngram, dflash, mtp, none).
+BackendName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                                               max_length=63)]
+
+
+class ExpectBackends(Strict):
+    """What a profile expects vLLM to choose at boot; smoke fails on a mismatch with both
+    values. A kind left out is not asserted (it is still reported)."""
+
+    attention: BackendName | None = None
+    nvfp4_gemm: BackendName | None = None
+    moe: BackendName | None = None
+    sampler: BackendName | None = None
+    speculative: BackendName | None = None
+
+
 class Profile(Strict):
     """How a server runs: serve flags, environment, what smoke expects. `extends` names a
     profile whose fields this one starts from (spec/profiles.py resolves it before this
@@ -395,6 +414,7 @@ class Profile(Strict):
     acceptance_floor: float | None = Field(default=None, ge=0, le=1)
     reasoning: bool = True
     tools: bool = True
+    expect_backends: ExpectBackends | None = None
 
     @model_validator(mode="after")
     def _floor_for_speculation(self) -> Profile:

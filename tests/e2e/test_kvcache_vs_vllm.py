@@ -170,6 +170,7 @@ def _random_case(rng: random.Random) -> tuple[KVPrediction, dict, dict | None, K
         num_speculative_tokens=rng.randint(1, 15) if method else 0,
         speculative_method=method,
         attention_backend="triton_mla" if "kv_lora_rank" in target else "cpu_attn",
+        enable_prefix_caching=True,  # the oracle aligns in "align" mode (prefix caching on)
     )
     drafter = _drafter(rng, method) if method in ("dflash", "eagle3") else None
     try:

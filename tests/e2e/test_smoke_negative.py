@@ -90,6 +90,9 @@ def test_good_image_passes_every_applicable_check(good: dict, tmp_path: Path):
     # the cpu cell is text-only: only the image request is not applicable
     assert list(v["not_applicable"]) == ["image_request"]
     assert len(v["checks"]) >= 12
+    # the kernels the CPU build chose, read from its boot log, as the profile expects
+    chosen = _check(v, "kernel_backends_are_the_expected_ones").get("measured") or {}
+    assert (chosen.get("attention"), chosen.get("speculative")) == ("CPU_ATTN", "ngram")
     for name in ("junit.xml", "summary.md", "verdict.json", "container.log"):
         assert (tmp_path / name).stat().st_size > 0
     print(f"\nFIGURE good cpu image: boot {v['timings']['boot_s']}s, checks "
@@ -115,7 +118,11 @@ def test_speculative_decoding_off(good: dict, derive, tmp_path: Path):
     check = _check(v, "speculative_decoding_fires")
     assert check["outcome"] == "failed"
     assert "speculative decoding is off" in check["message"]
-    assert [n for n, c in v["checks"].items() if not c["passed"]] == [check["name"]]
+    # the boot chose no speculative method, which the profile's expect_backends names
+    backends = _check(v, "kernel_backends_are_the_expected_ones")
+    assert "speculative: expected ngram, vLLM chose none" in backends["message"]
+    assert sorted(n for n, c in v["checks"].items() if not c["passed"]) == sorted(
+        [check["name"], backends["name"]])
 
 
 def test_engine_dying_at_boot_is_judged_within_seconds(good: dict, derive, tmp_path: Path):

@@ -33,9 +33,11 @@ def target() -> dict:
     return cfg("qwen36-35b-a3b")
 
 
-# The canonical DFlash serve (docs/domain.md): flash_attn, 11 speculative tokens, auto dtypes.
+# The canonical DFlash serve (docs/domain.md): flash_attn, 11 speculative tokens, auto dtypes,
+# prefix caching on.
 DFLASH = KVFlags(speculative_method="dflash", num_speculative_tokens=11,
-                 attention_backend="flash_attn", max_num_batched_tokens=16384)
+                 attention_backend="flash_attn", max_num_batched_tokens=16384,
+                 enable_prefix_caching=True)
 # Same state shapes without a drafter: ngram speculation also grows the conv state by k.
 NGRAM = replace(DFLASH, speculative_method="ngram")
 
@@ -223,6 +225,30 @@ def test_bigger_non_dividing_drafter_raises_not_implemented_first(target):
     assert p.outcome == "NotImplementedError"
     # dflashfix pads the state pages, but the target's attention pages still do not divide.
     assert predict(target, drafter, DFLASH, pad_mamba=True).outcome == "NotImplementedError"
+
+
+def test_unify_is_checked_before_the_block_fits_one_scheduler_step(target):
+    """vLLM 0.23 EngineCore: get_kv_cache_configs (unify) first, then validate_block_size;
+    a non-dividing hybrid layout with prefix caching on (align mode) whose block of 1136
+    tokens is also over --max-num-batched-tokens fails unification, not the block check."""
+    drafter = cfg("zlab-dflash-31977fbe")
+    drafter.update(num_key_value_heads=3, num_attention_heads=24)
+    small = replace(DFLASH, max_num_batched_tokens=1024)
+    p = predict(target, drafter, small)
+    assert p.outcome == "NotImplementedError", (p.outcome, p.message)
+    assert "not divisible by the maximum page size" in p.message
+    # once the layout unifies, the block check still fires, on the unified block size
+    fine = predict(target, cfg("zlab-dflash-31977fbe"), small)
+    assert fine.outcome == "AssertionError"
+    assert "block_size (1136) must be <= max_num_batched_tokens (1024)" in fine.message
+
+
+def test_prefix_caching_left_to_vllm_is_off_for_hybrids(target):
+    assert KVFlags().enable_prefix_caching is None  # as `vllm serve` leaves it
+    flags = replace(DFLASH, enable_prefix_caching=None)
+    hybrid = predict(target, cfg("zlab-dflash-31977fbe"), flags)
+    assert not hybrid.prefix_caching and hybrid.mamba_cache_mode == "none"
+    assert predict(cfg("qwen3-8b"), None, KVFlags()).prefix_caching
 
 
 def test_pure_attention_target():

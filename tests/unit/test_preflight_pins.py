@@ -83,3 +83,64 @@ def test_pin_rules_cannot_be_waived(locked: Path) -> None:
     findings = check(locked, target="gb10", engine="dflashfix")
     assert blocking_rules(findings) == {"pin-lock-agrees", "waiver-invalid"}
     assert "cannot be waived" in of(findings, "waiver-invalid")[0].message
+
+
+# --- unresolved pins of the cells a release builds: one rule for check --tag and build ---
+
+TAG = "2026-06-18-dflashfix"
+
+
+def _check_json(root: Path, capsys: pytest.CaptureFixture[str], *args: str
+                ) -> tuple[int, dict]:
+    import json as _json
+
+    from imagebuild.cli import main
+
+    code = main(["check", "--matrix", str(root / "matrix.yaml"), "--format", "json", *args])
+    return code, _json.loads(capsys.readouterr().out)
+
+
+def test_check_tag_refuses_the_unresolved_pins_it_would_build(
+        matrix_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the committed lock: gb10's base and runtime digests and its Hub pins are unresolved
+    code, doc = _check_json(matrix_dir, capsys, "--tag", TAG, "--target", "gb10")
+    assert code == 2 and not doc["ok"]
+    errors = [f for f in doc["findings"] if f["severity"] == "error"]
+    assert errors and {f["rule"] for f in errors} == {"pin-unresolved"}
+    assert any("have no digest" in f["message"] for f in errors)
+    # one command, the same in every finding, names the target first and every pin it needs
+    (fix,) = {f["fix"] for f in errors}
+    command = fix.split("`")[1]
+    assert command.startswith("python build.py lock --update gb10 --update ")
+    assert "runner of target gb10" in fix
+    from imagebuild.cliparser import parser
+
+    args = parser().parse_args(command.split()[2:])  # a real command of this CLI
+    assert args.command == "lock" and args.update[0] == "gb10"
+    assert set(args.update) == {"gb10", "heretic", "nvfp4", "ornith", "zlab", "aeon"}
+
+
+def test_check_without_a_tag_reviews_and_only_warns(
+        matrix_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = _check_json(matrix_dir, capsys, "--target", "gb10")
+    assert code == 0 and doc["ok"]
+    unresolved = [f for f in doc["findings"] if f["rule"] == "pin-unresolved"]
+    assert unresolved and {f["severity"] for f in unresolved} == {"warning"}
+
+
+def test_a_release_of_resolved_cells_passes(matrix_dir: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = _check_json(matrix_dir, capsys, "--tag", TAG, "--target", "cpu")
+    assert code == 0 and doc["ok"]
+
+
+def test_build_refuses_with_the_findings_check_tag_prints(
+        matrix_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from imagebuild.job import buildable
+    from imagebuild.plan import load_plan
+
+    plan = load_plan(matrix_dir / "matrix.yaml", TAG, "gb10")
+    with pytest.raises(UserError):
+        buildable(plan)
+    err = capsys.readouterr().err
+    assert "pin-unresolved" in err and "lock --update gb10 --update " in err

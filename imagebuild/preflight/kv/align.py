@@ -10,8 +10,11 @@ Order of work in vLLM (which this replays):
    `_align_hybrid_block_size`: the smallest attention block (a multiple of the kernel
    alignment, in "all" mode of lcm(chunk size, alignment)) whose page covers the mamba page
    sized by get_mamba_state_shape_from_config; the mamba page is padded up to that page;
-3. EngineCore: VllmConfig.validate_block_size asserts block_size <= max_num_batched_tokens in
-   "align" mode.
+3. EngineCore._initialize_kv_caches: get_kv_cache_configs first (page-size unification,
+   kv/unify.py, whose errors therefore come first), then cache_config.block_size becomes the
+   smallest block of the unified groups and VllmConfig.validate_block_size asserts it is
+   <= max_num_batched_tokens in "align" mode (check_batched_tokens, called by kvcache after
+   unify).
 """
 
 from __future__ import annotations
@@ -144,8 +147,6 @@ def align(layout: ModelLayout, sizing: Sizing, has_attention: bool) -> Alignment
         if page != mamba_page:
             padded = page
             pct = 100 * (page - mamba_page) / mamba_page
-    if mamba_mode == "align":
-        _check_batched_tokens(block, sizing)
     return Alignment(block, mamba_block, mamba_mode, padded, alignment, attn1, mamba_page, pc,
                      round(pct, 4))
 
@@ -172,8 +173,11 @@ def _mamba_mode(layout: ModelLayout, sizing: Sizing, pc: bool) -> tuple[str, int
     return mode, sizing.mamba_block_size or sizing.block_size or DEFAULT_BLOCK_SIZE
 
 
-def _check_batched_tokens(block: int, sizing: Sizing) -> None:
-    """validate_block_size: in align mode a block must fit in one scheduler step."""
+def check_batched_tokens(block: int, mamba_cache_mode: str, sizing: Sizing) -> None:
+    """validate_block_size, after unification: in align mode a block (the smallest of the
+    unified groups) must fit in one scheduler step."""
+    if mamba_cache_mode != "align":
+        return
     limit = sizing.max_num_batched_tokens
     if limit is None and sizing.default_max_num_batched_tokens is not None:
         limit = sizing.default_max_num_batched_tokens

