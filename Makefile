@@ -9,6 +9,9 @@ PINS_DIR ?= build/pins
 export PYTHONDONTWRITEBYTECODE = 1
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
+# Targets whose stdout a workflow appends to $GITHUB_OUTPUT or its step summary: Make must
+# not echo their recipe lines there (the runner refuses any line that is not name=value)
+.SILENT: release-commit release-matrix pins-watch
 
 .PHONY: venv setup lint typecheck workflows checks unit test release-commit release-matrix \
 	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release rollback \
@@ -41,8 +44,8 @@ unit:
 test:
 	$(PY) -m pytest
 
+# main's history is in the checkout: the release workflow checks out with fetch-depth 0
 release-commit:  ## `commit=SHA` of refs/tags/$$RELEASE_TAG, refused unless it is on main
-	# main's history is in the checkout: the release workflow checks out with fetch-depth 0
 	c=$$(git rev-parse --verify --quiet "refs/tags/$$RELEASE_TAG^{commit}") || \
 	  { echo "release-commit: no tag $$RELEASE_TAG in this checkout" >&2; exit 1; }; \
 	git rev-parse --verify --quiet refs/remotes/origin/main >/dev/null || \

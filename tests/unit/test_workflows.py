@@ -227,7 +227,7 @@ def test_only_the_tag_is_checked_out_and_its_commit_must_be_on_main():
     assert co["with"]["ref"] == "refs/tags/${{ env.RELEASE_TAG }}"
     assert co["with"]["fetch-depth"] == 0  # main's history, for merge-base
     commit = next(s for s in plan["steps"] if s.get("id") == "commit")
-    assert commit["run"] == 'make release-commit >> "$GITHUB_OUTPUT"'
+    assert commit["run"] == 'make -s release-commit >> "$GITHUB_OUTPUT"'
     # on main is checked before anything else of the checkout runs (its Makefile aside)
     assert step_index(plan, lambda s: s.get("id") == "commit") < step_index(
         plan, lambda s: s.get("run", "").startswith("make venv"))
@@ -384,7 +384,7 @@ def test_cells_targets_and_runners_are_the_plan_of_the_tag(capsys):
     assert plan["outputs"]["cells"] == "${{ steps.plan.outputs.cells }}"
     assert plan["outputs"]["targets"] == "${{ steps.plan.outputs.targets }}"
     step = next(s for s in plan["steps"] if s.get("id") == "plan")
-    assert step["run"] == 'make release-matrix >> "$GITHUB_OUTPUT"'
+    assert step["run"] == 'make -s release-matrix >> "$GITHUB_OUTPUT"'
     assert wf["env"]["RELEASE_TARGET"] == "${{ inputs.target || 'all' }}"
     # what that step prints is exactly `build.py plan --target all` of the tag
     env = {**os.environ, "RELEASE_TAG": TAG, "PY": str(REPO_ROOT / ".venv/bin/python")}
@@ -481,3 +481,44 @@ def test_lint_workflows_script():
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 workflow(s) clean" in proc.stdout
+
+
+def _run_step(step: dict[str, Any], cwd: Path, out: Path, **env: str) -> tuple[
+        subprocess.CompletedProcess[str], str]:
+    """Run a step's `run:` exactly as GitHub's runner does (bash --noprofile --norc -eo
+    pipefail), with a fresh $GITHUB_OUTPUT `out`; returns the process and that file's text."""
+    out.write_text("")
+    proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c",
+                           step["run"]], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "GITHUB_OUTPUT": str(out), **env})
+    return proc, out.read_text()
+
+
+def test_steps_writing_github_output_write_only_outputs(tmp_path):
+    """Make echoes each recipe line unless told not to; the runner refuses any line of
+    $GITHUB_OUTPUT that is not `name=value` (act: "invalid format '# main's history...'").
+    The steps are run verbatim from release.yml, so putting the echo back fails here."""
+    from imagebuild.rehearse_workflow.outputs import OutputFormatError, parse
+
+    plan = load("release.yml")["jobs"]["plan"]
+    commit_step = next(s for s in plan["steps"] if s.get("id") == "commit")
+    plan_step = next(s for s in plan["steps"] if s.get("id") == "plan")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    shutil.copy(MAKEFILE, repo / "Makefile")
+    _git(repo, "add", "Makefile")
+    _git(repo, "commit", "-q", "-m", "one")
+    _git(repo, "tag", TAG)
+    _git(repo, "update-ref", "refs/remotes/origin/main", "main")
+    _git(repo, "checkout", "-q", "--detach", TAG)
+    out = tmp_path / "github_output"
+    proc, text = _run_step(commit_step, repo, out, RELEASE_TAG=TAG)
+    assert proc.returncode == 0, proc.stderr
+    assert parse(text) == {"commit": _git(repo, "rev-parse", "HEAD")}
+    env = {"RELEASE_TAG": TAG, "RELEASE_TARGET": "cpu"}
+    proc, text = _run_step(plan_step, REPO_ROOT, out, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert set(parse(text)) == {"cells", "targets"}
+    with pytest.raises(OutputFormatError, match="invalid format"):
+        parse("# main's history is in the checkout\ncommit=abc\n")
