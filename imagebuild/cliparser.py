@@ -326,6 +326,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=_positive_int, required=True,
                    help="newest N releases to keep")
 
+    p = sub.add_parser("resume", help="read-only: is each cell already published under "
+                                      "the tag, smoke-passed and benched? (name=value "
+                                      "lines for $GITHUB_OUTPUT: a re-run skips what is done)")
+    _release(p)
+
     p = sub.add_parser("notes", help="GitHub release notes of a release (markdown)")
     _release(p)
     p.add_argument("--smoke-dir", type=_out_dir, default=None,

@@ -449,8 +449,12 @@ def test_promote_runs_only_when_every_cell_passed():
     wf = load("release.yml")
     promote, cell = wf["jobs"]["promote"], wf["jobs"]["cell"]
     assert set(promote["needs"]) == {"plan", "cell"}
-    # the default `success()` condition: a failed, cancelled or skipped cell stops it
-    assert "if" not in promote
+    # every cell succeeded, or (a promote-only dispatch) none ran; never after a failed,
+    # cancelled or half-skipped cell matrix (the act rehearsal runs the failing case)
+    cond = promote["if"]
+    assert "needs.cell.result == 'success'" in cond and "!cancelled()" in cond
+    assert "(inputs.promote_only && needs.cell.result == 'skipped')" in cond
+    assert "failure" not in cond and "always()" not in cond
     assert not cell.get("continue-on-error")
     assert all(not s.get("continue-on-error") for s in cell["steps"])
     # cells push without moving latest; promote moves it, last
