@@ -730,3 +730,18 @@ def test_runners_install_only_the_run_time_requirements():
                       for r in runs)
             if any(r.startswith("make venv") for r in runs):
                 assert ("make venv-dev" in runs) == dev, (name, job_name)
+
+
+def test_readme_and_workflow_say_the_same():
+    """The gates an `accept` input may name are every --accept-NAME of promote, in the
+    input's description and the README; the README claims no output the workflow lacks;
+    the runner-group note names the refs a tag push and a dispatch run with."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## The release workflow", 1)[1].split("\n## ", 1)[0]
+    desc = load("release.yml")["on"]["workflow_dispatch"]["inputs"]["accept"]["description"]
+    for gate in accept_options():
+        assert gate in desc and f"`{gate}`" in section, gate
+    outputs = {o for j in load("release.yml")["jobs"].values() for o in j.get("outputs", {})}
+    for claimed in re.findall(r"`\$GITHUB_OUTPUT` as `(\w+)`", section):
+        assert claimed in outputs, claimed
+    assert "release.yml@refs/tags/*" in section and "@refs/heads/main" in section
