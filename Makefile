@@ -22,7 +22,8 @@ SHELL := bash
 venv:  ## what the release jobs run: the run-time requirements only (no linters, no CUDA tools)
 	test -x $(PY) || { if [ -n "$${IMAGEBUILD_VENV:-}" ]; then ln -sfn "$$IMAGEBUILD_VENV" .venv; \
 	  else python3 -m venv .venv; fi; }
-	$(PY) -m pip install -q -r requirements.txt
+	cmp -s requirements.txt .venv/.runtime-requirements.txt || { \
+	  $(PY) -m pip install -q -r requirements.txt && cp requirements.txt .venv/.runtime-requirements.txt; }
 
 venv-dev: venv  ## lint and test jobs: requirements-dev.txt on top
 	$(PY) -m pip install -q -r requirements-dev.txt
