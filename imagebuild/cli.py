@@ -331,11 +331,14 @@ def cmd_notes(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from imagebuild.job import registry_client
-    from imagebuild.release.resume import cell_state, github_output
+    from imagebuild.release.resume import cell_state, github_output, write_recorded_verdict
 
     plan = _plan(args)
     client = registry_client(plan)
     states = [cell_state(client, job) for job in plan.jobs]
+    if args.verdict_dir:
+        for job in plan.jobs:
+            write_recorded_verdict(client, job, args.verdict_dir)
     for s in states:
         print(f"{s.cell}: published={s.published} tested={s.tested} benched={s.benched}",
               file=sys.stderr)

@@ -330,6 +330,9 @@ def parser() -> argparse.ArgumentParser:
                                       "the tag, smoke-passed and benched? (name=value "
                                       "lines for $GITHUB_OUTPUT: a re-run skips what is done)")
     _release(p)
+    p.add_argument("--verdict-dir", type=_out_dir, default=None, metavar="DIR",
+                   help="for a cell done before: write its recorded smoke verdict where "
+                        "`notes --smoke-dir DIR` reads it (none is overwritten)")
 
     p = sub.add_parser("notes", help="GitHub release notes of a release (markdown)")
     _release(p)

@@ -6,7 +6,9 @@ overwritten), so a release that half-finished can be finished."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from imagebuild.plan import Job
 from imagebuild.registry.client import RegistryClient
@@ -18,6 +20,27 @@ class CellState:
     published: bool  # the release tag exists with this release's record
     tested: bool  # ... recorded smoke-passed for the image it points at
     benched: bool  # bench results are stored with the release
+
+
+def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) -> Path | None:
+    """For a cell done before this run: its smoke verdict as the release records it (the
+    check names and outcomes), where the notes read smoke reports, unless a report of this
+    checkout is there already. Says where it comes from: smoke was not run again."""
+    from imagebuild.release.records import A_CHECKS, read_release
+    from imagebuild.smoke.paths import verdict_path
+
+    path = verdict_path(build_dir, job.cell)
+    rel = read_release(client, job.image.repository, str(job.tag))
+    if path.exists() or rel is None or not rel.passed:
+        return None
+    checks = json.loads(rel.annotations.get(A_CHECKS) or "{}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "passed": True, "image_id": rel.image_id, "source": "release record",
+        "message": f"as recorded with release {rel.tag} ({rel.digest}); not run again",
+        "checks": {name: {"passed": bool(ok), "outcome": "passed" if ok else "failed"}
+                   for name, ok in checks.items()}}, indent=1))
+    return path
 
 
 def cell_state(client: RegistryClient, job: Job) -> CellState:

@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -196,3 +197,42 @@ def test_pins_workflow_runs_offline_and_opens_no_issue_for_an_unreachable_hub(ru
         assert "the Hub is unreachable" in run.log
         assert "Success - Main One issue per moved pin" in run.log
     assert runs.seen["issues after pins again"] == []
+
+
+CANCELLED = "2026-06-19-dflashfix"
+
+
+def _containers_under(root: Path) -> list[str]:
+    out = subprocess.run(["docker", "ps", "-a", "--filter",
+                          "label=com.docker.compose.project.working_dir", "--format",
+                          '{{.ID}} {{.Label "com.docker.compose.project.working_dir"}}'],
+                         check=True, capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines()
+            if line.split()[1:] and line.split()[1].startswith(str(root))]
+
+
+def test_a_cancelled_cell_leaves_no_container(runs):
+    """Ctrl-C to act while the cell's smoke container runs (act cancels the run as GitHub
+    does): the job's `if: always()` teardown removes this job's containers."""
+    import signal
+    import time
+
+    reh = runs.reh
+    reh.tag(CANCELLED)
+    cmd = reh.command("release.yml", "workflow_dispatch", "refs/heads/main", CANCELLED,
+                      inputs={"tag": CANCELLED, "target": "cpu"}, plan_runners=runs.runners)
+    log = reh.root / "cancel.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=reh.work, stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HOME": str(reh.root / "home")})
+        deadline = time.monotonic() + 1200
+        while not _containers_under(reh.root) and proc.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(1)
+        assert proc.poll() is None, log.read_text()[-4000:]  # the smoke container is up
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+    text = log.read_text()
+    assert proc.returncode != 0
+    assert "Tear down this job's containers" in text, text[-4000:]
+    assert _containers_under(reh.root) == [], text[-4000:]
