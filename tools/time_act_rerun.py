@@ -4,7 +4,8 @@ every cell published, smoke-passed and benched), under act on this machine.
     make rehearse-release TAG=2026-06-18-dflashfix       # once: builds and releases it
     .venv/bin/python tools/time_act_rerun.py --tag 2026-06-18-dflashfix [--runs 3]
 
-Prints the wall time of each re-run and of each job in it (act's JSON log times), and
+The tag is set on HEAD (as the rehearsal does): run it on the commit that was released,
+or one that changes no image. Prints the wall time of each re-run and of each job in it (act's JSON log times), and
 exits 1 if a re-run built, smoked or benched anything."""
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def main() -> int:
                           "all", "--format", "github"], cwd=REPO_ROOT, check=True,
                          capture_output=True, text=True).stdout
     runners = [c["runner"] for c in json.loads(out)["include"]]
+    (reh.root / "home").mkdir(parents=True, exist_ok=True)
+    reh.prepare()  # HEAD, as `make rehearse-release` does; the tag on it
+    reh.tag(args.tag)
     ok = True
     for i in range(args.runs):
         start = time.monotonic()

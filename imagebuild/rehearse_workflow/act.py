@@ -184,12 +184,14 @@ class Rehearsal:
     def run(self, workflow: str, event: str, ref: str, run: str = "1",
             inputs: Mapping[str, str] | None = None, job: str | None = None,
             matrix: Iterable[str] = (), plan_runners: Iterable[list[str]] = (),
-            timeout: float = 3600, echo: bool = False, isolated: bool = False) -> ActRun:
+            timeout: float = 3600, echo: bool = False, isolated: bool = False,
+            extra: Iterable[str] = ()) -> ActRun:
         """`isolated`: act in a network namespace of its own holding only loopback, for
         workflows that need no registry (proof that act clones and pulls nothing)."""
         import time
 
-        cmd = self.command(workflow, event, ref, run, inputs, job, matrix, plan_runners)
+        cmd = [*self.command(workflow, event, ref, run, inputs, job, matrix, plan_runners),
+               *extra]
         if isolated:
             cmd = ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"',
                    "sh", *cmd]
