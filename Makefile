@@ -11,9 +11,9 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 # Targets whose stdout a workflow appends to $GITHUB_OUTPUT or its step summary: Make must
 # not echo their recipe lines there (the runner refuses any line that is not name=value)
-.SILENT: release-commit release-matrix pins-watch job-env resume-state
+.SILENT: release-commit release-matrix pins-watch job-env resume-state run-changed
 
-.PHONY: venv venv-dev job-env resume-state teardown rehearse-release setup lint typecheck workflows checks unit test release-commit release-matrix \
+.PHONY: venv venv-dev job-env resume-state run-changed teardown rehearse-release setup lint typecheck workflows checks unit test release-commit release-matrix \
 	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release rollback \
 	pins-watch pin-issues
 
@@ -112,6 +112,17 @@ teardown:  ## this job's containers, after a failure or a cancel (if: always())
 runner-clean: teardown  ## this workspace's leftover containers, dangling layers, images of releases older than the newest $$KEEP (default 3; latest, its rollback target and BuildKit cache mounts stay)
 	docker image prune --force
 	$(PY) build.py runner-clean --keep "$${KEEP:-3}"
+
+# changed=false only when the GitHub release exists and every cell of this run was done
+# before it (its smoke verdict is the release record's, see `resume --verdict-dir`): the
+# notes would say the same again, so a no-op re-run skips them
+run-changed:
+	changed=false; n=0; \
+	gh release view "$$RELEASE_TAG" >/dev/null 2>&1 || changed=true; \
+	for v in build/smoke/*/*/*/verdict.json; do [ -e "$$v" ] || continue; n=$$((n + 1)); \
+	  grep -q '"source": "release record"' "$$v" || changed=true; done; \
+	[ "$$n" -gt 0 ] || changed=true; \
+	printf 'changed=%s\n' "$$changed"
 
 release-notes:  ## notes of the whole release (every target: a dispatch for one target never drops the others' part) + their assets ($$ASSET_URL: where the release keeps them)
 	mkdir -p build/release-assets

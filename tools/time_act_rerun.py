@@ -24,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from imagebuild import REPO_ROOT  # noqa: E402
 from imagebuild.rehearse_workflow.act import Rehearsal  # noqa: E402
 
-REDONE = re.compile(r"Success - Main (Build the engine|Build the serve|Smoke|Push by digest|Bench)")
+# the cell and engine steps a no-op re-run must skip (act logs "Success - Main NAME [time]")
+REDONE = re.compile(r"Success - Main (Build the engine once[^\[]*|Build the serve layers[^\[]*|"
+                    r"Smoke|Push by digest[^\[]*|Bench, stored[^\[]*) \[")
 
 
 def main() -> int:
