@@ -5,8 +5,8 @@ every cell published, smoke-passed and benched), under act on this machine.
     .venv/bin/python tools/time_act_rerun.py --tag 2026-06-18-dflashfix [--runs 3]
 
 The tag is set on HEAD (as the rehearsal does): run it on the commit that was released,
-or one that changes no image. Prints the wall time of each re-run and of each job in it (act's JSON log times), and
-exits 1 if a re-run built, smoked or benched anything."""
+or one that changes no image. Prints the wall time of each re-run and each job's verdict,
+and exits 1 if a re-run built, smoked, pushed or benched anything."""
 
 from __future__ import annotations
 
