@@ -745,3 +745,67 @@ def test_readme_and_workflow_say_the_same():
     for claimed in re.findall(r"`\$GITHUB_OUTPUT` as `(\w+)`", section):
         assert claimed in outputs, claimed
     assert "release.yml@refs/tags/*" in section and "@refs/heads/main" in section
+
+
+def test_the_act_rehearsal_maps_every_label_and_every_pinned_action(tmp_path):
+    """make rehearse-release: every runs-on label (literal, or from the plan's runners) runs
+    on this host, every pinned action is a stand-in of the repo, act's servers stay off or
+    on loopback, and no .env/.secrets/.vars file of the user's is read."""
+    from imagebuild.rehearse_workflow.act import (
+        STANDIN_FOR,
+        STANDINS,
+        Rehearsal,
+        pinned_actions,
+        runs_on_labels,
+    )
+
+    wfs = sorted(WORKFLOWS.glob("*.yml"))
+    pins = pinned_actions(wfs)
+    assert {repo for repo, _ in pins} == set(STANDIN_FOR)  # a new action needs a stand-in
+    for folder in STANDIN_FOR.values():
+        assert (STANDINS / folder / "action.yml").exists()
+    runners = [c["runner"] for c in json.loads(subprocess.run(
+        [sys.executable, "build.py", "plan", "--tag", TAG, "--target", "all", "--format",
+         "github"], cwd=REPO_ROOT, check=True, capture_output=True, text=True).stdout)["include"]]
+    labels = runs_on_labels(wfs, runners)
+    assert {"ubuntu-24.04", "self-hosted", "gb10"} <= labels
+    reh = Rehearsal(tmp_path, registry="127.0.0.1:5000")
+    cmd = reh.command("release.yml", "workflow_dispatch", "refs/heads/main", "1",
+                      plan_runners=runners)
+    platforms = {cmd[i + 1] for i, a in enumerate(cmd) if a == "-P"}
+    assert platforms == {f"{lb}=-self-hosted" for lb in labels}
+    local = {cmd[i + 1] for i, a in enumerate(cmd) if a == "--local-repository"}
+    assert local == {f"{r}@{sha}={STANDINS / STANDIN_FOR[r]}" for r, sha in pins}
+    for flag in ("--no-skip-checkout", "--action-offline-mode", "--no-cache-server"):
+        assert flag in cmd
+    assert cmd[cmd.index("--artifact-server-addr") + 1] == "127.0.0.1"
+    for f in ("--env-file", "--var-file", "--secret-file"):
+        assert cmd[cmd.index(f) + 1] == "/dev/null"
+
+
+def test_checkout_stand_in_fetches_what_was_asked(tmp_path):
+    """fetch-depth 0: every branch as origin/* and every tag (release-commit needs
+    origin/main); a depth of 1: the one commit asked for, at exactly that commit."""
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    _git(origin, "init", "-q", "-b", "main")
+    _git(origin, "commit", "-q", "--allow-empty", "-m", "one")
+    _git(origin, "tag", TAG)
+    _git(origin, "commit", "-q", "--allow-empty", "-m", "two")
+    script = REPO_ROOT / ".github/act-standins/checkout/checkout.sh"
+    for depth, ref in (("0", f"refs/tags/{TAG}"), ("1", _git(origin, "rev-parse", "HEAD"))):
+        ws = tmp_path / f"ws{depth}"
+        ws.mkdir()
+        (ws / "leftover").write_text("from an earlier job")
+        subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True,
+                       env={**os.environ, "IMAGEBUILD_REHEARSAL_ORIGIN": str(origin),
+                            "GITHUB_WORKSPACE": str(ws), "REF": ref, "DEPTH": depth,
+                            "GITHUB_SHA": "0" * 40})
+        assert not (ws / "leftover").exists()
+        head = _git(ws, "rev-parse", "HEAD")
+        if depth == "0":
+            assert head == _git(origin, "rev-parse", f"{TAG}^{{commit}}")
+            assert _git(ws, "rev-parse", "refs/remotes/origin/main") == _git(
+                origin, "rev-parse", "main")
+        else:
+            assert head == ref and _git(ws, "rev-list", "--count", "HEAD") == "1"
