@@ -809,3 +809,26 @@ def test_checkout_stand_in_fetches_what_was_asked(tmp_path):
                 origin, "rev-parse", "main")
         else:
             assert head == ref and _git(ws, "rev-list", "--count", "HEAD") == "1"
+
+
+def test_plan_checks_exactly_the_cells_it_plans():
+    """Preflight in release mode (`check --tag`) on the release's target, the one whose
+    cells release-matrix plans: a cell to be built with an unresolved pin stops the plan."""
+    plan = load("release.yml")["jobs"]["plan"]
+    runs = [s.get("run", "") for s in plan["steps"]]
+    check = runs.index('.venv/bin/python build.py check --tag "$RELEASE_TAG" '
+                       '--target "$RELEASE_TARGET"')
+    assert check < runs.index('make -s release-matrix >> "$GITHUB_OUTPUT"')
+    recipe = MAKEFILE.read_text().split("\nrelease-matrix:")[1].split("\n\n")[0]
+    assert recipe.count('--target "$${RELEASE_TARGET:-all}"') == 2
+
+
+def test_the_rehearsal_says_which_cells_it_skips_and_why():
+    from imagebuild.rehearse_workflow.__main__ import plan, skipped
+
+    lines = skipped(TAG, "cpu")
+    others = [c for c in plan(TAG, "all") if c["target"] != "cpu"]
+    assert len(lines) == len(others) > 0
+    for cell, line in zip(others, lines, strict=True):
+        assert line.startswith(cell["cell"]) and ", ".join(cell["runner"]) in line
+        assert "target=cpu" in line
