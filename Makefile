@@ -100,7 +100,7 @@ bootstrap-deps:  ## debootstrap where it is missing (a hosted runner building a 
 # $$CELL (a cell job) or of every cell of $$ENGINE_TARGET (its engine job), read-only
 resume-state:
 	$(PY) build.py resume --tag "$$RELEASE_TAG" --target "$${CELL_TARGET:-$$ENGINE_TARGET}" \
-	  $${CELL:+--only "$$CELL"} --verdict-dir build
+	  $${CELL:+--only "$$CELL" --pull} --verdict-dir build
 
 # Smoke and bench containers that compose started from this checkout (its working_dir
 # label lies under this workspace): this job's only, never another job's on a shared Spark

@@ -339,6 +339,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.verdict_dir:
         for job in plan.jobs:
             write_recorded_verdict(client, job, args.verdict_dir)
+    if args.pull:
+        from imagebuild.release.resume import pull_tested_image
+
+        for job, state in zip(plan.jobs, states, strict=True):
+            if state.tested and not state.benched and pull_tested_image(client, job):
+                print(f"{job.id}: pulled the tested image for its bench", file=sys.stderr)
     for s in states:
         print(f"{s.cell}: published={s.published} tested={s.tested} benched={s.benched}",
               file=sys.stderr)

@@ -64,3 +64,29 @@ def github_output(states: list[CellState]) -> str:
     done = "true" if states and all(s.published and s.tested for s in states) else "false"
     return (f"published={every('published')}\ntested={every('tested')}\n"
             f"benched={every('benched')}\ndone={done}\n")
+
+
+def pull_tested_image(client: RegistryClient, job: Job) -> str | None:
+    """For a cell done before this run whose bench is still missing, on a runner that does
+    not have it: the tested image pulled by digest and tagged as the release (what `bench
+    --tag` runs). Refused unless its id is the one recorded smoke-passed. None: nothing
+    to pull (not done, or already here)."""
+    from imagebuild.docker import engine
+    from imagebuild.errors import OperationFailed
+    from imagebuild.registry.credentials import docker_auth_config, resolve_credentials
+    from imagebuild.release.records import read_release
+
+    rel = read_release(client, job.image.repository, str(job.tag))
+    seam = engine()
+    if rel is None or not rel.passed or seam.image_id(job.release_ref) == rel.image_id:
+        return None
+    host = job.image.registry
+    got = seam.pull_checked(job.image.by_digest(rel.digest),
+                            docker_auth_config(resolve_credentials(host), host))
+    if got != rel.image_id:
+        raise OperationFailed(f"{job.image.by_digest(rel.digest)} is image {got}, but the "
+                              f"release records {rel.image_id} as the tested one",
+                              fix="the release tag was changed outside imagebuild: "
+                                  "investigate before benching it")
+    seam.tag(got, job.image.name, str(job.tag))
+    return got
