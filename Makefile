@@ -98,9 +98,12 @@ bootstrap-deps:  ## debootstrap where it is missing (a hosted runner building a 
 
 # `cell` steps skip what the tag already holds: published=, tested=, benched=, done= of
 # $$CELL (a cell job) or of every cell of $$ENGINE_TARGET (its engine job), read-only
+# (a copy in build/resume-state.txt: the cell artifact's files then always share the root
+# build/, so promote finds them where notes look, whichever of them this run made)
 resume-state:
+	mkdir -p build
 	$(PY) build.py resume --tag "$$RELEASE_TAG" --target "$${CELL_TARGET:-$$ENGINE_TARGET}" \
-	  $${CELL:+--only "$$CELL" --pull} --verdict-dir build
+	  $${CELL:+--only "$$CELL" --pull} --verdict-dir build | tee build/resume-state.txt
 
 # Smoke and bench containers that compose started from this checkout (its working_dir
 # label lies under this workspace): this job's only, never another job's on a shared Spark

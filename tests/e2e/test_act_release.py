@@ -96,6 +96,8 @@ def runs(docker_engine, registry, tmp_path_factory) -> Runs:
     r.release("broken", OLD)
     r.seen["latest after broken"] = r.latest()
     r.seen["gh after broken"] = sorted(p.name for p in (reh.gh / "releases").glob("*"))
+    r.seen["verdicts after broken"] = [json.loads(p.read_text()) for p in reh.artifacts(OLD).glob(
+        f"cell-cpu-{IMAGE}/smoke/**/verdict.json")]
     # 2. the fix, and the same dispatch again
     _commit(reh, "    boot_timeout_s: 10", "    boot_timeout_s: 300", "cpu: boot timeout back")
     reh.tag(OLD)
@@ -137,8 +139,8 @@ def test_a_cell_failing_smoke_promotes_nothing(runs):
     assert runs.seen["latest after broken"] is None
     assert runs.seen["gh after broken"] == []
     # the smoke report was still uploaded (if: always()) and says why
-    reports = list(runs.reh.artifacts(OLD).glob(f"cell-cpu-{IMAGE}/smoke/**/verdict.json"))
-    assert reports and json.loads(reports[0].read_text()).get("passed") is False
+    (verdict,) = runs.seen["verdicts after broken"]
+    assert verdict["passed"] is False and verdict["outcome"] == "boot timeout"
 
 
 def test_the_rerun_after_the_fix_releases_it(runs):
