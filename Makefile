@@ -106,11 +106,15 @@ resume-state:
 	  $${CELL:+--only "$$CELL" --pull} --verdict-dir build | tee build/resume-state.txt
 
 # Smoke and bench containers that compose started from this checkout (its working_dir
-# label lies under this workspace): this job's only, never another job's on a shared Spark
+# label lies under this workspace): this job's only, never another job's on a shared Spark.
+# A container the engine was still creating when the job was cancelled lands a moment
+# later: when the first sweep found any, a second one follows.
 teardown:  ## this job's containers, after a failure or a cancel (if: always())
-	docker ps -aq --filter label=com.docker.compose.project.working_dir \
+	sweep() { docker ps -a --filter label=com.docker.compose.project.working_dir \
 	  --format '{{.ID}} {{.Label "com.docker.compose.project.working_dir"}}' \
-	  | awk -v ws="$(CURDIR)/" 'index($$2 "/", ws) == 1 { print $$1 }' | xargs -r docker rm -f
+	  | awk -v ws="$(CURDIR)/" 'index($$2 "/", ws) == 1 { print $$1 }'; }; \
+	ids=$$(sweep); [ -z "$$ids" ] || { echo "$$ids" | xargs docker rm -f; sleep 2; \
+	  sweep | xargs -r docker rm -f; }
 
 runner-clean: teardown  ## this workspace's leftover containers, dangling layers, images of releases older than the newest $$KEEP (default 3; latest, its rollback target and BuildKit cache mounts stay)
 	docker image prune --force

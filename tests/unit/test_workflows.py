@@ -629,20 +629,23 @@ def test_teardown_runs_on_cancel_and_touches_only_this_workspace(tmp_path):
     log = tmp_path / "docker.log"
     ws = tmp_path / "ws"
     ws.mkdir()
-    # `docker ps` lists two compose containers: one from this workspace, one from another
+    # `docker ps` lists three compose containers: one from this workspace, two from
+    # others; as the real CLI, -q/--quiet prints ids only and ignores --format
     (fake / "docker").write_text(
         "#!/bin/bash\n"
         f"echo \"$*\" >> {log}\n"
         "if [ \"$1\" = ps ]; then\n"
-        f"  echo 'aaa {ws}/build/smoke/cpu/e/img'\n"
-        f"  echo 'bbb {tmp_path}/other-runner/build/smoke/cpu/e/img'\n"
-        f"  echo 'ccc {ws}2/build/smoke'\n"
+        "  quiet=; for a in \"$@\"; do case $a in -q|--quiet|-aq|-qa) quiet=1;; esac; done\n"
+        f"  rows=('aaa {ws}/build/smoke/cpu/e/img' 'bbb {tmp_path}/other-runner/build/smoke/cpu'"
+        f" 'ccc {ws}2/build/smoke')\n"
+        "  for r in \"${rows[@]}\"; do if [ -n \"$quiet\" ]; then echo \"${r%% *}\";"
+        " else echo \"$r\"; fi; done\n"
         "fi\n")
     (fake / "docker").chmod(0o755)
     proc = _make("teardown", ws, PATH=f"{fake}:{os.environ['PATH']}")
     assert proc.returncode == 0, proc.stderr
     removed = [line for line in log.read_text().splitlines() if line.startswith("rm")]
-    assert removed == ["rm -f aaa"]
+    assert removed == ["rm -f aaa", "rm -f aaa"]  # the second sweep after a moment
 
 
 def _gh_env(tmp_path: Path) -> dict[str, str]:
