@@ -137,7 +137,7 @@ class Rehearsal:
              f"+refs/tags/{name}:refs/tags/{name}")
         return sha
 
-    def _event(self, event: str, ref: str, inputs: Mapping[str, str]) -> Path:
+    def _event(self, event: str, ref: str, inputs: Mapping[str, Any]) -> Path:
         body: dict[str, Any] = {"ref": ref, "repository": {
             "name": "imagebuild", "full_name": f"{self.owner}/imagebuild",
             "owner": {"login": self.owner}, "default_branch": "main"}}
@@ -148,7 +148,7 @@ class Rehearsal:
         return path
 
     def command(self, workflow: str, event: str, ref: str, run: str,
-                inputs: Mapping[str, str] | None = None, job: str | None = None,
+                inputs: Mapping[str, Any] | None = None, job: str | None = None,
                 matrix: Iterable[str] = (), plan_runners: Iterable[list[str]] = ()) -> list[str]:
         wfs = sorted(WORKFLOWS.glob("*.yml"))
         cmd = [act_binary(), event, "-W", str(self.work / ".github/workflows" / workflow),
@@ -182,7 +182,7 @@ class Rehearsal:
         return cmd
 
     def run(self, workflow: str, event: str, ref: str, run: str = "1",
-            inputs: Mapping[str, str] | None = None, job: str | None = None,
+            inputs: Mapping[str, Any] | None = None, job: str | None = None,
             matrix: Iterable[str] = (), plan_runners: Iterable[list[str]] = (),
             timeout: float = 3600, echo: bool = False, isolated: bool = False,
             extra: Iterable[str] = ()) -> ActRun:

@@ -11,6 +11,7 @@ engine (build avoidance), and each test reads what those runs left:
   4. 2026-06-18 again, nothing changed: nothing is built, smoked or benched again
   5. 2026-06-17 again while 2026-06-18 is latest (two tags in flight): latest stays
   6. rollback.yml to 2026-06-17: latest moves back
+  7. a promote-only dispatch of 2026-06-18: nothing built, latest forward again
 gb10 cells are planned by the plan job of a tag push but not run here (no GB10 runner):
 the rehearsal dispatches with the workflow's own `target` input."""
 
@@ -114,6 +115,13 @@ def runs(docker_engine, registry, tmp_path_factory) -> Runs:
     r.runs["rollback"] = reh.run("rollback.yml", "workflow_dispatch", "refs/heads/main",
                                  run="rollback", inputs={"to": OLD, "image": ""},
                                  plan_runners=r.runners)
+    r.seen["latest after rollback"] = r.latest()
+    # 7. a promote-only dispatch of the newer tag: nothing built, latest forward again
+    r.runs["promote only"] = reh.run("release.yml", "workflow_dispatch", "refs/heads/main",
+                                     run="promote-only", inputs={"tag": NEW, "target": "cpu",
+                                                                 "promote_only": True},
+                                     plan_runners=r.runners)
+    r.seen["latest after promote only"] = r.latest()
     # pins.yml twice, in a network namespace with only loopback: act clones and pulls
     # nothing
     for name in ("pins", "pins again"):
@@ -186,7 +194,15 @@ def test_two_tags_in_flight_end_with_latest_at_the_newer(runs):
 def test_rollback_dispatch_moves_latest_back(runs):
     run = runs.runs["rollback"]
     assert run.returncode == 0, _fail(run)
-    assert runs.latest() == OLD_FULL
+    assert runs.seen["latest after rollback"] == OLD_FULL
+
+
+def test_promote_only_dispatch_builds_nothing_and_moves_latest(runs):
+    run = runs.runs["promote only"]
+    assert run.returncode == 0, _fail(run)
+    assert run.job_result("engine cpu") is None and run.job_result("cpu/cpu-tiny-ngram") is None
+    assert run.job_result("promote and release") == "succeeded"
+    assert runs.seen["latest after promote only"] == NEW_FULL
 
 
 def test_pins_workflow_runs_offline_and_opens_no_issue_for_an_unreachable_hub(runs):
