@@ -117,9 +117,10 @@ def runs(docker_engine, registry, tmp_path_factory) -> Runs:
                                  plan_runners=r.runners)
     r.seen["latest after rollback"] = r.latest()
     # 7. a promote-only dispatch of the newer tag: nothing built, latest forward again
+    # (inputs travel as strings in the event, as GitHub sends them; act types them)
     r.runs["promote only"] = reh.run("release.yml", "workflow_dispatch", "refs/heads/main",
                                      run="promote-only", inputs={"tag": NEW, "target": "cpu",
-                                                                 "promote_only": True},
+                                                                 "promote_only": "true"},
                                      plan_runners=r.runners)
     r.seen["latest after promote only"] = r.latest()
     # pins.yml twice, in a network namespace with only loopback: act clones and pulls
