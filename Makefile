@@ -91,7 +91,7 @@ promote:  ## move latest to the release ($$RELEASE_TAG of $$RELEASE_TARGET), pas
 	mkdir -p build
 	$(PY) -m imagebuild.release.overrides > build/accept.args
 	mapfile -t accept < build/accept.args; \
-	$(PY) build.py promote --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" "$${accept[@]}"
+	$(PY) build.py promote --forward-only --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" "$${accept[@]}"
 
 bootstrap-deps:  ## debootstrap where it is missing (a hosted runner building a bootstrapped base)
 	command -v debootstrap >/dev/null || { sudo apt-get update -qq && \

@@ -216,7 +216,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
     # a release slower than latest beyond the threshold needs a written reason
     promote(plan, registry_client(plan), accept_regression=args.accept_regression,
             accept_untrusted=args.accept_untrusted, accept_unmeasured=args.accept_unmeasured,
-            accept_rolled_back=args.accept_rolled_back, dry_run=args.dry_run)
+            accept_rolled_back=args.accept_rolled_back, forward_only=args.forward_only,
+            dry_run=args.dry_run)
     return 0
 
 

@@ -309,6 +309,11 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("promote", help="move latest to an already pushed release")
     _release(p)
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--forward-only", action="store_true",
+                   help="when latest holds a newer release, or this one was rolled back, "
+                        "leave latest and exit 0 (the release workflow: an older tag that "
+                        "finishes after a newer one, a re-run after a rollback); without it "
+                        "both refuse with exit 1")
     _gate_args(p)
 
     p = sub.add_parser("rollback", help="move latest back to an older release (server-side)")

@@ -9,9 +9,12 @@ engine (build avoidance), and each test reads what those runs left:
   2. the fix: the tag moved to a commit that boots; the same dispatch again releases it
   3. 2026-06-18-dflashfix: latest moves forward, the release has every linked asset
   4. 2026-06-18 again, nothing changed: nothing is built, smoked or benched again
-  5. 2026-06-17 again while 2026-06-18 is latest (two tags in flight): latest stays
+  5. 2026-06-17 again while 2026-06-18 is latest (two tags in flight): latest stays, the
+     run succeeds and the older release gets its notes
   6. rollback.yml to 2026-06-17: latest moves back
-  7. a promote-only dispatch of 2026-06-18: nothing built, latest forward again
+  7. a promote-only dispatch of 2026-06-18: nothing built, and latest stays where the
+     rollback put it (a re-run never undoes a rollback)
+  8. the same dispatch passing the rolled-back gate with a reason: latest forward again
 gb10 cells are planned by the plan job of a tag push but not run here (no GB10 runner):
 the rehearsal dispatches with the workflow's own `target` input."""
 
@@ -116,13 +119,20 @@ def runs(docker_engine, registry, tmp_path_factory) -> Runs:
                                  run="rollback", inputs={"to": OLD, "image": ""},
                                  plan_runners=r.runners)
     r.seen["latest after rollback"] = r.latest()
-    # 7. a promote-only dispatch of the newer tag: nothing built, latest forward again
+    # 7. a promote-only dispatch of the newer tag: nothing built, the rollback stays
     # (inputs travel as strings in the event, as GitHub sends them; act types them)
     r.runs["promote only"] = reh.run("release.yml", "workflow_dispatch", "refs/heads/main",
                                      run="promote-only", inputs={"tag": NEW, "target": "cpu",
                                                                  "promote_only": "true"},
                                      plan_runners=r.runners)
     r.seen["latest after promote only"] = r.latest()
+    # 8. the same, on purpose: the rolled-back gate passed with a reason
+    r.runs["promote on purpose"] = reh.run(
+        "release.yml", "workflow_dispatch", "refs/heads/main", run="promote-on-purpose",
+        inputs={"tag": NEW, "target": "cpu", "promote_only": "true", "accept": "rolled-back",
+                "accept_reason": "the regression behind the rollback is fixed upstream"},
+        plan_runners=r.runners)
+    r.seen["latest after promote on purpose"] = r.latest()
     # pins.yml twice, in a network namespace with only loopback: act clones and pulls
     # nothing
     for name in ("pins", "pins again"):
@@ -189,7 +199,12 @@ def test_a_rerun_that_changes_nothing_builds_smokes_and_benches_nothing(runs):
 
 
 def test_two_tags_in_flight_end_with_latest_at_the_newer(runs):
+    run = runs.runs["older again"]
+    assert run.returncode == 0, _fail(run)  # the older release finishes; latest stays
+    assert run.job_result("promote and release") == "succeeded"
+    assert re.search(r"latest stays: .*older than latest", run.log), _fail(run)
     assert runs.seen["latest after older again"] == NEW_FULL
+    assert (runs.reh.gh / "releases" / OLD / "notes.md").exists()
 
 
 def test_rollback_dispatch_moves_latest_back(runs):
@@ -198,12 +213,20 @@ def test_rollback_dispatch_moves_latest_back(runs):
     assert runs.seen["latest after rollback"] == OLD_FULL
 
 
-def test_promote_only_dispatch_builds_nothing_and_moves_latest(runs):
+def test_promote_only_dispatch_builds_nothing_and_respects_the_rollback(runs):
     run = runs.runs["promote only"]
     assert run.returncode == 0, _fail(run)
     assert run.job_result("engine cpu") is None and run.job_result("cpu/cpu-tiny-ngram") is None
     assert run.job_result("promote and release") == "succeeded"
-    assert runs.seen["latest after promote only"] == NEW_FULL
+    assert re.search(r"latest stays: .*rolled back", run.log), _fail(run)
+    assert runs.seen["latest after promote only"] == OLD_FULL
+
+
+def test_promote_on_purpose_moves_latest_past_the_rollback(runs):
+    run = runs.runs["promote on purpose"]
+    assert run.returncode == 0, _fail(run)
+    assert run.job_result("cpu/cpu-tiny-ngram") is None
+    assert runs.seen["latest after promote on purpose"] == NEW_FULL
 
 
 def test_pins_workflow_runs_offline_and_opens_no_issue_for_an_unreachable_hub(runs):
