@@ -8,7 +8,8 @@ For the release-state tests it also has a clock of its own (`now`, sent as `Date
 distribution does), a crash switch (`crash_at`: the Nth request from now raises `Crash`
 and so does every later one until `revive()`, like a run killed mid-command), a hook run
 before each request (`before`: another client acting in the middle of a command), a tag
-list cut short (`tag_limit`) and a DELETE whose answer was lost (`lost_delete`)."""
+list cut short (`tag_limit`), a DELETE whose answer was lost (`lost_delete`) and a slow
+registry or long work (`tick`: the clock moves on this many seconds per request)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class MemRegistry(requests.Session):
         self.before: Callable[[str, str], None] | None = None
         self.tag_limit: int | None = None
         self.lost_delete: set[str] = set()  # digests whose DELETE answer gets lost
+        self.tick = 0.0  # seconds `now` moves on per request
 
     def client(self) -> RegistryClient:
         return RegistryClient("127.0.0.1:5999", session=self, retries=0,
@@ -71,6 +73,8 @@ class MemRegistry(requests.Session):
             raise Crash(f"killed before {method} {parts.path}")
         if self.before is not None:
             self.before(method, parts.path)
+        if self.now is not None:
+            self.now += self.tick
         self.calls.append((method, parts.path))
         path = parts.path
         if path == "/v2/":

@@ -12,11 +12,24 @@ client's whole command run in the middle of the other's. After every step:
 4. a rollback stays: publish and promote without --accept-rolled-back never move latest
    to a release that was rolled back;
 5. a dry run writes nothing.
+And what the fixes behind them promise: latest never vanishes once set, a rollback never
+moves it forward, publish and promote never move it to a release dated in the future, a
+failed command leaves latest of every image it moved where it was (a writer that ignores
+the lease moves another image's latest mid-command), a lease is honoured until it expires
+by the registry's clock (each host's own clock is an hour off) and then taken over, a
+container's lease on the same host is honoured, a malformed expiry is taken over, and a
+prune whose DELETE answers get lost still finishes. Releases are recorded in publish
+order, some on the same day with names in reverse alphabetical order, some with a typo'd
+future date; some are benched for one image only; the registry may be slow (its clock
+moves on per request, so a lease expires mid-command unless renewed) and its tag list
+short. The run is derandomized: the same examples every time.
 Commands may refuse (exit 1 or 2); none may end in anything but an ImagebuildError.
 """
 
 from __future__ import annotations
 
+import calendar
+import datetime as dt
 import os
 import tempfile
 import time
@@ -29,26 +42,46 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from imagebuild.bench import store
 from imagebuild.errors import ImagebuildError
+from imagebuild.registry.client import OCI_MANIFEST
 from imagebuild.release import latest, lease
 from imagebuild.release.prune import prune
-from imagebuild.release.records import A_TAG, LATEST, read_release
+from imagebuild.release.records import (
+    A_TAG,
+    DATE_SKEW,
+    LATEST,
+    OCI_CONFIG,
+    check_tag_date,
+    compact,
+    read_release,
+)
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.memregistry import Crash, MemRegistry
 
 REPOS = ("ns/a", "ns/b")  # promoted together, always
 T0 = 1_800_000_000.0
 IDS = (("host-a", 4_000_001, "pid:[1]"), ("host-b", 4_000_002, "pid:[2]"))  # dead pids
+CONTAINER = 4_000_003, "pid:[3]"  # a container on a host: its own pid namespace
+SKEW = (3600.0, -3600.0)  # each host's wall clock against the registry's
+DAY0 = dt.date(2026, 1, 1)
+FUTURE = dt.date(2062, 6, 5)  # a typo'd year
+NAMES = "zyxwvutsrqponmlkjihgfedcba"  # later releases get names earlier in the alphabet
 quiet = lambda _: None  # noqa: E731
 
 COMMANDS = st.one_of(
-    st.tuples(st.just("publish"), st.sampled_from([True, True, True, False]),  # benched
-              st.sampled_from(["passed", "passed", "passed", "failed"])),
+    # which images have bench results, the smoke verdict, the tag's date: the next
+    # day, the same day as the one before, or a typo'd future date (pushed by hand)
+    st.tuples(st.just("publish"), st.sampled_from(["both", "both", "a", "none"]),
+              st.sampled_from(["passed", "passed", "passed", "failed"]),
+              st.sampled_from(["next", "next", "same", "future"])),
     # which release: "newest", "previous" (the newest before latest), "rolled" (one that
-    # was rolled back) or any by index: the states where the invariants bite
+    # was rolled back) or any by index: the states where the invariants bite; then
+    # --accept-rolled-back and --accept-unmeasured
     st.tuples(st.just("promote"), st.one_of(st.sampled_from(["newest", "rolled"]),
-                                            st.integers(0, 9)), st.booleans()),
+                                            st.integers(0, 9)), st.booleans(),
+              st.sampled_from([False, False, True])),
     st.tuples(st.just("rollback"), st.one_of(st.just("previous"), st.integers(0, 9))),
-    st.tuples(st.just("prune"), st.integers(1, 3)),
+    # --keep N, and the registry's tag list cut short to this many tags (None: whole)
+    st.tuples(st.just("prune"), st.integers(1, 3), st.sampled_from([None, None, 2, 4])),
 )
 
 
@@ -65,9 +98,20 @@ class ReleaseState(RuleBasedStateMachine):
         self.reg = self.make_registry()
         self.published: list[str] = []
         self.rolled: dict[str, set[str]] = {r: set() for r in self.repos}
+        self.order: dict[str, int] = {}  # tag -> when recorded (publish order)
+        self.day = DAY0 - dt.timedelta(days=1)
+        self.had_latest: set[str] = set()
         self.locks = tempfile.mkdtemp(prefix="release-props-")
         self.who = 0
         os.environ["IMAGEBUILD_LEASE_SETTLE"] = "0"
+        self.mem = self.reg.now is not None
+        if self.mem:  # each host's clocks: wall clock skewed, monotonic with the registry
+            lease.time = SimpleNamespace(  # type: ignore[assignment]
+                time=lambda: self.reg.now + SKEW[self.who], monotonic=lambda: self.reg.now,
+                sleep=lambda _s: None)
+
+    def teardown(self) -> None:
+        lease.time = time  # type: ignore[assignment]
 
     # -- running a command as one client
 
@@ -96,7 +140,8 @@ class ReleaseState(RuleBasedStateMachine):
             return sorted(self.rolled[self.repos[0]])[-1]
         if i == "previous" and now:
             c = self.reg.client()
-            older = [t for t in self.published if t < now and store.stored(c, self.repos[0], t)]
+            older = [t for t in self.published[:self.order[now]]
+                     if store.stored(c, self.repos[0], t)]
             return older[-1] if older else now
         return self.published[-1]
 
@@ -113,48 +158,76 @@ class ReleaseState(RuleBasedStateMachine):
         return tuple(SimpleNamespace(image=SimpleNamespace(repository=r),
                                      tag=parse_release_tag(tag), cell=bench) for r in self.repos)
 
-    def execute(self, cmd: tuple, *, dry_run: bool = False) -> None:
-        """One command; refusals are fine, anything but an ImagebuildError is not."""
+    def execute(self, cmd: tuple, *, dry_run: bool = False) -> bool:
+        """One command; refusals are fine (False), anything but an ImagebuildError is not."""
         c = self.reg.client()
         kind = cmd[0]
         try:
             if kind == "publish":
-                tag = self._publish(cmd[1], cmd[2])
+                tag = self._publish(*cmd[1:])
                 latest.promote_jobs(c, self._jobs(tag), default_threshold=0.05,
                                     accept_regression=None, forward_only=True,
                                     dry_run=dry_run, log=quiet)
             elif kind == "promote" and (tag := self.tag(cmd[1])):
                 latest.promote_jobs(c, self._jobs(tag), default_threshold=0.05,
                                     accept_regression=None, dry_run=dry_run, log=quiet,
-                                    accept_rolled_back="on purpose" if cmd[2] else None)
+                                    accept_rolled_back="on purpose" if cmd[2] else None,
+                                    accept_unmeasured="on purpose" if cmd[3] else None)
             elif kind == "rollback" and (tag := self.tag(cmd[1])):
                 latest.set_latest_many(c, list(self.repos), tag, dry_run=dry_run, log=quiet)
             elif kind == "prune":
-                for repo in self.repos:
-                    prune(c, repo, cmd[1], dry_run=dry_run, log=quiet)
+                limit = getattr(self.reg, "tag_limit", None)
+                if self.mem:
+                    self.reg.tag_limit = cmd[2]
+                try:
+                    for repo in self.repos:
+                        prune(c, repo, cmd[1], dry_run=dry_run, log=quiet)
+                finally:
+                    if self.mem:
+                        self.reg.tag_limit = limit
         except ImagebuildError:
-            pass
+            return False
+        return True
 
-    def _publish(self, benched: bool, smoke: str) -> str:
+    def _publish(self, benched: str, smoke: str, when: str) -> str:
         """Push and record a new release of every image (not crashed here: the registry
-        is revived for it), newer than any before."""
+        is revived for it), recorded after any before. A future-dated one is pushed as by
+        hand (publish itself refuses its tag before pushing)."""
         n = len(self.published)
-        tag = f"2026-{1 + n // 28:02d}-{1 + n % 28:02d}-v0.23.0-r{n}"
+        if when == "next" or not self.published:
+            self.day += dt.timedelta(days=1)
+        date = FUTURE if when == "future" else self.day
+        tag = f"{date}-v0.23.0-{NAMES[n % len(NAMES)]}{n}"
+        if when != "future":
+            check_tag_date(parse_release_tag(tag))  # type: ignore[arg-type]
+        created = calendar.timegm(self.day.timetuple()) + 60.0 * n
         crash, self.reg.crash_at = self.reg.crash_at, None
         before, self.reg.before = self.reg.before, None
         for repo in self.repos:
-            self.reg.add_release(repo, tag, smoke=smoke, benched=benched and smoke == "passed",
-                                 created=T0 + 60 * n)
+            has = benched == "both" or (benched == "a" and repo == self.repos[0])
+            self.reg.add_release(repo, tag, smoke=smoke, benched=has and smoke == "passed",
+                                 created=created)
         self.reg.crash_at, self.reg.before = crash, before
+        self.order[tag] = n
         self.published.append(tag)
         return tag
 
     def observe(self, cmd: tuple, before: dict[str, str | None]) -> None:
-        """Update the model of rollbacks from what the command did, and check (4)."""
+        """Update the model of rollbacks from what the command did, and check (4), that a
+        rollback never moves latest forward and that publish and promote never move it
+        to a future-dated release."""
         after = self.latest_tags()
         for repo in self.repos:
             if before[repo] == after[repo] or after[repo] is None:
                 continue
+            if cmd[0] == "rollback":
+                assert before[repo] is not None and (
+                    self.order[after[repo]] < self.order[before[repo]]), (  # type: ignore[index]
+                    f"{cmd} moved {repo} forward: {before[repo]} -> {after[repo]}")
+            else:
+                rt = parse_release_tag(after[repo])  # type: ignore[arg-type]
+                assert rt and rt.date <= dt.datetime.now(dt.UTC).date() + DATE_SKEW, (
+                    f"{cmd} moved {repo} to the future-dated {after[repo]}")
             if cmd[0] == "rollback":
                 if before[repo]:
                     self.rolled[repo].add(before[repo])  # type: ignore[arg-type]
@@ -175,9 +248,12 @@ class ReleaseState(RuleBasedStateMachine):
             keep_set = set(alive[-keep:])
             if lt[repo]:
                 keep_set.add(lt[repo])  # type: ignore[arg-type]
-                older = [t for t in alive if t < lt[repo]  # type: ignore[operator]
-                         and (r := read_release(c, repo, t)) and r.passed]
-                measured = [t for t in older if store.stored(c, repo, t)]
+                now = self.order[lt[repo]]  # type: ignore[index]
+                rels = [r for t in alive if self.order[t] < now
+                        and (r := read_release(c, repo, t)) and r.passed]
+                older = [r.tag for r in rels]
+                measured = [r.tag for r in rels
+                            if not r.unmeasured and store.stored(c, repo, r.tag)]
                 if measured or older:  # the one `rollback` takes without an override
                     keep_set.add((measured or older)[-1])
             out[repo] = keep_set
@@ -200,7 +276,7 @@ class ReleaseState(RuleBasedStateMachine):
             except Crash:
                 self.reg.revive()
                 if cmd[0] == "publish":  # its re-run: the release exists now
-                    cmd = ("promote", len(self.published) - 1, False)
+                    cmd = ("promote", len(self.published) - 1, False, False)
                 self.execute(cmd)  # the re-run of the killed command, same host
         self.observe(cmd, before)
         for repo, tags in (keep or {}).items():
@@ -210,41 +286,148 @@ class ReleaseState(RuleBasedStateMachine):
                 assert store.stored(self.reg.client(), repo, t), f"results of {repo}:{t} gone"
 
     @precondition(lambda self: self.published)
-    @rule(a=COMMANDS, b=COMMANDS, at=st.integers(0, 40))
-    def interleaved(self, a, b, at):
-        """Client 1's whole command runs at client 0's request number `at`."""
+    @rule(a=COMMANDS, b=COMMANDS, at=st.integers(0, 40), writes=st.booleans(),
+          tick=st.sampled_from([0.0, 0.0, 45.0]))
+    def interleaved(self, a, b, at, writes, tick):
+        """Client 1's whole command runs at client 0's request number `at` (`writes`:
+        before its `at % 6`th write: between a read and the write it decides, e.g. a
+        prune between a rollback's read of its target and its lease, or a rollback just
+        before a prune's delete). `tick`: a slow registry, whose clock moves on 45 s per
+        request, so a lease not renewed expires mid-command and the other host takes it."""
         seen = [0]
         before = self.latest_tags()
+        when = at % 6 if writes else at
 
         def hook(method, path):
+            if writes and method in ("GET", "HEAD"):
+                return
             seen[0] += 1
-            if seen[0] == at + 1:
+            if seen[0] == when + 1:
                 self.reg.before = None
                 with self.as_client(1):
                     self.execute(b)
                 self.reg.before = hook
 
         self.reg.before = hook
+        if self.mem:
+            self.reg.tick = tick
         try:
             with self.as_client(0):
                 self.execute(a)
         finally:
             self.reg.before = None
+            if self.mem:
+                self.reg.tick = 0.0
         if not (a[0] == "rollback" or b[0] == "rollback" or
                 (a[0] == "promote" and a[2]) or (b[0] == "promote" and b[2])):
             self.observe(a, before)
 
     @precondition(lambda self: self.published)
-    @rule(cmd=st.sampled_from(["promote", "rollback", "prune", "publish"]), i=st.integers(0, 9))
-    def dry_run(self, cmd, i):
+    @rule(cmd=st.sampled_from(["promote", "rollback", "prune", "publish"]), i=st.integers(0, 9),
+          unmeasured=st.booleans())
+    def dry_run(self, cmd, i, unmeasured):
         if cmd == "publish":
             return  # publish's dry run pushes nothing: its promote part is "promote"
-        full = {"promote": ("promote", i, True), "rollback": ("rollback", "previous"),
-                "prune": ("prune", 1 + i % 3)}[cmd]
+        full = {"promote": ("promote", i, True, unmeasured), "rollback": ("rollback", "previous"),
+                "prune": ("prune", 1 + i % 3, None)}[cmd]
         self.reg.calls.clear()
         with self.as_client(0):
             self.execute(full, dry_run=True)
         assert self.reg.writes() == [], f"dry run of {full} wrote {self.reg.writes()}"
+
+    @precondition(lambda self: self.mem and len(self.published) >= 2)
+    @rule(cmd=st.one_of(
+        st.tuples(st.just("promote"), st.one_of(st.just("newest"), st.integers(0, 9)),
+                  st.booleans(), st.just(False)),
+        st.tuples(st.just("rollback"), st.one_of(st.just("previous"), st.integers(0, 9)))))
+    def a_writer_ignoring_the_lease(self, cmd):
+        """While a promote or rollback of the set moves the first image, a writer that
+        ignores the lease moves the other's latest (and back afterwards): the command
+        refuses, and puts back the image it moved."""
+        before = self.latest_tags()
+        first, other = self.repos
+        target = self.tag(cmd[1])
+        alive = self.reg.tags.get(other, {})
+        alt = [t for t in self.published if t in alive and t not in (before[other], target)]
+        if before[other] is None or not alt:
+            return
+        hit = [False]
+
+        def rogue(method, path):
+            if not hit[0] and method == "PUT" and path == f"/v2/{first}/manifests/{LATEST}":
+                hit[0] = True
+                self.reg.point_latest(other, alt[-1])
+
+        self.reg.before = rogue
+        try:
+            with self.as_client(0):
+                ok = self.execute(cmd)
+        finally:
+            self.reg.before = None
+        if not hit[0]:
+            self.observe(cmd, before)
+            return
+        self.reg.point_latest(other, before[other])  # type: ignore[arg-type]
+        assert not ok, f"{cmd} succeeded although {other}'s latest moved under it"
+        assert self.latest_tags() == before, f"{cmd} refused but left {self.latest_tags()}"
+
+    @precondition(lambda self: self.mem and self.published)
+    @rule(holder=st.sampled_from(["other host", "container", "itself, killed"]),
+          expiry=st.sampled_from(["live", "expired", "nan", "inf", "soon", "far"]),
+          who=st.integers(0, 1))
+    def lease_takeover(self, holder, expiry, who):
+        """A lease left in the registry is taken over exactly when it is of this host's
+        own killed run, expired by the registry's clock (the hosts' clocks are an hour
+        off), or its expiry is malformed; a live one of another host or of a container on
+        this host (own pid namespace) is honoured."""
+        c = self.reg.client()
+        repo = self.repos[0]
+        rel = next((r for t in reversed(self.published)
+                    if (r := read_release(c, repo, t)) is not None), None)
+        if rel is None:
+            return
+        host, pid, pidns = {"other host": IDS[1 - who], "itself, killed": IDS[who],
+                            "container": (IDS[who][0], *CONTAINER)}[holder]
+        now = self.reg.now
+        expires = {"live": f"{now + 100:.3f}", "expired": f"{now - 1:.3f}", "nan": "nan",
+                   "inf": "inf", "soon": "soon", "far": f"{now + 1e9:.3f}"}[expiry]
+        note = {f"{lease.LEASE}.owner": f"{host}:{pid}:killed", f"{lease.LEASE}.host": host,
+                f"{lease.LEASE}.pid": str(pid), f"{lease.LEASE}.pidns": pidns,
+                f"{lease.LEASE}.purpose": "a killed run", f"{lease.LEASE}.expires": expires,
+                f"{lease.LEASE}.generation": "1"}
+        doc = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "layers": [],
+               "config": {**rel.config_descriptor, "mediaType": OCI_CONFIG}, "annotations": note}
+        c.put_manifest(repo, lease.LEASE_TAG, compact(doc).encode(), OCI_MANIFEST)
+        with self.as_client(who):
+            try:
+                lease.Lease(c, repo, rel.config_descriptor, purpose="take over",
+                            log=quiet).acquire().release()
+                taken = True
+            except ImagebuildError:
+                taken = False
+        expected = holder == "itself, killed" or expiry != "live"
+        assert taken == expected, f"a lease of {holder}, expiry {expiry}: taken {taken}"
+
+    @precondition(lambda self: self.mem and self.published)
+    @rule(keep=st.integers(1, 2))
+    def prune_loses_delete_answers(self, keep):
+        """Once every killed run's lease expired, a prune whose DELETE answers are lost
+        (done, but the retry sees 404) finishes, deleting all it planned and nothing
+        protected."""
+        self.reg.now += float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1
+        repo = self.repos[0]
+        protect = self.protected_now(keep)[repo]
+        self.reg.lost_delete = {d for t, d in self.reg.tags.get(repo, {}).items()
+                                if t in self.order}
+        try:
+            with self.as_client(0):
+                plan = prune(self.reg.client(), repo, keep, log=quiet)
+        finally:
+            self.reg.lost_delete = set()
+        for t in plan.delete:
+            assert t not in self.reg.tags[repo], f"prune left {t} it planned to delete"
+        for t in protect:
+            assert t in self.reg.tags[repo], f"prune deleted protected {repo}:{t}"
 
     @rule()
     def time_passes(self):
@@ -255,6 +438,13 @@ class ReleaseState(RuleBasedStateMachine):
             time.sleep(float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1.2)
 
     # -- invariants
+
+    @invariant()
+    def latest_never_vanishes(self):
+        for repo, tag in self.latest_tags().items():
+            assert tag is not None or repo not in self.had_latest, f"{repo}: latest is gone"
+            if tag is not None:
+                self.had_latest.add(repo)
 
     @invariant()
     def latest_is_a_passed_measured_release_and_the_set_is_together(self):
@@ -280,7 +470,7 @@ class ReleaseState(RuleBasedStateMachine):
 
 ReleaseState.TestCase.settings = settings(
     max_examples=int(os.environ.get("RELEASE_PROPERTY_EXAMPLES", "150")),
-    stateful_step_count=20, deadline=None, database=None,
+    stateful_step_count=20, deadline=None, database=None, derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestReleaseState = ReleaseState.TestCase
 
