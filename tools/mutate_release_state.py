@@ -13,6 +13,7 @@ mutant it is meant to catch; `invisible` says why the few others are out of its 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -128,8 +129,9 @@ def _tracked_copy(dest: Path) -> None:
 
 def _run(tree: Path, tests: tuple[str, ...]) -> tuple[int, float]:
     start = time.monotonic()
+    env = {**os.environ, "NO_SHRINK": "1"}  # killed or not is all we need: no shrinking
     code = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           *tests], cwd=tree, capture_output=True, text=True).returncode
+                           *tests], cwd=tree, capture_output=True, text=True, env=env).returncode
     return code, time.monotonic() - start
 
 

@@ -36,15 +36,15 @@ import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from imagebuild.bench import store
 from imagebuild.errors import ImagebuildError
-from imagebuild.registry.client import OCI_MANIFEST
+from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST
 from imagebuild.release import latest, lease
-from imagebuild.release.prune import prune
+from imagebuild.release.prune import plan_prune, prune
 from imagebuild.release.records import (
     A_TAG,
     DATE_SKEW,
@@ -264,6 +264,8 @@ class ReleaseState(RuleBasedStateMachine):
     @rule(cmd=COMMANDS, who=st.integers(0, 1),
           crash_at=st.one_of(st.none(), st.integers(0, 50)))
     def command(self, cmd, who, crash_at):
+        if cmd[0] in ("promote", "rollback") and (tag := self.tag(cmd[1])):
+            cmd = (cmd[0], self.order[tag], *cmd[2:])  # its re-run names the same release
         keep = self.protected_now(cmd[1]) if cmd[0] == "prune" else None
         results = {repo: {t for t in ts if store.stored(self.reg.client(), repo, t)}
                    for repo, ts in keep.items()} if keep else {}
@@ -287,13 +289,14 @@ class ReleaseState(RuleBasedStateMachine):
 
     @precondition(lambda self: self.published)
     @rule(a=COMMANDS, b=COMMANDS, at=st.integers(0, 40), writes=st.booleans(),
-          tick=st.sampled_from([0.0, 0.0, 45.0]))
+          tick=st.sampled_from([0.0, 0.0, 30.0]))
     def interleaved(self, a, b, at, writes, tick):
         """Client 1's whole command runs at client 0's request number `at` (`writes`:
         before its `at % 6`th write: between a read and the write it decides, e.g. a
         prune between a rollback's read of its target and its lease, or a rollback just
-        before a prune's delete). `tick`: a slow registry, whose clock moves on 45 s per
-        request, so a lease not renewed expires mid-command and the other host takes it."""
+        before a prune's delete). `tick`: a slow registry, whose clock moves on 30 s per
+        request (a check-to-write window stays under the TTL), so a lease not renewed
+        expires mid-command and the other host takes it."""
         seen = [0]
         before = self.latest_tags()
         when = at % 6 if writes else at
@@ -321,6 +324,53 @@ class ReleaseState(RuleBasedStateMachine):
         if not (a[0] == "rollback" or b[0] == "rollback" or
                 (a[0] == "promote" and a[2]) or (b[0] == "promote" and b[2])):
             self.observe(a, before)
+
+    def race(self, a: tuple, b: tuple, *, before_write: str, tick: float = 0.0) -> None:
+        """Client 1 runs `b` just before client 0's first write whose method is
+        `before_write`, on a registry whose clock moves on `tick` s per request."""
+        done = [False]
+        before = self.latest_tags()
+
+        def hook(method, path):
+            if not done[0] and method == before_write:
+                done[0] = True
+                self.reg.before = None
+                self.reg.tick = 0.0
+                with self.as_client(1):
+                    self.execute(b)
+
+        self.reg.before, self.reg.tick = hook, tick
+        try:
+            with self.as_client(0):
+                self.execute(a)
+        finally:
+            self.reg.before, self.reg.tick = None, 0.0
+        self.observe(b if done[0] else a, before)
+
+    def first_to_go(self, keep: int) -> str | None:
+        """The release a prune --keep `keep` would delete first, if any."""
+        try:
+            plan = plan_prune(self.reg.client(), self.repos[0], keep)
+        except ImagebuildError:
+            return None
+        return plan.delete[0] if plan.delete else None
+
+    @precondition(lambda self: self.mem and len(self.published) >= 3)
+    @rule(keep=st.integers(1, 2))
+    def rollback_racing_prune(self, keep):
+        """A rollback to a release prune deletes first; the other host's prune runs
+        between the rollback's reads and its lease."""
+        if (tag := self.first_to_go(keep)) is not None:
+            self.race(("rollback", self.order[tag]), ("prune", keep, None), before_write="PUT")
+
+    @precondition(lambda self: self.mem and len(self.published) >= 3)
+    @rule(tick=st.sampled_from([20.0, 30.0]))
+    def prune_racing_rollback(self, tick):
+        """A prune on a slow registry (its lease expires unless renewed); the other host
+        rolls back to the release it deletes first, just before its first delete."""
+        if (tag := self.first_to_go(1)) is not None:
+            self.race(("prune", 1, None), ("rollback", self.order[tag]), before_write="DELETE",
+                      tick=tick)
 
     @precondition(lambda self: self.published)
     @rule(cmd=st.sampled_from(["promote", "rollback", "prune", "publish"]), i=st.integers(0, 9),
@@ -429,6 +479,28 @@ class ReleaseState(RuleBasedStateMachine):
         for t in protect:
             assert t in self.reg.tags[repo], f"prune deleted protected {repo}:{t}"
 
+    @precondition(lambda self: self.mem and len(self.published) >= 2)
+    @rule()
+    def a_corrupt_referrers_index(self):
+        """The registry's referrers index of the oldest measured release also lists the
+        results of the newest one (a corrupt or foreign fallback index): pruning the old
+        one must not take the new one's results with it (checked by `command`)."""
+        c = self.reg.client()
+        repo = self.repos[0]
+        measured = [r for t in self.published if t in self.reg.tags.get(repo, {})
+                    and (r := read_release(c, repo, t)) and store.stored(c, repo, t)]
+        if len(measured) < 2:
+            return
+        old, new = measured[0], measured[-1]
+        theirs = store._fallback_index(c, repo, new.digest)  # noqa: SLF001
+        ours = store._fallback_index(c, repo, old.digest)  # noqa: SLF001
+        if not theirs or not ours:
+            return
+        doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": ours + [
+            m for m in theirs if m not in ours]}
+        c.put_manifest(repo, store.referrers_tag(old.digest), compact(doc).encode(),
+                       OCI_INDEX)
+
     @rule()
     def time_passes(self):
         """Leases left by killed runs of the other host expire (by the registry's clock)."""
@@ -471,6 +543,8 @@ class ReleaseState(RuleBasedStateMachine):
 ReleaseState.TestCase.settings = settings(
     max_examples=int(os.environ.get("RELEASE_PROPERTY_EXAMPLES", "150")),
     stateful_step_count=20, deadline=None, database=None, derandomize=True,
+    # tools/mutate_release_state.py asks for no shrinking: it wants killed or not, fast
+    phases=[p for p in Phase if p is not Phase.shrink or not os.environ.get("NO_SHRINK")],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestReleaseState = ReleaseState.TestCase
 
