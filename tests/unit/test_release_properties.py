@@ -38,7 +38,13 @@ from types import SimpleNamespace
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from imagebuild.bench import store
 from imagebuild.errors import ImagebuildError
@@ -261,6 +267,18 @@ class ReleaseState(RuleBasedStateMachine):
 
     # -- rules
 
+    @initialize(n=st.integers(0, 5), first=st.sampled_from(["both", "both", "none"]))
+    def history(self, n, first):
+        """Start from a few releases, the last promoted (the first unbenched and promoted
+        unmeasured when `first` is "none"): enough for prune to delete and rollback to
+        go back."""
+        for i in range(n):
+            with self.as_client(0):
+                self.execute(("publish", first if i == 0 else "both", "passed", "next"))
+                if i == 0 and first == "none":
+                    self.execute(("promote", 0, False, True))
+
+
     @rule(cmd=COMMANDS, who=st.integers(0, 1),
           crash_at=st.one_of(st.none(), st.integers(0, 50)))
     def command(self, cmd, who, crash_at):
@@ -348,12 +366,16 @@ class ReleaseState(RuleBasedStateMachine):
         self.observe(b if done[0] else a, before)
 
     def first_to_go(self, keep: int) -> str | None:
-        """The release a prune --keep `keep` would delete first, if any."""
+        """The first release a prune --keep `keep` would delete that a rollback could
+        take (passed and measured in every image), if any."""
+        c = self.reg.client()
         try:
-            plan = plan_prune(self.reg.client(), self.repos[0], keep)
+            plan = plan_prune(c, self.repos[0], keep)
         except ImagebuildError:
             return None
-        return plan.delete[0] if plan.delete else None
+        return next((t for t in plan.delete if all(
+            (r := read_release(c, repo, t)) and r.passed and not r.unmeasured
+            and store.stored(c, repo, t) for repo in self.repos)), None)
 
     @precondition(lambda self: self.mem and len(self.published) >= 3)
     @rule(keep=st.integers(1, 2))
