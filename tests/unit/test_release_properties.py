@@ -179,6 +179,10 @@ class ReleaseState(RuleBasedStateMachine):
                                     accept_regression=None, dry_run=dry_run, log=quiet,
                                     accept_rolled_back="on purpose" if cmd[2] else None,
                                     accept_unmeasured="on purpose" if cmd[3] else None)
+            elif kind == "rerun" and (tag := self.tag(cmd[1])):  # publish's promote part
+                latest.promote_jobs(c, self._jobs(tag), default_threshold=0.05,
+                                    accept_regression=None, forward_only=True,
+                                    dry_run=dry_run, log=quiet)
             elif kind == "rollback" and (tag := self.tag(cmd[1])):
                 latest.set_latest_many(c, list(self.repos), tag, dry_run=dry_run, log=quiet)
             elif kind == "prune":
@@ -377,6 +381,24 @@ class ReleaseState(RuleBasedStateMachine):
             (r := read_release(c, repo, t)) and r.passed and not r.unmeasured
             and store.stored(c, repo, t) for repo in self.repos)), None)
 
+    @precondition(lambda self: len(self.published) >= 2)
+    @rule(rerun=st.sampled_from(["rerun", "promote"]), who=st.integers(0, 1))
+    def rerun_after_rollback(self, rerun, who):
+        """A rollback, then a re-run of the release it left (the publish job re-run, or
+        the workflow's promote job): latest stays rolled back (checked by `observe`)."""
+        now = self.latest_tags()[self.repos[0]]
+        if now is None:
+            return
+        before = self.latest_tags()
+        with self.as_client(0):
+            self.execute(("rollback", "previous"))
+        self.observe(("rollback", "previous"), before)
+        cmd = (rerun, self.order[now], False, False)
+        before = self.latest_tags()
+        with self.as_client(who):
+            self.execute(cmd)
+        self.observe(cmd, before)
+
     @precondition(lambda self: self.mem and len(self.published) >= 3)
     @rule(keep=st.integers(1, 2))
     def rollback_racing_prune(self, keep):
@@ -487,19 +509,19 @@ class ReleaseState(RuleBasedStateMachine):
         (done, but the retry sees 404) finishes, deleting all it planned and nothing
         protected."""
         self.reg.now += float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1
-        repo = self.repos[0]
-        protect = self.protected_now(keep)[repo]
-        self.reg.lost_delete = {d for t, d in self.reg.tags.get(repo, {}).items()
-                                if t in self.order}
+        protect = self.protected_now(keep)
+        self.reg.lost_delete = {d for repo in self.repos
+                                for t, d in self.reg.tags.get(repo, {}).items() if t in self.order}
         try:
             with self.as_client(0):
-                plan = prune(self.reg.client(), repo, keep, log=quiet)
+                plans = [prune(self.reg.client(), repo, keep, log=quiet) for repo in self.repos]
         finally:
             self.reg.lost_delete = set()
-        for t in plan.delete:
-            assert t not in self.reg.tags[repo], f"prune left {t} it planned to delete"
-        for t in protect:
-            assert t in self.reg.tags[repo], f"prune deleted protected {repo}:{t}"
+        for plan in plans:
+            for t in plan.delete:
+                assert t not in self.reg.tags[plan.repo], f"prune left {t} it planned to delete"
+            for t in protect[plan.repo]:
+                assert t in self.reg.tags[plan.repo], f"prune deleted protected {plan.repo}:{t}"
 
     @precondition(lambda self: self.mem and len(self.published) >= 2)
     @rule()
