@@ -75,10 +75,9 @@ def _cpu_engine_image() -> str | None:
     return found[0] if found else None
 
 
-def test_table_of_a_real_cpu_engine_image(cuobjdump):  # noqa: F811
-    image = _cpu_engine_image()
-    if image is None:
-        pytest.skip("no cpu engine image on this machine (the build e2e tests make one)")
+def test_table_of_a_real_cpu_engine_image(cuobjdump, cpu_serve_image):  # noqa: F811
+    image = _cpu_engine_image()  # the session's cpu build made (or reused) it
+    assert image is not None, "the cpu build left no imagebuild/engine-cpu-* image"
     t0 = time.monotonic()
     rows = table_for_image(image, "sm_121a", cuobjdump)
     print(f"\narch table of {image}: {time.monotonic() - t0:.1f} s\n"
