@@ -352,10 +352,11 @@ def test_make_promote_hands_the_reason_over_verbatim(tmp_path):
     reason = "slower by design -- see 'issue 12'; $(id) `id`"
     proc = _make("promote", tmp_path, ACCEPT="regression", ACCEPT_REASON=reason, **env)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == ["build.py", "promote", "--forward-only", "--tag", TAG, "--target", "all",
-                                       f"--accept-regression={reason}"]
+    assert json.loads(proc.stdout) == ["build.py", "promote", "--forward-only", "--tag", TAG,
+                                       "--target", "all", f"--accept-regression={reason}"]
     proc = _make("promote", tmp_path, ACCEPT="", ACCEPT_REASON="", **env)
-    assert json.loads(proc.stdout) == ["build.py", "promote", "--forward-only", "--tag", TAG, "--target", "all"]
+    assert json.loads(proc.stdout) == ["build.py", "promote", "--forward-only", "--tag", TAG,
+                                       "--target", "all"]
     proc = _make("promote", tmp_path, ACCEPT="regression", ACCEPT_REASON="", **env)
     assert proc.returncode != 0 and "needs a reason" in proc.stderr
     assert proc.stdout == ""  # build.py promote never ran
