@@ -578,7 +578,7 @@ class Builder:
         rows = cache[engine.image_id]
         eb = cell.profile.expect_backends
         want = {k: v for k, v in (eb.model_dump() if eb else {}).items() if v}
-        bad = archtable.problems(rows, want, gpu=bool(cell.target.gpu))
+        bad = archtable.problems(rows, want, gpu=bool(cell.target.gpu), expect=expect)
         if bad:
             raise OperationFailed(
                 f"{cell.id}: a kernel family its profile selects has no code for {expect}: "
