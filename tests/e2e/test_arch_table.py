@@ -52,11 +52,16 @@ def test_table_per_library_on_nvcc_objects(tmp_path, objects, cuobjdump, sm90): 
     assert rows["flashinfer_cubin"].verdict == "none"
     text = markdown(list(rows.values()), "sm_121a")
     assert "| flashinfer_cubin | none | none | 1 | sm_90a | - |" in text
-    # a profile selecting FlashInfer's MoE is served by the JIT cache's family code here
-    assert problems(list(rows.values()), {"moe": "FLASHINFER_CUTLASS"}, gpu=True) == []
+    # FlashInfer's MoE on sm_121a with only the JIT cache's sm_120 family code is the
+    # flashinfer#3294 trap; FlashInfer attention takes the family code
+    (bad,) = problems(list(rows.values()), {"moe": "FLASHINFER_CUTLASS"}, gpu=True,
+                      expect="sm_121a")
+    assert "flashinfer_jit_cache: sm_120 family" in bad and "flashinfer#3294" in bad
+    assert problems(list(rows.values()), {"attention": "FLASHINFER"}, gpu=True,
+                    expect="sm_121a") == []
     (root / "flashinfer_jit_cache/jit/fused_moe_120.so").unlink()
     rows2 = scan([root], "sm_121a", cuobjdump)
-    (bad,) = problems(rows2, {"moe": "FLASHINFER_CUTLASS"}, gpu=True)
+    (bad,) = problems(rows2, {"attention": "FLASHINFER"}, gpu=True, expect="sm_121a")
     assert "flashinfer_cubin: none (sm_90a)" in bad
 
 
