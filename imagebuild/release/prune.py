@@ -173,8 +173,11 @@ def prune(client: RegistryClient, repo: str, keep: int, *, dry_run: bool = False
             if not _still_planned(client, lease, plan, tag):
                 continue
             digest = plan.digests[tag]
-            store.forget(client, repo, digest)  # its bench results first: never orphaned
+            # the release first, then its results: a failed DELETE leaves a release that
+            # still has its bench results (rollback needs them), not one "never benched";
+            # a failure after it leaves results a re-run no longer reaches (only storage)
             _delete(client, repo, tag, digest)
+            store.forget(client, repo, digest)
     _log_prune(plan, False, log)
     return plan
 

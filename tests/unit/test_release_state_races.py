@@ -306,3 +306,20 @@ def test_a_truncated_tag_list_stops_prune_and_runner_clean(reg):
         protected_releases(reg.client(), [REPO])
     reg.tag_limit = None
     assert all(t in reg.tags[REPO] for t in tags)
+
+
+def test_a_failed_release_delete_keeps_its_bench_results(reg):
+    """prune deletes the release before its results: when the DELETE of the release fails,
+    the release stays with its results (not a release that reads as never benched)."""
+    _releases(reg, REPO, [A, B, C], latest_at=C)
+    a_digest = reg.tags[REPO][A]
+
+    def refuse_the_release_delete(method, path):
+        if method == "DELETE" and path.endswith(f"/manifests/{a_digest}"):
+            raise OSError("the registry went away")
+
+    reg.before = refuse_the_release_delete
+    with pytest.raises(Exception, match="went away"):
+        prune(reg.client(), REPO, 2, log=lambda _: None)
+    reg.before = None
+    assert A in reg.tags[REPO] and store.stored(reg.client(), REPO, A) is not None
