@@ -30,6 +30,7 @@ from imagebuild.release.records import (
     read_release,
     short_digest,
 )
+from imagebuild.safetext import safe
 from imagebuild.spec.tags import parse_release_tag
 
 
@@ -75,7 +76,7 @@ def read_state(client: RegistryClient, repo: str) -> Releases:
         if LATEST not in tags or digests.get(named) != latest.digest:
             raise OperationFailed(
                 f"{repo}: the registry's tag list disagrees with a direct read of latest "
-                f"({named or 'untagged'} {short_digest(latest.digest)}: the list "
+                f"({safe(named or 'untagged')} {short_digest(latest.digest)}: the list "
                 f"{'lacks latest' if LATEST not in tags else 'lacks that release'}); "
                 "protecting releases from it is not safe, nothing deleted",
                 fix="re-run; if it persists, the registry's tag listing is truncated or "
