@@ -323,3 +323,30 @@ def test_a_failed_release_delete_keeps_its_bench_results(reg):
         prune(reg.client(), REPO, 2, log=lambda _: None)
     reg.before = None
     assert A in reg.tags[REPO] and store.stored(reg.client(), REPO, A) is not None
+
+
+@pytest.mark.parametrize("damaged", ["{not json", '["a list"]', '{"' + C + '": "no object"}',
+                                     '{"' + C + '": {"to": 3}}'])
+def test_a_damaged_rollbacks_record_is_a_registry_fault_and_is_not_overwritten(reg, damaged):
+    """A damaged record of rollbacks stops promote and rollback with exit 1: read as "no
+    rollbacks", a re-run would promote the rolled-back release and the next rollback
+    would overwrite the record."""
+    from imagebuild.registry.errors import RegistryFault
+    from imagebuild.release import rollbacks
+
+    _releases(reg, REPO, [A, B, C], latest_at=B)
+    c = reg.client()
+    doc = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+           "config": {**read_release(c, REPO, B).config_descriptor,
+                      "mediaType": "application/vnd.oci.image.config.v1+json"},
+           "layers": [], "annotations": {rollbacks.A_ROLLED: damaged}}
+    c.put_manifest(REPO, rollbacks.ROLLBACKS_TAG, json.dumps(doc).encode(), OCI_MANIFEST)
+    stored = reg.tags[REPO][rollbacks.ROLLBACKS_TAG]
+    with pytest.raises(RegistryFault) as err:
+        rolled_back(c, REPO)
+    assert err.value.exit_code == 1
+    with pytest.raises(RegistryFault):
+        advance(c, REPO, parse_release_tag(C), log=lambda _: None)
+    with pytest.raises(RegistryFault):
+        set_latest(c, REPO, A, log=lambda _: None)
+    assert reg.tags[REPO][rollbacks.ROLLBACKS_TAG] == stored and _at(reg) == B
