@@ -245,7 +245,9 @@ def _undo(client: RegistryClient, done: list[tuple[Release, Release | None]],
             log(f"{rel.repo}: latest stays at {rel.tag} (it had no latest to go back to)")
             continue
         try:
-            client.put_manifest(rel.repo, LATEST, before.body, before.media_type)
+            # a fresh small budget: the error on its way out may be the spent deadline
+            with client.deadline.grace():
+                client.put_manifest(rel.repo, LATEST, before.body, before.media_type)
             log(f"{rel.repo}: latest put back to {_named(before)}")
         except Exception as exc:  # noqa: BLE001 - report, keep undoing the others
             log(f"{rel.repo}: could not put latest back ({safe(exc)}); it is at {rel.tag}")

@@ -13,6 +13,7 @@ from imagebuild.bench import store
 from imagebuild.build.hygiene import protected_releases
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST
+from imagebuild.registry.deadline import Deadline
 from imagebuild.release import latest, lease
 from imagebuild.release.latest import Accept, advance, set_latest, set_latest_many
 from imagebuild.release.lease import LEASE, LEASE_TAG, Lease
@@ -350,3 +351,29 @@ def test_a_damaged_rollbacks_record_is_a_registry_fault_and_is_not_overwritten(r
     with pytest.raises(RegistryFault):
         set_latest(c, REPO, A, log=lambda _: None)
     assert reg.tags[REPO][rollbacks.ROLLBACKS_TAG] == stored and _at(reg) == B
+
+
+def test_a_deadline_spent_mid_move_still_puts_the_set_back_and_drops_the_leases(reg):
+    """The registry deadline runs out after the first image of a set moved: undoing that
+    move and releasing the leases get a small fresh budget (deadline.grace), so the set
+    is not left half-moved and no lease is left to expire."""
+    from imagebuild.registry.errors import RegistryFault
+
+    for repo in (REPO, OTHER):
+        _releases(reg, repo, [A, B, C], latest_at=A)
+    now = [0.0]
+    c = reg.client()
+    c.deadline = Deadline(100, clock=lambda: now[0])
+
+    def the_registry_stalls(method, path):  # once REPO moved: OTHER's move spends it all
+        if method == "HEAD" and path == f"/v2/{OTHER}/manifests/latest" and _at(reg) == C:
+            now[0] += 1000
+
+    reg.before = the_registry_stalls
+    rels = [read_release(reg.client(), r, C) for r in (REPO, OTHER)]
+    with pytest.raises(RegistryFault, match="deadline"):
+        latest.move_set(c, rels, mode="promote", log=lambda _: None)
+    reg.before = None
+    assert _at(reg, REPO) == A and _at(reg, OTHER) == A
+    assert all(LEASE_TAG not in reg.tags[r] for r in (REPO, OTHER))
+    assert c.deadline.expired()  # the grace ended with the clean-up
