@@ -205,13 +205,19 @@ class Rehearsal:
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 env={**os.environ, "HOME": str(self.root / "home")})
         lines: list[str] = []
+        # every run's log as it happens, for a reader while it runs (ROOT/logs/)
+        log_path = self.root / "logs" / f"{workflow.removesuffix('.yml')}-{run}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
 
         def read() -> None:  # on a thread: a hung act that prints nothing still times out
             assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.append(line)
-                if echo:
-                    sys.stdout.write(line)
+            with log_path.open("w") as out:
+                for line in proc.stdout:
+                    lines.append(line)
+                    out.write(line)
+                    out.flush()
+                    if echo:
+                        sys.stdout.write(line)
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
