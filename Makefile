@@ -13,7 +13,7 @@ SHELL := bash
 # not echo their recipe lines there (the runner refuses any line that is not name=value)
 .SILENT: release-commit release-matrix pins-watch job-env resume-state run-changed
 
-.PHONY: venv venv-dev job-env resume-state run-changed teardown rehearse-release setup lint typecheck workflows checks unit test release-commit release-matrix \
+.PHONY: venv venv-gpu venv-dev job-env resume-state resume-pull run-changed teardown rehearse-release setup lint typecheck workflows checks unit test release-commit release-matrix \
 	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release rollback \
 	pins-watch pin-issues
 
@@ -25,16 +25,22 @@ venv:  ## what the release jobs run: the run-time requirements only (no linters,
 	cmp -s requirements.txt .venv/.runtime-requirements.txt || { \
 	  $(PY) -m pip install -q -r requirements.txt && cp requirements.txt .venv/.runtime-requirements.txt; }
 
+venv-gpu: venv  ## jobs that build for a GPU target: cuobjdump for the GPU-code table on top
+	$(PY) -m pip install -q -r requirements-gpu.txt
+
 venv-dev: venv  ## lint and test jobs: requirements-dev.txt on top
 	$(PY) -m pip install -q -r requirements-dev.txt
 
 # A release job's environment, for $$GITHUB_ENV: the registry namespace (vars.IMAGEBUILD_NAMESPACE
 # as set, a capital in it refused by build.py naming the variable; else the repository owner
 # lowercased: GitHub owners may have capitals, registry paths may not), and a Docker config
-# of this job only, so no `docker login` left on a runner lends its credentials
+# of this job only, so no `docker login` left on a runner lends its credentials (the
+# runner's CLI plugins and buildx builders stay: linked, not copied)
 job-env:
 	d="$${RUNNER_TEMP:-$${TMPDIR:-/tmp}}/docker-config-$${GITHUB_RUN_ID:-local}-$${GITHUB_JOB:-job}"; \
 	rm -rf "$$d" && mkdir -p "$$d" && chmod 700 "$$d"; \
+	for keep in cli-plugins buildx; do o="$${DOCKER_CONFIG:-$$HOME/.docker}/$$keep"; \
+	  [ ! -e "$$o" ] || ln -s "$$o" "$$d/$$keep"; done; \
 	printf 'IMAGEBUILD_NAMESPACE=%s\nDOCKER_CONFIG=%s\n' \
 	  "$${NAMESPACE_VAR:-$${GITHUB_REPOSITORY_OWNER,,}}" "$$d"
 
@@ -104,7 +110,13 @@ bootstrap-deps:  ## debootstrap where it is missing (a hosted runner building a 
 resume-state:
 	mkdir -p build
 	$(PY) build.py resume --tag "$$RELEASE_TAG" --target "$${CELL_TARGET:-$$ENGINE_TARGET}" \
-	  $${CELL:+--only "$$CELL" --pull} --verdict-dir build | tee build/resume-state.txt
+	  $${CELL:+--only "$$CELL"} --verdict-dir build | tee build/resume-state.txt
+
+# A resumed cell benches what its tag holds: the tested image, pulled by digest and checked
+# against the release record (after runner-clean, which may remove older releases' images)
+resume-pull:
+	$(PY) build.py resume --tag "$$RELEASE_TAG" --target "$$CELL_TARGET" --only "$$CELL" --pull \
+	  >/dev/null
 
 # Smoke and bench containers that compose started from this checkout (its working_dir
 # label lies under this workspace): this job's only, never another job's on a shared Spark.
@@ -134,6 +146,9 @@ run-changed:
 
 release-notes:  ## notes of the whole release (every target: a dispatch for one target never drops the others' part) + their assets ($$ASSET_URL: where the release keeps them)
 	mkdir -p build/release-assets
+	# a cell whose smoke report is not among this run's artifacts (a promote-only dispatch,
+	# another target's cells) gets its verdict from its release record, never "no report"
+	$(PY) build.py resume --tag "$$RELEASE_TAG" --target all --verdict-dir build >/dev/null
 	$(PY) build.py notes --tag "$$RELEASE_TAG" --target all --smoke-dir build \
 	  --plot-dir build/release-assets --asset-url "$$ASSET_URL" > build/release-notes.md
 

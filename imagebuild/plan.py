@@ -242,7 +242,8 @@ def github_matrix(jobs: tuple[Job, ...]) -> dict[str, Any]:
     with the runner labels of its target (`runs-on: ${{ matrix.runner }}`)."""
     return {"include": [{
         "cell": j.id, "image": j.cell.image, "target": j.cell.target_name,
-        "platform": j.cell.target.platform, "runner": runner(j.cell.target),
+        "platform": j.cell.target.platform, "accelerator": j.cell.target.accelerator,
+        "runner": runner(j.cell.target),
         "bootstrap": j.cell.target.bootstrap is not None, "release_tag": str(j.tag),
     } for j in jobs]}
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
+from imagebuild.lock.fetchcontent import source_dir_var
 from imagebuild.lock.lockfile import Lock, served_files
 from imagebuild.spec.config import CompileCache, EngineRealization
 from imagebuild.spec.matrix import Cell, LoadedMatrix
@@ -276,7 +277,7 @@ def source_dependencies(lock: Lock | None, engine_name: str, target_name: str
                     "declared_in": dep["declared_in"], "dest": f"{DEPS_DIR}/{name}",
                     "commit_arg": dep["commit"] or f"unresolved:{dep['ref']}",
                     "submodule_args": [subs] if isinstance(subs, str) else list(subs),
-                    "source_dir_var": f"FETCHCONTENT_SOURCE_DIR_{name.upper()}"})
+                    "source_dir_var": source_dir_var(name)})
     return out
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import requests
 
-from imagebuild import progress
+from imagebuild import REPO_ROOT, progress, work_root
 from imagebuild.docker import engine, image_user
 from imagebuild.errors import OperationFailed
 from imagebuild.runspec import RunSpec, sdk_run_kwargs
@@ -21,6 +21,15 @@ from imagebuild.smoke.boot import Container
 from imagebuild.smoke.runner import free_port
 
 LABEL = "io.imagebuild.bench"
+# The key `make teardown` sweeps by (smoke's compose sets it to the compose file's dir):
+# a bench server carries this workspace under it, so a job cancelled mid-bench leaves no
+# container behind, and the sweep still never touches another workspace's.
+WORKSPACE_LABEL = "com.docker.compose.project.working_dir"
+
+
+def workspace_labels() -> dict[str, str]:
+    """This checkout's workspace (where build/ goes) under the teardown sweep's key."""
+    return {WORKSPACE_LABEL: str(work_root(REPO_ROOT).resolve())}
 
 
 def without_flag(argv: list[str], flag: str) -> list[str]:
@@ -59,7 +68,8 @@ def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
     try:
         # the label carries this run's token: the clean-up below finds the container
         # even if its name was never confirmed (an interrupt during creation)
-        engine().run(image, list(spec.command), name=c.name, labels={LABEL: token},
+        engine().run(image, list(spec.command), name=c.name,
+                     labels={LABEL: token, **workspace_labels()},
                      **sdk_run_kwargs(spec), **({"environment": environment}
                                                 if environment else {}))
         t0 = time.monotonic()

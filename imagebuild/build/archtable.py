@@ -168,9 +168,13 @@ def required(expect_backends: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def problems(rows: list[Row], expect_backends: dict[str, str], gpu: bool) -> list[str]:
-    """A selected kernel family whose libraries have no code for the target (GPU only).
-    For FlashInfer any one of its packages with code is enough (cubins or JIT cache)."""
+def problems(rows: list[Row], expect_backends: dict[str, str], gpu: bool,
+             expect: str = NONE) -> list[str]:
+    """A selected kernel family whose libraries have no code for the target `expect`
+    (GPU only). For FlashInfer any one of its packages with code is enough (cubins or JIT
+    cache), except FlashInfer's MoE on an arch-specific target (sm_121a): its family code
+    (sm_120) gives garbage there (flashinfer#3294, the trap preflight/kernels.py refuses),
+    so only the target's own cubins count."""
     if not gpu:
         return []
     by_lib = {r.library: r for r in rows}
@@ -179,14 +183,18 @@ def problems(rows: list[Row], expect_backends: dict[str, str], gpu: bool) -> lis
     groups: dict[str, list[str]] = {}
     for lib, why in need.items():
         groups.setdefault(why if lib not in FLASHINFER else f"flashinfer:{why}", []).append(lib)
+    own_only = expect.endswith("a")
     for key, libs in groups.items():
-        if all(by_lib.get(lib) is None or by_lib[lib].verdict == NONE for lib in libs):
-            why = key.split(":", 1)[-1]
+        why = key.split(":", 1)[-1]
+        strict = own_only and key.startswith("flashinfer:moe ")
+        if all(by_lib.get(lib) is None or by_lib[lib].verdict == NONE
+               or (strict and rank(by_lib[lib].verdict) > 0) for lib in libs):
             found = "; ".join(f"{lib}: {by_lib[lib].verdict} ({', '.join(by_lib[lib].cubins)})"
                               if lib in by_lib else f"{lib}: not installed / no device code"
                               for lib in libs)
-            out.append(f"{why} needs {' or '.join(libs)}, which carry no code for the "
-                       f"target ({found})")
+            what = (f"{expect} code (family code is wrong there, flashinfer#3294)" if strict
+                    else "code for the target")
+            out.append(f"{why} needs {' or '.join(libs)}, which carry no {what} ({found})")
     return out
 
 

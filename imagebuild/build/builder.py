@@ -57,6 +57,8 @@ DISK_NEED_OTHER = 2 * GiB  # base (imported rootfs); serve on top of its weights
 # not the engine's own (buildx --load), once more as the loaded image: twice the locked
 # bytes, plus the headroom above.
 WEIGHT_COPIES = 2
+# the first Docker Engine whose built-in Dockerfile frontend takes `RUN --network`
+RUN_NETWORK_ENGINE = 23
 CLEAN_FIX = ("free disk with `python build.py runner-clean --keep N`: it removes the images of "
              "older releases and keeps BuildKit's cache mounts (ccache, sccache, pip), which "
              "any system-wide prune would wipe")
@@ -118,14 +120,28 @@ def stop_process(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
         proc.kill()
 
 
-def preflight_engine() -> tuple[str, str]:
-    """Fail early, in one line, on a missing daemon or a daemon without BuildKit.
+def uses_run_network(dockerfile: str) -> bool:
+    """A `RUN --network=...` step (the source engine's offline compile)."""
+    return re.search(r"^RUN\s+(?:--\S+\s+)*--network=", dockerfile, re.M) is not None
+
+
+def preflight_engine(run_network: bool = False) -> tuple[str, str]:
+    """Fail early, in one line, on a missing daemon or a daemon without BuildKit, or
+    (`run_network`: the Dockerfile compiles vLLM from source offline) one whose built-in
+    Dockerfile frontend rejects `RUN --network` (stable from frontend 1.3, built into
+    Docker Engine 23.0; 20.10 says "Unknown flag: network", buildx or not).
     Returns the build command flavour ('buildx' or 'buildkit') and the daemon's data root."""
     data = docker_engine().info()
     version = str(data.get("ServerVersion", "0"))
-    if int(version.split(".")[0]) < 19:
+    major = int(version.split(".")[0])
+    if major < 19:
         raise OperationFailed(f"Docker engine {version} has no usable BuildKit",
                               fix="use Docker 20.10 or newer")
+    if run_network and major < RUN_NETWORK_ENGINE:
+        raise OperationFailed(
+            f"Docker engine {version} cannot build a source engine: its Dockerfile frontend "
+            "rejects the offline compile's `RUN --network=none`",
+            fix=f"install Docker Engine {RUN_NETWORK_ENGINE}.0 or newer on this runner")
     return ("buildx" if docker_engine().has_buildx() else "buildkit",
             str(data.get("DockerRootDir", "/var/lib/docker")))
 
@@ -367,8 +383,9 @@ class Builder:
             self.log(f"[{kind}] {ref}: up to date (inputs {digest[:12]}), not rebuilt")
             return BuildRecord(kind, ref, digest, found, _image_size(found), 0.0, 0, 0, True,
                                str(log_path), cell)
-        if self.flavour is None:
-            self.flavour, self.data_root = preflight_engine()
+        run_network = uses_run_network(rendered.text)
+        if self.flavour is None or run_network:
+            self.flavour, self.data_root = preflight_engine(run_network)
         prefix = prefix_digest(rendered, ctx, p.parent)
         # (a derived image inheriting this label holds the same layers: fine here)
         warm = prefix is not None and _find_by_label(PREFIX_LABEL, prefix) is not None
@@ -578,7 +595,7 @@ class Builder:
         rows = cache[engine.image_id]
         eb = cell.profile.expect_backends
         want = {k: v for k, v in (eb.model_dump() if eb else {}).items() if v}
-        bad = archtable.problems(rows, want, gpu=bool(cell.target.gpu))
+        bad = archtable.problems(rows, want, gpu=bool(cell.target.gpu), expect=expect)
         if bad:
             raise OperationFailed(
                 f"{cell.id}: a kernel family its profile selects has no code for {expect}: "

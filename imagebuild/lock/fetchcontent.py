@@ -32,6 +32,16 @@ _VAR = re.compile(r"\$\{([A-Za-z0-9_.+-]+)\}")
 _FLAGS = {"OVERRIDE_FIND_PACKAGE", "SYSTEM", "EXCLUDE_FROM_ALL"}
 
 
+def is_commit(ref: str) -> bool:
+    """A full 40-hex commit (a GIT_TAG that needs no resolving)."""
+    return bool(_COMMIT.match(ref))
+
+
+def source_dir_var(name: str) -> str:
+    """FetchContent's override for content NAME: its source directory instead of a download."""
+    return f"FETCHCONTENT_SOURCE_DIR_{name.upper()}"
+
+
 @dataclass(frozen=True)
 class Dependency:
     """One FetchContent git source of the CUDA build."""
@@ -45,12 +55,11 @@ class Dependency:
     @property
     def commit(self) -> str | None:
         """The commit when GIT_TAG is one; a tag or branch needs resolving."""
-        return self.ref if _COMMIT.match(self.ref) else None
+        return self.ref if is_commit(self.ref) else None
 
     @property
     def source_dir_var(self) -> str:
-        """FetchContent's override: its source directory instead of a download."""
-        return f"FETCHCONTENT_SOURCE_DIR_{self.name.upper()}"
+        return source_dir_var(self.name)
 
     def as_lock(self) -> dict:
         return {"repository": self.repository, "ref": self.ref,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.lock.fetchcontent import Dependency, dependencies
+from imagebuild.lock.fetchcontent import Dependency, dependencies, is_commit
 from imagebuild.spec.matrix import LoadedMatrix
 
 SdistTree = Callable[[str], Path]
@@ -128,7 +128,7 @@ def source_pins(lm: LoadedMatrix, ename: str, tname: str, entry: dict[str, Any],
     out_deps: dict[str, Any] = {}
     for name, dep in sorted(deps.items()):
         prev = old_deps.get(name) or {}
-        if len(dep["ref"]) == 40 and all(c in "0123456789abcdef" for c in dep["ref"]):
+        if is_commit(dep["ref"]):
             commit: str | None = dep["ref"]
         elif (prev.get("repository"), prev.get("ref")) == (dep["repository"], dep["ref"]) \
                 and prev.get("commit") and not resolve:

@@ -101,7 +101,9 @@ def _unresolved(lm: LoadedMatrix, cells: list[Cell], lock: Lock,
         key = ("engines", f"{cell.engine_name}/{cell.target_name}")
         commit = (eng.get("source") or {}).get("commit")
         shape_refused = bool(cell.realization.source and commit and not FULL_SHA.match(commit))
-        if eng.get("status") != "resolved" and not shape_refused and key not in seen:
+        # no entry at all: verify_cells refused it already (the lock is not this matrix's)
+        if (eng and eng.get("status") != "resolved" and not shape_refused
+                and key not in seen):
             seen.add(key)
             out.append(_Unresolved(
                 label, cell.target_name, cell.target_name,

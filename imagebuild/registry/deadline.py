@@ -22,6 +22,7 @@ from imagebuild.errors import UserError
 
 DEADLINE_ENV = "IMAGEBUILD_REGISTRY_DEADLINE"
 DEFAULT_DEADLINE = 600.0
+CLEANUP_GRACE = 30.0  # what clean-up may still spend once the budget is gone
 
 
 def deadline_seconds(env: Mapping[str, str] | None = None) -> float:
@@ -50,10 +51,24 @@ class Deadline:
         self._clock = clock
         self._since: float | None = None
         self._depth = 0
+        self._grace = 0.0
 
     def remaining(self) -> float:
         running = self._clock() - self._since if self._since is not None else 0.0
-        return self.seconds - self.spent - running
+        return self.seconds + self._grace - self.spent - running
+
+    @contextlib.contextmanager
+    def grace(self, seconds: float = CLEANUP_GRACE) -> Iterator[Deadline]:
+        """At least `seconds` more inside, whatever is left: clean-up after the budget
+        ran out (putting a half-moved set back, releasing a lease) must still be sent,
+        or the failure that spent the budget leaves a half move behind. Bounded all the
+        same; what was spent inside still counts."""
+        extra = max(0.0, seconds - self.remaining())
+        self._grace += extra
+        try:
+            yield self
+        finally:
+            self._grace -= extra
 
     def expired(self) -> bool:
         return self.remaining() <= 0

@@ -69,6 +69,9 @@ def rehearse_selfcheck(inputs: Inputs, tools: Tools | None) -> list[Step]:
         found = tally(proc.stdout + proc.stderr)
         if not any(found.values()):
             failed.append(f"exit {proc.returncode} without results")
+        elif proc.returncode and not found["FAIL"]:
+            # some checks passed, then it crashed: the checks after the crash never ran
+            failed.append(f"exit {proc.returncode} after {len(found['ok'])} ok")
         passed += found["ok"]
         failed += found["FAIL"]
         skipped += found["skip"]

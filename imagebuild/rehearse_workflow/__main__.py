@@ -41,7 +41,14 @@ def main(argv: list[str] | None = None) -> int:
                                                          "127.0.0.1:5000"))
     p.add_argument("--workdir", type=Path, default=REPO_ROOT / "build" / "act-rehearsal")
     args = p.parse_args(argv)
-    args.target = args.target or plan(args.tag, None)[0]["target"]
+    if args.target is None:
+        here = plan(args.tag, None)
+        if not here:  # bad input: nothing is written
+            print("error: the plan has no cell for this host (no target of matrix.yaml "
+                  "runs here), so --target has no default\n  fix: pass --target TARGET "
+                  "(`build.py plan --tag TAG --target all` lists them)", file=sys.stderr)
+            return 2
+        args.target = here[0]["target"]
     reh = Rehearsal(args.workdir.resolve(), registry=args.registry,
                     user=os.environ.get("IMAGEBUILD_REGISTRY_USER", "imagebuild"),
                     password=os.environ.get("IMAGEBUILD_REGISTRY_PASSWORD", "imagebuild-local"))

@@ -14,8 +14,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +77,7 @@ class ActRun:
     returncode: int
     log: str
     seconds: float
+    timed_out: bool = False  # killed (with its process group) at the run's timeout
 
     def job_result(self, job: str) -> str | None:
         """act's verdict for a job name as it prints it ("Job succeeded"/"Job failed")."""
@@ -196,14 +199,55 @@ class Rehearsal:
             cmd = ["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"',
                    "sh", *cmd]
         start = time.monotonic()
+        # a session of its own: on timeout or Ctrl-C the whole group goes (act, its job
+        # shells and whatever they started), not only act
         proc = subprocess.Popen(cmd, cwd=self.work, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 env={**os.environ, "HOME": str(self.root / "home")})
-        lines = []
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if echo:
-                sys.stdout.write(line)
-        rc = proc.wait(timeout=timeout)
+        lines: list[str] = []
+        # every run's log as it happens, for a reader while it runs (ROOT/logs/)
+        log_path = self.root / "logs" / f"{workflow.removesuffix('.yml')}-{run}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+
+        def read() -> None:  # on a thread: a hung act that prints nothing still times out
+            assert proc.stdout is not None
+            with log_path.open("w") as out:
+                for line in proc.stdout:
+                    lines.append(line)
+                    out.write(line)
+                    out.flush()
+                    if echo:
+                        sys.stdout.write(line)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            reader.join(10)
+            lines.append(f"rehearsal: act did not finish within {timeout:.0f} s; killed\n")
+            return ActRun(proc.returncode if proc.returncode else -9, "".join(lines),
+                          time.monotonic() - start, timed_out=True)
+        except BaseException:  # Ctrl-C: the new session does not get the terminal's
+            _kill_group(proc)
+            raise
+        reader.join(10)  # the group's last writers may hold the pipe a moment longer
         return ActRun(rc, "".join(lines), time.monotonic() - start)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to act's process group, SIGKILL after 10 s."""
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            os.killpg(proc.pid, signal.SIGKILL)  # leftovers of the group, if any
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return

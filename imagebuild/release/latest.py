@@ -40,6 +40,7 @@ from imagebuild.release.records import (
     resolve_tag,
     short_digest,
 )
+from imagebuild.safetext import safe
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
@@ -59,7 +60,8 @@ class Move:
     bytes: int = 0
 
     def line(self) -> str:
-        old = (f"{self.before_tag or 'untagged'} ({short_digest(self.before_digest)})"
+        # before_tag is latest's annotation: registry text, printed only through safe()
+        old = (f"{safe(self.before_tag or 'untagged')} ({short_digest(self.before_digest)})"
                if self.before_digest else "nothing")
         new = f"{self.target} ({short_digest(self.target_digest)})"
         if not self.moved and not self.dry_run:
@@ -82,7 +84,7 @@ def _passing(client: RegistryClient, repo: str, tag: str) -> Release:
     if rel is None:
         raise UserError(f"{repo}:{tag} does not exist", fix="list them with `build.py releases`")
     if not rel.passed:
-        raise UserError(f"{repo}:{tag} never passed smoke (verdict: {rel.verdict})",
+        raise UserError(f"{repo}:{tag} never passed smoke (verdict: {safe(rel.verdict)})",
                         fix="only a release recorded as passed can become latest")
     return rel
 
@@ -99,6 +101,11 @@ def _newer(a: Release, b: Release) -> bool:
     return a.order_key() > b.order_key()
 
 
+def _named(rel: Release | None, none: str = "untagged") -> str:
+    """The release tag a record names (registry text: made safe to print)."""
+    return safe(rel.annotations.get(A_TAG) or none) if rel is not None else none
+
+
 def refusal(mode: str, rel: Release, before: Release | None, rolled: dict[str, dict],
             accept: Accept) -> str | None:
     """Why latest must not move from `before` to `rel`, or None. Everything here is read
@@ -108,15 +115,15 @@ def refusal(mode: str, rel: Release, before: Release | None, rolled: dict[str, d
     if mode == "promote":
         if before is not None and _newer(before, rel):
             return (f"{rel.tag} is older than latest "
-                    f"({before.annotations.get(A_TAG) or 'untagged'}); nothing moved. Use "
+                    f"({_named(before)}); nothing moved. Use "
                     f"`build.py rollback --to {rel.tag}` to go back on purpose")
         if rel.tag in rolled and not accept.rolled_back:
-            return (f"{rel.tag} was rolled back (to {rolled[rel.tag].get('to', '?')} at "
-                    f"{rolled[rel.tag].get('at', '?')}); a re-run does not undo a rollback. "
+            return (f"{rel.tag} was rolled back (to {safe(rolled[rel.tag].get('to', '?'))} "
+                    f"at {safe(rolled[rel.tag].get('at', '?'))}); a re-run does not undo a "
+                    "rollback. "
                     f"Promote it on purpose with --accept-rolled-back \"why\"")
     elif not accept.forward and (before is None or _newer(rel, before)):
-        now = before.annotations.get(A_TAG) if before else None
-        return (f"{rel.tag} is newer than latest ({now or 'none'}): a rollback does not "
+        return (f"{rel.tag} is newer than latest ({_named(before, 'none')}): a rollback does not "
                 f"move latest forward past the regression gate. Use `build.py promote`, "
                 f"or pass --accept-forward \"why\"")
     return None
@@ -127,7 +134,7 @@ def _measured(client: RegistryClient, rel: Release, accept: Accept) -> str | Non
     if accept.unmeasured:
         return None
     if rel.unmeasured:
-        return f"{rel.tag} was promoted unmeasured ({rel.unmeasured})"
+        return f"{rel.tag} was promoted unmeasured ({safe(rel.unmeasured)})"
     if store.stored(client, rel.repo, rel.tag) is None:
         return f"{rel.tag} was never benched (no stored bench results)"
     return None
@@ -238,10 +245,12 @@ def _undo(client: RegistryClient, done: list[tuple[Release, Release | None]],
             log(f"{rel.repo}: latest stays at {rel.tag} (it had no latest to go back to)")
             continue
         try:
-            client.put_manifest(rel.repo, LATEST, before.body, before.media_type)
-            log(f"{rel.repo}: latest put back to {before.annotations.get(A_TAG)}")
+            # a fresh small budget: the error on its way out may be the spent deadline
+            with client.deadline.grace():
+                client.put_manifest(rel.repo, LATEST, before.body, before.media_type)
+            log(f"{rel.repo}: latest put back to {_named(before)}")
         except Exception as exc:  # noqa: BLE001 - report, keep undoing the others
-            log(f"{rel.repo}: could not put latest back ({exc}); it is at {rel.tag}")
+            log(f"{rel.repo}: could not put latest back ({safe(exc)}); it is at {rel.tag}")
 
 
 def set_latest(client: RegistryClient, repo: str, to: str, *, mode: str = "rollback",

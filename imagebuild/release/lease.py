@@ -23,6 +23,7 @@ from typing import Any
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient, Unsupported
 from imagebuild.release.records import OCI_CONFIG, Log, compact, read_release
+from imagebuild.safetext import safe
 
 LEASE_TAG = "imagebuild-lease"
 LEASE = "io.imagebuild.lease"
@@ -198,20 +199,25 @@ class Lease:
             self.check()
 
     def release(self) -> None:
-        """Drop our lease if it is still ours; never raises (it runs in finally)."""
+        """Drop our lease if it is still ours; never raises (it runs in finally). With a
+        small fresh registry budget: the command's may be what ran out."""
         try:
-            now = self.client.head_manifest(self.repo, LEASE_TAG)
-            if now and now[0] == self.digest:
-                try:
-                    self.client.delete_manifest(self.repo, self.digest)
-                except Unsupported:  # deletes disabled: mark it released instead
-                    doc = json.loads(self.body)
-                    doc["annotations"][f"{LEASE}.state"] = "released"
-                    self.client.put_manifest(self.repo, LEASE_TAG, compact(doc).encode(),
-                                             OCI_MANIFEST)
+            with self.client.deadline.grace():
+                self._release()
         except Exception as exc:  # noqa: BLE001 - a stale lease expires; report, go on
-            self.log(f"{self.repo}: could not release the lease ({exc}); it expires in "
+            self.log(f"{self.repo}: could not release the lease ({safe(exc)}); it expires in "
                      f"{self.ttl:.0f} s and this host's re-runs take it over")
+
+    def _release(self) -> None:
+        now = self.client.head_manifest(self.repo, LEASE_TAG)
+        if now and now[0] == self.digest:
+            try:
+                self.client.delete_manifest(self.repo, self.digest)
+            except Unsupported:  # deletes disabled: mark it released instead
+                doc = json.loads(self.body)
+                doc["annotations"][f"{LEASE}.state"] = "released"
+                self.client.put_manifest(self.repo, LEASE_TAG, compact(doc).encode(),
+                                         OCI_MANIFEST)
 
 
 def _expiry(held: dict[str, str], now: float) -> float | None:

@@ -25,6 +25,7 @@ from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
+    from imagebuild.release.records import Release
     from imagebuild.spec.matrix import LoadedMatrix
 
 
@@ -180,10 +181,15 @@ def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, Imag
     return "\n".join(out) + "\n"
 
 
-def previous_release(passed: list[ReleaseTag], tag: ReleaseTag) -> str | None:
-    """The newest passing release tag older than `tag`."""
-    older = [t for t in passed if t.sort_key() < tag.sort_key()]
-    return str(max(older, key=ReleaseTag.sort_key)) if older else None
+def previous_release(rels: list[Release], tag: ReleaseTag) -> str | None:
+    """The newest passing release before `tag` in the order promote, rollback and prune
+    use (`Release.order_key`: when recorded, the tag's date only a bound), so the notes'
+    rollback line names what `rollback` would take. A tag not recorded yet comes after
+    every recorded release (it is recorded now)."""
+    mine = next((r for r in rels if r.tag == str(tag)), None)
+    older = [r for r in rels if r.passed and r.tag != str(tag)
+             and (mine is None or r.order_key() < mine.order_key())]
+    return max(older, key=lambda r: r.order_key()).tag if older else None
 
 
 def _stored_bench(client: Any, repo: str, tag: str | None
@@ -208,8 +214,7 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
         mine = next((r for r in rels if r.tag == str(job.tag)), None)
         path = verdict_path(smoke_dir, job.cell)
         verdict = json.loads(path.read_text()) if path.exists() else None
-        previous = previous_release([r.release_tag for r in rels if r.passed and r.release_tag],
-                                    job.tag)
+        previous = previous_release(rels, job.tag)
         bench, ann = _stored_bench(client, repo, mine.tag if mine else None)
         ann = {k: safe(v) for k, v in ann.items()}  # registry text, shown in the notes
         if bench:  # the table below indexes every figure: a bare document is a fault

@@ -30,6 +30,7 @@ from imagebuild.release.records import (
     read_release,
     short_digest,
 )
+from imagebuild.safetext import safe
 from imagebuild.spec.tags import parse_release_tag
 
 
@@ -75,7 +76,7 @@ def read_state(client: RegistryClient, repo: str) -> Releases:
         if LATEST not in tags or digests.get(named) != latest.digest:
             raise OperationFailed(
                 f"{repo}: the registry's tag list disagrees with a direct read of latest "
-                f"({named or 'untagged'} {short_digest(latest.digest)}: the list "
+                f"({safe(named or 'untagged')} {short_digest(latest.digest)}: the list "
                 f"{'lacks latest' if LATEST not in tags else 'lacks that release'}); "
                 "protecting releases from it is not safe, nothing deleted",
                 fix="re-run; if it persists, the registry's tag listing is truncated or "
@@ -173,8 +174,11 @@ def prune(client: RegistryClient, repo: str, keep: int, *, dry_run: bool = False
             if not _still_planned(client, lease, plan, tag):
                 continue
             digest = plan.digests[tag]
-            store.forget(client, repo, digest)  # its bench results first: never orphaned
+            # the release first, then its results: a failed DELETE leaves a release that
+            # still has its bench results (rollback needs them), not one "never benched";
+            # a failure after it leaves results a re-run no longer reaches (only storage)
             _delete(client, repo, tag, digest)
+            store.forget(client, repo, digest)
     _log_prune(plan, False, log)
     return plan
 

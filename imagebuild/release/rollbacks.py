@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient
+from imagebuild.registry.errors import RegistryFault
 from imagebuild.release.records import OCI_CONFIG, compact, read_release
 
 ROLLBACKS_TAG = "imagebuild-rollbacks"
@@ -23,17 +24,26 @@ A_ROLLED = "io.imagebuild.rolled-back"
 
 
 def rolled_back(client: RegistryClient, repo: str) -> dict[str, dict[str, str]]:
-    """{release tag: {"to": where latest went, "at": when}} for repo ({} when none)."""
+    """{release tag: {"to": where latest went, "at": when}} for repo ({} when none).
+
+    A damaged record is a registry fault (exit 1), never "no rollbacks": that would let
+    a re-run undo every rollback, and the next record() overwrite what is left."""
     rel = read_release(client, repo, ROLLBACKS_TAG)
     if rel is None:
         return {}
     try:
         found = json.loads(rel.annotations.get(A_ROLLED, "{}"))
     except ValueError:
-        return {}
-    if not isinstance(found, dict):
-        return {}
-    return {str(k): v if isinstance(v, dict) else {} for k, v in found.items()}
+        found = None
+    if not isinstance(found, dict) or not all(
+            isinstance(v, dict) and all(isinstance(x, str) for x in v.values())
+            for v in found.values()):
+        raise RegistryFault(
+            client.host, f"a record of rollbacks whose {A_ROLLED} is not a JSON object of "
+            '{release tag: {"to", "at"}}', f"{repo}:{ROLLBACKS_TAG}",
+            fix=f"nothing was changed; restore the tag {ROLLBACKS_TAG} of {repo} (or delete "
+            "it, knowing a re-run may then promote a rolled-back release again), then re-run")
+    return {str(k): v for k, v in found.items()}
 
 
 def _write(client: RegistryClient, repo: str, entries: dict[str, Any],

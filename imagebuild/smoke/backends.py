@@ -9,8 +9,11 @@ the boot log. Patterns are vLLM 0.23's own messages:
   or "Using AttentionBackendEnum.X backend." (named); v1/attention/selector.py "Using HND
   KV cache layout for X backend." (every platform whose backend needs a layout: CPU_ATTN);
 - NVFP4 GEMM: model_executor/kernels/linear "Using <Kernel>NvFp4LinearKernel for NVFP4 GEMM";
-- MoE: fused_moe/oracle "Using 'X' NvFp4 MoE backend out of potential backends" (and the
-  same line for the other quantizations);
+- MoE: fused_moe/oracle "Using 'X' NvFp4 MoE backend out of potential backends" (quoted
+  for NvFp4/Mxfp4/MxFp8/WNA16, bare for Fp8/Int8/W4A8/"W4A8 Int8"/Unquantized). One line per
+  quantization a model's MoE layers use: an NVFP4 checkpoint whose MTP layer is unquantized
+  logs an Unquantized line beside the NvFp4 one, so `moe` is the quantized experts' backend
+  and the Unquantized line counts only for a model with no quantized MoE;
 - sampler: v1/sample/ops/topk_topp_sampler.py "Using FlashInfer for top-p & top-k sampling"
   or its "disabled"/"unavailable" lines (the PyTorch sampler: NATIVE); the CPU platform logs
   nothing here, so the sampler is not known there;
@@ -34,7 +37,8 @@ _ATTENTION = (
     re.compile(r"Using \w+ KV cache layout for (\w+) backend\."),
 )
 _GEMM = re.compile(r"Using (\w+?)NvFp4LinearKernel for NVFP4 GEMM")
-_MOE = re.compile(r"Using '?(\w+?)'? (?:\w+ )?MoE backend(?: out of potential backends)?")
+_MOE = re.compile(r"Using '?(\w+?)'? ((?:\w+ )*?)MoE backend")
+UNQUANTIZED_MOE = "moe_unquantized"  # not a KIND: what `moe` falls back to
 _SAMPLER = (
     (re.compile(r"Using FlashInfer for top-p & top-k sampling"), "FLASHINFER"),
     (re.compile(r"FlashInfer top-p/top-k sampling (?:disabled|unavailable)"), "NATIVE"),
@@ -82,7 +86,8 @@ def read_log(lines: Iterable[str]) -> Chosen:
         if m := _GEMM.search(line):
             out.add("nvfp4_gemm", _gemm_name(m.group(1)), line, m)
         elif "MoE backend" in line and (m := _MOE.search(line)):
-            out.add("moe", normal(m.group(1)), line, m)
+            unquantized = m.group(2).strip().lower() == "unquantized"
+            out.add(UNQUANTIZED_MOE if unquantized else "moe", normal(m.group(1)), line, m)
         for pattern, name in _SAMPLER:
             if sm := pattern.search(line):
                 out.add("sampler", name, line, sm)
@@ -101,6 +106,10 @@ def mismatches(expected: Mapping[str, str | None], chosen: Chosen,
         if want is None:
             continue
         got = chosen.seen.get(kind, [])
+        evidence = chosen.evidence.get(kind, "")
+        if kind == "moe" and not got:  # no quantized MoE layer: the unquantized experts'
+            got = chosen.seen.get(UNQUANTIZED_MOE, [])
+            evidence = chosen.evidence.get(UNQUANTIZED_MOE, "")
         if kind == "speculative":
             ok = [g.lower() for g in got] == [want.lower()]
             if (ok and want.lower() != "none" and metrics is not None
@@ -116,5 +125,5 @@ def mismatches(expected: Mapping[str, str | None], chosen: Chosen,
             bad.append(f"{kind}: expected {want}, vLLM's log names no {kind} backend")
         else:
             bad.append(f"{kind}: expected {want}, vLLM chose {', '.join(got)} "
-                       f"(log: {chosen.evidence.get(kind, '')})")
+                       f"(log: {evidence})")
     return bad

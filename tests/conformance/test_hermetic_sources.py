@@ -146,6 +146,16 @@ def test_fetch_of_listed_submodules_only(remote, tmp_path) -> None:
     assert not (dest / "third-party/cutlass/cutlass.h").exists()
 
 
+def test_fetch_all_of_a_tree_whose_gitmodules_lists_nothing(tmp_path) -> None:
+    # a .gitmodules with no submodule in it: `git submodule status` prints nothing
+    path = tmp_path / "bare-modules"
+    commit = _repo(path, {".gitmodules": "", "README": "x\n"})
+    _git(path, "config", "uploadpack.allowReachableSHA1InWant", "true")
+    proc = _fetch(path.as_uri(), commit, str(tmp_path / "out" / "d"), "all")
+    assert proc.returncode == 0, proc.stderr
+    assert _git(tmp_path / "out" / "d", "rev-parse", "HEAD") == commit
+
+
 def test_fetch_refuses_what_is_not_the_locked_commit(remote, tmp_path) -> None:
     # an annotated tag's object id is not a commit: fetching it checks out another id
     proc = _fetch(remote["url"], remote["tag_object"], str(tmp_path / "out" / "a"))

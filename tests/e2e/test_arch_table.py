@@ -52,11 +52,16 @@ def test_table_per_library_on_nvcc_objects(tmp_path, objects, cuobjdump, sm90): 
     assert rows["flashinfer_cubin"].verdict == "none"
     text = markdown(list(rows.values()), "sm_121a")
     assert "| flashinfer_cubin | none | none | 1 | sm_90a | - |" in text
-    # a profile selecting FlashInfer's MoE is served by the JIT cache's family code here
-    assert problems(list(rows.values()), {"moe": "FLASHINFER_CUTLASS"}, gpu=True) == []
+    # FlashInfer's MoE on sm_121a with only the JIT cache's sm_120 family code is the
+    # flashinfer#3294 trap; FlashInfer attention takes the family code
+    (bad,) = problems(list(rows.values()), {"moe": "FLASHINFER_CUTLASS"}, gpu=True,
+                      expect="sm_121a")
+    assert "flashinfer_jit_cache: sm_120 family" in bad and "flashinfer#3294" in bad
+    assert problems(list(rows.values()), {"attention": "FLASHINFER"}, gpu=True,
+                    expect="sm_121a") == []
     (root / "flashinfer_jit_cache/jit/fused_moe_120.so").unlink()
     rows2 = scan([root], "sm_121a", cuobjdump)
-    (bad,) = problems(rows2, {"moe": "FLASHINFER_CUTLASS"}, gpu=True)
+    (bad,) = problems(rows2, {"attention": "FLASHINFER"}, gpu=True, expect="sm_121a")
     assert "flashinfer_cubin: none (sm_90a)" in bad
 
 
@@ -75,10 +80,9 @@ def _cpu_engine_image() -> str | None:
     return found[0] if found else None
 
 
-def test_table_of_a_real_cpu_engine_image(cuobjdump):  # noqa: F811
-    image = _cpu_engine_image()
-    if image is None:
-        pytest.skip("no cpu engine image on this machine (the build e2e tests make one)")
+def test_table_of_a_real_cpu_engine_image(cuobjdump, cpu_serve_image):  # noqa: F811
+    image = _cpu_engine_image()  # the session's cpu build made (or reused) it
+    assert image is not None, "the cpu build left no imagebuild/engine-cpu-* image"
     t0 = time.monotonic()
     rows = table_for_image(image, "sm_121a", cuobjdump)
     print(f"\narch table of {image}: {time.monotonic() - t0:.1f} s\n"

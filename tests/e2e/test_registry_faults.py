@@ -459,10 +459,6 @@ def test_notes_with_a_missing_blob_end_in_a_registry_fault(tmp_path):
 # -------------------------------------------------- the tag list that hides `latest`
 
 
-@pytest.mark.xfail(not (ROOT / "imagebuild/release/rollbacks.py").exists(), strict=True,
-                   reason="prune's re-check of latest under the lease is issue 25's "
-                   "release-state work (branch release-state, which adds release/rollbacks.py); "
-                   "drop this marker once that is merged")
 def test_prune_stops_when_the_tag_list_stops_showing_latest(tmp_path):
     """The first tag list shows `latest`, later ones do not: prune must not take that as
     'no latest' and delete latest's release and its rollback target (latest rolled back

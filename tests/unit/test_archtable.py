@@ -36,12 +36,19 @@ def test_selected_families_need_code_for_the_target():
         "flashinfer_jit_cache"}
     rows = [_row("vllm", "sm_121a", ("sm_121a",)),
             _row("flashinfer_cubin", "none", ("sm_90a", "sm_100a"))]
-    bad = problems(rows, {"moe": "FLASHINFER_CUTLASS"}, gpu=True)
+    bad = problems(rows, {"moe": "FLASHINFER_CUTLASS"}, gpu=True, expect="sm_121a")
     assert len(bad) == 1 and bad[0].startswith("moe FLASHINFER_CUTLASS needs flashinfer or ")
     assert "flashinfer_cubin: none (sm_90a, sm_100a)" in bad[0]
-    # one FlashInfer package with code is enough (its JIT cache covers the family)
+    # FlashInfer's MoE with only sm_120 family code on sm_121a: the flashinfer#3294 trap
     rows.append(_row("flashinfer_jit_cache", "sm_120 family", ("sm_120",)))
-    assert problems(rows, {"moe": "FLASHINFER_CUTLASS"}, gpu=True) == []
+    (bad,) = problems(rows, {"moe": "FLASHINFER_CUTLASS"}, gpu=True, expect="sm_121a")
+    assert "no sm_121a code (family code is wrong there, flashinfer#3294)" in bad
+    # family code is enough for FlashInfer's other kernels, and for MoE on a family target
+    assert problems(rows, {"attention": "FLASHINFER"}, gpu=True, expect="sm_121a") == []
+    assert problems(rows, {"moe": "FLASHINFER_CUTLASS"}, gpu=True, expect="sm_121") == []
+    # one FlashInfer package with the target's own code is enough (cubins or JIT cache)
+    rows.append(_row("flashinfer", "sm_121a", ("sm_121a",)))
+    assert problems(rows, {"moe": "FLASHINFER_CUTLASS"}, gpu=True, expect="sm_121a") == []
     # vLLM's own kernels are always needed on a GPU target, never on the cpu target
     assert problems([], {}, gpu=True)[0].startswith("vLLM's own kernels needs vllm")
     assert problems([], {"attention": "CPU_ATTN"}, gpu=False) == []

@@ -168,3 +168,33 @@ def test_build_command_without_engine_exits_1(tmp_path, monkeypatch, capsys):
     assert code == 1
     assert "no Docker engine answers" in err and "Traceback" not in err
     assert not (tmp_path / "out" / "records").exists()
+
+
+def test_a_source_engine_build_needs_an_engine_that_takes_run_network(tmp_path, monkeypatch):
+    """The offline compile's `RUN --network=none` is parsed by dockerd's built-in Dockerfile
+    frontend: 20.10 rejects it (buildx or not), so a source engine is refused up front."""
+    from imagebuild import REPO_ROOT
+    from imagebuild.docker import Engine
+
+    class Debian2010(Engine):
+        def info(self):
+            return {"ServerVersion": "20.10.24", "DockerRootDir": str(tmp_path)}
+
+        def has_buildx(self):
+            return True
+
+    class Docker27(Debian2010):
+        def info(self):
+            return {"ServerVersion": "27.5.1", "DockerRootDir": str(tmp_path)}
+
+    gb10 = (REPO_ROOT / "rendered/gb10/dflashfix/engine.Dockerfile").read_text()
+    cpu = (REPO_ROOT / "rendered/cpu/dflashfix/engine.Dockerfile").read_text()
+    assert builder.uses_run_network(gb10) and not builder.uses_run_network(cpu)
+    monkeypatch.setattr(builder, "docker_engine", Debian2010)
+    with pytest.raises(OperationFailed) as info:
+        builder.preflight_engine(run_network=True)
+    assert "20.10.24 cannot build a source engine" in info.value.message
+    assert "Docker Engine 23.0 or newer" in info.value.fix
+    assert builder.preflight_engine() == ("buildx", str(tmp_path))  # a wheel engine builds
+    monkeypatch.setattr(builder, "docker_engine", Docker27)
+    assert builder.preflight_engine(run_network=True) == ("buildx", str(tmp_path))

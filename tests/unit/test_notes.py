@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 from imagebuild import REPO_ROOT
 from imagebuild.plan import load_plan
 from imagebuild.release.notes import ImageFacts, previous_release, release_notes
+from imagebuild.release.records import list_releases
 from imagebuild.spec.tags import parse_release_tag
+from tests.support.memregistry import MemRegistry
 
 DIGEST = "sha256:" + "ab" * 32
 VERDICT = {"passed": True, "message": "all 9 checks passed",
@@ -58,11 +62,32 @@ def test_cpu_notes_use_shm_not_gpus(matrix_dir):
 
 
 def test_previous_release_is_the_newest_older_passing_one():
-    tags = [parse_release_tag(t) for t in (
-        "2026-06-11-v0.23.0-pr41703", "2026-05-01-v0.22.0-base",
-        "2026-07-01-v0.23.0-later", "2026-06-18-v0.23.0-dflashfix")]
-    assert previous_release(tags, tags[3]) == "2026-06-11-v0.23.0-pr41703"
-    assert previous_release(tags[1:2], tags[1]) is None
+    reg, now = MemRegistry(), time.time()
+    for i, (tag, smoke) in enumerate((
+            ("2026-05-01-v0.22.0-base", "passed"), ("2026-06-11-v0.23.0-pr41703", "passed"),
+            ("2026-06-12-v0.23.0-broken", "failed"), ("2026-06-18-v0.23.0-dflashfix", "passed"),
+            ("2026-07-01-v0.23.0-later", "passed"))):
+        reg.add_release("ns/img", tag, smoke=smoke, created=now - 3600 * (10 - i))
+    rels = list_releases(reg.client(), "ns/img")
+    tag = parse_release_tag("2026-06-18-v0.23.0-dflashfix")
+    assert previous_release(rels, tag) == "2026-06-11-v0.23.0-pr41703"
+    assert previous_release(rels, parse_release_tag("2026-05-01-v0.22.0-base")) is None
+    # not recorded yet: it comes after every recorded release
+    assert previous_release(rels, parse_release_tag("2026-07-02-v0.23.0-next")) == \
+        "2026-07-01-v0.23.0-later"
+
+
+def test_previous_release_orders_same_day_releases_as_promote_does():
+    """Two releases of one day order by when they were recorded, not by name (the order
+    promote, rollback and prune use): the notes of `alpha`, recorded after `zeta`, name
+    `zeta` as the rollback target."""
+    reg, now = MemRegistry(), time.time()
+    zeta, alpha = "2026-06-05-v0.23.0-zeta", "2026-06-05-v0.23.0-alpha"
+    reg.add_release("ns/img", zeta, created=now - 60)
+    reg.add_release("ns/img", alpha, created=now)
+    rels = list_releases(reg.client(), "ns/img")
+    assert previous_release(rels, parse_release_tag(alpha)) == zeta
+    assert previous_release(rels, parse_release_tag(zeta)) is None
 
 
 def _bench_doc(tag: str, tok_s: dict[int, float]) -> dict:

@@ -144,3 +144,15 @@ def test_build_refuses_with_the_findings_check_tag_prints(
         buildable(plan)
     err = capsys.readouterr().err
     assert "pin-unresolved" in err and "lock --update gb10 --update " in err
+
+
+def test_a_missing_engine_entry_is_reported_once(locked: Path) -> None:
+    """verify_cells refuses a lock with no entry for the cell's engine; the unresolved-pin
+    pass must not add a second, location-less "engine ... is unresolved" for it."""
+    path = locked / "matrix.lock.json"
+    data = json.loads(path.read_text())
+    del data["engines"]["dflashfix"]["gb10"]
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    findings = check(locked, target="gb10", engine="dflashfix")
+    assert of(findings, "pin-lock-agrees")
+    assert not [f for f in findings if "engine dflashfix for gb10 is unresolved" in f.message]

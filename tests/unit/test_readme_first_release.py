@@ -42,10 +42,21 @@ def test_the_steps_are_lock_check_commit_tag_and_what_the_jobs_show():
     assert [s.split(" ", 1)[0] for s in steps] == ["1.", "2.", "3.", "4.", "5."]
     firsts = [_commands(s)[0][:3] if _commands(s) else [] for s in steps]
     assert firsts[:4] == [["python", "build.py", "lock"], ["python", "build.py", "lock"],
-                          ["git", "add", "matrix.lock.json"],
+                          ["python", "build.py", "render"],
                           ["git", "tag", "2026-06-18-dflashfix"]]
     for job in ("**plan**", "**engine gb10**", "**cell**", "**promote**"):
         assert job in steps[4]
+
+
+def test_the_commit_step_renders_and_commits_the_rendered_files():
+    """`lock --update` changes FROM digests and FetchContent commits, so the rendered
+    Dockerfiles change: without render and `git add rendered/` the pushed commit fails
+    `render --check` (the plan job)."""
+    commands = _commands(_steps()[2])
+    assert commands[0] == ["python", "build.py", "render"]
+    (add,) = [c for c in commands if c[:2] == ["git", "add"]]
+    assert {"matrix.lock.json", "locked/", "rendered/"} <= set(add[2:])
+    assert parser().parse_args(commands[0][2:]).command == "render"
 
 
 def test_every_build_py_command_is_one_the_cli_takes():
@@ -90,8 +101,12 @@ def test_commit_and_tag_steps_run_against_a_remote(tmp_path: Path):
     (work / "matrix.lock.json").write_text("{}\n")
     (work / "locked").mkdir()
     (work / "locked" / "meta.json").write_text("{}\n")
+    (work / "rendered").mkdir()
+    (work / "rendered" / "engine.Dockerfile").write_text("FROM scratch\n")
     for step in _steps()[2:4]:
         for argv in _commands(step):
+            if argv[:2] == ["python", "build.py"]:
+                continue  # the CLI runs in the tests above; here only git
             subprocess.run(argv, cwd=work, env=env, check=True, capture_output=True)
     tags = subprocess.run(["git", "ls-remote", "--tags", str(remote)], env=env,
                           capture_output=True, text=True, check=True).stdout

@@ -207,3 +207,23 @@ def test_step_a_asserts_the_patchs_reason():
     assert not holds and "compiled out" in why  # a pin bump that changes the reason fails
     assert not reason_without(_arch("12.0", "12.0a", "arch=compute_120a,code=sm_120a"),
                               inputs)[0]
+
+
+@pytest.mark.parametrize("returncode, status", [(0, PASSED), (1, FAILED)])
+def test_selfcheck_that_crashes_after_some_ok_lines_fails(monkeypatch, returncode, status):
+    """Checks after a crash never ran: a nonzero exit with no FAIL line is still a failure."""
+    import subprocess
+
+    from imagebuild.rehearse import step_selfcheck
+    from imagebuild.rehearse.toolchain import Tools
+
+    def run(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, returncode, "ok toolchain-ptxas: sm_121a\n",
+                                           "Traceback (most recent call last):\n" * returncode)
+
+    monkeypatch.setattr(step_selfcheck.subprocess, "run", run)
+    tools = Tools("/cuda/bin/nvcc", "/cuda", "/usr/bin/cmake", "/venv/bin/python", "cuobjdump")
+    step = step_selfcheck.rehearse_selfcheck(load_inputs(None, "gb10", None), tools)[0]
+    assert step.status == status, step.summary
+    if returncode:
+        assert "exit 1 after 1 ok" in step.summary

@@ -13,6 +13,7 @@ from imagebuild.bench import store
 from imagebuild.build.hygiene import protected_releases
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST
+from imagebuild.registry.deadline import Deadline
 from imagebuild.release import latest, lease
 from imagebuild.release.latest import Accept, advance, set_latest, set_latest_many
 from imagebuild.release.lease import LEASE, LEASE_TAG, Lease
@@ -306,3 +307,73 @@ def test_a_truncated_tag_list_stops_prune_and_runner_clean(reg):
         protected_releases(reg.client(), [REPO])
     reg.tag_limit = None
     assert all(t in reg.tags[REPO] for t in tags)
+
+
+def test_a_failed_release_delete_keeps_its_bench_results(reg):
+    """prune deletes the release before its results: when the DELETE of the release fails,
+    the release stays with its results (not a release that reads as never benched)."""
+    _releases(reg, REPO, [A, B, C], latest_at=C)
+    a_digest = reg.tags[REPO][A]
+
+    def refuse_the_release_delete(method, path):
+        if method == "DELETE" and path.endswith(f"/manifests/{a_digest}"):
+            raise OSError("the registry went away")
+
+    reg.before = refuse_the_release_delete
+    with pytest.raises(Exception, match="went away"):
+        prune(reg.client(), REPO, 2, log=lambda _: None)
+    reg.before = None
+    assert A in reg.tags[REPO] and store.stored(reg.client(), REPO, A) is not None
+
+
+@pytest.mark.parametrize("damaged", ["{not json", '["a list"]', '{"' + C + '": "no object"}',
+                                     '{"' + C + '": {"to": 3}}'])
+def test_a_damaged_rollbacks_record_is_a_registry_fault_and_is_not_overwritten(reg, damaged):
+    """A damaged record of rollbacks stops promote and rollback with exit 1: read as "no
+    rollbacks", a re-run would promote the rolled-back release and the next rollback
+    would overwrite the record."""
+    from imagebuild.registry.errors import RegistryFault
+    from imagebuild.release import rollbacks
+
+    _releases(reg, REPO, [A, B, C], latest_at=B)
+    c = reg.client()
+    doc = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+           "config": {**read_release(c, REPO, B).config_descriptor,
+                      "mediaType": "application/vnd.oci.image.config.v1+json"},
+           "layers": [], "annotations": {rollbacks.A_ROLLED: damaged}}
+    c.put_manifest(REPO, rollbacks.ROLLBACKS_TAG, json.dumps(doc).encode(), OCI_MANIFEST)
+    stored = reg.tags[REPO][rollbacks.ROLLBACKS_TAG]
+    with pytest.raises(RegistryFault) as err:
+        rolled_back(c, REPO)
+    assert err.value.exit_code == 1
+    with pytest.raises(RegistryFault):
+        advance(c, REPO, parse_release_tag(C), log=lambda _: None)
+    with pytest.raises(RegistryFault):
+        set_latest(c, REPO, A, log=lambda _: None)
+    assert reg.tags[REPO][rollbacks.ROLLBACKS_TAG] == stored and _at(reg) == B
+
+
+def test_a_deadline_spent_mid_move_still_puts_the_set_back_and_drops_the_leases(reg):
+    """The registry deadline runs out after the first image of a set moved: undoing that
+    move and releasing the leases get a small fresh budget (deadline.grace), so the set
+    is not left half-moved and no lease is left to expire."""
+    from imagebuild.registry.errors import RegistryFault
+
+    for repo in (REPO, OTHER):
+        _releases(reg, repo, [A, B, C], latest_at=A)
+    now = [0.0]
+    c = reg.client()
+    c.deadline = Deadline(100, clock=lambda: now[0])
+
+    def the_registry_stalls(method, path):  # once REPO moved: OTHER's move spends it all
+        if method == "HEAD" and path == f"/v2/{OTHER}/manifests/latest" and _at(reg) == C:
+            now[0] += 1000
+
+    reg.before = the_registry_stalls
+    rels = [read_release(reg.client(), r, C) for r in (REPO, OTHER)]
+    with pytest.raises(RegistryFault, match="deadline"):
+        latest.move_set(c, rels, mode="promote", log=lambda _: None)
+    reg.before = None
+    assert _at(reg, REPO) == A and _at(reg, OTHER) == A
+    assert all(LEASE_TAG not in reg.tags[r] for r in (REPO, OTHER))
+    assert c.deadline.expired()  # the grace ended with the clean-up

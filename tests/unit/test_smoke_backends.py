@@ -108,3 +108,31 @@ def test_the_evidence_is_the_words_around_the_match():
             "model='/m', speculative_config=None, " + "x=1, " * 400 + "end")
     bad = mismatches({"speculative": "ngram"}, read_log([line]))
     assert "speculative_config=None" in bad[0] and len(bad[0]) < 300
+
+
+# vLLM 0.23's fused_moe/oracle lines for an NVFP4 checkpoint whose MTP layer is unquantized
+# (unquantized.py: bare name; nvfp4.py: quoted), and the W4A8 Int8 oracle's two-word label
+SPARK_MTP_LOG = [
+    "INFO [unquantized.py:191] Using TRITON Unquantized MoE backend out of potential "
+    "backends: ['FLASHINFER_CUTLASS', 'TRITON'].",
+    "INFO [nvfp4.py:203] Using 'VLLM_CUTLASS' NvFp4 MoE backend out of potential backends: "
+    "['FLASHINFER_TRTLLM', 'FLASHINFER_CUTLASS', 'VLLM_CUTLASS', 'MARLIN'].",
+]
+
+
+def test_the_moe_backend_is_the_quantized_experts_one():
+    chosen = read_log(SPARK_MTP_LOG)
+    assert chosen.seen["moe"] == ["VLLM_CUTLASS"]
+    assert mismatches({"moe": "VLLM_CUTLASS"}, chosen) == []
+    bad = mismatches({"moe": "FLASHINFER_CUTLASS"}, chosen)
+    assert len(bad) == 1 and "vLLM chose VLLM_CUTLASS (log: " in bad[0]
+    assert "NvFp4 MoE backend" in bad[0]
+
+
+def test_an_unquantized_moe_model_is_checked_on_its_unquantized_line():
+    chosen = read_log(SPARK_MTP_LOG[:1])
+    assert mismatches({"moe": "TRITON"}, chosen) == []
+    assert "vLLM chose TRITON" in mismatches({"moe": "VLLM_CUTLASS"}, chosen)[0]
+    two_words = read_log(["INFO [w4a8_int8.py:104] Using CUTLASS W4A8 Int8 MoE backend out "
+                          "of potential backends: ['CUTLASS']."])
+    assert two_words.seen["moe"] == ["CUTLASS"]

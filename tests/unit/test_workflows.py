@@ -352,10 +352,11 @@ def test_make_promote_hands_the_reason_over_verbatim(tmp_path):
     reason = "slower by design -- see 'issue 12'; $(id) `id`"
     proc = _make("promote", tmp_path, ACCEPT="regression", ACCEPT_REASON=reason, **env)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == ["build.py", "promote", "--forward-only", "--tag", TAG, "--target", "all",
-                                       f"--accept-regression={reason}"]
+    assert json.loads(proc.stdout) == ["build.py", "promote", "--forward-only", "--tag", TAG,
+                                       "--target", "all", f"--accept-regression={reason}"]
     proc = _make("promote", tmp_path, ACCEPT="", ACCEPT_REASON="", **env)
-    assert json.loads(proc.stdout) == ["build.py", "promote", "--forward-only", "--tag", TAG, "--target", "all"]
+    assert json.loads(proc.stdout) == ["build.py", "promote", "--forward-only", "--tag", TAG,
+                                       "--target", "all"]
     proc = _make("promote", tmp_path, ACCEPT="regression", ACCEPT_REASON="", **env)
     assert proc.returncode != 0 and "needs a reason" in proc.stderr
     assert proc.stdout == ""  # build.py promote never ran
@@ -406,6 +407,7 @@ def test_cells_targets_and_runners_are_the_plan_of_the_tag(capsys):
     for entry in cells + targets:
         assert entry["runner"] == hardware.runner(lm.matrix.targets[entry["target"]])
         assert entry["bootstrap"] == (lm.matrix.targets[entry["target"]].bootstrap is not None)
+        assert entry["accelerator"] == lm.matrix.targets[entry["target"]].accelerator
     assert len({(c["target"], c["image"]) for c in cells}) == len(cells)  # artifact names
 
 
@@ -553,14 +555,22 @@ def test_namespace_is_the_owner_lowercased_unless_set(tmp_path):
                         or re.match(r"make (promote|rollback|runner-clean|-s resume-state|"
                                     r"release-notes|cell-build|-s release-matrix)", r))
             assert env_at < first, (name, job_name)
+    runner = tmp_path / "runner-docker"  # a runner's config: a leftover login, plugins, builders
+    for sub in ("cli-plugins", "buildx"):
+        (runner / sub).mkdir(parents=True)
+    (runner / "config.json").write_text('{"auths": {"ghcr.io": {"auth": "c29tZW9uZQ=="}}}')
     proc = _make("job-env", tmp_path, GITHUB_REPOSITORY_OWNER="MyOrg", NAMESPACE_VAR="",
-                 RUNNER_TEMP=str(tmp_path), GITHUB_RUN_ID="7", GITHUB_JOB="cell")
+                 RUNNER_TEMP=str(tmp_path), GITHUB_RUN_ID="7", GITHUB_JOB="cell",
+                 DOCKER_CONFIG=str(runner))
     from imagebuild.rehearse_workflow.outputs import parse
     env = parse(proc.stdout)
     assert env["IMAGEBUILD_NAMESPACE"] == "myorg"
-    # a Docker config of this job only, empty: no leftover `docker login` is used
-    assert env["DOCKER_CONFIG"] == str(tmp_path / "docker-config-7-cell")
-    assert list(Path(env["DOCKER_CONFIG"]).iterdir()) == []
+    # a Docker config of this job only: no leftover `docker login` is used, while the
+    # runner's CLI plugins (buildx) and its builders stay reachable
+    job = Path(env["DOCKER_CONFIG"])
+    assert job == tmp_path / "docker-config-7-cell"
+    assert sorted(p.name for p in job.iterdir()) == ["buildx", "cli-plugins"]
+    assert all((job / n).resolve() == runner / n for n in ("buildx", "cli-plugins"))
     proc = _make("job-env", tmp_path, GITHUB_REPOSITORY_OWNER="MyOrg", NAMESPACE_VAR="Team/x")
     assert parse(proc.stdout)["IMAGEBUILD_NAMESPACE"] == "Team/x"  # as set: build.py judges it
 
@@ -733,6 +743,26 @@ def test_runners_install_only_the_run_time_requirements():
                       for r in runs)
             if any(r.startswith("make venv") for r in runs):
                 assert ("make venv-dev" in runs) == dev, (name, job_name)
+
+
+def test_jobs_building_for_a_gpu_target_install_cuobjdump():
+    """A build for a GPU target lists its images' device code with cuobjdump (and refuses
+    without it); the runners' venv has only requirements.txt, so the engine and cell jobs
+    of a cuda target add requirements-gpu.txt (cpu cells never need it)."""
+    from imagebuild.build.archtable import find_cuobjdump  # noqa: F401  (what needs it)
+
+    assert "nvidia-cuda-cuobjdump" in (REPO_ROOT / "requirements-gpu.txt").read_text()
+    recipe = MAKEFILE.read_text().split("\nvenv-gpu:")[1].split("\n\n")[0]
+    assert "requirements-gpu.txt" in recipe
+    jobs = load("release.yml")["jobs"]
+    for name in ("engine", "cell"):
+        steps = jobs[name]["steps"]
+        builds = step_index(jobs[name], lambda s: "build" in s.get("run", "")
+                            and ("--engine-only" in s.get("run", "")
+                                 or s.get("run") == "make cell-build"))
+        gpu = step_index(jobs[name], lambda s: s.get("run") == "make venv-gpu")
+        assert gpu < builds, name
+        assert steps[gpu]["if"] == "matrix.accelerator == 'cuda'", name
 
 
 def test_readme_and_workflow_say_the_same():

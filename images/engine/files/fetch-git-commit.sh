@@ -50,5 +50,8 @@ if [ -n "$bad" ]; then
     exit 1
 fi
 printf '%s\n' "$status" | while read -r sub path _; do
-    [ -n "$path" ] && echo "$prog:   submodule $path at $sub"
+    # `[ -z ] ||`, not `[ -n ] &&`: an empty status (a .gitmodules listing nothing) must not
+    # end the loop, and under set -e the script, with status 1
+    [ -z "$path" ] || echo "$prog:   submodule $path at $sub"
 done
+exit 0

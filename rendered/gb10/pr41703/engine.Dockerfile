@@ -75,8 +75,9 @@ ARG NVCC_THREADS=2
 # Compile cache: ccache in a BuildKit cache mount on this runner, capped at 40G.
 # VLLM_DISABLE_SCCACHE: vLLM's setup.py prefers an sccache it finds on PATH. No network:
 # every source is in /src (CMAKE_ARGS hands CMake the locked FetchContent sources).
-# `RUN --network` needs BuildKit's Dockerfile frontend 1.3+ (buildx; Debian's docker.io
-# 20.10 rejects it: "Unknown flag: network").
+# `RUN --network` needs the Dockerfile frontend 1.3+ built into Docker Engine 23+ (no
+# `# syntax=` line here; 20.10, Debian's docker.io, rejects it, buildx or not:
+# "Unknown flag: network"; builder.preflight_engine refuses it first).
 RUN --network=none --mount=type=cache,target=/root/.cache/ccache,id=ccache-gb10,sharing=locked \
     export VLLM_TARGET_DEVICE=cuda VLLM_DISABLE_SCCACHE=1 CCACHE_DIR=/root/.cache/ccache \
       CMAKE_ARGS='-DFETCHCONTENT_FULLY_DISCONNECTED=ON -DFETCHCONTENT_SOURCE_DIR_CUTLASS=/src/deps/cutlass -DFETCHCONTENT_SOURCE_DIR_DEEPGEMM=/src/deps/deepgemm -DFETCHCONTENT_SOURCE_DIR_FLASHMLA=/src/deps/flashmla -DFETCHCONTENT_SOURCE_DIR_QUTLASS=/src/deps/qutlass -DFETCHCONTENT_SOURCE_DIR_TRITON_KERNELS=/src/deps/triton_kernels -DFETCHCONTENT_SOURCE_DIR_VLLM-FLASH-ATTN=/src/deps/vllm-flash-attn' \
