@@ -67,6 +67,18 @@ def _from_command(cmd: ServeCommand) -> dict[str, Any]:
     }
 
 
+def _expected_backends(cell: Cell) -> dict[str, str]:
+    """The profile's expect_backends; a cell without a drafter boots with no speculative
+    method whatever a profile it extends expects (speculation is the cell's, not the
+    profile's: a plain cell of a profile that extends a speculative one)."""
+    prof = cell.profile
+    want = ({k: v for k, v in prof.expect_backends.model_dump().items() if v is not None}
+            if prof.expect_backends else {})
+    if cell.drafter is None and "speculative" in want:
+        want["speculative"] = "none"
+    return want
+
+
 def expectations_for(cell: Cell, lock: Lock | None) -> dict[str, Any]:
     """The cell's promises: served names, parsers, speculation, limits, files to verify."""
     cmd = serve_command(cell)
@@ -87,8 +99,7 @@ def expectations_for(cell: Cell, lock: Lock | None) -> dict[str, Any]:
         "speculative_method": cell.drafter.method if cell.drafter else None,
         "acceptance_floor": prof.acceptance_floor,
         # kernels the boot must choose (smoke/backends.py); {} asserts none, reports all
-        "expect_backends": ({k: v for k, v in prof.expect_backends.model_dump().items()
-                             if v is not None} if prof.expect_backends else {}),
+        "expect_backends": _expected_backends(cell),
         "multimodal": cell.model.multimodal,
         "concurrency": list(target.smoke_concurrency),
         "boot_timeout_s": target.boot_timeout_s,

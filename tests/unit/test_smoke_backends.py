@@ -136,3 +136,30 @@ def test_an_unquantized_moe_model_is_checked_on_its_unquantized_line():
     two_words = read_log(["INFO [w4a8_int8.py:104] Using CUTLASS W4A8 Int8 MoE backend out "
                           "of potential backends: ['CUTLASS']."])
     assert two_words.seen["moe"] == ["CUTLASS"]
+
+
+def test_a_plain_cell_of_a_speculative_profile_expects_no_speculation(matrix_dir: Path):
+    """A profile extending the ngram one with `methods: [none]` inherits its
+    `speculative: ngram`; the plain cell boots without speculation, so that is expected."""
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.smoke.expect import expectations_for
+    from imagebuild.spec import matrix as mx
+
+    path = matrix_dir / "matrix.yaml"
+    text = path.read_text()
+    for old, new in (("      drafter: [ngram]\n      profile: [cpu-ngram]\n",
+                      "      drafter: [none, ngram]\n      profile: [cpu-plain, cpu-ngram]\n"
+                      "      exclude:\n        - {drafter: none, profile: cpu-ngram}\n"
+                      "        - {drafter: ngram, profile: cpu-plain}\n"),
+                     ("\nimages:\n", "\n  cpu-plain:\n    description: plain\n"
+                                     "    extends: cpu-ngram\n    methods: [none]\n\nimages:\n")):
+        assert old in text
+        text = text.replace(old, new, 1)
+    path.write_text(text)
+    lm = mx.load(path)
+    cells = {c.id: c for c in mx.expand(lm) if c.target_name == "cpu"}
+    plain = next(c for i, c in cells.items() if c.drafter is None)
+    spec = next(c for i, c in cells.items() if c.drafter is not None)
+    assert expectations_for(plain, read_lock(lm.root))["expect_backends"] == {
+        "attention": "CPU_ATTN", "speculative": "none"}
+    assert expectations_for(spec, read_lock(lm.root))["expect_backends"]["speculative"] == "ngram"
