@@ -91,7 +91,37 @@ def test_serve_user_conflicts_fail_with_the_reason(cpu_base):
 # --------------------------------------------------------- lock --update: image digests
 
 
-def test_lock_update_records_base_and_runtime_digests(docker_engine, matrix_dir, monkeypatch):
+@pytest.fixture
+def github_standin(tmp_path, monkeypatch):
+    """`lock --update gb10` also resolves the engine's FetchContent tags with `git ls-remote`
+    on GitHub, which only a runner reaches: here each tagged repository of the lock is a
+    local bare repository holding that tag, and git rewrites https://github.com/ to them."""
+    root = tmp_path / "github"
+    lock = json.loads((REPO_ROOT / "matrix.lock.json").read_text())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@localhost", "-c",
+           "init.defaultBranch=main"]
+    tagged = {(dep["repository"], dep["ref"]) for engine in lock["engines"].values()
+              for dep in engine.get("gb10", {}).get("dependencies", {}).values()
+              if dep.get("ref")}  # engines share sources: each repository and tag once
+    assert tagged, "the lock names no tagged FetchContent source any more: drop this fixture"
+    for repository, ref in sorted(tagged):
+        bare = root / repository.removeprefix("https://github.com/")
+        work = tmp_path / "work" / bare.name
+        subprocess.run([*git, "init", "-q", "--bare", str(bare)], check=True)
+        subprocess.run([*git, "init", "-q", str(work)], check=True)
+        subprocess.run([*git, "-C", str(work), "commit", "-q", "--allow-empty", "-m", "x"],
+                       check=True)
+        subprocess.run([*git, "-C", str(work), "tag", "-a", "-m", "t", ref], check=True)
+        subprocess.run([*git, "-C", str(work), "push", "-q", str(bare), "--tags"],
+                       check=True)
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", f"url.file://{root}/.insteadOf")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", "https://github.com/")
+    return root
+
+
+def test_lock_update_records_base_and_runtime_digests(docker_engine, matrix_dir, monkeypatch,
+                                                      github_standin):
     with running_registry() as reg:
         base = push_tiny_image(reg, "nvidia/cuda", ("13.0.1-devel-ubuntu24.04",))
         runtime = push_tiny_image(reg, "nvidia/cuda", ("13.0.1-base-ubuntu24.04",))
@@ -119,7 +149,7 @@ def test_lock_update_records_base_and_runtime_digests(docker_engine, matrix_dir,
 
 
 def test_lock_update_refuses_when_the_registry_cannot_answer(docker_engine, matrix_dir,
-                                                             capsys):
+                                                             capsys, github_standin):
     path = matrix_dir / "matrix.yaml"
     data = yaml.safe_load(path.read_text())
     data["targets"]["gb10"]["base_image"] = "127.0.0.1:9/nowhere/cuda:13.0.1-devel-ubuntu24.04"
