@@ -32,6 +32,12 @@ from tests.support.registry.server import RunningRegistry, start_registry
 # server on 127.0.0.1 (set before huggingface_hub is first imported: it reads these once).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# the tool's own caches (GPU-code tables by image id) stay in this run, out of the user's
+# home: test doubles stamp made-up image ids
+if "IMAGEBUILD_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["IMAGEBUILD_CACHE_DIR"] = tempfile.mkdtemp(prefix="imagebuild-test-cache-")
 
 # files matrix.yaml refers to; copied so a test can edit its own matrix in isolation
 MATRIX_FILES = ("matrix.yaml", "matrix.lock.json", "locked", "patches", "images/engine/cpu",

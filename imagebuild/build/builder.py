@@ -284,6 +284,15 @@ def layer_sizes(image_id: str) -> list[dict]:
              "size": row.get("Size")} for row in docker_engine().history(image_id)]
 
 
+def _gpu_code_cache() -> Path:
+    """Where GPU-code tables of engine images are kept, by image id: IMAGEBUILD_CACHE_DIR,
+    else the XDG cache."""
+    if os.environ.get("IMAGEBUILD_CACHE_DIR"):
+        return Path(os.environ["IMAGEBUILD_CACHE_DIR"]) / "gpu-code"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "imagebuild" / "gpu-code"
+
+
 class Builder:
     def __init__(self, lm: LoadedMatrix, lock: Lock, *, out_dir: Path, log: Log = print,
                  ca_bundle: str | None = None, hf_token: str | None = None):
@@ -573,6 +582,15 @@ class Builder:
 
         expect = cell.target.expect_cuda_arch or archtable.NONE
         cache = self._tables
+        # an image id is its content: the table of an engine listed once on this machine
+        # stays true (an unchanged rebuild lists nothing again)
+        stored = _gpu_code_cache() / f"{engine.image_id.split(':')[-1]}-{expect}.json"
+        if engine.image_id not in cache and stored.is_file():
+            try:
+                cache[engine.image_id] = [archtable.Row(**r)
+                                          for r in json.loads(stored.read_text())]
+            except (ValueError, TypeError):
+                stored.unlink(missing_ok=True)  # a damaged cache entry is listed again
         if engine.image_id not in cache:
             tool = archtable.find_cuobjdump()
             if tool is None:
@@ -592,6 +610,8 @@ class Builder:
                                                     "the cuobjdump named above") from None
             self.log(f"[engine] {engine.ref}: GPU code of {len(cache[engine.image_id])} "
                      f"librar(ies) listed in {time.monotonic() - start:.1f}s")
+            stored.parent.mkdir(parents=True, exist_ok=True)
+            stored.write_text(json.dumps(archtable.as_json(cache[engine.image_id])))
         rows = cache[engine.image_id]
         eb = cell.profile.expect_backends
         want = {k: v for k, v in (eb.model_dump() if eb else {}).items() if v}
