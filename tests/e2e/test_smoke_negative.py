@@ -136,7 +136,10 @@ def test_engine_dying_at_boot_is_judged_within_seconds(good: dict, derive, tmp_p
     assert "engine failed at boot: engine init failed" in v["message"]
     assert v["boot"]["excerpt"] and "Traceback" in v["boot"]["excerpt"]
     after_fatal = v["timings"]["fatal_to_verdict_s"]
-    assert after_fatal < 10, f"{after_fatal}s from the fatal line to the verdict"
+    # the verdict waits for the suite's compose teardown (docker-compose 1.29 here): 10.3 to
+    # 10.9 s on this kind of machine on 2026-12-01, with this code and the code before it;
+    # a health check giving up would take the whole boot timeout (300 s on cpu)
+    assert after_fatal < 15, f"{after_fatal}s from the fatal line to the verdict"
     assert "Traceback" in (tmp_path / "container.log").read_text()
     print(f"\nFIGURE dying image: fatal line at {v['boot']['fatal_line_s']:.1f}s after launch, "
           f"verdict {after_fatal:.1f}s later, wall {wall:.1f}s; boot timeout "
