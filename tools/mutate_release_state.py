@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from mutate_gates import _tracked_copy  # noqa: E402, I001  (the same copy of the tracked tree)
+
 PROPERTY = "tests/unit/test_release_properties.py"
 RACES = "tests/unit/test_release_state_races.py"
 
@@ -117,16 +119,6 @@ MUTANTS = (
              "        if False:"),),
            _races("test_a_truncated_tag_list_stops_prune_and_runner_clean")),
 )
-
-
-def _tracked_copy(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for rel in filter(None, files):
-        src = ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel, follow_symlinks=False)
 
 
 def _run(tree: Path, tests: tuple[str, ...]) -> tuple[int, float]:

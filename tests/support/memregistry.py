@@ -32,6 +32,19 @@ def _digest(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
+def _before_request(reg, method: str, path: str) -> None:
+    """The switches both registries share: a crash after `crash_at` more requests (and
+    every request after it), then the per-request hook."""
+    if reg.crash_at is not None:
+        reg.crash_at -= 1
+        if reg.crash_at < 0:
+            reg.dead = True
+    if reg.dead:
+        raise Crash(f"killed before {method} {path}")
+    if reg.before is not None:
+        reg.before(method, path)
+
+
 class Crash(BaseException):  # noqa: N818 - not an error a command may catch and go on
     """The run was killed here (BaseException: no `except Exception` survives it)."""
 
@@ -65,14 +78,7 @@ class MemRegistry(requests.Session):
 
     def request(self, method, url, headers=None, data=None, **kw):  # type: ignore[override]
         parts = urlsplit(url)
-        if self.crash_at is not None:
-            self.crash_at -= 1
-            if self.crash_at < 0:
-                self.dead = True
-        if self.dead:
-            raise Crash(f"killed before {method} {parts.path}")
-        if self.before is not None:
-            self.before(method, parts.path)
+        _before_request(self, method, parts.path)
         if self.now is not None:
             self.now += self.tick
         self.calls.append((method, parts.path))
@@ -222,14 +228,7 @@ class FaultSession(requests.Session):
 
     def request(self, method, url, *args, **kw):  # type: ignore[override]
         path = urlsplit(url).path
-        if self.crash_at is not None:
-            self.crash_at -= 1
-            if self.crash_at < 0:
-                self.dead = True
-        if self.dead:
-            raise Crash(f"killed before {method} {path}")
-        if self.before is not None:
-            self.before(method, path)
+        _before_request(self, method, path)
         self.calls.append((method, path))
         return super().request(method, url, *args, **kw)
 
