@@ -23,7 +23,7 @@ command -v git >/dev/null || need_pkgs+=(git)
 # the unit tests of the cpu engine's CUDA stubs build small libraries
 command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
 command -v readelf >/dev/null || need_pkgs+=(binutils)
-# the shared compile-cache tests and tools/time_compile_cache.py run their own redis-server
+# the shared compile-cache tests and benchmarks/time_compile_cache.py run their own redis-server
 # on 127.0.0.1; nothing is started here
 command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
