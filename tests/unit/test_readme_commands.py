@@ -181,3 +181,23 @@ def test_benchmarks_readme_lists_every_script():
     table = (ROOT / "benchmarks/README.md").read_text()
     listed = set(re.findall(r"^\| `([a-z_]+\.py)` \|", table, re.M))
     assert listed == {p.name for p in (ROOT / "benchmarks").glob("*.py")}
+
+
+def test_the_examples_page_plans_run_as_written(monkeypatch, capsys):
+    """docs/examples.md's Docker-free commands (the README links it): a GPU example's plan
+    names its target, since no target of that matrix fits a host without its GPU (exit 2)."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("IMAGEBUILD_TARGET", raising=False)
+    lines = [shlex.split(ln) for ln in _sh_lines((ROOT / "docs/examples.md").read_text())]
+    plans = [argv[2:] for argv in lines if argv[:3] == ["python", "build.py", "plan"]]
+    assert plans
+    for args in plans:
+        assert main(args) == 0, capsys.readouterr()
+
+
+def test_the_license_is_declared():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and "LICENSE" in project["license-files"]
+    assert "Apache License\n" in (ROOT / "LICENSE").read_text()[:200]
