@@ -1,6 +1,7 @@
 """docs/gb10.md's "First release on your Sparks" (linked from the README) is walked: every
-`build.py` command parses with the real CLI parser, the lock command is the one `check --tag` prints for the
-committed lock, the checks it names run, and the git steps run against a real remote."""
+`build.py` command parses with the real CLI parser, the lock command is the one
+`check --tag` prints for the committed lock, the checks it names run, and the git steps
+run against a real remote."""
 
 from __future__ import annotations
 
