@@ -207,3 +207,15 @@ def test_the_license_is_declared():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "Apache-2.0" and "LICENSE" in project["license-files"]
     assert "Apache License\n" in (ROOT / "LICENSE").read_text()[:200]
+
+
+def test_the_fresh_clone_benchmark_times_the_readme_main_command():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "time_fresh_clone", ROOT / "benchmarks/time_fresh_clone.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main_command(README) == _sh_lines(_text())[0]
+    assert mod.main_command(README).startswith("bash scripts/setup.sh && ")
