@@ -718,16 +718,30 @@ def test_pin_issues_closes_the_issue_of_a_relocked_pin(tmp_path):
 
 
 def test_pins_watch_summary_has_no_make_echo(tmp_path):
+    """The step summary is the watch's report and nothing else, whatever Make echoes: the
+    step is run verbatim, once with the Makefile as it is and once with its .SILENT line
+    removed (Make's echo put back: it must reach the job log, never the summary). A step
+    that sends Make's own stdout to the summary (`make pins-watch >> $GITHUB_STEP_SUMMARY`)
+    fails both."""
     step = next(s for s in load("pins.yml")["jobs"]["watch"]["steps"]
-                if s.get("run") == "make pins-watch")
+                if (s.get("run") or "").startswith("make") and "pins-watch" in s["run"])
     fake = tmp_path / "py"
     fake.write_text("#!/bin/bash\necho '## pins report'\n")
     fake.chmod(0o755)
-    summary = tmp_path / "summary.md"
-    subprocess.run(["bash", "-eo", "pipefail", "-c", step["run"] + f" PY={fake}"],
-                   cwd=REPO_ROOT, env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
-                   check=True, capture_output=True, text=True, timeout=60)
-    assert summary.read_text() == "## pins report\n"
+    echoing = tmp_path / "echoing"
+    echoing.mkdir()
+    text = MAKEFILE.read_text()
+    assert re.search(r"^\.SILENT:.*\bpins-watch\b", text, re.M)
+    (echoing / "Makefile").write_text(re.sub(r"^\.SILENT:.*$", "", text, flags=re.M))
+    for cwd, echoed in ((REPO_ROOT, False), (echoing, True)):
+        summary = tmp_path / f"summary-{echoed}.md"
+        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c",
+                               step["run"] + f" PY={fake} PINS_DIR={tmp_path / 'pins'}"],
+                              cwd=cwd, env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
+                              check=True, capture_output=True, text=True, timeout=60)
+        assert summary.read_text() == "## pins report\n", (echoed, summary.read_text())
+        # the echo was really there (in the job log) when .SILENT was gone
+        assert ("pins watch --format markdown" in proc.stdout) is echoed, proc.stdout
 
 
 def test_runners_install_only_the_run_time_requirements():
