@@ -40,6 +40,12 @@ NAMESPACE = "actrehearsal"  # the owner ActRehearsal, lowercased by `make job-en
 UNTRUSTED = {"accept": "untrusted-bench", "accept_reason": "act rehearsal on a shared CI host"}
 
 
+@pytest.fixture(scope="module")
+def registry(shared_registry):
+    """The session's registry shared by the modules pushing the cpu engine (conftest)."""
+    return shared_registry
+
+
 def _plan_runners() -> list[list[str]]:
     out = subprocess.run([sys.executable, "build.py", "plan", "--tag", NEW, "--target", "all",
                           "--format", "github"], cwd=REPO_ROOT, check=True,
@@ -103,6 +109,8 @@ def runs(docker_engine, registry, tmp_path_factory) -> Runs:
     r.seen["gh after broken"] = sorted(p.name for p in (reh.gh / "releases").glob("*"))
     r.seen["verdicts after broken"] = [json.loads(p.read_text()) for p in reh.artifacts(OLD).glob(
         f"cell-cpu-{IMAGE}/smoke/**/verdict.json")]
+    report = reh.artifacts(OLD) / "not-promoted" / "not-promoted.md"
+    r.seen["report after broken"] = report.read_text() if report.is_file() else None
     # 2. the fix, and the same dispatch again
     _commit(reh, "    boot_timeout_s: 10", "    boot_timeout_s: 300", "cpu: boot timeout back")
     reh.tag(OLD)
@@ -164,12 +172,24 @@ def test_a_cell_failing_smoke_promotes_nothing(runs):
     # the smoke report was still uploaded (if: always()) and says why
     (verdict,) = runs.seen["verdicts after broken"]
     assert verdict["passed"] is False and verdict["outcome"] == "boot timeout"
+    # the run says so: the not-promoted job's summary (kept as an artifact, and in its
+    # log) names the failed cell and how it failed, and that latest stayed
+    assert run.job_result("not promoted") == "succeeded", _fail(run)
+    report = runs.seen["report after broken"]
+    assert report is not None, _fail(run)
+    assert report.startswith(f"# {OLD}: not released\n"), report
+    assert "**Nothing was promoted**" in report and "No GitHub release was made" in report
+    row = next(line for line in report.splitlines() if f"`cpu/{IMAGE}`" in line)
+    assert "FAILED: boot timeout" in row and "not healthy after 10s" in row, row
+    assert row.rstrip().endswith("| _no latest yet_ |"), row
+    assert row in run.log  # what the step wrote to the summary, tee'd to the job's log
 
 
 def test_the_rerun_after_the_fix_releases_it(runs):
     run = runs.runs["fixed"]
     assert run.returncode == 0, _fail(run)
     assert "Success - Main Push by digest" in run.log  # built and published now
+    assert run.job_result("not promoted") is None  # every cell passed: nothing to say
     assert (runs.reh.gh / "releases" / OLD / "notes.md").exists()
 
 

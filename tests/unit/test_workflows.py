@@ -472,6 +472,28 @@ def test_promote_runs_only_when_every_cell_passed():
     assert "always()" not in json.dumps({k: v for k, v in wf["jobs"].items() if k != "cell"})
 
 
+def test_a_failed_cell_gets_a_not_promoted_summary_and_nothing_else():
+    """Issue 19: a cell failing smoke left a run with no word on it (promote never runs).
+    The not-promoted job runs exactly when a cell failed, reads the cells' reports, says
+    it in the run's summary (make not-promoted) and can move or release nothing."""
+    wf = load("release.yml")
+    job = wf["jobs"]["not-promoted"]
+    assert set(job["needs"]) == {"plan", "cell"}
+    cond = job["if"]
+    assert "needs.cell.result == 'failure'" in cond and "!cancelled()" in cond
+    assert "needs.plan.result == 'success'" in cond
+    assert job["permissions"] == {"contents": "read", "packages": "read"}
+    runs = [s.get("run", "") for s in job["steps"]]
+    assert "make not-promoted" in runs
+    assert not any(w in r for r in runs for w in ("promote", "github-release", "publish")
+                   if r != "make not-promoted")
+    uses = [s.get("uses", "") for s in job["steps"]]
+    dl = next(s for s in job["steps"] if "download-artifact" in s.get("uses", ""))
+    assert dl["with"]["pattern"] == "cell-*" and any("upload-artifact" in u for u in uses)
+    recipe = MAKEFILE.read_text().split("\nnot-promoted:")[1].split("\n\n")[0]
+    assert "--not-promoted" in recipe and 'GITHUB_STEP_SUMMARY' in recipe
+
+
 def test_lint_workflows_script():
     """actionlint and zizmor (from requirements-dev.txt) pass on every workflow."""
     venv = REPO_ROOT / ".venv" / "bin"
@@ -553,7 +575,7 @@ def test_namespace_is_the_owner_lowercased_unless_set(tmp_path):
             env_at = runs.index('make -s job-env >> "$GITHUB_ENV"')
             first = min(i for i, r in enumerate(runs) if "build.py" in r
                         or re.match(r"make (promote|rollback|runner-clean|-s resume-state|"
-                                    r"release-notes|cell-build|-s release-matrix)", r))
+                                    r"release-notes|not-promoted|cell-build|-s release-matrix)", r))
             assert env_at < first, (name, job_name)
     runner = tmp_path / "runner-docker"  # a runner's config: a leftover login, plugins, builders
     for sub in ("cli-plugins", "buildx"):
