@@ -5,16 +5,18 @@ the stand-ins of .github/act-standins. One module-scoped sequence of runs shares
 engine (build avoidance), and each test reads what those runs left:
 
   1. 2026-06-17-dflashfix on a commit whose cpu cell cannot boot in time: smoke fails,
-     nothing is published or promoted, no GitHub release
-  2. the fix: the tag moved to a commit that boots; the same dispatch again releases it
-  3. 2026-06-18-dflashfix: latest moves forward, the release has every linked asset
-  4. 2026-06-18 again, nothing changed: nothing is built, smoked or benched again
-  5. 2026-06-17 again while 2026-06-18 is latest (two tags in flight): latest stays, the
-     run succeeds and the older release gets its notes
-  6. rollback.yml to 2026-06-17: latest moves back
-  7. a promote-only dispatch of 2026-06-18: nothing built, and latest stays where the
+     nothing is published or promoted, no GitHub release; the run's summary says so
+  2. the fix lands on main; 2026-06-18-dflashfix made on it: latest is set, the release
+     has every linked asset
+  3. 2026-06-18 again, nothing changed: nothing is built, smoked or benched again
+  4. the fix: 2026-06-17 moved to the commit that boots, the same dispatch again while
+     2026-06-18 is latest (two tags in flight, the older one finishing last): it is built,
+     published and gets its notes, latest stays at the newer (one run proves both; a
+     release run of its own for each cost two more vLLM boots)
+  5. rollback.yml to 2026-06-17: latest moves back
+  6. a promote-only dispatch of 2026-06-18: nothing built, and latest stays where the
      rollback put it (a re-run never undoes a rollback)
-  8. the same dispatch passing the rolled-back gate with a reason: latest forward again
+  7. the same dispatch passing the rolled-back gate with a reason: latest forward again
 gb10 cells are planned by the plan job of a tag push but not run here (no GB10 runner):
 the rehearsal dispatches with the workflow's own `target` input."""
 
@@ -111,33 +113,32 @@ def runs(docker_engine, registry, tmp_path_factory) -> Runs:
         f"cell-cpu-{IMAGE}/smoke/**/verdict.json")]
     report = reh.artifacts(OLD) / "not-promoted" / "not-promoted.md"
     r.seen["report after broken"] = report.read_text() if report.is_file() else None
-    # 2. the fix, and the same dispatch again
+    # 2. the fix on main, and a newer tag made on it
     _commit(reh, "    boot_timeout_s: 10", "    boot_timeout_s: 300", "cpu: boot timeout back")
-    reh.tag(OLD)
-    r.release("fixed", OLD)
-    # 3. a newer tag
     reh.tag(NEW)
-    # the first comparison with latest: figures of a shared 2-core CI host may be flagged
-    # untrusted (that refusal: tests/e2e/test_bench_store.py); passed as a user would
+    # figures of a shared 2-core CI host may be flagged untrusted (that refusal:
+    # tests/e2e/test_bench_store.py); passed as a user would
     r.release("new", NEW, **UNTRUSTED)
-    # 4. the same tag again, nothing changed
+    r.seen["latest after new"] = r.latest()
+    # 3. the same tag again, nothing changed
     r.release("rerun", NEW)
-    # 5. the older tag again while the newer is latest
-    r.release("older again", OLD)
+    # 4. the fix: the older tag moved to it and dispatched again while the newer is latest
+    reh.tag(OLD)
+    r.runs["older again"] = r.release("fixed", OLD)
     r.seen["latest after older again"] = r.latest()
-    # 6. rollback.yml
+    # 5. rollback.yml
     r.runs["rollback"] = reh.run("rollback.yml", "workflow_dispatch", "refs/heads/main",
                                  run="rollback", inputs={"to": OLD, "image": ""},
                                  plan_runners=r.runners)
     r.seen["latest after rollback"] = r.latest()
-    # 7. a promote-only dispatch of the newer tag: nothing built, the rollback stays
+    # 6. a promote-only dispatch of the newer tag: nothing built, the rollback stays
     # (inputs travel as strings in the event, as GitHub sends them; act types them)
     r.runs["promote only"] = reh.run("release.yml", "workflow_dispatch", "refs/heads/main",
                                      run="promote-only", inputs={"tag": NEW, "target": "cpu",
                                                                  "promote_only": "true"},
                                      plan_runners=r.runners)
     r.seen["latest after promote only"] = r.latest()
-    # 8. the same, on purpose: the rolled-back gate passed with a reason
+    # 7. the same, on purpose: the rolled-back gate passed with a reason
     r.runs["promote on purpose"] = reh.run(
         "release.yml", "workflow_dispatch", "refs/heads/main", run="promote-on-purpose",
         inputs={"tag": NEW, "target": "cpu", "promote_only": "true",
@@ -210,6 +211,7 @@ def test_release_end_to_end_with_every_linked_asset(runs):
     assert f"{IMAGE}.compose.yaml" in assets
     # the notes cover every target of the release, not only the one this dispatch built
     assert "spark-heretic-zlab" in notes
+    assert runs.seen["latest after new"] == NEW_FULL  # the first release to pass
 
 
 def test_a_rerun_that_changes_nothing_builds_smokes_and_benches_nothing(runs):
