@@ -95,7 +95,10 @@ def _commit(reh: Rehearsal, old: str, new: str, message: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(docker_engine, registry, tmp_path_factory) -> Runs:
+def runs(docker_engine, registry, cpu_serve_image, tmp_path_factory) -> Runs:
+    # cpu_serve_image first: the session's build (with the canary secrets the leak test
+    # looks for) makes the cpu base and engine; the engine job here finds that engine by
+    # its inputs and pushes it, as a runner that built it before would
     root = tmp_path_factory.mktemp("act")
     (root / "home").mkdir()
     reh = Rehearsal(root, registry=registry.host, user=registry.user,
