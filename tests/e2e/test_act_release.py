@@ -186,7 +186,11 @@ def test_a_cell_failing_smoke_promotes_nothing(runs):
     row = next(line for line in report.splitlines() if f"`cpu/{IMAGE}`" in line)
     assert "FAILED: boot timeout" in row and "not healthy after 10s" in row, row
     assert row.rstrip().endswith("| _no latest yet_ |"), row
-    assert row in run.log  # what the step wrote to the summary, tee'd to the job's log
+    # the job's step summary as act read it from $GITHUB_STEP_SUMMARY: the report, and
+    # nothing else (no Make echo)
+    assert "Summary - " + report.rstrip("\n") + "\n" in run.log, _fail(run)
+    summary = run.log.split("Summary - " + report.rstrip("\n"))[1].split("\n[")[0]
+    assert not summary.strip(), summary
 
 
 def test_the_rerun_after_the_fix_releases_it(runs):
