@@ -272,6 +272,10 @@ def test_pins_workflow_runs_offline_and_opens_no_issue_for_an_unreachable_hub(ru
         assert run.returncode == 0, _fail(run)
         assert "could not read main" in run.log  # the Hub, unreachable or offline
         assert "Success - Main One issue per moved pin" in run.log
+        # the step summary act read: the watch's report, never Make's echo of the recipe
+        (summary,) = [part.split("\n[")[0] for part in run.log.split("Summary - ")[1:]]
+        assert summary.startswith("## pins watch"), summary[:500]
+        assert "build.py pins watch --format" not in summary, summary[:500]
     assert runs.seen["issues after pins again"] == []
 
 
