@@ -14,7 +14,7 @@ SHELL := bash
 .SILENT: release-commit release-matrix pins-watch job-env resume-state run-changed
 
 .PHONY: venv venv-gpu venv-dev job-env resume-state resume-pull run-changed teardown rehearse-release setup lint typecheck workflows checks unit test release-commit release-matrix \
-	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release not-promoted rollback \
+	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release rollback \
 	pins-watch pin-issues
 
 # A runner that keeps one venv across jobs (a self-hosted Spark, the act rehearsal) names
@@ -165,6 +165,7 @@ github-release:  ## create the release, or refresh its notes and assets when re-
 # A run in which a cell failed never reaches promote: the run's summary says which cells
 # failed and how, and that latest stayed (the same file is kept with the run's artifacts).
 # Make's echo goes to the log only: the summary gets what tee reads.
+.PHONY: not-promoted
 not-promoted:  ## which cells of $$RELEASE_TAG failed (their smoke reports under build/) and that nothing was promoted
 	mkdir -p build
 	$(PY) build.py notes --not-promoted --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" \
