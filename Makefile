@@ -165,6 +165,16 @@ github-release:  ## create the release, or refresh its notes and assets when re-
 	    --notes-file build/release-notes.md "$${assets[@]}"; \
 	fi
 
+# A run in which a cell failed never reaches promote: the run's summary says which cells
+# failed and how, and that latest stayed (the same file is kept with the run's artifacts).
+# Make's echo goes to the log only: the summary gets what tee reads.
+.PHONY: not-promoted
+not-promoted:  ## which cells of $$RELEASE_TAG failed (their smoke reports under build/) and that nothing was promoted
+	mkdir -p build
+	$(PY) build.py notes --not-promoted --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" \
+	  --smoke-dir build > build/not-promoted.md
+	tee -a "$${GITHUB_STEP_SUMMARY:-/dev/null}" < build/not-promoted.md
+
 rehearse-release:  ## before pushing a tag: release.yml run by act on this machine for $(TAG) made on HEAD (RELEASE_TARGET, default: the target fitting this host; the registry of IMAGEBUILD_REGISTRY)
 	$(PY) -m imagebuild.rehearse_workflow --tag "$(TAG)" $${RELEASE_TARGET:+--target "$$RELEASE_TARGET"}
 

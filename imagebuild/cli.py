@@ -328,6 +328,13 @@ def cmd_notes(args: argparse.Namespace) -> int:
                         fix="give --asset-dir DIR too, or drop --asset-url")
     plan = _plan(args)
     client = registry_client(plan)
+    if args.not_promoted:
+        from imagebuild.release.notes import gather_not_promoted, not_promoted_notes
+
+        verdicts, latest = gather_not_promoted(client, plan.jobs,
+                                               args.smoke_dir or _build_dir(plan))
+        print(safe_lines(not_promoted_notes(plan.jobs, verdicts, latest)), end="")
+        return 0
     facts = gather(client, plan.jobs, args.smoke_dir or _build_dir(plan))
     if args.asset_dir:
         write_compose_files(plan.lm, facts, plan.jobs, args.asset_dir)

@@ -368,6 +368,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--asset-url", default=None, metavar="URL",
                    help="prefix of the plot links (the GitHub release's download URL; "
                         "default: the bare file name)")
+    p.add_argument("--not-promoted", action="store_true",
+                   help="a run in which a cell failed: which cells failed and how, and "
+                        "that nothing was promoted (the release workflow's step summary)")
 
     p = sub.add_parser("pins", help="watch pinned models and drafters for upstream moves")
     verbs = p.add_subparsers(dest="pins_command", required=True)

@@ -140,6 +140,24 @@ def registry(docker_engine: str, tmp_path_factory: pytest.TempPathFactory
     yield from _running_registry(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def _session_registry(docker_engine: str, tmp_path_factory: pytest.TempPathFactory
+                      ) -> Iterator[RunningRegistry]:
+    yield from _running_registry(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def shared_registry(_session_registry: RunningRegistry,
+                    tmp_path_factory: pytest.TempPathFactory) -> RunningRegistry:
+    """One registry for the modules that push the ~3 GB cpu engine and serve images, each
+    in a namespace of its own: Docker uploads a layer to a registry once and mounts it
+    into every later repository there ("Mounted from ..."), where a registry per module
+    made dockerd compress and upload the same engine layers again (2.5 min each time on
+    2 cores). Leases and locks of a module's runs still get a dir of their own."""
+    os.environ["IMAGEBUILD_LOCK_DIR"] = str(tmp_path_factory.mktemp("locks"))
+    return _session_registry
+
+
 @pytest.fixture
 def fresh_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningRegistry]:
     """The same, empty for each test (tests that count what a registry holds)."""

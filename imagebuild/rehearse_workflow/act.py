@@ -206,8 +206,13 @@ class Rehearsal:
                                 env={**os.environ, "HOME": str(self.root / "home")})
         lines: list[str] = []
         # every run's log as it happens, for a reader while it runs (ROOT/logs/)
+        # (a run name used again, as a re-run of the same tag, gets -2, -3...: none is lost)
         log_path = self.root / "logs" / f"{workflow.removesuffix('.yml')}-{run}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        n = 1
+        while log_path.exists():
+            n += 1
+            log_path = log_path.with_name(f"{workflow.removesuffix('.yml')}-{run}-{n}.log")
 
         def read() -> None:  # on a thread: a hung act that prints nothing still times out
             assert proc.stdout is not None

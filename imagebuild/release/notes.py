@@ -279,3 +279,50 @@ def write_histories(client: Any, facts: dict[str, ImageFacts], jobs: tuple[Job, 
         done[job.id] = replace(done.get(job.id, ImageFacts(None, None, None)),
                                history=url_base + paths["md"].name)
     return done
+
+
+def not_promoted_notes(jobs: tuple[Job, ...], verdicts: dict[str, dict[str, Any] | None],
+                       latest: dict[str, str | None]) -> str:
+    """Markdown for a release run in which some cell job failed (the run's step summary):
+    which cells failed and how, and that nothing was promoted (promote needs every cell,
+    so `latest` stays where it was and no GitHub release is made). `verdicts`: each job's
+    smoke verdict from the run's artifacts (None: its job failed before smoke ran);
+    `latest`: the release each image's `latest` stays at (None: no latest yet)."""
+    tag = jobs[0].tag.short if jobs else "?"  # the git tag the run was for
+    failed = [j for j in jobs if not (verdicts.get(j.id) or {}).get("passed")]
+    out = [f"# {tag}: not released", "",
+           f"**Nothing was promoted**: `latest` moves only when every cell of the release "
+           f"passed its job; {len(failed)} of {len(jobs)} cell(s) failed smoke or never "
+           "reached it. No GitHub release was made.", "",
+           "| cell | smoke | why | latest stays at |", "|---|---|---|---|"]
+    for job in jobs:
+        v = verdicts.get(job.id)
+        if v is None:
+            smoke, why = "no report", "the cell's job failed before smoke (see its log)"
+        elif v.get("passed"):
+            smoke, why = "passed", "its job failed after smoke (push or bench: see its log)"
+        else:
+            smoke, why = f"FAILED: {v.get('outcome', '?')}", str(v.get("message", ""))
+        why = safe(why).replace("|", "\\|").replace("\n", " ")
+        out.append(f"| `{job.id}` | {smoke} | {why} | "
+                   f"{latest.get(job.id) or '_no latest yet_'} |")
+    out += ["", "Fix the cause, then run the release of this tag again (move the tag, or "
+            "dispatch release.yml with it): cells already published and smoke-passed are "
+            "not built again."]
+    return "\n".join(out) + "\n"
+
+
+def gather_not_promoted(client: Any, jobs: tuple[Job, ...], smoke_dir: Path
+                        ) -> tuple[dict[str, dict[str, Any] | None], dict[str, str | None]]:
+    """Each job's verdict from the run's smoke reports and where its `latest` stays."""
+    from imagebuild.release.records import list_releases
+    from imagebuild.smoke.paths import verdict_path
+
+    verdicts: dict[str, dict[str, Any] | None] = {}
+    latest: dict[str, str | None] = {}
+    for job in jobs:
+        path = verdict_path(smoke_dir, job.cell)
+        verdicts[job.id] = json.loads(path.read_text()) if path.exists() else None
+        rels = list_releases(client, job.image.repository)
+        latest[job.id] = next((r.tag for r in rels if r.is_latest), None)
+    return verdicts, latest

@@ -5,16 +5,18 @@ the stand-ins of .github/act-standins. One module-scoped sequence of runs shares
 engine (build avoidance), and each test reads what those runs left:
 
   1. 2026-06-17-dflashfix on a commit whose cpu cell cannot boot in time: smoke fails,
-     nothing is published or promoted, no GitHub release
-  2. the fix: the tag moved to a commit that boots; the same dispatch again releases it
-  3. 2026-06-18-dflashfix: latest moves forward, the release has every linked asset
-  4. 2026-06-18 again, nothing changed: nothing is built, smoked or benched again
-  5. 2026-06-17 again while 2026-06-18 is latest (two tags in flight): latest stays, the
-     run succeeds and the older release gets its notes
-  6. rollback.yml to 2026-06-17: latest moves back
-  7. a promote-only dispatch of 2026-06-18: nothing built, and latest stays where the
+     nothing is published or promoted, no GitHub release; the run's summary says so
+  2. the fix lands on main; 2026-06-18-dflashfix made on it: latest is set, the release
+     has every linked asset
+  3. 2026-06-18 again, nothing changed: nothing is built, smoked or benched again
+  4. the fix: 2026-06-17 moved to the commit that boots, the same dispatch again while
+     2026-06-18 is latest (two tags in flight, the older one finishing last): it is built,
+     published and gets its notes, latest stays at the newer (one run proves both; a
+     release run of its own for each cost two more vLLM boots)
+  5. rollback.yml to 2026-06-17: latest moves back
+  6. a promote-only dispatch of 2026-06-18: nothing built, and latest stays where the
      rollback put it (a re-run never undoes a rollback)
-  8. the same dispatch passing the rolled-back gate with a reason: latest forward again
+  7. the same dispatch passing the rolled-back gate with a reason: latest forward again
 gb10 cells are planned by the plan job of a tag push but not run here (no GB10 runner):
 the rehearsal dispatches with the workflow's own `target` input."""
 
@@ -38,6 +40,12 @@ OLD_FULL, NEW_FULL = "2026-06-17-v0.23.0-dflashfix", "2026-06-18-v0.23.0-dflashf
 IMAGE = "cpu-tiny-ngram"
 NAMESPACE = "actrehearsal"  # the owner ActRehearsal, lowercased by `make job-env`
 UNTRUSTED = {"accept": "untrusted-bench", "accept_reason": "act rehearsal on a shared CI host"}
+
+
+@pytest.fixture(scope="module")
+def registry(shared_registry):
+    """The session's registry shared by the modules pushing the cpu engine (conftest)."""
+    return shared_registry
 
 
 def _plan_runners() -> list[list[str]]:
@@ -87,7 +95,10 @@ def _commit(reh: Rehearsal, old: str, new: str, message: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(docker_engine, registry, tmp_path_factory) -> Runs:
+def runs(docker_engine, registry, cpu_serve_image, tmp_path_factory) -> Runs:
+    # cpu_serve_image first: the session's build (with the canary secrets the leak test
+    # looks for) makes the cpu base and engine; the engine job here finds that engine by
+    # its inputs and pushes it, as a runner that built it before would
     root = tmp_path_factory.mktemp("act")
     (root / "home").mkdir()
     reh = Rehearsal(root, registry=registry.host, user=registry.user,
@@ -103,33 +114,34 @@ def runs(docker_engine, registry, tmp_path_factory) -> Runs:
     r.seen["gh after broken"] = sorted(p.name for p in (reh.gh / "releases").glob("*"))
     r.seen["verdicts after broken"] = [json.loads(p.read_text()) for p in reh.artifacts(OLD).glob(
         f"cell-cpu-{IMAGE}/smoke/**/verdict.json")]
-    # 2. the fix, and the same dispatch again
+    report = reh.artifacts(OLD) / "not-promoted" / "not-promoted.md"
+    r.seen["report after broken"] = report.read_text() if report.is_file() else None
+    # 2. the fix on main, and a newer tag made on it
     _commit(reh, "    boot_timeout_s: 10", "    boot_timeout_s: 300", "cpu: boot timeout back")
-    reh.tag(OLD)
-    r.release("fixed", OLD)
-    # 3. a newer tag
     reh.tag(NEW)
-    # the first comparison with latest: figures of a shared 2-core CI host may be flagged
-    # untrusted (that refusal: tests/e2e/test_bench_store.py); passed as a user would
+    # figures of a shared 2-core CI host may be flagged untrusted (that refusal:
+    # tests/e2e/test_bench_store.py); passed as a user would
     r.release("new", NEW, **UNTRUSTED)
-    # 4. the same tag again, nothing changed
+    r.seen["latest after new"] = r.latest()
+    # 3. the same tag again, nothing changed
     r.release("rerun", NEW)
-    # 5. the older tag again while the newer is latest
-    r.release("older again", OLD)
+    # 4. the fix: the older tag moved to it and dispatched again while the newer is latest
+    reh.tag(OLD)
+    r.runs["older again"] = r.release("fixed", OLD)
     r.seen["latest after older again"] = r.latest()
-    # 6. rollback.yml
+    # 5. rollback.yml
     r.runs["rollback"] = reh.run("rollback.yml", "workflow_dispatch", "refs/heads/main",
                                  run="rollback", inputs={"to": OLD, "image": ""},
                                  plan_runners=r.runners)
     r.seen["latest after rollback"] = r.latest()
-    # 7. a promote-only dispatch of the newer tag: nothing built, the rollback stays
+    # 6. a promote-only dispatch of the newer tag: nothing built, the rollback stays
     # (inputs travel as strings in the event, as GitHub sends them; act types them)
     r.runs["promote only"] = reh.run("release.yml", "workflow_dispatch", "refs/heads/main",
                                      run="promote-only", inputs={"tag": NEW, "target": "cpu",
                                                                  "promote_only": "true"},
                                      plan_runners=r.runners)
     r.seen["latest after promote only"] = r.latest()
-    # 8. the same, on purpose: the rolled-back gate passed with a reason
+    # 7. the same, on purpose: the rolled-back gate passed with a reason
     r.runs["promote on purpose"] = reh.run(
         "release.yml", "workflow_dispatch", "refs/heads/main", run="promote-on-purpose",
         inputs={"tag": NEW, "target": "cpu", "promote_only": "true",
@@ -164,12 +176,28 @@ def test_a_cell_failing_smoke_promotes_nothing(runs):
     # the smoke report was still uploaded (if: always()) and says why
     (verdict,) = runs.seen["verdicts after broken"]
     assert verdict["passed"] is False and verdict["outcome"] == "boot timeout"
+    # the run says so: the not-promoted job's summary (kept as an artifact, and in its
+    # log) names the failed cell and how it failed, and that latest stayed
+    assert run.job_result("not promoted") == "succeeded", _fail(run)
+    report = runs.seen["report after broken"]
+    assert report is not None, _fail(run)
+    assert report.startswith(f"# {OLD}: not released\n"), report
+    assert "**Nothing was promoted**" in report and "No GitHub release was made" in report
+    row = next(line for line in report.splitlines() if f"`cpu/{IMAGE}`" in line)
+    assert "FAILED: boot timeout" in row and "not healthy after 10s" in row, row
+    assert row.rstrip().endswith("| _no latest yet_ |"), row
+    # the job's step summary as act read it from $GITHUB_STEP_SUMMARY: the report, and
+    # nothing else (no Make echo)
+    assert "Summary - " + report.rstrip("\n") + "\n" in run.log, _fail(run)
+    summary = run.log.split("Summary - " + report.rstrip("\n"))[1].split("\n[")[0]
+    assert not summary.strip(), summary
 
 
 def test_the_rerun_after_the_fix_releases_it(runs):
     run = runs.runs["fixed"]
     assert run.returncode == 0, _fail(run)
     assert "Success - Main Push by digest" in run.log  # built and published now
+    assert run.job_result("not promoted") is None  # every cell passed: nothing to say
     assert (runs.reh.gh / "releases" / OLD / "notes.md").exists()
 
 
@@ -190,6 +218,7 @@ def test_release_end_to_end_with_every_linked_asset(runs):
     assert f"{IMAGE}.compose.yaml" in assets
     # the notes cover every target of the release, not only the one this dispatch built
     assert "spark-heretic-zlab" in notes
+    assert runs.seen["latest after new"] == NEW_FULL  # the first release to pass
 
 
 def test_a_rerun_that_changes_nothing_builds_smokes_and_benches_nothing(runs):
@@ -243,6 +272,10 @@ def test_pins_workflow_runs_offline_and_opens_no_issue_for_an_unreachable_hub(ru
         assert run.returncode == 0, _fail(run)
         assert "could not read main" in run.log  # the Hub, unreachable or offline
         assert "Success - Main One issue per moved pin" in run.log
+        # the step summary act read: the watch's report, never Make's echo of the recipe
+        (summary,) = [part.split("\n[")[0] for part in run.log.split("Summary - ")[1:]]
+        assert summary.startswith("## pins watch"), summary[:500]
+        assert "build.py pins watch --format" not in summary, summary[:500]
     assert runs.seen["issues after pins again"] == []
 
 

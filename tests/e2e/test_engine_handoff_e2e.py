@@ -28,6 +28,12 @@ NS = "handoff"
 FAMILY = "handoff"  # the second runner's image family: its own serve image, same engine
 
 
+@pytest.fixture(scope="module")
+def registry(shared_registry):
+    """The session's registry shared by the modules pushing the cpu engine (conftest)."""
+    return shared_registry
+
+
 def _docker(*args: str, config: Path | None = None) -> subprocess.CompletedProcess[str]:
     cmd = [DOCKER, *(["--config", str(config)] if config else []), *args]
     return subprocess.run(cmd, capture_output=True, text=True,

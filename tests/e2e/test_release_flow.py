@@ -19,6 +19,12 @@ NEW, OLD = "2026-06-18-v0.23.0-dflashfix", "2026-06-11-v0.23.0-pr41703"
 
 
 @pytest.fixture(scope="module")
+def registry(shared_registry):
+    """The session's registry shared by the modules pushing the cpu engine (conftest)."""
+    return shared_registry
+
+
+@pytest.fixture(scope="module")
 def env(registry, tmp_path_factory):
     return {**os.environ, "IMAGEBUILD_REGISTRY": registry.host,
             "IMAGEBUILD_REGISTRY_USER": registry.user,

@@ -127,3 +127,27 @@ def test_notes_carry_the_bench_table_deltas_reason_and_plot(matrix_dir, tmp_path
     # an image without stored results says so instead of an empty table
     other = text.split(f"## {jobs[1].cell.image}")[1].split("\n## ")[0]
     assert "no benchmark results are stored" in other
+
+
+def test_not_promoted_notes_name_each_failed_cell_and_say_latest_stayed(matrix_dir):
+    """A release run whose cell failed: its summary names the cell and how it failed, that
+    nothing was promoted and where latest stays, and tells a passed cell from one whose
+    job never reached smoke."""
+    from imagebuild.release.notes import not_promoted_notes
+
+    jobs = _plan(matrix_dir, "gb10").jobs[:3]
+    boot = {"passed": False, "outcome": "boot timeout",
+            "message": "not healthy after 10s (boot timeout) | last phase: starting"}
+    text = not_promoted_notes(jobs, {jobs[0].id: boot, jobs[1].id: VERDICT},
+                              {jobs[0].id: "2026-06-11-v0.23.0-pr41703"})
+    assert text.startswith("# 2026-06-18-dflashfix: not released\n")
+    assert "**Nothing was promoted**" in text and "3 of 3" not in text
+    assert "2 of 3 cell(s) failed" in text and "No GitHub release was made" in text
+    rows = {line.split("|")[1].strip(" `"): line for line in text.splitlines()
+            if line.startswith("| `")}
+    failed = rows[jobs[0].id]
+    assert "FAILED: boot timeout" in failed and "not healthy after 10s" in failed
+    assert "\\| last phase" in failed  # a | in a message never breaks the table
+    assert failed.rstrip().endswith("| 2026-06-11-v0.23.0-pr41703 |")
+    assert "| passed |" in rows[jobs[1].id] and "after smoke" in rows[jobs[1].id]
+    assert "no report" in rows[jobs[2].id] and "_no latest yet_" in rows[jobs[2].id]

@@ -472,6 +472,28 @@ def test_promote_runs_only_when_every_cell_passed():
     assert "always()" not in json.dumps({k: v for k, v in wf["jobs"].items() if k != "cell"})
 
 
+def test_a_failed_cell_gets_a_not_promoted_summary_and_nothing_else():
+    """Issue 19: a cell failing smoke left a run with no word on it (promote never runs).
+    The not-promoted job runs exactly when a cell failed, reads the cells' reports, says
+    it in the run's summary (make not-promoted) and can move or release nothing."""
+    wf = load("release.yml")
+    job = wf["jobs"]["not-promoted"]
+    assert set(job["needs"]) == {"plan", "cell"}
+    cond = job["if"]
+    assert "needs.cell.result == 'failure'" in cond and "!cancelled()" in cond
+    assert "needs.plan.result == 'success'" in cond
+    assert job["permissions"] == {"contents": "read", "packages": "read"}
+    runs = [s.get("run", "") for s in job["steps"]]
+    assert "make not-promoted" in runs
+    assert not any(w in r for r in runs for w in ("promote", "github-release", "publish")
+                   if r != "make not-promoted")
+    uses = [s.get("uses", "") for s in job["steps"]]
+    dl = next(s for s in job["steps"] if "download-artifact" in s.get("uses", ""))
+    assert dl["with"]["pattern"] == "cell-*" and any("upload-artifact" in u for u in uses)
+    recipe = MAKEFILE.read_text().split("\nnot-promoted:")[1].split("\n\n")[0]
+    assert "--not-promoted" in recipe and 'GITHUB_STEP_SUMMARY' in recipe
+
+
 def test_lint_workflows_script():
     """actionlint and zizmor (from requirements-dev.txt) pass on every workflow."""
     venv = REPO_ROOT / ".venv" / "bin"
@@ -553,7 +575,7 @@ def test_namespace_is_the_owner_lowercased_unless_set(tmp_path):
             env_at = runs.index('make -s job-env >> "$GITHUB_ENV"')
             first = min(i for i, r in enumerate(runs) if "build.py" in r
                         or re.match(r"make (promote|rollback|runner-clean|-s resume-state|"
-                                    r"release-notes|cell-build|-s release-matrix)", r))
+                                    r"release-notes|not-promoted|cell-build|-s release-matrix)", r))
             assert env_at < first, (name, job_name)
     runner = tmp_path / "runner-docker"  # a runner's config: a leftover login, plugins, builders
     for sub in ("cli-plugins", "buildx"):
@@ -718,16 +740,30 @@ def test_pin_issues_closes_the_issue_of_a_relocked_pin(tmp_path):
 
 
 def test_pins_watch_summary_has_no_make_echo(tmp_path):
+    """The step summary is the watch's report and nothing else, whatever Make echoes: the
+    step is run verbatim, once with the Makefile as it is and once with its .SILENT line
+    removed (Make's echo put back: it must reach the job log, never the summary). A step
+    that sends Make's own stdout to the summary (`make pins-watch >> $GITHUB_STEP_SUMMARY`)
+    fails both."""
     step = next(s for s in load("pins.yml")["jobs"]["watch"]["steps"]
-                if s.get("run") == "make pins-watch")
+                if (s.get("run") or "").startswith("make") and "pins-watch" in s["run"])
     fake = tmp_path / "py"
     fake.write_text("#!/bin/bash\necho '## pins report'\n")
     fake.chmod(0o755)
-    summary = tmp_path / "summary.md"
-    subprocess.run(["bash", "-eo", "pipefail", "-c", step["run"] + f" PY={fake}"],
-                   cwd=REPO_ROOT, env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
-                   check=True, capture_output=True, text=True, timeout=60)
-    assert summary.read_text() == "## pins report\n"
+    echoing = tmp_path / "echoing"
+    echoing.mkdir()
+    text = MAKEFILE.read_text()
+    assert re.search(r"^\.SILENT:.*\bpins-watch\b", text, re.M)
+    (echoing / "Makefile").write_text(re.sub(r"^\.SILENT:.*$", "", text, flags=re.M))
+    for cwd, echoed in ((REPO_ROOT, False), (echoing, True)):
+        summary = tmp_path / f"summary-{echoed}.md"
+        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c",
+                               step["run"] + f" PY={fake} PINS_DIR={tmp_path / 'pins'}"],
+                              cwd=cwd, env={**os.environ, "GITHUB_STEP_SUMMARY": str(summary)},
+                              check=True, capture_output=True, text=True, timeout=60)
+        assert summary.read_text() == "## pins report\n", (echoed, summary.read_text())
+        # the echo was really there (in the job log) when .SILENT was gone
+        assert ("pins watch --format markdown" in proc.stdout) is echoed, proc.stdout
 
 
 def test_runners_install_only_the_run_time_requirements():
