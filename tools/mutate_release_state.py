@@ -69,7 +69,8 @@ MUTANTS = (
            (("if rel.tag in rolled and not accept.rolled_back:", "if False:"),),
            _races("test_a_rerun_does_not_undo_a_rollback")),
     Mutant("4 no undo on a refusal mid-set", "imagebuild/release/latest.py",
-           (("            _undo(client, done, leases, log)\n", "            pass\n"),),
+           (("            _undo(client, done, [rel for rel, _ in checked], leases, log)\n",
+             "            pass\n"),),
            _races("test_a_refusal_while_moving_puts_the_moved_images_back")),
     Mutant("4 images checked and moved one by one", "imagebuild/release/latest.py",
            (("        if why:\n            raise OperationFailed(f\"{rel.repo}: {why}\",\n"

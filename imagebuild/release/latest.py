@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -258,33 +259,67 @@ def _move_all(client: RegistryClient, plans: list[tuple[Release, Release | None]
                     rollbacks.forgive(client, rel.repo, rel.tag, rel.config_descriptor,
                                       fence=lease.check)
         except BaseException:
-            _undo(client, done, leases, log)
+            _undo(client, done, [rel for rel, _ in checked], leases, log)
             raise
     return None
 
 
 def _undo(client: RegistryClient, done: list[tuple[Release, Release | None]],
-          leases: dict[str, Lease], log: Log) -> None:
+          targets: list[Release], leases: dict[str, Lease], log: Log) -> None:
     """Put latest back where it was for the images this run may have moved (best effort:
     this runs while another error is on its way out). Latest is read again first: only
-    what this run wrote goes back (another writer's move stays), and only while the lease
-    is still ours (a run that took it over owns latest now)."""
-    for rel, before in reversed(done):
+    what this run wrote goes back (another writer's move stays), and when every image
+    of the set is at its target (another run finished the same move, or only a step
+    after the last move failed) the set is whole and stays.
+    The put-back is fenced like every write: by our lease, else by a fresh one (the run
+    that took ours over has finished and released it); a live lease of another run
+    owns latest now, and this says where each image is."""
+    if not done:
+        return
+    try:
+        with client.deadline.grace():  # a fresh small budget: the error on its way out
+            at = {rel.repo: client.head_manifest(rel.repo, LATEST) for rel in targets}
+    except Exception as exc:  # noqa: BLE001 - report, leave it
+        log(f"could not read latest again to put the set back ({safe(exc)}): check "
+            "`build.py releases`")
+        return
+    ours = [(rel, before) for rel, before in done
+            if (now := at[rel.repo]) is not None and now[0] == rel.digest]
+    if all((now := at[rel.repo]) is not None and now[0] == rel.digest for rel in targets):
+        log("every image of the set is at its target: the set is whole, nothing to put back")
+        return
+    for rel, before in reversed(ours):
         if before is None:
             log(f"{rel.repo}: latest stays at {rel.tag} (it had no latest to go back to)")
             continue
         try:
-            # a fresh small budget: the error on its way out may be the spent deadline
-            with client.deadline.grace():
-                now = client.head_manifest(rel.repo, LATEST)
-                if now is None or now[0] != rel.digest:
-                    continue  # our PUT never landed, or another writer moved it since
-                leases[rel.repo].check()
+            with client.deadline.grace(), _fence_for_undo(client, leases[rel.repo], rel, log):
                 client.put_manifest(rel.repo, LATEST, before.body, before.media_type)
             log(f"{rel.repo}: latest put back to {_named(before)}")
         except Exception as exc:  # noqa: BLE001 - report, keep undoing the others
             log(f"{rel.repo}: could not put latest back ({safe(exc)}); it is at {rel.tag}: "
                 "check `build.py releases`")
+
+
+@contextlib.contextmanager
+def _fence_for_undo(client: RegistryClient, lease: Lease, rel: Release,
+                    log: Log) -> Iterator[None]:
+    try:
+        lease.check()
+    except OperationFailed:
+        fresh = Lease(client, rel.repo, rel.config_descriptor, purpose="undo", log=log)
+        fresh.acquire()
+        try:
+            now = client.head_manifest(rel.repo, LATEST)
+            if now is None or now[0] != rel.digest:
+                raise OperationFailed(f"{rel.repo}: latest moved while the lease was lost",
+                                      fix="check `build.py releases`") from None
+            fresh.check()
+            yield
+        finally:
+            fresh.release()
+        return
+    yield
 
 
 def set_latest(client: RegistryClient, repo: str, to: str, *, mode: str = "rollback",
