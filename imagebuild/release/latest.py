@@ -337,22 +337,36 @@ def set_latest(client: RegistryClient, repo: str, to: str, *, mode: str = "rollb
 def set_latest_many(client: RegistryClient, repos: list[str], to: str, *,
                     mode: str = "rollback", dry_run: bool = False, log: Log = print,
                     settle: float | None = None, accept: Accept | None = None) -> list[Move]:
-    """`rollback --all`: every repo moves to its passed release `to`, together (move_set:
-    each one measured unless accepted), or none does. A repo without a passed `to`
-    (pruned, never built for it) refuses the whole set: moving the others would split
-    it; rolling back only the images that have it is said on purpose with --image."""
+    """`rollback --all`: every repo that has a passed release `to` moves, together
+    (move_set: each one measured unless accepted), or none does. A repo without it
+    (pruned, or never built for it) whose latest is at the release latest of a repo that
+    would move is part of that set: moving the others would split it, so the rollback
+    refuses (rolling back only some images is said on purpose with --image). A repo
+    without it on a release line of its own (another target's image, one never
+    released) is left alone, and said so."""
     ready, lacking = [], []
     for repo in repos:
         try:
             ready.append(_passing(client, repo, resolve_tag(client, repo, to)))
         except UserError as exc:
-            lacking.append(f"{repo} ({exc.message})")
-    if lacking:
-        have = ", ".join(r.repo for r in ready) or "none"
-        raise UserError(f"rollback --to {to} moves every image or none, and "
-                        f"{len(lacking)} cannot: {'; '.join(lacking)}; nothing moved",
-                        fix=f"roll back the images that have it by name with --image "
-                            f"(have it: {have}), or pick a release every image has "
+            lacking.append((repo, exc.message))
+    if not ready:
+        raise UserError(f"no repository has a passed release {to}",
+                        fix="list them with `build.py releases`")
+    sets = {_named(now, "") for rel in ready if (now := read_release(client, rel.repo, LATEST))}
+    split = []
+    for repo, why in lacking:
+        now = read_release(client, repo, LATEST)
+        if now is not None and _named(now, "") in sets - {""}:
+            split.append(f"{repo} ({why}; its latest {_named(now)} moves with the others)")
+        else:
+            log(f"{repo}: left alone ({why}; not in a set with the images that move)")
+    if split:
+        have = ", ".join(r.repo for r in ready)
+        raise UserError(f"rollback --to {to} would split a set promoted together: "
+                        f"{'; '.join(split)}; nothing moved",
+                        fix=f"roll back only the images that have it on purpose with --image "
+                            f"(have it: {have}), or pick a release every image of the set has "
                             "(`build.py releases`)")
     return move_set(client, ready, mode=mode, accept=accept, dry_run=dry_run, log=log,
                     settle=settle)

@@ -308,7 +308,7 @@ def test_the_undo_leaves_a_move_it_did_not_write(reg):
 def test_rollback_all_refuses_when_an_image_lacks_the_release(reg):
     _set(reg, [B, C], latest_at=C)
     reg.add_release(REPO, A, benched=True)  # OTHER never had A (or it was pruned)
-    with pytest.raises(UserError, match="every image or none") as err:
+    with pytest.raises(UserError, match="would split a set") as err:
         set_latest_many(reg.client(), [REPO, OTHER], A, log=quiet)
     assert "--image" in err.value.fix
     assert (_at(reg, REPO), _at(reg, OTHER)) == (C, C)
@@ -325,6 +325,18 @@ def test_rollback_all_to_a_release_benched_for_one_image_moves_none_unless_accep
     set_latest_many(reg.client(), [REPO, OTHER], A, log=quiet,
                     accept=Accept(unmeasured="the old one is known good"))
     assert (_at(reg, REPO), _at(reg, OTHER)) == (A, A)
+
+
+def test_rollback_all_leaves_an_image_on_its_own_release_line_alone(reg):
+    """An image that lacks the release and whose latest is no release of the images that
+    move (another target's image; one never released) is no part of their set."""
+    _set(reg, [A, C], latest_at=C)
+    reg.add_release(THIRD, B, benched=True)
+    reg.point_latest(THIRD, B)
+    out: list[str] = []
+    set_latest_many(reg.client(), [REPO, OTHER, THIRD, "ns/never"], A, log=out.append)
+    assert (_at(reg, REPO), _at(reg, OTHER), _at(reg, THIRD)) == (A, A, B)
+    assert sum("left alone" in line for line in out) == 2
 
 
 # --forward-only under the lease ---------------------------------------------------------
