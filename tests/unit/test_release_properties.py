@@ -587,6 +587,20 @@ class ReleaseState(RuleBasedStateMachine):
         expected = holder == "itself, killed" or expiry != "live"
         assert taken == expected, f"a lease of {holder}, expiry {expiry}: taken {taken}"
 
+    @precondition(lambda self: self.mem and len(self.published) >= 2)
+    @rule(keep=st.integers(1, 3), who=st.integers(0, 1))
+    def prune_on_a_list_without_latest(self, keep, who):
+        """The registry's tag list loses the page that holds latest (and every tag on its
+        manifest): the list disagrees with a direct read of latest, so the prune of
+        every image that has a latest stops before deleting anything."""
+        self.reg.calls.clear()
+        with self.as_client(who):
+            self.execute(("prune", keep, "hide latest"))
+        with_latest = [r for r in self.repos if LATEST in self.reg.tags.get(r, {})]
+        deleted = [c for c in self.reg.writes() if c[0] == "DELETE"
+                   and any(c[1].startswith(f"/v2/{r}/") for r in with_latest)]
+        assert not deleted, f"prune on a tag list without latest deleted {deleted}"
+
     @precondition(lambda self: self.mem and self.published)
     @rule(keep=st.integers(1, 2))
     def prune_loses_delete_answers(self, keep):
