@@ -6,11 +6,12 @@ A set of images (a promote of several jobs, `rollback --all`) moves together or 
 all: every image's checks pass before the first moves, every lease is held, the target
 and latest are read again under the leases, and a refusal while moving puts the images
 already moved back where they were (images that had a latest move first: those can be
-undone; the undo reads latest again and puts back only what this run wrote, while its
-lease still holds). Every write is fenced: the lease is checked right before it, so a
-run paused past its lease stops instead of writing over the run that took the lease
-over. Promotion is forward only (publish and `promote` alike: a release recorded
-before latest's refuses, so of two tags in flight the newer wins) and never to a release
+undone; the undo reads latest again and puts back only what this run wrote, under its
+lease or a fresh one, never under another run's live lease). Every write is fenced:
+the lease is checked right before it, so a run paused past its lease stops instead of
+writing over the run that took the lease over. Promotion is forward only (publish and
+`promote` alike: a release recorded before latest's refuses, so of two tags in flight
+the newer wins) and never to a release
 that was rolled back (rollbacks.py) unless asked on purpose. Rollback goes back on
 purpose and skips the regression gate, but not the others: its target must have been
 measured, and a rollback that would move latest forward is refused.
@@ -304,6 +305,9 @@ def _undo(client: RegistryClient, done: list[tuple[Release, Release | None]],
 @contextlib.contextmanager
 def _fence_for_undo(client: RegistryClient, lease: Lease, rel: Release,
                     log: Log) -> Iterator[None]:
+    """The fence of a put-back: our lease; once lost, a fresh one (the run that took ours
+    over has finished), with latest read again under it; a live lease of another run
+    raises (it owns latest now)."""
     try:
         lease.check()
     except OperationFailed:
