@@ -395,8 +395,9 @@ def advance(client: RegistryClient, repo: str, tag: ReleaseTag, *, dry_run: bool
     if why:
         log(f"{repo}: latest stays: {why}")
         return None
-    return move_set(client, [rel], mode="promote", dry_run=dry_run, log=log,
-                    settle=settle)[0]
+    moves = move_set(client, [rel], mode="promote", dry_run=dry_run, log=log, settle=settle,
+                     forward_only=True)  # decided again under the lease
+    return moves[0] if moves else None
 
 
 def record_unmeasured(client: RegistryClient, repo: str, tag: str, reason: str, *,
