@@ -27,6 +27,7 @@ from mutate_gates import _tracked_copy  # noqa: E402, I001  (the same copy of th
 
 PROPERTY = "tests/unit/test_release_properties.py"
 RACES = "tests/unit/test_release_state_races.py"
+FENCING = "tests/unit/test_release_state_fencing.py"
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ def _races(*names: str) -> tuple[str, ...]:
     return tuple(f"{RACES}::{n}" for n in names)
 
 
+def _fencing(*names: str) -> tuple[str, ...]:
+    return tuple(f"{FENCING}::{n}" for n in names)
+
+
 MUTANTS = (
     Mutant("1 target not re-read under the lease", "imagebuild/release/latest.py",
            (("            rel = _reread(client, rel)\n", ""),),
@@ -50,8 +55,9 @@ MUTANTS = (
            (("if time.monotonic() - self.written >= self.ttl / 3:", "if False:"),),
            _races("test_long_work_renews_the_lease_and_stops_when_it_is_lost")),
     Mutant("2 prune goes on after losing the lease", "imagebuild/release/prune.py",
-           (("    lease.check()\n    now = client.head_manifest(plan.repo, LATEST)",
-             "    now = client.head_manifest(plan.repo, LATEST)"),),
+           (("                              fix=\"re-run the prune\")\n    lease.check()\n",
+             "                              fix=\"re-run the prune\")\n"),
+            ("            lease.check()  # the fence before the results' deletes too\n", "")),
            _races("test_prune_stops_at_the_next_delete_once_the_lease_is_lost")),
     Mutant("2 lease expiry by the writer's clock", "imagebuild/release/lease.py",
            (("        now = registry_time(self.client)\n        if held",
@@ -68,16 +74,16 @@ MUTANTS = (
            (("if rel.tag in rolled and not accept.rolled_back:", "if False:"),),
            _races("test_a_rerun_does_not_undo_a_rollback")),
     Mutant("4 no undo on a refusal mid-set", "imagebuild/release/latest.py",
-           (("            _undo(client, done, log)\n", "            pass\n"),),
+           (("            _undo(client, done, [rel for rel, _ in checked], leases, log)\n",
+             "            pass\n"),),
            _races("test_a_refusal_while_moving_puts_the_moved_images_back")),
     Mutant("4 images checked and moved one by one", "imagebuild/release/latest.py",
            (("        if why:\n            raise OperationFailed(f\"{rel.repo}: {why}\",\n"
              "                                  fix=\"nothing moved; see `build.py releases`\")",
              "        pass"),
-            ("        _move_all(client, plans, mode=mode, accept=accept, log=log, settle=settle)",
+            ("        stays = _move_all(client, plans,",
              "        for p in plans:\n"
-             "            _move_all(client, [p], mode=mode, accept=accept, log=log, "
-             "settle=settle)")),
+             "            stays = _move_all(client, [p],")),
            _races("test_the_older_of_two_tags_in_flight_refuses_before_moving_anything")),
     Mutant("5 releases ordered by tag, not record", "imagebuild/release/records.py",
            (("        return (day, at or 0.0) + (rt.sort_key() if rt else (dt.date.min,))",
@@ -118,6 +124,52 @@ MUTANTS = (
            (("        if LATEST not in tags or digests.get(named) != latest.digest:",
              "        if False:"),),
            _races("test_a_truncated_tag_list_stops_prune_and_runner_clean")),
+    # the holes closed after the first round: fencing, undo, rollback --all, forward-only
+    Mutant("f rollbacks record written unfenced", "imagebuild/release/latest.py",
+           (("rel.tag, rel.config_descriptor, fence=lease.check)",
+             "rel.tag, rel.config_descriptor)"),),
+           _fencing("test_a_run_paused_between_reading_and_writing_the_rollbacks_record_"
+                    "drops_nothing")),
+    Mutant("f lease renewal unfenced", "imagebuild/release/lease.py",
+           (("            self._fence()  # nothing between the fence and the renewal's write\n",
+             ""),),
+           _fencing("test_a_lease_renewal_is_fenced")),
+    Mutant("f prune's lease check not last before a delete", "imagebuild/release/prune.py",
+           (("                              fix=\"re-run the prune\")\n    lease.check()\n"
+             "    return True\n", "                              fix=\"re-run the prune\")\n"
+             "    return True\n"),),
+           _fencing("test_a_prune_paused_past_its_lease_before_a_delete_deletes_nothing")),
+    Mutant("f undo puts back what it did not write", "imagebuild/release/latest.py",
+           (("            if (now := at[rel.repo]) is not None and now[0] == rel.digest]",
+             "            ]"),),
+           _fencing("test_the_undo_leaves_a_move_it_did_not_write")),
+    Mutant("f undo misses a landed PUT", "imagebuild/release/latest.py",
+           (("                if before is None or before.digest != rel.digest:\n"
+             "                    done.append((rel, before))\n"
+             "                move_latest(client, lease, rel, before.digest if before else None)\n",
+             "                move_latest(client, lease, rel, before.digest if before else None)\n"
+             "                if before is None or before.digest != rel.digest:\n"
+             "                    done.append((rel, before))\n"),),
+           _fencing("test_a_landed_put_whose_read_back_failed_is_put_back")),
+    Mutant("f undo writes under another's live lease", "imagebuild/release/latest.py",
+           (("            with client.deadline.grace(), _fence_for_undo(client, leases[rel.repo], "
+             "rel, log):", "            with client.deadline.grace():"),),
+           _fencing("test_an_undo_does_not_write_under_another_runs_live_lease")),
+    Mutant("f undo splits a whole set", "imagebuild/release/latest.py",
+           (("    if all((now := at[rel.repo]) is not None",
+             "    if False and all((now := at[rel.repo]) is not None"),),
+           _fencing("test_two_runs_rolling_back_to_the_same_release_leave_the_set_there")),
+    Mutant("f undo gives up once the lease was lost", "imagebuild/release/latest.py",
+           (("    except OperationFailed:\n        fresh = Lease(",
+             "    except ImportError:\n        fresh = Lease("),),
+           _fencing("test_a_run_paused_while_another_host_prunes_puts_its_half_move_back")),
+    Mutant("b rollback --all splits a set", "imagebuild/release/latest.py",
+           (("    if split:\n", "    if False:\n"),),
+           _fencing("test_rollback_all_refuses_when_an_image_lacks_the_release")),
+    Mutant("d --forward-only decided before the lease", "imagebuild/release/latest.py",
+           (("            if forward_only:  # decided here, under the lease: from latest as it "
+             "is now\n", "            if False:\n"),),
+           _fencing("test_forward_only_is_decided_under_the_lease")),
 )
 
 

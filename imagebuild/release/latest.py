@@ -6,8 +6,12 @@ A set of images (a promote of several jobs, `rollback --all`) moves together or 
 all: every image's checks pass before the first moves, every lease is held, the target
 and latest are read again under the leases, and a refusal while moving puts the images
 already moved back where they were (images that had a latest move first: those can be
-undone). Promotion is forward only (publish and `promote` alike: a release recorded
-before latest's refuses, so of two tags in flight the newer wins) and never to a release
+undone; the undo reads latest again and puts back only what this run wrote, under its
+lease or a fresh one, never under another run's live lease). Every write is fenced:
+the lease is checked right before it, so a run paused past its lease stops instead of
+writing over the run that took the lease over. Promotion is forward only (publish and
+`promote` alike: a release recorded before latest's refuses, so of two tags in flight
+the newer wins) and never to a release
 that was rolled back (rollbacks.py) unless asked on purpose. Rollback goes back on
 purpose and skips the regression gate, but not the others: its target must have been
 measured, and a rollback that would move latest forward is refused.
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -168,10 +173,15 @@ def _reread(client: RegistryClient, rel: Release) -> Release:
     return now
 
 
+_SET_STAYS = "latest of every image of this release stays (a set moves together)"
+
+
 def move_set(client: RegistryClient, targets: list[Release], *, mode: str,
              accept: Accept | None = None, dry_run: bool = False, log: Log = print,
-             settle: float | None = None) -> list[Move]:
-    """Move latest of every target's repository to it, all or none (see the module)."""
+             settle: float | None = None, forward_only: bool = False) -> list[Move]:
+    """Move latest of every target's repository to it, all or none (see the module).
+    `forward_only`: a refusal found under the lease (another run promoted a newer release
+    or rolled this one back meanwhile) leaves latest and returns [] instead of raising."""
     accept = accept or Accept()
     start, sent0 = time.monotonic(), client.bytes.total
     plans = []
@@ -181,6 +191,10 @@ def move_set(client: RegistryClient, targets: list[Release], *, mode: str,
         if why is None and mode == "rollback" and (before is None or before.digest != rel.digest):
             why = _measured(client, rel, accept)
             why = why and f"{why}; rollback refuses it without --accept-unmeasured \"why\""
+        if why and forward_only:
+            log(f"{rel.repo}: latest stays: {why}")
+            log(_SET_STAYS)
+            return []
         if why:
             raise OperationFailed(f"{rel.repo}: {why}",
                                   fix="nothing moved; see `build.py releases`")
@@ -190,7 +204,12 @@ def move_set(client: RegistryClient, targets: list[Release], *, mode: str,
              for rel, b in plans]
     if not dry_run and any(m.moved for m in moves):  # every image of the set: leased and
         # read again, those already there too (another run may move them meanwhile)
-        _move_all(client, plans, mode=mode, accept=accept, log=log, settle=settle)
+        stays = _move_all(client, plans, mode=mode, accept=accept, log=log, settle=settle,
+                          forward_only=forward_only)
+        if stays:
+            log(stays)
+            log(_SET_STAYS)
+            return []
     for m in moves:
         m.seconds = time.monotonic() - start
         m.bytes = client.bytes.total - sent0
@@ -199,7 +218,10 @@ def move_set(client: RegistryClient, targets: list[Release], *, mode: str,
 
 
 def _move_all(client: RegistryClient, plans: list[tuple[Release, Release | None]], *,
-              mode: str, accept: Accept, log: Log, settle: float | None) -> None:
+              mode: str, accept: Accept, log: Log, settle: float | None,
+              forward_only: bool = False) -> str | None:
+    """Move the set under every lease; with `forward_only`, a refusal decided under the
+    leases is returned ("latest stays: why"), nothing moved."""
     purpose = f"{mode} {' '.join(sorted({rel.tag for rel, _ in plans}))}"
     with contextlib.ExitStack() as stack:
         leases = {rel.repo: stack.enter_context(holding_lease(
@@ -209,48 +231,99 @@ def _move_all(client: RegistryClient, plans: list[tuple[Release, Release | None]
         for rel, before in plans:  # everything again, under every lease, before any move
             rel = _reread(client, rel)
             now = read_release(client, rel.repo, LATEST)
-            if (now.digest if now else None) != (before.digest if before else None):
+            why = refusal(mode, rel, now, rollbacks.rolled_back(client, rel.repo), accept)
+            if forward_only:  # decided here, under the lease: from latest as it is now
+                if why:
+                    return f"{rel.repo}: latest stays: {why}"
+                before = now
+            elif (now.digest if now else None) != (before.digest if before else None):
                 raise OperationFailed(f"{rel.repo}: latest moved during this run; nothing moved",
                                       fix="check `build.py releases`, then re-run")
-            why = refusal(mode, rel, now, rollbacks.rolled_back(client, rel.repo), accept)
             if why:
                 raise OperationFailed(f"{rel.repo}: {why}", fix="nothing moved")
             checked.append((rel, before))
         # images that had a latest first: their move can be undone by PUTting it back
         checked.sort(key=lambda p: p[1] is None)
+        # every image whose latest this run may have written, from just before its PUT
+        # (a PUT that landed but whose read-back failed is one of them)
         done: list[tuple[Release, Release | None]] = []
         try:
             for rel, before in checked:
                 lease = leases[rel.repo]
                 if mode == "rollback" and before is not None and before.digest != rel.digest:
-                    lease.check()
                     rollbacks.record(client, rel.repo, str(before.annotations.get(A_TAG)),
-                                     rel.tag, rel.config_descriptor)
-                move_latest(client, lease, rel, before.digest if before else None)
+                                     rel.tag, rel.config_descriptor, fence=lease.check)
                 if before is None or before.digest != rel.digest:
                     done.append((rel, before))
+                move_latest(client, lease, rel, before.digest if before else None)
                 if mode == "promote" and accept.rolled_back:
-                    rollbacks.forgive(client, rel.repo, rel.tag, rel.config_descriptor)
+                    rollbacks.forgive(client, rel.repo, rel.tag, rel.config_descriptor,
+                                      fence=lease.check)
         except BaseException:
-            _undo(client, done, log)
+            _undo(client, done, [rel for rel, _ in checked], leases, log)
             raise
+    return None
 
 
 def _undo(client: RegistryClient, done: list[tuple[Release, Release | None]],
-          log: Log) -> None:
-    """Put latest back where it was for the images this run moved (best effort: this runs
-    while another error is on its way out)."""
-    for rel, before in reversed(done):
+          targets: list[Release], leases: dict[str, Lease], log: Log) -> None:
+    """Put latest back where it was for the images this run may have moved (best effort:
+    this runs while another error is on its way out). Latest is read again first: only
+    what this run wrote goes back (another writer's move stays), and when every image
+    of the set is at its target (another run finished the same move, or only a step
+    after the last move failed) the set is whole and stays.
+    The put-back is fenced like every write: by our lease, else by a fresh one (the run
+    that took ours over has finished and released it); a live lease of another run
+    owns latest now, and this says where each image is."""
+    if not done:
+        return
+    try:
+        with client.deadline.grace():  # a fresh small budget: the error on its way out
+            at = {rel.repo: client.head_manifest(rel.repo, LATEST) for rel in targets}
+    except Exception as exc:  # noqa: BLE001 - report, leave it
+        log(f"could not read latest again to put the set back ({safe(exc)}): check "
+            "`build.py releases`")
+        return
+    ours = [(rel, before) for rel, before in done
+            if (now := at[rel.repo]) is not None and now[0] == rel.digest]
+    if all((now := at[rel.repo]) is not None and now[0] == rel.digest for rel in targets):
+        log("every image of the set is at its target: the set is whole, nothing to put back")
+        return
+    for rel, before in reversed(ours):
         if before is None:
             log(f"{rel.repo}: latest stays at {rel.tag} (it had no latest to go back to)")
             continue
         try:
-            # a fresh small budget: the error on its way out may be the spent deadline
-            with client.deadline.grace():
+            with client.deadline.grace(), _fence_for_undo(client, leases[rel.repo], rel, log):
                 client.put_manifest(rel.repo, LATEST, before.body, before.media_type)
             log(f"{rel.repo}: latest put back to {_named(before)}")
         except Exception as exc:  # noqa: BLE001 - report, keep undoing the others
-            log(f"{rel.repo}: could not put latest back ({safe(exc)}); it is at {rel.tag}")
+            log(f"{rel.repo}: could not put latest back ({safe(exc)}); it is at {rel.tag}: "
+                "check `build.py releases`")
+
+
+@contextlib.contextmanager
+def _fence_for_undo(client: RegistryClient, lease: Lease, rel: Release,
+                    log: Log) -> Iterator[None]:
+    """The fence of a put-back: our lease; once lost, a fresh one (the run that took ours
+    over has finished), with latest read again under it; a live lease of another run
+    raises (it owns latest now)."""
+    try:
+        lease.check()
+    except OperationFailed:
+        fresh = Lease(client, rel.repo, rel.config_descriptor, purpose="undo", log=log)
+        fresh.acquire()
+        try:
+            now = client.head_manifest(rel.repo, LATEST)
+            if now is None or now[0] != rel.digest:
+                raise OperationFailed(f"{rel.repo}: latest moved while the lease was lost",
+                                      fix="check `build.py releases`") from None
+            fresh.check()
+            yield
+        finally:
+            fresh.release()
+        return
+    yield
 
 
 def set_latest(client: RegistryClient, repo: str, to: str, *, mode: str = "rollback",
@@ -268,18 +341,37 @@ def set_latest(client: RegistryClient, repo: str, to: str, *, mode: str = "rollb
 def set_latest_many(client: RegistryClient, repos: list[str], to: str, *,
                     mode: str = "rollback", dry_run: bool = False, log: Log = print,
                     settle: float | None = None, accept: Accept | None = None) -> list[Move]:
-    """`rollback --all`: every repo that has a passed release `to` moves; repos without
-    it are left alone (and said so); none having it is an error. The repos that move,
-    move together (move_set)."""
-    ready = []
+    """`rollback --all`: every repo that has a passed release `to` moves, together
+    (move_set: each one measured unless accepted), or none does. A repo without it
+    (pruned, or never built for it) whose latest is at the release latest of a repo that
+    would move is part of that set: moving the others would split it, so the rollback
+    refuses (rolling back only some images is said on purpose with --image). A repo
+    without it on a release line of its own (another target's image, one never
+    released) is left alone, and said so."""
+    ready, lacking = [], []
     for repo in repos:
         try:
             ready.append(_passing(client, repo, resolve_tag(client, repo, to)))
         except UserError as exc:
-            log(f"{repo}: left alone ({exc.message})")
+            lacking.append((repo, exc.message))
     if not ready:
         raise UserError(f"no repository has a passed release {to}",
                         fix="list them with `build.py releases`")
+    sets = {_named(now, "") for rel in ready if (now := read_release(client, rel.repo, LATEST))}
+    split = []
+    for repo, why in lacking:
+        now = read_release(client, repo, LATEST)
+        if now is not None and _named(now, "") in sets - {""}:
+            split.append(f"{repo} ({why}; its latest {_named(now)} moves with the others)")
+        else:
+            log(f"{repo}: left alone ({why}; not in a set with the images that move)")
+    if split:
+        have = ", ".join(r.repo for r in ready)
+        raise UserError(f"rollback --to {to} would split a set promoted together: "
+                        f"{'; '.join(split)}; nothing moved",
+                        fix=f"roll back only the images that have it on purpose with --image "
+                            f"(have it: {have}), or pick a release every image of the set has "
+                            "(`build.py releases`)")
     return move_set(client, ready, mode=mode, accept=accept, dry_run=dry_run, log=log,
                     settle=settle)
 
@@ -303,8 +395,9 @@ def advance(client: RegistryClient, repo: str, tag: ReleaseTag, *, dry_run: bool
     if why:
         log(f"{repo}: latest stays: {why}")
         return None
-    return move_set(client, [rel], mode="promote", dry_run=dry_run, log=log,
-                    settle=settle)[0]
+    moves = move_set(client, [rel], mode="promote", dry_run=dry_run, log=log, settle=settle,
+                     forward_only=True)  # decided again under the lease
+    return moves[0] if moves else None
 
 
 def record_unmeasured(client: RegistryClient, repo: str, tag: str, reason: str, *,
@@ -316,7 +409,8 @@ def record_unmeasured(client: RegistryClient, repo: str, tag: str, reason: str, 
         return rel
     body = amended_manifest(rel, {A_BENCH: UNMEASURED, A_UNMEASURED: reason})
     with holding_lease(client, repo, rel.config_descriptor, purpose=f"record {tag} unmeasured",
-                       log=log, settle=settle):
+                       log=log, settle=settle) as lease:
+        lease.check()  # the fence: nothing between it and the write
         client.put_manifest(repo, tag, body, rel.media_type)
     done = read_release(client, repo, tag)
     if done is None or not done.passed or done.image_id != rel.image_id or not done.unmeasured:
@@ -371,4 +465,5 @@ def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_thres
         else:
             rel = record_unmeasured(client, repo, tag, reason, log=log)
             rels = [rel if r.repo == repo else r for r in rels]
-    return move_set(client, rels, mode="promote", accept=accept, dry_run=dry_run, log=log)
+    return move_set(client, rels, mode="promote", accept=accept, dry_run=dry_run, log=log,
+                    forward_only=forward_only)

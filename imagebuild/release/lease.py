@@ -184,19 +184,29 @@ class Lease:
         return self
 
     def check(self) -> None:
-        """Raise unless the lease tag still points at our lease manifest; renew it when a
-        third of its TTL has passed since we wrote it (long work keeps it alive)."""
+        """The fence every write of the release state passes right before it: raise
+        unless the lease tag still points at our lease manifest (this owner, this
+        generation), so a run paused past its TTL stops instead of writing over the run
+        that took the lease over. Renews the lease when a third of its TTL has passed
+        since we wrote it (long work keeps it alive); the renewal is fenced the same way."""
+        self._fence()
+        if time.monotonic() - self.written >= self.ttl / 3:
+            now = registry_time(self.client)
+            self._fence()  # nothing between the fence and the renewal's write
+            self._write(now)
+            time.sleep(self.settle)
+            self._fence()
+
+    def _fence(self) -> None:
         now = self.client.head_manifest(self.repo, LEASE_TAG)
         if not now or now[0] != self.digest:
             holder = self._holder() or {}
             raise OperationFailed(
-                f"{self.repo}: lost the registry lease to "
-                f"{holder.get(f'{LEASE}.owner', 'another run')}; this run stops here",
-                fix="another run is writing; wait for it, then re-run")
-        if time.monotonic() - self.written >= self.ttl / 3:
-            self._write(registry_time(self.client))
-            time.sleep(self.settle)
-            self.check()
+                f"{self.repo}: lost the registry lease (generation {self.generation}) to "
+                f"{safe(holder.get(f'{LEASE}.owner', 'another run'))} "
+                f"(generation {safe(holder.get(f'{LEASE}.generation', '?'))}); "
+                "this run stops here, before its next write",
+                fix="another run is writing; check `build.py releases`, then re-run")
 
     def release(self) -> None:
         """Drop our lease if it is still ours; never raises (it runs in finally). With a

@@ -1,8 +1,9 @@
 """`build.py prune --keep N`: delete old release tags, never latest or its rollback.
 
 What is protected is decided from what was read under the lease and checked again before
-every delete: latest (by a direct read of `latest`, not only by matching digests in the
-tag list), its rollback target, the newest N, and whatever shares a manifest with them.
+every delete (the lease last, right before it: a fence): latest (by a direct read of
+`latest`, not only by matching digests in the tag list), its rollback target, the newest
+N, and whatever shares a manifest with them.
 A tag list that disagrees with the direct read (it lacks `latest` or latest's release:
 a truncated or inconsistent list) stops the prune before anything goes. The lease is
 checked (and renewed) before each delete; losing it stops the prune.
@@ -131,9 +132,9 @@ def plan_prune(client: RegistryClient, repo: str, keep: int) -> PrunePlan:
 
 
 def _still_planned(client: RegistryClient, lease: Lease, plan: PrunePlan, tag: str) -> bool:
-    """Before a delete: the lease is ours (renewed when due), latest has not moved, and the
-    tag still points where the plan read it. False: the tag is gone already."""
-    lease.check()
+    """Before a delete: latest has not moved, the tag still points where the plan read it,
+    and, last (the fence: nothing between it and the DELETE), the lease is ours (renewed
+    when due). False: the tag is gone already."""
     now = client.head_manifest(plan.repo, LATEST)
     if (now[0] if now else None) != plan.latest:
         raise OperationFailed(f"{plan.repo}: latest moved during the prune; stopped before "
@@ -144,6 +145,7 @@ def _still_planned(client: RegistryClient, lease: Lease, plan: PrunePlan, tag: s
     if found[0] != plan.digests[tag]:
         raise OperationFailed(f"{plan.repo}: {tag} changed during the prune; stopped",
                               fix="re-run the prune")
+    lease.check()
     return True
 
 
@@ -178,6 +180,7 @@ def prune(client: RegistryClient, repo: str, keep: int, *, dry_run: bool = False
             # still has its bench results (rollback needs them), not one "never benched";
             # a failure after it leaves results a re-run no longer reaches (only storage)
             _delete(client, repo, tag, digest)
+            lease.check()  # the fence before the results' deletes too
             store.forget(client, repo, digest)
     _log_prune(plan, False, log)
     return plan

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient
@@ -47,24 +48,30 @@ def rolled_back(client: RegistryClient, repo: str) -> dict[str, dict[str, str]]:
 
 
 def _write(client: RegistryClient, repo: str, entries: dict[str, Any],
-           config: dict[str, Any]) -> None:
+           config: dict[str, Any], fence: Callable[[], None] | None = None) -> None:
+    """PUT the record; `fence` (the lease's check) runs right before it: a run paused
+    past its lease after reading the record stops instead of dropping the entries the
+    run that took the lease over wrote meanwhile."""
     doc = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
            "config": {**config, "mediaType": OCI_CONFIG}, "layers": [],
            "annotations": {A_ROLLED: compact(entries)}}
+    if fence is not None:
+        fence()
     client.put_manifest(repo, ROLLBACKS_TAG, compact(doc).encode(), OCI_MANIFEST)
 
 
 def record(client: RegistryClient, repo: str, rolled: str, to: str,
-           config: dict[str, Any]) -> None:
+           config: dict[str, Any], fence: Callable[[], None] | None = None) -> None:
     """Note that latest went back from `rolled` to `to` (and `to` is wanted again)."""
     entries: dict[str, Any] = {t: e for t, e in rolled_back(client, repo).items() if t != to}
     entries[rolled] = {"to": to, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    _write(client, repo, entries, config)
+    _write(client, repo, entries, config, fence)
 
 
-def forgive(client: RegistryClient, repo: str, tag: str, config: dict[str, Any]) -> None:
+def forgive(client: RegistryClient, repo: str, tag: str, config: dict[str, Any],
+            fence: Callable[[], None] | None = None) -> None:
     """Take `tag` off the record (it was promoted again on purpose)."""
     entries = rolled_back(client, repo)
     if tag in entries:
         del entries[tag]
-        _write(client, repo, entries, config)
+        _write(client, repo, entries, config, fence)

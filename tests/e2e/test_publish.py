@@ -365,16 +365,19 @@ def test_prune_keeps_newest_latest_and_rollback_target(registry, client, pub):
         prune(client, pub.repo, keep=0)
 
 
-def test_rollback_all_moves_every_repo_that_has_the_release(registry, client, pub):
+def test_rollback_all_moves_a_set_together_or_not_at_all(registry, client, pub):
     for tag in (R1, R3):
         pub.publish(tag)
     other = Publisher(registry, client, pub.repo + "-other")
     try:
-        other.publish(R3)  # has no R1: left alone
-        moves = set_latest_many(client, [pub.repo, other.repo], "2026-06-04-base",
+        other.publish(R3)  # has no R1, and latest at R3 as pub: one set, it would split
+        with pytest.raises(UserError, match="would split a set"):
+            set_latest_many(client, [pub.repo, other.repo], "2026-06-04-base",
+                            log=pub.log.append, accept=UNBENCHED)
+        assert client.digest(pub.repo, LATEST) == client.digest(pub.repo, R3)
+        moves = set_latest_many(client, [pub.repo], "2026-06-04-base",  # --image: on purpose
                                 log=pub.log.append, accept=UNBENCHED)
         assert [(m.repo, m.target) for m in moves] == [(pub.repo, R1)]
-        assert any("left alone" in line and other.repo in line for line in pub.log)
         assert client.digest(other.repo, LATEST) == client.digest(other.repo, R3)
         with pytest.raises(UserError, match="no repository has"):
             set_latest_many(client, [other.repo], "2026-06-04-base", log=pub.log.append)

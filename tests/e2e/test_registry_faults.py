@@ -85,14 +85,14 @@ class Run:
 
 
 def run(reg: FaultyRegistry, *args: str, tmp: Path, env: dict[str, str] | None = None,
-        image: bool = True) -> Run:
+        image: bool | None = True) -> Run:
     full = {**os.environ, "IMAGEBUILD_REGISTRY": reg.host,
             "IMAGEBUILD_NAMESPACE": "vllm-spark",
             "IMAGEBUILD_REGISTRY_DEADLINE": str(DEADLINE),
             "IMAGEBUILD_LOCK_DIR": str(tmp / "locks"),
             "IMAGEBUILD_LEASE_SETTLE": "0", **(env or {})}
     start = time.monotonic()
-    select = ["--image", IMAGE] if image else ["--target", "cpu"]
+    select = [] if image is None else ["--image", IMAGE] if image else ["--target", "cpu"]
     proc = subprocess.run([sys.executable, "build.py", *args, *select], cwd=ROOT,
                           env=full, capture_output=True, text=True, timeout=WALL + 30)
     return Run(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start)
@@ -484,3 +484,36 @@ def test_prune_stops_when_the_tag_list_stops_showing_latest(tmp_path):
     left = set(mem.tags[REPO])
     assert {TAGS[0], TAGS[1], "latest"} <= left, (r.out, r.err)  # latest, its rollback target
     r.assert_clean_failure()
+
+
+def test_a_landed_latest_put_whose_read_back_is_stale_is_put_back(tmp_path):
+    """`rollback` of a set of three: the middle image's PUT of latest lands, but the
+    registry answers its read-back with the old digest (a stale cache in front of it).
+    The command fails (exit 1) and its undo reads latest again: the middle image, whose
+    move landed, goes back with the first (the third never moved): no split set."""
+    repos = [f"vllm-spark/spark-heretic-{n}" for n in ("aeon", "mtp", "zlab")]
+    mem = MemRegistry()
+    for repo in repos:
+        for tag in TAGS:
+            mem.add_release(repo, tag)
+        mem.point_latest(repo, TAGS[-1])
+    old = mem.tags[repos[1]]["latest"]
+    latest_path = f"/v2/{repos[1]}/manifests/latest"
+    stale = [False]
+
+    def fault(req: Request, ans: Answer) -> Answer:
+        landed = mem.tags[repos[1]]["latest"] != old
+        if req.method == "HEAD" and req.bare_path == latest_path and landed and not stale[0]:
+            stale[0] = True
+            return Answer(ans.status, {**ans.headers, "Docker-Content-Digest": old}, ans.body)
+        return ans
+
+    with FaultyRegistry(mem, fault) as reg:
+        r = run(reg, "rollback", "--to", SHORT[1], "--accept-unmeasured", "a test",
+                "--image", "spark-heretic-*", tmp=tmp_path, image=None)
+    r.assert_clean_failure()
+    assert stale[0], r.out + r.err
+    assert "does not point at" in r.err, r.err
+    assert [mem.tags[repo]["latest"] for repo in repos] == [
+        mem.tags[repo][TAGS[-1]] for repo in repos], r.out + r.err
+    assert sum("put back" in line for line in r.out.splitlines()) == 2, r.out

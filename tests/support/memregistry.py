@@ -8,8 +8,10 @@ For the release-state tests it also has a clock of its own (`now`, sent as `Date
 distribution does), a crash switch (`crash_at`: the Nth request from now raises `Crash`
 and so does every later one until `revive()`, like a run killed mid-command), a hook run
 before each request (`before`: another client acting in the middle of a command), a tag
-list cut short (`tag_limit`), a DELETE whose answer was lost (`lost_delete`) and a slow
-registry or long work (`tick`: the clock moves on this many seconds per request)."""
+list cut short (`tag_limit`) or without latest and every tag on its manifest
+(`hide_latest`: a lost page, the list disagreeing with a direct read of latest), a DELETE
+whose answer was lost (`lost_delete`) and a slow registry or long work (`tick`: the clock
+moves on this many seconds per request)."""
 
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ class MemRegistry(requests.Session):
         self.dead = False
         self.before: Callable[[str, str], None] | None = None
         self.tag_limit: int | None = None
+        self.hide_latest = False
         self.lost_delete: set[str] = set()  # digests whose DELETE answer gets lost
         self.tick = 0.0  # seconds `now` moves on per request
 
@@ -91,7 +94,9 @@ class MemRegistry(requests.Session):
         if kind == "tags":
             if repo not in self.tags:
                 return self._error(404, "NAME_UNKNOWN")
-            tags = sorted(self.tags[repo])[:self.tag_limit]
+            shown = self.tags[repo]
+            hidden = shown.get("latest") if self.hide_latest else None
+            tags = sorted(t for t, d in shown.items() if d != hidden)[:self.tag_limit]
             return self._answer(200, json.dumps({"name": repo, "tags": tags}).encode())
         if kind == "referrers":
             return self._error(404, "NOT_FOUND")

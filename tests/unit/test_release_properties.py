@@ -11,16 +11,23 @@ client's whole command run in the middle of the other's. After every step:
    of a kept release;
 4. a rollback stays: publish and promote without --accept-rolled-back never move latest
    to a release that was rolled back;
-5. a dry run writes nothing.
+5. a dry run writes nothing (an invariant on the registry's write log).
 And what the fixes behind them promise: latest never vanishes once set, a rollback never
 moves it forward, publish and promote never move it to a release dated in the future, a
 failed command leaves latest of every image it moved where it was (a writer that ignores
 the lease moves another image's latest mid-command), a lease is honoured until it expires
 by the registry's clock (each host's own clock is an hour off) and then taken over, a
-container's lease on the same host is honoured, a malformed expiry is taken over, and a
-prune whose DELETE answers get lost still finishes. Releases are recorded in publish
+container's lease on the same host is honoured, a malformed expiry is taken over, a
+prune whose DELETE answers get lost still finishes, a rollback target was measured in
+every image unless accepted with a reason, a tag list that disagrees with a direct read
+of latest (the registry loses the page that holds latest) stops the prune, and a client
+paused past its lease TTL (another host takes the lease over meanwhile) stops at its
+next write instead of splitting a set (every write is fenced by a lease check right
+before it; a pause between that check and its write is beyond a registry without
+conditional writes, so pauses fall before reads). Releases are recorded in publish
 order, some on the same day with names in reverse alphabetical order, some with a typo'd
-future date; some are benched for one image only; the registry may be slow (its clock
+future date; some are benched for one image only (one just before the last release of
+the starting history, so a rollback can reach it); the registry may be slow (its clock
 moves on per request, so a lease expires mid-command unless renewed) and its tag list
 short. The run is derandomized: the same examples every time.
 Commands may refuse (exit 1 or 2); none may end in anything but an ImagebuildError.
@@ -86,8 +93,10 @@ COMMANDS = st.one_of(
                                             st.integers(0, 9)), st.booleans(),
               st.sampled_from([False, False, True])),
     st.tuples(st.just("rollback"), st.one_of(st.just("previous"), st.integers(0, 9))),
-    # --keep N, and the registry's tag list cut short to this many tags (None: whole)
-    st.tuples(st.just("prune"), st.integers(1, 3), st.sampled_from([None, None, 2, 4])),
+    # --keep N, and the registry's tag list cut short to this many tags (None: whole),
+    # or without latest and the tags on its manifest (a lost page)
+    st.tuples(st.just("prune"), st.integers(1, 3),
+              st.sampled_from([None, None, "hide latest", 2, 4])),
 )
 
 
@@ -107,6 +116,8 @@ class ReleaseState(RuleBasedStateMachine):
         self.order: dict[str, int] = {}  # tag -> when recorded (publish order)
         self.day = DAY0 - dt.timedelta(days=1)
         self.had_latest: set[str] = set()
+        self.dry_writes: list[tuple[str, str]] = []  # what any dry run sent that writes
+        self.accepted: set[tuple[str, str]] = set()  # (repo, tag) rolled back to unmeasured
         self.locks = tempfile.mkdtemp(prefix="release-props-")
         self.who = 0
         os.environ["IMAGEBUILD_LEASE_SETTLE"] = "0"
@@ -168,6 +179,7 @@ class ReleaseState(RuleBasedStateMachine):
         """One command; refusals are fine (False), anything but an ImagebuildError is not."""
         c = self.reg.client()
         kind = cmd[0]
+        mark = len(self.reg.calls)
         try:
             if kind == "publish":
                 tag = self._publish(*cmd[1:])
@@ -184,19 +196,26 @@ class ReleaseState(RuleBasedStateMachine):
                                     accept_regression=None, forward_only=True,
                                     dry_run=dry_run, log=quiet)
             elif kind == "rollback" and (tag := self.tag(cmd[1])):
-                latest.set_latest_many(c, list(self.repos), tag, dry_run=dry_run, log=quiet)
+                accept = latest.Accept(unmeasured="known good" if cmd[2:] and cmd[2] else None)
+                latest.set_latest_many(c, list(self.repos), tag, dry_run=dry_run, log=quiet,
+                                       accept=accept)
             elif kind == "prune":
                 limit = getattr(self.reg, "tag_limit", None)
                 if self.mem:
-                    self.reg.tag_limit = cmd[2]
+                    self.reg.tag_limit = cmd[2] if cmd[2] != "hide latest" else None
+                    self.reg.hide_latest = cmd[2] == "hide latest"
                 try:
                     for repo in self.repos:
                         prune(c, repo, cmd[1], dry_run=dry_run, log=quiet)
                 finally:
                     if self.mem:
-                        self.reg.tag_limit = limit
+                        self.reg.tag_limit, self.reg.hide_latest = limit, False
         except ImagebuildError:
             return False
+        finally:
+            if dry_run:
+                self.dry_writes += [w for w in self.reg.calls[mark:]
+                                    if w[0] not in ("GET", "HEAD")]
         return True
 
     def _publish(self, benched: str, smoke: str, when: str) -> str:
@@ -242,6 +261,8 @@ class ReleaseState(RuleBasedStateMachine):
                 if before[repo]:
                     self.rolled[repo].add(before[repo])  # type: ignore[arg-type]
                 self.rolled[repo].discard(after[repo])
+                if cmd[2:] and cmd[2]:  # --accept-unmeasured
+                    self.accepted.add((repo, after[repo]))  # type: ignore[arg-type]
             elif cmd[0] == "promote" and cmd[2]:
                 self.rolled[repo].discard(after[repo])
             else:
@@ -271,14 +292,17 @@ class ReleaseState(RuleBasedStateMachine):
 
     # -- rules
 
-    @initialize(n=st.integers(0, 5), first=st.sampled_from(["both", "both", "none"]))
-    def history(self, n, first):
+    @initialize(n=st.integers(0, 5), first=st.sampled_from(["both", "both", "none"]),
+                middle=st.sampled_from(["a", "none", "both"]))
+    def history(self, n, first, middle):
         """Start from a few releases, the last promoted (the first unbenched and promoted
-        unmeasured when `first` is "none"): enough for prune to delete and rollback to
-        go back."""
+        unmeasured when `first` is "none"; the one before the last benched as `middle`
+        says): enough for prune to delete and rollback to go back, to a release
+        measured in one image only too."""
         for i in range(n):
+            benched = first if i == 0 else middle if i == n - 2 else "both"
             with self.as_client(0):
-                self.execute(("publish", first if i == 0 else "both", "passed", "next"))
+                self.execute(("publish", benched, "passed", "next"))
                 if i == 0 and first == "none":
                     self.execute(("promote", 0, False, True))
 
@@ -419,20 +443,104 @@ class ReleaseState(RuleBasedStateMachine):
                       tick=tick)
 
     @precondition(lambda self: self.published)
-    @rule(cmd=st.sampled_from(["promote", "rollback", "prune", "publish"]), i=st.integers(0, 9),
-          unmeasured=st.booleans())
-    def dry_run(self, cmd, i, unmeasured):
-        """A dry run writes nothing, with every --accept too (they widen what it reads: an
-        accepted unmeasured side is where the gate would annotate stored results).
-        (`unmeasured` is still drawn, unused.)"""
-        if cmd == "publish":
-            return  # publish's dry run pushes nothing: its promote part is "promote"
-        full = {"promote": ("promote", i, True, True), "rollback": ("rollback", "previous"),
-                "prune": ("prune", 1 + i % 3, None)}[cmd]
-        self.reg.calls.clear()
+    @rule(cmd=st.sampled_from(["promote", "rollback", "prune"]),
+          which=st.one_of(st.sampled_from(["newest", "rolled", "previous"]), st.integers(0, 9)),
+          accept=st.booleans())
+    def dry_run(self, cmd, which, accept):
+        """A dry run writes nothing (the invariant on the write log), with every --accept
+        too (they widen what it reads: an accepted unmeasured side is where the gate would
+        annotate stored results; publish's dry run pushes nothing, its promote part is
+        "promote"), its release the newest first (the likeliest forward move)."""
+        full = {"promote": ("promote", which, True, True),
+                "rollback": ("rollback", which, accept),
+                "prune": ("prune", 1 + (which if isinstance(which, int) else 0) % 3,
+                          "hide latest" if accept else None)}[cmd]
         with self.as_client(0):
             self.execute(full, dry_run=True)
-        assert self.reg.writes() == [], f"dry run of {full} wrote {self.reg.writes()}"
+
+    @precondition(lambda self: len(self.published) >= 2)
+    @rule(accept=st.booleans(), who=st.integers(0, 1))
+    def rollback_gates(self, accept, who):
+        """A rollback to the newest release older than latest that lacks bench results in
+        some image (not recorded unmeasured): refused and latest stays, unless accepted
+        with a reason (then the invariant knows it was accepted). And a rollback to a
+        passed, measured release newer than latest: refused (it would skip the regression
+        gate), latest stays."""
+        lt = self.latest_tags()
+        now = lt[self.repos[0]]
+        if now is None:
+            return
+        c = self.reg.client()
+
+        def passed(t: str) -> bool:
+            return all((r := read_release(c, repo, t)) is not None and r.passed
+                       for repo in self.repos)
+
+        def measured(t: str, repo: str) -> bool:
+            r = read_release(c, repo, t)
+            return bool(store.stored(c, repo, t)) or bool(r and r.unmeasured)
+
+        newer = [t for t in self.published[self.order[now] + 1:] if passed(t)
+                 and all(measured(t, r) for r in self.repos)]
+        if newer:
+            cmd = ("rollback", self.order[newer[-1]], False)
+            with self.as_client(who):
+                ok = self.execute(cmd)
+            assert not ok and self.latest_tags() == lt, (
+                f"rollback to the newer {newer[-1]} moved latest: {self.latest_tags()}")
+        cands = [t for t in self.published[:self.order[now]]
+                 if passed(t) and not all(measured(t, r) for r in self.repos)]
+        if not cands:
+            return
+        cmd = ("rollback", self.order[cands[-1]], accept)
+        with self.as_client(who):
+            ok = self.execute(cmd)
+        if not accept:
+            assert not ok and self.latest_tags() == lt, (
+                f"rollback to the never-benched {cands[-1]} moved latest: {self.latest_tags()}")
+        self.observe(cmd, lt)
+
+    @rule(who=st.integers(0, 1))
+    def dry_run_over_an_unmeasured_latest(self, who):
+        """The state where `promote --dry-run` would annotate stored results: latest
+        promoted unmeasured (a release without results, accepted), a newer release with
+        results; its dry-run promote with --accept-unmeasured writes nothing (the
+        invariant on the write log)."""
+        with self.as_client(who):
+            self.execute(("publish", "none", "passed", "next"))
+            self.execute(("promote", "newest", False, True))
+            self.execute(("publish", "both", "passed", "next"))
+            self.execute(("promote", "newest", True, True), dry_run=True)
+
+    @precondition(lambda self: self.mem and self.published)
+    @rule(a=COMMANDS, b=COMMANDS, at=st.integers(0, 40))
+    def paused_past_the_lease(self, a, b, at):
+        """Client 0 pauses longer than the lease TTL before its `at`th read (a GC pause, a
+        stopped VM), while client 1 takes the expired leases over and runs `b`; then
+        client 0 goes on. Its next write is fenced (the lease is another's): it stops,
+        and whatever it moved is put back or left to the run that took over: no set is
+        split (the invariants)."""
+        if a[0] in ("promote", "rollback") and (tag := self.tag(a[1])):
+            a = (a[0], self.order[tag], *a[2:])
+        seen = [0]
+
+        def hook(method, path):
+            if method not in ("GET", "HEAD"):
+                return
+            seen[0] += 1
+            if seen[0] == at + 1:
+                self.reg.before = None
+                self.reg.now += float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1
+                with self.as_client(1):
+                    self.execute(b)
+                self.reg.before = hook
+
+        self.reg.before = hook
+        try:
+            with self.as_client(0):
+                self.execute(a)
+        finally:
+            self.reg.before = None
 
     @precondition(lambda self: self.mem and len(self.published) >= 2)
     @rule(cmd=st.one_of(
@@ -471,14 +579,18 @@ class ReleaseState(RuleBasedStateMachine):
         assert self.latest_tags() == before, f"{cmd} refused but left {self.latest_tags()}"
 
     @precondition(lambda self: self.mem and self.published)
-    @rule(holder=st.sampled_from(["other host", "container", "itself, killed"]),
-          expiry=st.sampled_from(["live", "expired", "nan", "inf", "soon", "far"]),
-          who=st.integers(0, 1))
-    def lease_takeover(self, holder, expiry, who):
+    @rule(who=st.integers(0, 1))
+    def lease_takeover(self, who):
         """A lease left in the registry is taken over exactly when it is of this host's
         own killed run, expired by the registry's clock (the hosts' clocks are an hour
         off), or its expiry is malformed; a live one of another host or of a container on
-        this host (own pid namespace) is honoured."""
+        this host (own pid namespace) is honoured. Every kind of holder and expiry, each
+        time (cheap: no search needed to reach one)."""
+        for holder in ("other host", "container", "itself, killed"):
+            for expiry in ("live", "expired", "nan", "inf", "soon", "far"):
+                self._lease_left_by(holder, expiry, who)
+
+    def _lease_left_by(self, holder: str, expiry: str, who: int) -> None:
         c = self.reg.client()
         repo = self.repos[0]
         rel = next((r for t in reversed(self.published)
@@ -506,6 +618,20 @@ class ReleaseState(RuleBasedStateMachine):
                 taken = False
         expected = holder == "itself, killed" or expiry != "live"
         assert taken == expected, f"a lease of {holder}, expiry {expiry}: taken {taken}"
+
+    @precondition(lambda self: self.mem and len(self.published) >= 2)
+    @rule(keep=st.integers(1, 3), who=st.integers(0, 1))
+    def prune_on_a_list_without_latest(self, keep, who):
+        """The registry's tag list loses the page that holds latest (and every tag on its
+        manifest): the list disagrees with a direct read of latest, so the prune of
+        every image that has a latest stops before deleting anything."""
+        self.reg.calls.clear()
+        with self.as_client(who):
+            self.execute(("prune", keep, "hide latest"))
+        with_latest = [r for r in self.repos if LATEST in self.reg.tags.get(r, {})]
+        deleted = [c for c in self.reg.writes() if c[0] == "DELETE"
+                   and any(c[1].startswith(f"/v2/{r}/") for r in with_latest)]
+        assert not deleted, f"prune on a tag list without latest deleted {deleted}"
 
     @precondition(lambda self: self.mem and self.published)
     @rule(keep=st.integers(1, 2))
@@ -580,13 +706,16 @@ class ReleaseState(RuleBasedStateMachine):
             own = read_release(c, repo, named)
             assert own is not None and own.digest == rel.digest, f"{repo}: latest names {named}"
             assert own.passed, f"{repo}: latest {named} never passed smoke"
-            assert own.unmeasured or store.stored(c, repo, named), f"{repo}: {named} unmeasured"
+            assert own.unmeasured or store.stored(c, repo, named) or (
+                (repo, named) in self.accepted), f"{repo}: {named} unmeasured, not accepted"
             tags.add(named)
-        # a set is the images that hold a release: when every image holds latest's
-        # release of one of them, latest of all is at it (`rollback --all` leaves an
-        # image that lacks the release alone: pruned, or never built for it)
-        held = {t for t in tags if t and all(t in self.reg.tags.get(r, {}) for r in self.repos)}
-        assert len(tags) == 1 or not held, f"the set is split: {self.latest_tags()}"
+        # promote and `rollback --all` move every image or none (an image that lacks
+        # the release refuses the set)
+        assert len(tags) == 1, f"the set is split: {self.latest_tags()}"
+
+    @invariant()
+    def a_dry_run_wrote_nothing(self):
+        assert self.dry_writes == [], f"a dry run wrote {self.dry_writes}"
 
 
 ReleaseState.TestCase.settings = settings(
