@@ -307,3 +307,35 @@ def test_matrix_yaml_sets_the_gates_of_both_targets():
     gates = {j.cell.target_name: j.cell.target.gates for j in plan.jobs}
     assert gates["gb10"].long_generation.tokens == 16384
     assert gates["cpu"].long_generation.tokens < 512  # the tiny model's max-model-len
+
+
+# ------------------------------------------------------------------ the whole job's wiring
+
+
+@pytest.mark.parametrize("status", [FAIL, UNTRUSTED])
+def test_the_whole_job_publishes_nothing_when_a_gate_does_not_pass(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys, status: str):
+    """Build, smoke and the gates' servers replaced (they are the e2e tests' business):
+    the job's own logic must stop before publish and say why."""
+    from imagebuild import job as job_mod
+    from imagebuild.build import builder
+    from imagebuild.gates import run as gates_run
+    from imagebuild.plan import load_plan
+    from imagebuild.smoke import runner
+
+    plan = load_plan(None, "2026-06-18-dflashfix", "cpu", None)
+    monkeypatch.setattr(builder, "build_jobs", lambda *a, **k: [])
+    monkeypatch.setattr(runner, "smoke_jobs", lambda lm, jobs, **k: {
+        j.id: {"passed": True, "image_ref": j.release_ref, "message": "ok"} for j in jobs})
+    monkeypatch.setattr(job_mod, "buildable", lambda plan: plan)
+    monkeypatch.setattr(gates_run, "gate_jobs", lambda jobs, out, **k: {
+        j.id: {"summary": summary(_doc(lg=status)), "path": "x/gates.json"} for j in jobs})
+    pushed = []
+    monkeypatch.setattr(job_mod, "publish_jobs", lambda *a, **k: pushed.append(a))
+    monkeypatch.setattr(job_mod, "registry_client", lambda plan: pushed.append("client"))
+    code = job_mod.run_release(plan, job_mod.ReleaseOptions(out=tmp_path, bench=False,
+                                                            accept_unmeasured="unit test"))
+    out = capsys.readouterr()
+    assert code == 1 and pushed == []
+    assert "did not pass the release gates: nothing pushed, no tag moved" in out.err
+    assert f"gates {status.upper()}" in out.out and "long_generation" in out.out
