@@ -339,3 +339,17 @@ def test_the_whole_job_publishes_nothing_when_a_gate_does_not_pass(
     assert code == 1 and pushed == []
     assert "did not pass the release gates: nothing pushed, no tag moved" in out.err
     assert f"gates {status.upper()}" in out.out and "long_generation" in out.out
+
+
+def test_a_resumed_release_keeps_the_gates_its_record_holds(tmp_path: Path):
+    from imagebuild.plan import load_plan
+    from imagebuild.release.resume import write_recorded_verdict
+    from tests.support.memregistry import MemRegistry
+
+    (job,) = load_plan(None, "2026-06-18-dflashfix", "cpu", None).jobs
+    reg = MemRegistry()
+    recorded = summary(_doc(lg=PASS))
+    reg.add_release(job.image.repository, str(job.tag), gates=recorded)
+    path = write_recorded_verdict(reg.client(), job, tmp_path)
+    doc = json.loads(path.with_name("gates.json").read_text())
+    assert doc["summary"] == recorded and doc["source"] == "release record"
