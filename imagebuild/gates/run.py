@@ -1,7 +1,8 @@
-"""Run the gates for one serve image: boot it as it ships and, when it speculates, once
-more without `--speculative-config` (bench/server.py's `serving`: the hardened run of
-runspec.py, a free loopback port, always removed); send both the same greedy requests
-one at a time (prompts.py); judge (verdict.py); write gates.json.
+"""Run the gates for one serve image: the image as it ships (the run smoke recorded,
+capture.py, else a boot of its own) and, when it speculates, once more without
+`--speculative-config` (bench/server.py's `serving`: the hardened run of runspec.py, a
+free loopback port, always removed); both get the same greedy requests one at a time
+(prompts.py); judge (verdict.py); write gates.json.
 
 One server at a time, each request alone: a batch of one is the shape both runs share,
 so the plain run is the reference the speculative one must reproduce token for token."""
@@ -52,9 +53,11 @@ class Run:
     after: Identity | None = None
     boot_s: float = 0.0
     seconds: float = 0.0
+    recorded: bool = False  # by smoke (capture.py), not a boot of the gates' own
 
     def as_json(self) -> dict[str, Any]:
         return {"what": self.what, "untrusted": self.untrusted,
+                "source": "smoke's server" if self.recorded else "booted by the gates",
                 "boot_s": round(self.boot_s, 2), "seconds": round(self.seconds, 2),
                 "server_before": self.before.as_json() if self.before else None,
                 "server_after": self.after.as_json() if self.after else None,
@@ -71,19 +74,27 @@ def run_requests(image: str, info: dict[str, Any], expect: dict[str, Any],
     try:
         with serving(image, info, expect, drop_flags=drop_flags, log=log) as c:
             run.boot_s = time.monotonic() - t0
-            model = served_model(c.base_url)
-            run.before = identity(c.name)
-            for r in reqs:
-                progress.wait("gates", f"{r.name} ({r.max_tokens} tokens) on the {what} server")
-                run.gens.append(generate(c.base_url, model, r, seed=seed,
-                                         timeout_s=request_timeout(r.max_tokens)))
-            run.after = identity(c.name)
-            run.untrusted = changed(run.before, run.after)
-            if run.untrusted:
-                run.untrusted = f"the {what} run: {run.untrusted}"
+            send_all(run, c.name, c.base_url, reqs, seed=seed)
     except OperationFailed as exc:  # it did not boot: nothing measured, nothing passes
         run.untrusted = f"the {what} server did not serve: {exc.message[:600]}"
     run.seconds = time.monotonic() - t0
+    return run
+
+
+def send_all(run: Run, container: str, base_url: str, reqs: list[GateRequest], *,
+             seed: int) -> Run:
+    """Every request, one at a time, to a healthy server, with its identity before and
+    after (a restart in between makes the run untrusted)."""
+    model = served_model(base_url)
+    run.before = identity(container)
+    for r in reqs:
+        progress.wait("gates", f"{r.name} ({r.max_tokens} tokens) on the {run.what} server")
+        run.gens.append(generate(base_url, model, r, seed=seed,
+                                 timeout_s=request_timeout(r.max_tokens)))
+    run.after = identity(container)
+    why = changed(run.before, run.after)
+    if why:
+        run.untrusted = f"the {run.what} run: {why}"
     return run
 
 
@@ -118,13 +129,21 @@ def gate_image(image: str, info: dict[str, Any], expect: dict[str, Any],
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     reqs = gate_requests(settings)
     seed = settings.lossless.seed
+    from imagebuild.gates.capture import CAPTURE_FILE, load_capture
+
+    shipped = "speculative" if speculates(info) else "plain"  # the image as it ships
+    recorded = load_capture(out_dir / CAPTURE_FILE, str(info.get("Id")), settings)
+    if recorded is not None and recorded.what == shipped:
+        log(f"{image}: the {shipped} run is the one smoke recorded ({CAPTURE_FILE})")
+    else:
+        recorded = run_requests(image, info, expect, reqs, seed=seed, what=shipped, log=log)
     spec = None
-    if speculates(info):
-        spec = run_requests(image, info, expect, reqs, seed=seed, what="speculative", log=log)
+    if shipped == "speculative":
+        spec = recorded
         plain = run_requests(image, info, expect, reqs, seed=seed, what="plain",
                              drop_flags=(SPEC_FLAG,), log=log)
     else:
-        plain = run_requests(image, info, expect, reqs, seed=seed, what="plain", log=log)
+        plain = recorded
     loss, lg = judge(spec, plain, settings)
     doc: dict[str, Any] = {
         "image_ref": image, "image_id": info.get("Id"), "cell": cell, "started": started,

@@ -353,3 +353,45 @@ def test_a_resumed_release_keeps_the_gates_its_record_holds(tmp_path: Path):
     path = write_recorded_verdict(reg.client(), job, tmp_path)
     doc = json.loads(path.with_name("gates.json").read_text())
     assert doc["summary"] == recorded and doc["source"] == "release record"
+
+
+def test_smokes_record_serves_the_gates_only_for_the_same_image_and_settings(tmp_path: Path):
+    from imagebuild.gates.capture import load_capture, save_capture
+
+    st = GateSettings(lossless=LosslessGate(max_tokens=8))
+    run = Run("speculative", gens=[gen("long", varied(8), alt={3: -0.7}, at=2)],
+              before=Identity(True, "t", 1, 0, 1), after=Identity(True, "t", 1, 0, 1))
+    path = tmp_path / "gates-speculative.json"
+    save_capture(path, "sha256:abc", st, run)
+    back = load_capture(path, "sha256:abc", st)
+    assert back is not None and back.recorded and back.before == run.before
+    g = back.gens[0]
+    assert g.tokens == run.gens[0].tokens and g.logprob_of(2, 3) == -0.7
+    assert load_capture(path, "sha256:other", st) is None  # another image: boot it
+    assert load_capture(path, "sha256:abc", GateSettings()) is None  # other thresholds
+    assert load_capture(tmp_path / "missing.json", "sha256:abc", st) is None
+
+
+def test_gate_image_uses_smokes_record_and_boots_only_the_plain_server(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from imagebuild.gates import run as gates_run
+    from imagebuild.gates.capture import CAPTURE_FILE, save_capture
+
+    st = GateSettings(lossless=LosslessGate(max_tokens=8, min_compared_tokens=8),
+                      long_generation=LongGenerationGate(tokens=64))
+    reqs = gates_run.gate_requests(st)
+    gens = [gen(r.name, varied(r.max_tokens, i)) for i, r in enumerate(reqs)]
+    info = {"Id": "sha256:abc", "Config": {"Cmd": ["vllm", "serve", "--speculative-config",
+                                                   "{}"]}}
+    save_capture(tmp_path / CAPTURE_FILE, "sha256:abc", st, Run("speculative", gens=gens))
+    booted = []
+
+    def fake_boot(image, info, expect, reqs, *, seed, what, drop_flags=(), log=print):
+        booted.append((what, drop_flags))
+        return Run(what, gens=[gen(g.name, g.tokens) for g in gens])
+
+    monkeypatch.setattr(gates_run, "run_requests", fake_boot)
+    doc = gates_run.gate_image("img:1", info, {}, st, tmp_path, log=lambda s: None)
+    assert booted == [("plain", ("--speculative-config",))]
+    assert doc["passed"] and doc["runs"][0]["source"] == "smoke's server"
+    assert json.loads((tmp_path / "gates.json").read_text())["summary"] == doc["summary"]
