@@ -78,6 +78,9 @@ def test_ngram_on_the_cpu_engine_passes_both_gates(runs):
     settings, r = runs
     assert r["plain"].untrusted is None and r["good"].untrusted is None
     loss, lg = judge(r["good"], r["plain"], settings)
+    print(f"\ngood image: lossless {loss.status}: {loss.reason}\n  long generation "
+          f"{lg.status}: {lg.reason}\n  seconds: " + ", ".join(
+              f"{k} boot {v.boot_s:.1f} requests {v.seconds - v.boot_s:.1f}" for k, v in r.items()))
     assert loss.status == PASS, loss.reason
     assert lg.status == PASS, lg.reason
     assert loss.detail["compared_tokens"] >= settings.lossless.min_compared_tokens
@@ -87,6 +90,8 @@ def test_ngram_on_the_cpu_engine_passes_both_gates(runs):
 def test_a_sampler_that_perturbs_the_verified_token_fails_both_gates(runs):
     settings, r = runs
     loss, lg = judge(r["lossy"], r["plain"], settings)
+    print(f"\nlossy image: lossless {loss.status}: {loss.reason}\n  long generation "
+          f"{lg.status}: {lg.reason}")
     assert loss.status == FAIL and lg.status == FAIL, (loss.reason, lg.reason)
     assert "not a tie" in loss.reason and "speculative decoding emitted" in loss.reason
     bad = next(c for c in loss.detail["comparisons"] if c["result"] == "mismatch")
