@@ -395,3 +395,40 @@ def test_gate_image_uses_smokes_record_and_boots_only_the_plain_server(
     assert booted == [("plain", ("--speculative-config",))]
     assert doc["passed"] and doc["runs"][0]["source"] == "smoke's server"
     assert json.loads((tmp_path / "gates.json").read_text())["summary"] == doc["summary"]
+
+
+def test_the_smoke_check_records_what_the_runner_asked_for(monkeypatch: pytest.MonkeyPatch,
+                                                           tmp_path: Path):
+    """The suite's check (its server replaced): it sends the gates' requests of the
+    settings the runner passed, records them for the image smoke tested, and fails on an
+    answer that is not complete."""
+    from imagebuild.gates.capture import load_capture
+    from imagebuild.smoke.suite import test_gates_capture as check
+
+    st = GateSettings(lossless=LosslessGate(max_tokens=8),
+                      long_generation=LongGenerationGate(tokens=64))
+    sent = []
+
+    def fake_send(run, container, base_url, reqs, *, seed):
+        sent.append((container, base_url, [r.max_tokens for r in reqs], seed))
+        run.gens = [gen(r.name, varied(r.max_tokens)) for r in reqs]
+        return run
+
+    monkeypatch.setattr(check, "send_all", fake_send)
+    path = tmp_path / "gates-speculative.json"
+    smoke = {"container": "c1", "base_url": "http://127.0.0.1:1", "image_id": "sha256:abc",
+             "gates_capture": {"settings": st.model_dump(), "path": str(path),
+                               "what": "speculative"}}
+    check.test_release_gate_requests_answered(smoke)
+    assert sent == [("c1", "http://127.0.0.1:1", [8, 8, 8, 8, 64], 0)]
+    assert load_capture(path, "sha256:abc", st).what == "speculative"
+
+    def short_send(run, container, base_url, reqs, *, seed):
+        run.gens = [gen(r.name, varied(3), n=r.max_tokens) for r in reqs]
+        return run
+
+    monkeypatch.setattr(check, "send_all", short_send)
+    with pytest.raises(AssertionError, match="not answered in full"):
+        check.test_release_gate_requests_answered(smoke)
+    with pytest.raises(pytest.skip.Exception):
+        check.test_release_gate_requests_answered({})
