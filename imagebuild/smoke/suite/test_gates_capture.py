@@ -5,6 +5,7 @@ the check itself: every request answered in full, on one unrestarted server."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,10 @@ def test_release_gate_requests_answered(smoke):
         pytest.skip("no release gates follow this smoke run (`smoke IMAGE_REF`): "
                     "nothing to record for them")
     settings = GateSettings.model_validate(cap["settings"])
+    t0 = time.monotonic()
     run = send_all(Run(cap["what"]), smoke["container"], smoke["base_url"],
                    gate_requests(settings), seed=settings.lossless.seed)
+    run.seconds = time.monotonic() - t0
     save_capture(Path(cap["path"]), smoke["image_id"], settings, run)
     bad = [f"{g.name}: {g.error or f'{len(g.tokens)} of {g.max_tokens} tokens'}"
            for g in run.gens if g.error or g.truncated]
