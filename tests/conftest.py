@@ -110,7 +110,7 @@ def require(ok: bool, why: str) -> None:
     """Skip a test whose machine lacks `why`; in CI (which must provide it) fail it."""
     if not ok:
         if os.environ.get("CI"):
-            pytest.fail(f"{why} (CI must provide it: scripts/setup.sh)")
+            pytest.fail(f"{why} (CI must provide it: scripts/setup-tests.sh)")
         pytest.skip(why)
 
 

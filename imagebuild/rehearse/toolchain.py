@@ -106,7 +106,7 @@ def find_tools() -> Tools:
     torch_python = _executable(torch_python_default())
     if not torch_python:
         raise ToolMissing(f"no Python with torch at {torch_python_default()} "
-                          "(IMAGEBUILD_VLLM_PYTHON; scripts/setup.sh makes .venv-vllm)")
+                          "(IMAGEBUILD_VLLM_PYTHON; scripts/setup-tests.sh makes .venv-vllm)")
     wheel = [c for p in sys.path for c in glob.glob(os.path.join(p, "nvidia/cu*/bin/cuobjdump"))]
     cuobjdump = find_tool("IMAGEBUILD_CUOBJDUMP", "cuobjdump",
                           [os.path.join(home, "bin", "cuobjdump"), *wheel])

@@ -41,7 +41,7 @@ def _free_port() -> int:
 def redis_url(tmp_path_factory):
     server = shutil.which("redis-server")
     if not server:
-        pytest.fail("redis-server is required (scripts/setup.sh installs it)")
+        pytest.fail("redis-server is required (scripts/setup-tests.sh installs it)")
     port = _free_port()
     work = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen([server, "--bind", "127.0.0.1", "--port", str(port),

@@ -199,7 +199,7 @@ def test_a_rerun_that_changes_nothing_builds_smokes_and_benches_nothing(runs):
                  r"Push by digest.*", r"Bench, stored.*", r"Release notes", r"GitHub release"):
         assert not re.search(rf"Success - Main {step} \[", run.log), step
     assert "done=true" in run.log and run.job_result("promote and release") == "succeeded"
-    assert run.seconds < 30, run.seconds  # tools/time_act_rerun.py measures it (< 15 s)
+    assert run.seconds < 30, run.seconds  # benchmarks/time_act_rerun.py measures it (< 15 s)
 
 
 def test_two_tags_in_flight_end_with_latest_at_the_newer(runs):

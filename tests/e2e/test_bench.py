@@ -69,7 +69,7 @@ def test_slower_release_is_refused_as_latest_unless_accepted(cpu_serve_image) ->
     assert [lv["flags"] for lv in fast_levels + slow_levels] == [[]] * 4
     # client TTFT vs vLLM's own histogram over the same requests: the client's holds the
     # server's plus HTTP, chat template and tokenization (4-11 ms here for both our client
-    # and `vllm bench serve`, tools/compare_client_with_vllm_bench.py); a client timing the
+    # and `vllm bench serve`, benchmarks/compare_client_with_vllm_bench.py); a client timing the
     # wrong chunk or counting its own queueing would miss this band
     for lv in fast_levels:
         client_ms, server_ms = lv["ttft_ms"]["mean"], lv["server_ttft_mean_ms"]

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 def _need(ok: bool, what: str) -> None:
     if not ok:
         if os.environ.get("CI"):
-            pytest.fail(f"{what} (scripts/setup.sh provides it in CI)")
+            pytest.fail(f"{what} (scripts/setup-tests.sh provides it in CI)")
         pytest.skip(what)
 
 

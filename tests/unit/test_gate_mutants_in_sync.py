@@ -1,4 +1,4 @@
-"""tools/mutate_gates.py breaks each gate once and runs its unit tests; this keeps the
+"""benchmarks/mutate_gates.py breaks each gate once and runs its unit tests; this keeps the
 script in step with the code: every mutated text is in its module exactly once and every
 test file it runs exists."""
 
@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mutants():
-    spec = importlib.util.spec_from_file_location("mutate_gates", ROOT / "tools/mutate_gates.py")
+    spec = importlib.util.spec_from_file_location("mutate_gates",
+                                                  ROOT / "benchmarks/mutate_gates.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up

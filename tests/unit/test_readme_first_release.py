@@ -1,6 +1,7 @@
-"""The README's "First release on your Sparks" is walked: every `build.py` command parses
-with the real CLI parser, the lock command is the one `check --tag` prints for the
-committed lock, the checks it names run, and the git steps run against a real remote."""
+"""docs/gb10.md's "First release on your Sparks" (linked from the README) is walked: every
+`build.py` command parses with the real CLI parser, the lock command is the one
+`check --tag` prints for the committed lock, the checks it names run, and the git steps
+run against a real remote."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _section() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs/gb10.md").read_text()
     part = text.split("\n## First release on your Sparks\n", 1)[1]
     return part.split("\n## ", 1)[0]
 

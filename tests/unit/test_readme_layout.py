@@ -1,4 +1,4 @@
-"""The README's Layout section and the repository say the same thing: every module and
+"""docs/layout.md (linked from the README) and the repository say the same thing: every module and
 subpackage of imagebuild/ and every top-level folder is listed, and nothing listed is gone."""
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _layout_block() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Layout\n", 1)[1]
-    assert "\n## Layout\n" not in section, "the README has two Layout sections"
-    return section.split("```\n", 2)[1].splitlines()
+    return (ROOT / "docs/layout.md").read_text().split("```\n", 2)[1].splitlines()
 
 
 def _listed(indent: str) -> set[str]:
@@ -35,9 +32,9 @@ def test_every_top_level_folder_is_listed_and_nothing_listed_is_gone() -> None:
     folders = {f.split("/", 1)[0] + "/" for f in tracked
                if "/" in f and not f.startswith((".ci/", ".github/"))}
     listed = _listed("")
-    assert folders <= listed, f"not in the README's Layout: {sorted(folders - listed)}"
+    assert folders <= listed, f"not in docs/layout.md: {sorted(folders - listed)}"
     for entry in listed:
-        assert (ROOT / entry).exists(), f"the README's Layout lists {entry}, which is gone"
+        assert (ROOT / entry).exists(), f"docs/layout.md lists {entry}, which is gone"
 
 
 def test_test_modules_have_one_basename_each() -> None:

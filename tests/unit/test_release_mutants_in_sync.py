@@ -1,4 +1,4 @@
-"""tools/mutate_release_state.py reverts each release-state fix once and runs the property
+"""benchmarks/mutate_release_state.py reverts each release-state fix once and runs the property
 and regression tests; this keeps the script in step with the code: every mutated text is
 in its module exactly once and every test it runs exists."""
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _tool():
     spec = importlib.util.spec_from_file_location("mutate_release_state",
-                                                  ROOT / "tools/mutate_release_state.py")
+                                                  ROOT / "benchmarks/mutate_release_state.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up

@@ -47,7 +47,7 @@ def test_requirements_notice_a_dropped_name_the_pins_no_longer_hold(tmp_path):
 
 
 needs_gcc = pytest.mark.skipif(not (shutil.which("gcc") and shutil.which("readelf")),
-                               reason="gcc and readelf (scripts/setup.sh installs them)")
+                               reason="gcc and readelf (scripts/setup-tests.sh installs them)")
 REAL_LIB = r"""
 int foo_add(int a, int b) { return a + b; }
 int foo_table[4] = {1, 2, 3, 4};

@@ -1,6 +1,6 @@
 """Do the release-state tests catch a reverted fix? Revert each fix once, run the tests.
 
-    .venv/bin/python tools/mutate_release_state.py [--only NAME] [--no-regression]
+    .venv/bin/python benchmarks/mutate_release_state.py [--only NAME] [--no-regression]
 
 Each mutant reverts one fix of issue 25 (imagebuild/release/*.py, imagebuild/bench/
 {store,gate}.py) in a copy of the tracked tree (the checkout itself is never touched),

@@ -12,9 +12,10 @@ A burst the server sends shows as packets close together; a client starved of CP
 as events parsed long after their packets arrived. Prints one JSON document per run
 (--out keeps it).
 
-    flock /tmp/imagebuild-heavy.lock .venv/bin/python tools/diagnose_stream_timing.py \
+    flock /tmp/imagebuild-heavy.lock .venv/bin/python benchmarks/diagnose_stream_timing.py \
         IMAGE_REF [--server-cpus 0] [--client-cpus 1] [--env K=V ...] [--levels 1,4]
-    .venv/bin/python tools/diagnose_stream_timing.py --table-from docs/data/burst-diagnosis.json
+    .venv/bin/python benchmarks/diagnose_stream_timing.py \
+        --table-from docs/data/burst-diagnosis.json
 """
 
 from __future__ import annotations

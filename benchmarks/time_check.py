@@ -6,7 +6,7 @@ The real matrix is copied to a tmp dir and locked from the recorded Hub answers
 `run_checks` in-process and, once `build.py check` exists, the whole command a user runs
 (`python build.py check --tag T --target gb10`, interpreter start-up included).
 
-Usage: python tools/time_check.py [--runs 5]
+Usage: python benchmarks/time_check.py [--runs 5]
 """
 
 from __future__ import annotations

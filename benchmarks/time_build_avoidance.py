@@ -9,7 +9,7 @@ Measures, each as the whole `python build.py build` command:
   4. only the model changed (generator seed 0 -> 1);
 for 3 and 4: engine layers all cached, seconds, and bytes of new layers vs the whole image.
 
-Usage: python tools/time_build_avoidance.py [--cold]
+Usage: python benchmarks/time_build_avoidance.py [--cold]
 """
 
 from __future__ import annotations

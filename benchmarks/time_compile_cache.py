@@ -2,7 +2,7 @@
 """Benchmark: a compile cache shared by two GB10 runners (sccache + Redis), measured with
 the GB10 rehearsal's real nvcc 13 compiles of vLLM translation units.
 
-    flock /tmp/imagebuild-heavy.lock .venv/bin/python tools/time_compile_cache.py
+    flock /tmp/imagebuild-heavy.lock .venv/bin/python benchmarks/time_compile_cache.py
 
 1. The pinned vLLM source with its patch series, and the nvcc/g++ command lines vLLM's
    own CMake writes for the rehearsed units (TORCH_CUDA_ARCH_LIST=12.1a), exactly as

@@ -2,8 +2,8 @@
 the in-memory registry of the tests (distribution 2.8's API: no tag deletes, no
 referrers API), each release with stored bench results, latest at the newest.
 
-    .venv/bin/python tools/count_prune_requests.py            # this checkout
-    PYTHONPATH=/path/to/other/checkout .venv/bin/python tools/count_prune_requests.py
+    .venv/bin/python benchmarks/count_prune_requests.py            # this checkout
+    PYTHONPATH=/path/to/other/checkout .venv/bin/python benchmarks/count_prune_requests.py
 
 Prints one line per size: releases, requests, requests per release.
 """

@@ -21,7 +21,7 @@ Then every installed file of the image's site-packages is attributed to its dist
 (`importlib.metadata`), and the report lists, per distribution, installed bytes and bytes
 touched, and the large files nothing touched.
 
-Usage: python tools/trace_cpu_engine.py IMAGE [--out DIR] [--bindings] [--keep-raw]
+Usage: python benchmarks/trace_cpu_engine.py IMAGE [--out DIR] [--bindings] [--keep-raw]
 Heavy (boots vLLM): run it under `flock /tmp/imagebuild-heavy.lock`.
 """
 

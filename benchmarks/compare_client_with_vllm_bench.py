@@ -9,9 +9,9 @@ vLLM's own TTFT histogram from /metrics before and after: the server's view of t
 requests, which both clients should exceed by the same HTTP/tokenization overhead.
 Prints per level the pooled figures of both clients and their relative difference.
 
-    .venv/bin/python tools/compare_client_with_vllm_bench.py [IMAGE_REF] [--levels 1,4,8]
+    .venv/bin/python benchmarks/compare_client_with_vllm_bench.py [IMAGE_REF] [--levels 1,4,8]
         [--requests 32] [--rounds 2] [--server-cpus 0] [--client-cpus 1]
-    .venv/bin/python tools/compare_client_with_vllm_bench.py \
+    .venv/bin/python benchmarks/compare_client_with_vllm_bench.py \
         --tables-from docs/data/vllm-compare.json   # the README's tables
 """
 

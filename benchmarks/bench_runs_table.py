@@ -1,8 +1,8 @@
 """Several `build.py bench` runs side by side, one row per run and level: the README's
 before/after table of the bench placement, regenerated from its raw data.
 
-    .venv/bin/python tools/bench_runs_table.py docs/data/placement-before-after.json
-    .venv/bin/python tools/bench_runs_table.py --collect OUT.json build/bench/*/*.json
+    .venv/bin/python benchmarks/bench_runs_table.py docs/data/placement-before-after.json
+    .venv/bin/python benchmarks/bench_runs_table.py --collect OUT.json build/bench/*/*.json
 """
 
 from __future__ import annotations

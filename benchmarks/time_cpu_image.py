@@ -10,7 +10,7 @@ For each image given:
   - boot to /health: the image's own serve command in `docker run --network host` on a
     free port, timed from `docker run` to the first HTTP 200 (best of --boots runs).
 
-Usage: python tools/time_cpu_image.py IMAGE [IMAGE ...] [--boots N] [--json FILE]
+Usage: python benchmarks/time_cpu_image.py IMAGE [IMAGE ...] [--boots N] [--json FILE]
 Heavy (pushes gigabytes, boots vLLM): run it under `flock /tmp/imagebuild-heavy.lock`.
 """
 

@@ -3,7 +3,7 @@
 and `plan` of the real matrix (target: < 0.5 s), each timed as the whole command a user
 runs (`python build.py ...`, interpreter start-up included).
 
-Usage: python tools/time_plan_render.py [--runs 5] [--cells 1000]
+Usage: python benchmarks/time_plan_render.py [--runs 5] [--cells 1000]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 every cell published, smoke-passed and benched), under act on this machine.
 
     make rehearse-release TAG=2026-06-18-dflashfix       # once: builds and releases it
-    .venv/bin/python tools/time_act_rerun.py --tag 2026-06-18-dflashfix [--runs 3]
+    .venv/bin/python benchmarks/time_act_rerun.py --tag 2026-06-18-dflashfix [--runs 3]
 
 The tag is set on HEAD (as the rehearsal does): run it on the commit that was released,
 or one that changes no image. Prints the wall time of each re-run and each job's verdict,
