@@ -26,7 +26,7 @@ from imagebuild.rehearse_workflow.act import Rehearsal  # noqa: E402
 
 # the cell and engine steps a no-op re-run must skip (act logs "Success - Main NAME [time]")
 REDONE = re.compile(r"Success - Main (Build the engine once[^\[]*|Build the serve layers[^\[]*|"
-                    r"Smoke|Push by digest[^\[]*|Bench, stored[^\[]*) \[")
+                    r"Smoke|Release gates[^\[]*|Push by digest[^\[]*|Bench, stored[^\[]*) \[")
 
 
 def main() -> int:

@@ -180,6 +180,19 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return 0 if all(v["passed"] for v in verdicts) else 1
 
 
+def cmd_gates(args: argparse.Namespace) -> int:
+    """The release gates of a planned tag's local images: 0 when every cell passed (or a
+    gate does not apply), 1 otherwise (its gates.json says why)."""
+    from imagebuild.gates.summary import passed
+    from imagebuild.job import run_gates
+
+    plan = _plan(args)
+    if plan.tag is None:
+        raise UserError("gates needs --tag", fix="pass the release's --tag")
+    summaries = run_gates(plan.jobs, _out(args, plan))
+    return 0 if all(passed(s) for s in summaries.values()) else 1
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from imagebuild.bench.command import run
 
@@ -188,7 +201,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from imagebuild.job import load_verdicts, promote, publish_jobs, registry_client
+    from imagebuild.job import load_gates, load_verdicts, promote, publish_jobs, registry_client
 
     _writes_releases()
 
@@ -197,7 +210,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         raise UserError("publish needs --tag", fix="pass the release's --tag")
     out = _build_dir(plan)
     client = registry_client(plan)
-    publish_jobs(client, plan.jobs, load_verdicts(plan.jobs, out), dry_run=args.dry_run)
+    publish_jobs(client, plan.jobs, load_verdicts(plan.jobs, out), dry_run=args.dry_run,
+                 gates=load_gates(plan.jobs, out))
     if not args.no_latest:
         promote(plan, client, accept_regression=args.accept_regression,
                 accept_untrusted=args.accept_untrusted,
@@ -427,7 +441,7 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": cmd_build,
-            "check": cmd_check, "smoke": cmd_smoke, "release": cmd_release,
+            "check": cmd_check, "smoke": cmd_smoke, "gates": cmd_gates, "release": cmd_release,
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,

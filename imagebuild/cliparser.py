@@ -296,6 +296,13 @@ def parser() -> argparse.ArgumentParser:
 
     _smoke_args(sub.add_parser("smoke", help="run serve images hardened and check they serve "
                                              "correctly (exit 1 when one fails)"))
+    p = sub.add_parser("gates", help="the release gates of a tag's built cells: speculative "
+                                     "decoding lossless against plain decoding, long "
+                                     "generation (exit 1 when a cell fails or is untrusted)")
+    _release(p)
+    p.add_argument("--out", type=_out_dir, default=None,
+                   help="build dir; gates.json goes to its smoke/<target>/<engine>/<image>/ "
+                        "(default: build/)")
     _bench_args(sub.add_parser("bench", help="measure a serve image: TTFT, TPOT, tok/s per "
                                              "concurrency level, speculative acceptance; plot"))
 

@@ -1,10 +1,10 @@
 """The whole job (`build.py --tag T`): plan -> lock check -> preflight -> build -> smoke
--> publish (push by digest, release tag) -> bench (stored beside the release) ->
-regression gate -> `latest`, last.
+-> release gates (lossless, long generation) -> publish (push by digest, release tag) ->
+bench (stored beside the release) -> regression gate -> `latest`, last.
 
-Nothing is pushed unless every job of the tag passed smoke; `latest` moves only after the
-bench, past the regression gate, forward only. Each step is also its own command; the
-helpers here are the ones those commands share.
+Nothing is pushed unless every job of the tag passed smoke and the release gates; `latest`
+moves only after the bench, past the regression gate, forward only. Each step is also its
+own command; the helpers here are the ones those commands share.
 """
 
 from __future__ import annotations
@@ -91,14 +91,28 @@ def load_verdicts(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]
     return {j.id: load_verdict(verdict_path(out, j.cell)) for j in jobs}
 
 
+def load_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
+    """Each job's release-gates summary from its gates.json, for its local image exactly
+    (a missing or stale one stops publish: exit 1, nothing pushed)."""
+    from imagebuild.docker import inspect_image
+    from imagebuild.gates.run import GATES_FILE
+    from imagebuild.gates.summary import load_summary
+    from imagebuild.smoke.paths import cell_dir
+
+    return {j.id: load_summary(cell_dir(out, j.cell) / GATES_FILE,
+                               inspect_image(j.release_ref)["Id"]) for j in jobs}
+
+
 def publish_jobs(client: RegistryClient, jobs: tuple[Job, ...], verdicts: dict[str, Any], *,
-                 dry_run: bool) -> None:
-    """Push and record every job (each gated on its own verdict); `latest` stays."""
+                 dry_run: bool, gates: dict[str, dict[str, Any]] | None = None) -> None:
+    """Push and record every job (each gated on its own smoke verdict and release-gates
+    summary); `latest` stays."""
     from imagebuild.release.publish import publish_job
 
     for job in jobs:
         with progress.stage("publish", job.id):
-            result = publish_job(client, job, verdicts[job.id], dry_run=dry_run)
+            result = publish_job(client, job, verdicts[job.id], dry_run=dry_run,
+                                 gates=(gates or {}).get(job.id))
         if dry_run:
             print(f"{job.id}: dry run, nothing written")
         else:
@@ -151,8 +165,25 @@ def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None
                  dry_run=dry_run)
 
 
+def run_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
+    """The release gates of every job (gates/run.py), one line per gate and cell; the
+    summaries, by job id."""
+    from imagebuild.gates.run import gate_jobs
+    from imagebuild.gates.summary import passed
+
+    docs = gate_jobs(jobs, out)
+    for job_id, doc in docs.items():
+        s = doc["summary"]
+        for gate, v in s.items():
+            print(f"gates {v['status'].upper():<14} {job_id}  {gate}: {v['reason']}")
+        if not passed(s):
+            print(f"  details: {doc.get('path', '')}", file=sys.stderr)
+    return {job_id: doc["summary"] for job_id, doc in docs.items()}
+
+
 def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     from imagebuild.build.builder import build_jobs
+    from imagebuild.gates.summary import passed
     from imagebuild.smoke.paths import cell_dir
     from imagebuild.smoke.runner import smoke_jobs
     from imagebuild.stagewatch import BuildWatch, SmokeWatch
@@ -176,12 +207,17 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
         print(f"{len(failed)} cell(s) failed smoke: nothing pushed, no tag moved",
               file=sys.stderr)
         return 1
+    gates = run_gates(plan.jobs, opts.out)
+    if not all(passed(s) for s in gates.values()):
+        print(f"{sum(not passed(s) for s in gates.values())} cell(s) did not pass the "
+              "release gates: nothing pushed, no tag moved", file=sys.stderr)
+        return 1
     client = registry_client(plan)
     if opts.dry_run:
-        publish_jobs(client, plan.jobs, verdicts, dry_run=True)
+        publish_jobs(client, plan.jobs, verdicts, dry_run=True, gates=gates)
         print("dry run: no bench stored, latest not moved")
         return 0
-    publish_jobs(client, plan.jobs, verdicts, dry_run=False)
+    publish_jobs(client, plan.jobs, verdicts, dry_run=False, gates=gates)
     if opts.bench:
         bench_jobs(client, plan.jobs, opts.out / "bench")
     promote(plan, client, accept_regression=opts.accept_regression,

@@ -35,7 +35,8 @@ DIGEST_RE = re.compile(r"^[a-z0-9]+(?:[+._-][a-z0-9]+)*:[a-zA-Z0-9=_-]+$")
 
 # annotations the project writes and later parses (release/records.py, release/lease.py,
 # bench/store.py name them; tests/unit/test_registry_untrusted.py keeps the two in step)
-JSON_OBJECT_ANNOTATIONS = ("io.imagebuild.release.pins", "io.imagebuild.release.checks")
+JSON_OBJECT_ANNOTATIONS = ("io.imagebuild.release.pins", "io.imagebuild.release.checks",
+                           "io.imagebuild.release.gates")
 LEASE_PREFIX = "io.imagebuild.lease."
 _PRINTABLE_SHORT = re.compile(r"^[\x20-\x7e]{0,200}$")  # what a lease's owner/host/purpose is
 

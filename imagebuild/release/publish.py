@@ -95,6 +95,17 @@ def gate(verdict: dict[str, Any], image_id: str, ref: str) -> None:
             fix="run smoke on this image, then publish")
 
 
+def gates_gate(gates: dict[str, Any] | None, ref: str) -> None:
+    """Refuse a cell whose release gates failed or could not be trusted, as smoke's."""
+    from imagebuild.gates.summary import failures
+
+    if gates is not None and (bad := failures(gates)):
+        raise OperationFailed(f"{ref} did not pass the release gates ({'; '.join(bad)}): "
+                              "nothing pushed, no tag moved",
+                              fix="see gates.json in the cell's smoke dir; fix, rebuild, "
+                                  "smoke and gate again")
+
+
 def docker_push(image_id: str, name: str, tag: str, creds: Credentials | None) -> str:
     """Tag image_id as name:tag and push it through dockerd; returns the pushed digest.
 
@@ -170,14 +181,17 @@ def _drop_staging(client: RegistryClient, repo: str, tag: str, image_id: str,
 
 def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: ReleaseTag,
             verdict: dict[str, Any], pins: dict[str, Any] | None = None,
-            dry_run: bool = False, credentials: Credentials | None = None, log: Log = print,
+            gates: dict[str, Any] | None = None, dry_run: bool = False,
+            credentials: Credentials | None = None, log: Log = print,
             settle: float | None = None, push_attempts: int = 3) -> PublishResult:
     """Push the smoke-passed local image to repo (a path in client's registry, e.g.
-    'vllm-spark/qwen36-cpu-tiny') and record it as release_tag."""
+    'vllm-spark/qwen36-cpu-tiny') and record it as release_tag. `gates`: the release
+    gates' summary (gates/summary.py), refused unless it passed, recorded with it."""
     start = time.monotonic()
     info = inspect_local(local_ref)
     image_id = info["Id"]
     gate(verdict, image_id, local_ref)  # before any registry request
+    gates_gate(gates, local_ref)
     check_tag_date(release_tag)
     labels = (info.get("Config") or {}).get("Labels") or {}
     tag = str(release_tag)
@@ -224,7 +238,7 @@ def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: R
                                 fix="check `build.py releases`")
             record = release_record(release_tag, image_id, verdict, pins=pins,
                                     cell=labels.get(CELL_LABEL), inputs=labels.get(INPUTS_LABEL),
-                                    pushed_digest=pushed)
+                                    pushed_digest=pushed, gates=gates)
             client.put_manifest(repo, tag, annotated_manifest(manifest, record), OCI_MANIFEST)
             rel = read_release(client, repo, tag)
             if rel is None or not rel.passed or rel.image_id != image_id:
@@ -238,8 +252,9 @@ def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: R
 
 
 def publish_job(client: RegistryClient, job: Job, verdict: dict[str, Any], *,
-                dry_run: bool = False, log: Log = print) -> PublishResult:
+                gates: dict[str, Any] | None = None, dry_run: bool = False,
+                log: Log = print) -> PublishResult:
     """publish() for one planned job: its local image, repository, tag and pins."""
     return publish(client, job.image.repository, local_ref=job.release_ref,
-                   release_tag=job.tag, verdict=verdict, pins=dict(job.pins),
+                   release_tag=job.tag, verdict=verdict, pins=dict(job.pins), gates=gates,
                    dry_run=dry_run, log=log)

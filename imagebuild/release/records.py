@@ -41,6 +41,7 @@ A_CHECKS, A_PINS, A_CELL = f"{ANN}.checks", f"{ANN}.pins", f"{ANN}.cell"
 A_INPUTS, A_PUSHED = f"{ANN}.inputs", f"{ANN}.pushed-manifest"
 # a release promoted without a measurement says so in its record: `unmeasured` and why
 A_BENCH, A_UNMEASURED = f"{ANN}.bench", f"{ANN}.unmeasured-reason"
+A_GATES = f"{ANN}.gates"  # the release gates' summary (imagebuild/gates)
 UNMEASURED = "unmeasured"
 A_CREATED = "org.opencontainers.image.created"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -81,7 +82,8 @@ def annotated_manifest(pushed: dict[str, Any], record: dict[str, str]) -> bytes:
 
 def release_record(tag: ReleaseTag, image_id: str, verdict: dict[str, Any], *,
                    pins: dict[str, Any] | None, cell: str | None, inputs: str | None,
-                   pushed_digest: str) -> dict[str, str]:
+                   pushed_digest: str, gates: dict[str, Any] | None = None
+                   ) -> dict[str, str]:
     checks = verdict.get("checks") or {}
     summary = {k: bool(v.get("passed", v.get("ok")) if isinstance(v, dict) else v)
                for k, v in checks.items()}
@@ -95,6 +97,8 @@ def release_record(tag: ReleaseTag, image_id: str, verdict: dict[str, Any], *,
         record[A_CELL] = cell
     if inputs:
         record[A_INPUTS] = inputs
+    if gates is not None:
+        record[A_GATES] = compact(gates)
     return record
 
 

@@ -25,8 +25,10 @@ class CellState:
 def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) -> Path | None:
     """For a cell done before this run: its smoke verdict as the release records it (the
     check names and outcomes), where the notes read smoke reports, unless a report of this
-    checkout is there already. Says where it comes from: smoke was not run again."""
-    from imagebuild.release.records import A_CHECKS, read_release
+    checkout is there already, and its release gates' summary as gates.json beside it.
+    Says where it comes from: smoke and the gates were not run again."""
+    from imagebuild.gates.run import GATES_FILE
+    from imagebuild.release.records import A_CHECKS, A_GATES, read_release
     from imagebuild.smoke.paths import verdict_path
 
     path = verdict_path(build_dir, job.cell)
@@ -40,6 +42,11 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
         "message": f"as recorded with release {rel.tag} ({rel.digest}); not run again",
         "checks": {name: {"passed": bool(ok), "outcome": "passed" if ok else "failed"}
                    for name, ok in checks.items()}}, indent=1))
+    gates = rel.annotations.get(A_GATES)  # the release gates as recorded: not run again
+    if gates and not (path.parent / GATES_FILE).exists():
+        (path.parent / GATES_FILE).write_text(json.dumps({
+            "image_id": rel.image_id, "source": "release record",
+            "summary": json.loads(gates)}, indent=1))
     return path
 
 

@@ -23,6 +23,7 @@ ALWAYS = (
     "no_credentials_in_the_environment",
     "model_is_read_only",
     "kernel_backends_are_the_expected_ones",
+    "release_gate_requests_answered",
 )
 PER_LEVEL = ("burst_has_no_errors",)  # parametrized by the image's smoke concurrency
 

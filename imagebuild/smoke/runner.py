@@ -45,7 +45,7 @@ SUITE = Path(__file__).resolve().parent / "suite"
 CHECK_TIMEOUT_S = 900  # per check (pytest-timeout); a gb10 burst at c=32 is the longest
 OUTPUTS = ("junit.xml", "summary.md", "verdict.json", "container.log", "boot.json",
            "container-attempt1.log", "checks.log", "config.json", "checks-junit.xml",
-           "compose.yaml")
+           "compose.yaml", "gates-speculative.json", "gates.json")  # the gates' follow smoke
 PROJECT_LABEL = "com.docker.compose.project"
 INTERRUPT_GRACE_S = 5  # pytest's own teardown (compose down) gets this long after Ctrl-C
 SWEEP_SETTLE_S = 1.0  # a create the engine accepted before compose was stopped lands by then
@@ -196,11 +196,13 @@ def _verdict(image_ref: str, image_id: str, expect: dict[str, Any], boot: dict[s
 
 def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
                 boot_timeout_s: float | None = None, stall_s: float | None = None,
-                console: Console | None = None, compose_text: str | None = None
-                ) -> dict[str, Any]:
+                console: Console | None = None, compose_text: str | None = None,
+                gates: dict[str, Any] | None = None) -> dict[str, Any]:
     """Smoke-test one local image; returns the verdict (also written to out_dir).
     `compose_text`: the cell's rendered compose file (the one users get); without it (an
-    image known only by reference) the same settings are derived from the image."""
+    image known only by reference) the same settings are derived from the image.
+    `gates`: the target's release-gate settings; the suite then sends the gates' requests
+    and records the answers for them (gates/capture.py)."""
     console = console or Console(stderr=True, soft_wrap=True)  # CI logs: no hard wraps
     t0 = time.time()
     info = inspect_image(image_ref)
@@ -217,6 +219,12 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
               "compose_file": str(compose_file), "project": project, "port": port,
               "out_dir": str(out_dir), "boot_path": str(out_dir / "boot.json"),
               "boot_timeout_s": timeout_s, "stall_s": stall_s or default_stall_s(timeout_s)}
+    if gates is not None:
+        from imagebuild.gates.capture import CAPTURE_FILE
+        from imagebuild.gates.run import speculates
+
+        config["gates_capture"] = {"settings": gates, "path": str(out_dir / CAPTURE_FILE),
+                                   "what": "speculative" if speculates(info) else "plain"}
     env = {"IMAGEBUILD_PORT": str(port), "IMAGEBUILD_IMAGE": image_ref}
     console.print(f"smoke {image_ref}: compose project {project} on 127.0.0.1:{port}",
                   markup=False, highlight=False)
@@ -263,5 +271,6 @@ def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw:
     for job in jobs:
         out = cell_dir(out_root, job.cell)
         verdicts[job.id] = smoke_image(job.release_ref, dict(job.expect), out,
-                                       compose_text=render_compose(lm, job.cell).text, **kw)
+                                       compose_text=render_compose(lm, job.cell).text,
+                                       gates=job.cell.target.gates.model_dump(), **kw)
     return verdicts

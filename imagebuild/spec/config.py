@@ -23,6 +23,7 @@ from pydantic import (
 
 from imagebuild.errors import UserError
 from imagebuild.spec.dockerref import check_path, check_reference, check_registry
+from imagebuild.spec.gates import GateSettings
 from imagebuild.spec.profiles import resolve_extends
 from imagebuild.spec.repopaths import check_relative
 from imagebuild.spec.values import (
@@ -202,6 +203,8 @@ class Target(Strict):
     boot_timeout_s: int = Field(ge=10, le=86400)
     memory_limit: MemorySize
     bench: BenchSettings | None = None  # None: the whole job does not bench this target
+    # the release gates' thresholds (spec/gates.py; defaults: docs/release-gates.md)
+    gates: GateSettings = Field(default_factory=GateSettings)
 
     @property
     def gpu(self) -> bool:

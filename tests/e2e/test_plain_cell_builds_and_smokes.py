@@ -57,3 +57,11 @@ def test_a_plain_cell_builds_and_passes_smoke(cpu_serve_image, matrix_dir: Path,
         ["/usr/bin/docker", "image", "inspect", "--format", "{{json .Config.Cmd}}", ref],
         capture_output=True, text=True, check=True).stdout)
     assert "--speculative-config" not in cmd and cmd[:3] == ["vllm", "serve", "/model"]
+    # the release gates of a cell without a drafter: no boot of their own (smoke recorded
+    # the requests), lossless not applicable, the long generation judged on its own
+    gates = _run("gates", "--matrix", str(path), out=out)
+    assert gates.returncode == 0, gates.stdout[-3000:] + gates.stderr[-3000:]
+    doc = json.loads(verdict_path.with_name("gates.json").read_text())
+    assert doc["summary"]["lossless"]["status"] == "not-applicable"
+    assert doc["summary"]["long_generation"]["status"] == "pass", doc["summary"]
+    assert [(r["what"], r["source"]) for r in doc["runs"]] == [("plain", "smoke's server")]

@@ -116,3 +116,19 @@ def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registr
     bench = proc.stdout.split("Benchmark:")[1]
     assert "| c | req | err | tok/s | vs baseline |" in bench
     assert f"against `{OLD}`" in bench
+
+
+def test_each_release_records_its_release_gates(released, registry):
+    """The whole job ran the gates between smoke and publish; the record carries them."""
+    import json
+
+    from imagebuild.release.records import A_GATES, read_release
+
+    client = registry.client()
+    for tag in (NEW, OLD):
+        rel = read_release(client, "vllm-spark/cpu-tiny-ngram", tag)
+        gates = json.loads(rel.annotations[A_GATES])
+        assert gates["lossless"]["status"] == "pass", gates
+        assert gates["long_generation"]["status"] == "pass", gates
+        assert gates["lossless"]["compared_tokens"] >= 256
+        assert gates["long_generation"]["tokens"] == 448

@@ -188,7 +188,7 @@ class MemRegistry(requests.Session):
 
 def add_release(client: RegistryClient, repo: str, tag: str, *, smoke: str = "passed",
                 config: bytes = b'{"config":{}}', created: float | None = None,
-                benched: bool = False) -> str:
+                benched: bool = False, gates: dict[str, Any] | None = None) -> str:
     """A release as publish records it: config and layer blobs, the annotated manifest
     under the release tag (and bench results stored with it when `benched`). Returns its
     manifest digest."""
@@ -205,7 +205,8 @@ def add_release(client: RegistryClient, repo: str, tag: str, *, smoke: str = "pa
     rtag = parse_release_tag(tag)
     assert rtag is not None, tag
     record = release_record(rtag, config_digest, {"passed": smoke == "passed"},
-                            pins={}, cell=None, inputs=None, pushed_digest="sha256:" + "0" * 64)
+                            pins={}, cell=None, inputs=None, pushed_digest="sha256:" + "0" * 64,
+                            gates=gates)
     if created is not None:
         record["org.opencontainers.image.created"] = time.strftime(
             "%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))

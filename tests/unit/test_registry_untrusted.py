@@ -159,7 +159,8 @@ def test_a_token_answer_without_a_token_is_a_registry_fault(body):
 def test_the_annotations_checked_are_the_ones_the_project_writes():
     from imagebuild.release import lease, records
 
-    assert set(documents.JSON_OBJECT_ANNOTATIONS) == {records.A_PINS, records.A_CHECKS}
+    assert set(documents.JSON_OBJECT_ANNOTATIONS) == {records.A_PINS, records.A_CHECKS,
+                                                      records.A_GATES}
     assert documents.LEASE_PREFIX == lease.LEASE + "."
 
 

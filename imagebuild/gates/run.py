@@ -1,0 +1,178 @@
+"""Run the gates for one serve image: the image as it ships (the run smoke recorded,
+capture.py, else a boot of its own) and, when it speculates, once more without
+`--speculative-config` (bench/server.py's `serving`: the hardened run of runspec.py, a
+free loopback port, always removed); both get the same greedy requests one at a time
+(prompts.py); judge (verdict.py); write gates.json.
+
+One server at a time, each request alone: a batch of one is the shape both runs share,
+so the plain run is the reference the speculative one must reproduce token for token."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from imagebuild import progress
+from imagebuild.errors import OperationFailed
+from imagebuild.gates.client import Generation, generate, served_model
+from imagebuild.gates.identity import Identity, changed, identity
+from imagebuild.gates.prompts import GateRequest, gate_requests
+from imagebuild.gates.summary import passed, summary
+from imagebuild.gates.verdict import GateResult, long_generation, lossless, not_applicable
+from imagebuild.spec.gates import GateSettings
+
+if TYPE_CHECKING:
+    from imagebuild.plan import Job
+
+SPEC_FLAG = "--speculative-config"
+GATES_FILE = "gates.json"
+Log = Callable[[str], None]
+
+
+def speculates(info: dict[str, Any]) -> bool:
+    cmd = (info.get("Config") or {}).get("Cmd") or []
+    return any(a == SPEC_FLAG or str(a).startswith(SPEC_FLAG + "=") for a in cmd)
+
+
+def request_timeout(max_tokens: int) -> float:
+    """Generous: a server slower than 2 tokens/s at a batch of one is broken anyway."""
+    return 60.0 + max_tokens / 2
+
+
+@dataclass
+class Run:
+    what: str  # speculative | plain
+    gens: list[Generation] = field(default_factory=list)
+    untrusted: str | None = None  # why this run's answers cannot be trusted
+    before: Identity | None = None
+    after: Identity | None = None
+    boot_s: float = 0.0
+    seconds: float = 0.0
+    recorded: bool = False  # by smoke (capture.py), not a boot of the gates' own
+
+    def as_json(self) -> dict[str, Any]:
+        return {"what": self.what, "untrusted": self.untrusted,
+                "source": "smoke's server" if self.recorded else "booted by the gates",
+                "boot_s": round(self.boot_s, 2), "seconds": round(self.seconds, 2),
+                "server_before": self.before.as_json() if self.before else None,
+                "server_after": self.after.as_json() if self.after else None,
+                "requests": [g.as_json() for g in self.gens]}
+
+
+def run_requests(image: str, info: dict[str, Any], expect: dict[str, Any],
+                 reqs: list[GateRequest], *, seed: int, what: str,
+                 drop_flags: tuple[str, ...] = (), log: Log = print) -> Run:
+    from imagebuild.bench.server import serving
+
+    run = Run(what)
+    t0 = time.monotonic()
+    try:
+        with serving(image, info, expect, drop_flags=drop_flags, log=log) as c:
+            run.boot_s = time.monotonic() - t0
+            send_all(run, c.name, c.base_url, reqs, seed=seed)
+    except OperationFailed as exc:  # it did not boot: nothing measured, nothing passes
+        run.untrusted = f"the {what} server did not serve: {exc.message[:600]}"
+    run.seconds = time.monotonic() - t0
+    return run
+
+
+def send_all(run: Run, container: str, base_url: str, reqs: list[GateRequest], *,
+             seed: int) -> Run:
+    """Every request, one at a time, to a healthy server, with its identity before and
+    after (a restart in between makes the run untrusted)."""
+    model = served_model(base_url)
+    run.before = identity(container)
+    for r in reqs:
+        progress.wait("gates", f"{r.name} ({r.max_tokens} tokens) on the {run.what} server")
+        run.gens.append(generate(base_url, model, r, seed=seed,
+                                 timeout_s=request_timeout(r.max_tokens)))
+    run.after = identity(container)
+    why = changed(run.before, run.after)
+    if why:
+        run.untrusted = f"the {run.what} run: {why}"
+    return run
+
+
+def judge(spec: Run | None, plain: Run, settings: GateSettings
+          ) -> tuple[GateResult, GateResult]:
+    """(lossless, long generation). `spec` None: the cell serves without a drafter, its
+    own run (`plain`) is both the tested and the reference decoding."""
+    untrusted = "; ".join(u for u in (spec.untrusted if spec else None, plain.untrusted) if u)
+    eps = settings.lossless.tie_logprob_epsilon
+    if spec is None:
+        loss = not_applicable()
+        tested, ref = plain, None
+    else:
+        loss = lossless(spec.gens, plain.gens, settings.lossless, untrusted=untrusted or None)
+        tested, ref = spec, plain
+    idx = [i for i, g in enumerate(tested.gens) if g.max_tokens == settings.long_generation.tokens
+           and g.name == "long"]
+    if not idx or (ref is not None and len(ref.gens) <= idx[0]):
+        return loss, GateResult("untrusted", untrusted or "the long request was not answered",
+                                {"tokens": 0})
+    i = idx[0]
+    lg = long_generation(tested.gens[i], ref.gens[i] if ref else None,
+                         settings.long_generation, epsilon=eps, untrusted=untrusted or None)
+    return loss, lg
+
+
+def gate_image(image: str, info: dict[str, Any], expect: dict[str, Any],
+               settings: GateSettings, out_dir: Path, *, cell: str | None = None,
+               log: Log = print) -> dict[str, Any]:
+    """Run and judge the gates for one local image; gates.json in out_dir; the document."""
+    t0 = time.monotonic()
+    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    reqs = gate_requests(settings)
+    seed = settings.lossless.seed
+    from imagebuild.gates.capture import CAPTURE_FILE, load_capture
+
+    shipped = "speculative" if speculates(info) else "plain"  # the image as it ships
+    recorded = load_capture(out_dir / CAPTURE_FILE, str(info.get("Id")), settings)
+    if recorded is not None and recorded.what == shipped:
+        log(f"{image}: the {shipped} run is the one smoke recorded ({CAPTURE_FILE})")
+    else:
+        recorded = run_requests(image, info, expect, reqs, seed=seed, what=shipped, log=log)
+    spec = None
+    if shipped == "speculative":
+        spec = recorded
+        plain = run_requests(image, info, expect, reqs, seed=seed, what="plain",
+                             drop_flags=(SPEC_FLAG,), log=log)
+    else:
+        plain = recorded
+    loss, lg = judge(spec, plain, settings)
+    doc: dict[str, Any] = {
+        "image_ref": image, "image_id": info.get("Id"), "cell": cell, "started": started,
+        "seconds": round(time.monotonic() - t0, 2),
+        "settings": settings.model_dump(),
+        "lossless": {"status": loss.status, "reason": loss.reason, **loss.detail},
+        "long_generation": {"status": lg.status, "reason": lg.reason, **lg.detail},
+        "runs": [r.as_json() for r in (spec, plain) if r is not None],
+    }
+    doc["summary"] = summary(doc)
+    doc["passed"] = passed(doc["summary"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc["path"] = str(out_dir / GATES_FILE)
+    (out_dir / GATES_FILE).write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def gate_jobs(jobs: tuple[Job, ...], out_root: Path, *, log: Log = print
+              ) -> dict[str, dict[str, Any]]:
+    """`build.py gates --tag T` and the whole job: each job's local image, one at a time;
+    gates.json in its smoke cell dir."""
+    from imagebuild.docker import inspect_image
+    from imagebuild.smoke.paths import cell_dir
+
+    docs = {}
+    for job in jobs:
+        info = inspect_image(job.release_ref)
+        with progress.stage("gates", job.id):
+            docs[job.id] = gate_image(job.release_ref, info, dict(job.expect),
+                                      job.cell.target.gates, cell_dir(out_root, job.cell),
+                                      cell=job.id, log=log)
+    return docs

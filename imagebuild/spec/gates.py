@@ -1,0 +1,42 @@
+"""matrix.yaml `targets.<name>.gates`: the thresholds of the release gates (imagebuild/gates).
+
+Every field has a default (docs/release-gates.md lists them); a target sets only what
+differs, e.g. the cpu target's long generation is bounded by its tiny model's context.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    # as spec/config.py's Strict: unknown keys are errors, no silent coercion
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class LosslessGate(_Strict):
+    """The speculative server against the same image without `--speculative-config`."""
+
+    # a first divergence between two tokens whose logprobs differ by less than this (in
+    # nats, either run) is a numerical tie: batch-shape-dependent kernels, not a lost token
+    tie_logprob_epsilon: float = Field(default=0.05, gt=0, le=5)
+    # the share of requests allowed to end in a tie; more fails the cell
+    max_tie_rate: float = Field(default=0.25, ge=0, le=1)
+    max_tokens: int = Field(default=256, ge=8, le=1 << 20)  # per short request
+    # fewer tokens compared in total (ties end a request's comparison early) is untrusted
+    min_compared_tokens: int = Field(default=256, ge=1, le=1 << 24)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+
+class LongGenerationGate(_Strict):
+    """One request generated to `tokens`: errors, equality with the non-speculative run,
+    collapse (a repetition loop the reference does not have; entropy far below its)."""
+
+    tokens: int = Field(default=16384, ge=32, le=1 << 20)
+    # the token distribution of the tail must keep this share of the reference's entropy
+    min_entropy_ratio: float = Field(default=0.5, gt=0, le=1)
+
+
+class GateSettings(_Strict):
+    lossless: LosslessGate = Field(default_factory=LosslessGate)
+    long_generation: LongGenerationGate = Field(default_factory=LongGenerationGate)
