@@ -1,13 +1,13 @@
 """The release gates on the real vLLM CPU engine (the session's cpu serve image): ngram
 speculation at temperature 0 reproduces plain decoding token for token, so the gates
-pass; a thin image FROM the same serve image whose rejection sampler perturbs the
+pass (proved by the whole job in test_release_flow.py, whose records carry both gates as
+pass); a thin image FROM the same serve image whose rejection sampler perturbs the
 verified token (one COPY layer, no engine rebuild) fails both gates, with the position,
 both tokens and their logprobs in the reason.
 
-Three boots in all: the plain reference (the image minus --speculative-config; the
-perturbed sampler is only on the speculative path, so one reference serves both), the
-good image as it ships, the lossy one as it ships. Runtime: 313 s on 2 shared cores
-(boots of 54-142 s each under other jobs' load, requests 4-10 s per server)."""
+Two boots: the plain reference (the image minus --speculative-config; the perturbed
+sampler is only on the speculative path) and the lossy image as it ships. The good image
+as it ships is the whole job's own run, not booted again here (CI time)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild.docker import inspect_image
-from imagebuild.gates import FAIL, PASS
+from imagebuild.gates import FAIL
 from imagebuild.gates.prompts import gate_requests
 from imagebuild.gates.run import SPEC_FLAG, Run, judge, run_requests, speculates
 from imagebuild.plan import load_plan
@@ -67,7 +67,6 @@ def runs(cpu_serve_image, tmp_path_factory):
     out: dict[str, Run] = {
         "plain": run_requests(good, info, expect, reqs, seed=seed, what="plain",
                               drop_flags=(SPEC_FLAG,)),
-        "good": run_requests(good, info, expect, reqs, seed=seed, what="speculative"),
         "lossy": run_requests(lossy, inspect_image(lossy), expect, reqs, seed=seed,
                               what="speculative"),
     }
@@ -75,21 +74,9 @@ def runs(cpu_serve_image, tmp_path_factory):
     subprocess.run(["docker", "rmi", LOSSY_REF], capture_output=True)
 
 
-def test_ngram_on_the_cpu_engine_passes_both_gates(runs):
-    settings, r = runs
-    assert r["plain"].untrusted is None and r["good"].untrusted is None
-    loss, lg = judge(r["good"], r["plain"], settings)
-    print(f"\ngood image: lossless {loss.status}: {loss.reason}\n  long generation "
-          f"{lg.status}: {lg.reason}\n  seconds: " + ", ".join(
-              f"{k} boot {v.boot_s:.1f} requests {v.seconds - v.boot_s:.1f}" for k, v in r.items()))
-    assert loss.status == PASS, loss.reason
-    assert lg.status == PASS, lg.reason
-    assert loss.detail["compared_tokens"] >= settings.lossless.min_compared_tokens
-    assert lg.detail["tokens"] == settings.long_generation.tokens
-
-
 def test_a_sampler_that_perturbs_the_verified_token_fails_both_gates(runs):
     settings, r = runs
+    assert r["plain"].untrusted is None, r["plain"].untrusted
     loss, lg = judge(r["lossy"], r["plain"], settings)
     print(f"\nlossy image: lossless {loss.status}: {loss.reason}\n  long generation "
           f"{lg.status}: {lg.reason}")
