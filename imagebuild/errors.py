@@ -19,11 +19,12 @@ class ImagebuildError(Exception):
         self.where = where  # "file:line:col" when the cause sits in a file
 
     def render(self) -> str:
+        from imagebuild.progname import as_invoked
         from imagebuild.safetext import safe_lines
 
         head = f"{self.where}: {self.message}" if self.where else self.message
         # messages may embed outside text (a registry's answer): no control reaches the tty
-        return safe_lines(f"{head}\n  fix: {self.fix}" if self.fix else head)
+        return as_invoked(safe_lines(f"{head}\n  fix: {self.fix}" if self.fix else head))
 
 
 class UserError(ImagebuildError):
