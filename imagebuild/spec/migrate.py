@@ -75,7 +75,8 @@ def migrate(path: Path, *, dry_run: bool = False) -> list[str]:
     if isinstance(version, int) and not isinstance(version, bool) and version < SCHEMA_VERSION:
         line_no, col = located.marks[("schema",)]
         old = lines[line_no - 1]
-        lines[line_no - 1] = re.sub(r"(schema\s*:\s*)\d+", rf"\g<1>{SCHEMA_VERSION}", old, 1)
+        lines[line_no - 1] = re.sub(r"(schema\s*:\s*)\d+", rf"\g<1>{SCHEMA_VERSION}", old,
+                                    count=1)
         changes.append(f"{located.where(('schema',))}: {old.strip()} -> "
                        f"{lines[line_no - 1].strip()}")
     if changes and not dry_run:

@@ -19,7 +19,7 @@ HEADER = """# matrix.yaml reference
      edit the models, not this page (tests/unit/test_matrix_schema.py compares them) -->
 
 Every matrix starts with `schema: 1` and may name the JSON Schema for editors:
-`# yaml-language-server: $schema=schema/matrix.schema.json` (the path is relative to the
+`# yaml-language-server: $schema=docs/matrix.schema.json` (the path is relative to the
 matrix; `build.py schema > matrix.schema.json` writes it anywhere). Unknown keys are errors,
 values are not coerced (`"300"` is not `300`), and every error names `file:line:column`.
 NAME keys are lowercase letters, digits, `.`, `_`, `-` (at most 63).
@@ -193,7 +193,7 @@ def markdown(root: Path) -> str:
             out.append(f"| `{alias}` | {_cell(_type(prop))} | {need} | "
                        f"{_cell(prop.get('description', ''))} | {shown} |")
         out.append("")
-    out.append(f"The JSON Schema: [`{REPO_COPY}`](../{REPO_COPY}).\n")
+    out.append(f"The JSON Schema: [`{REPO_COPY}`](matrix.schema.json).\n")
     return "\n".join(out)
 
 

@@ -2,7 +2,7 @@
 config.py, so an editor completes and underlines what `build.py check` refuses.
 
 The package ships the generated file (SCHEMA_FILE) and the repository keeps a copy at
-schema/matrix.schema.json for the `# yaml-language-server: $schema=...` line of its
+docs/matrix.schema.json for the `# yaml-language-server: $schema=...` line of its
 matrices; tests/unit/test_matrix_schema.py fails when either drifts from the models.
 pydantic's output is adjusted where the file says more than the models alone: a profile
 that `extends` another inherits its description; name-keyed maps refuse other keys; the
@@ -17,7 +17,7 @@ from typing import Any
 from imagebuild import PACKAGE_DIR
 
 SCHEMA_FILE = PACKAGE_DIR / "spec" / "matrix.schema.json"
-REPO_COPY = "schema/matrix.schema.json"  # beside matrix.yaml in a checkout
+REPO_COPY = "docs/matrix.schema.json"  # in a checkout, for its matrices' modelines
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 # the line every matrix we write starts with (the path is relative to the matrix)
 MODELINE = "# yaml-language-server: $schema={path}"
