@@ -501,12 +501,16 @@ def _command_parser(ap: argparse.ArgumentParser, command: str | None) -> argpars
 
 
 def _logging(verbose: int, quiet: int) -> None:
-    """Our own loggers at the chosen level, one plain line each; libraries' loggers
-    (urllib3, docker, ...) stay at warnings whatever the level."""
+    """Our own loggers, one plain line each: by default each registry retry and wait;
+    -q only warnings (-qq errors), -v debugging detail and every build step as it runs.
+    Libraries' loggers (urllib3, docker, ...) stay at warnings whatever the level."""
     import logging
+    import os
 
-    level = (logging.DEBUG if verbose >= 2 else logging.INFO if verbose == 1 else
-             logging.ERROR if quiet >= 2 else logging.WARNING)
+    level = (logging.DEBUG if verbose else logging.ERROR if quiet >= 2 else
+             logging.WARNING if quiet else logging.INFO)
+    if verbose:
+        os.environ["IMAGEBUILD_VERBOSE"] = "1"  # build steps streamed, not only on a tty
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     own = logging.getLogger("imagebuild")

@@ -271,9 +271,10 @@ EXAMPLES = {
 
 def _verbosity(p: argparse.ArgumentParser, default: object) -> None:
     p.add_argument("-v", "--verbose", action="count", default=default,
-                   help="say more: -v each registry retry and wait, -vv debugging detail")
+                   help="say more: debugging detail, and every build step as it runs "
+                        "(IMAGEBUILD_VERBOSE=1)")
     p.add_argument("-q", "--quiet", action="count", default=default,
-                   help="say only warnings and errors (-qq: errors only)")
+                   help="say less: no line per registry retry or wait (-qq: errors only)")
 
 
 def _subcommands(ap: argparse.ArgumentParser) -> Any:

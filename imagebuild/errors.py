@@ -24,8 +24,6 @@ def prog(argv0: str | None = None) -> str:
     base = os.path.basename(arg)
     if base == "__main__.py" and os.path.basename(os.path.dirname(arg)) == "imagebuild":
         return "python -m imagebuild"
-    if base == "-m":  # python -m while the module is being imported
-        return "python -m imagebuild"
     if base == "build.py":
         return f"python {arg}"
     if base == "imagebuild":  # the console script
@@ -34,8 +32,7 @@ def prog(argv0: str | None = None) -> str:
 
 
 def as_invoked(text: str) -> str:
-    name = prog()
-    return text if name == PROG_DEFAULT else PROG_COMMAND.sub(name, text)
+    return PROG_COMMAND.sub(prog(), text)
 
 
 class ImagebuildError(Exception):
