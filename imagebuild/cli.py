@@ -248,7 +248,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    from imagebuild.release.records import format_releases, list_releases
+    from imagebuild.registry.records import format_releases, list_releases
 
     client, repos = _repositories(args)
     if args.format == "json":

@@ -26,7 +26,7 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
     """For a cell done before this run: its smoke verdict as the release records it (the
     check names and outcomes), where the notes read smoke reports, unless a report of this
     checkout is there already. Says where it comes from: smoke was not run again."""
-    from imagebuild.release.records import A_CHECKS, read_release
+    from imagebuild.registry.records import A_CHECKS, read_release
     from imagebuild.smoke.paths import verdict_path
 
     path = verdict_path(build_dir, job.cell)
@@ -45,7 +45,7 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
 
 def cell_state(client: RegistryClient, job: Job) -> CellState:
     from imagebuild.bench.store import release_stored
-    from imagebuild.release.records import read_release
+    from imagebuild.registry.records import read_release
 
     repo, tag = job.image.repository, str(job.tag)
     rel = read_release(client, repo, tag)
@@ -74,7 +74,7 @@ def pull_tested_image(client: RegistryClient, job: Job) -> str | None:
     from imagebuild.docker import engine
     from imagebuild.errors import OperationFailed
     from imagebuild.registry.credentials import docker_auth_config, resolve_credentials
-    from imagebuild.release.records import read_release
+    from imagebuild.registry.records import read_release
 
     rel = read_release(client, job.image.repository, str(job.tag))
     seam = engine()
