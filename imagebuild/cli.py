@@ -373,7 +373,7 @@ def cmd_pins(args: argparse.Namespace) -> int:
                     only=(lambda kind, name: name in names) if names else None)
     if args.out:
         write_issue_files(reports, args.out)
-    print(render(reports, args.format))
+    print(as_invoked(render(reports, args.format)))
     return 0
 
 
@@ -407,9 +407,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
         print(f"unresolved (cells using them refuse to build): {', '.join(unresolved)}")
         for name, e in data["bases"].items():
             if e.get("status") != "resolved":
-                print(f"  bases/{name}: {e['fix']}")
+                print(as_invoked(f"  bases/{name}: {e['fix']}"))
         for name, e in engines:
-            print(f"  {name}: {e['fix']}")
+            print(as_invoked(f"  {name}: {e['fix']}"))
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -146,3 +147,16 @@ def test_an_unreachable_registry_is_one_line_with_retries_said(quiet: bool, monk
     for internal in ("urllib3", "HTTPConnectionPool", "Traceback", "Max retries", "NewConnection"):
         assert internal not in err, err
     assert elapsed < 6, f"{elapsed:.1f} s"
+
+
+def test_every_environment_variable_is_documented() -> None:
+    """Each IMAGEBUILD_* variable the code, the workflows or the Makefile read is in
+    docs/environment.md (the README links it)."""
+    page = (ROOT / "docs/environment.md").read_text()
+    sources = [*(ROOT / "imagebuild").rglob("*.py"), *(ROOT / ".github/workflows").glob("*.yml"),
+               ROOT / "Makefile"]
+    used = {v for p in sources for v in re.findall(r"\bIMAGEBUILD_[A-Z0-9_]*[A-Z0-9]\b",
+                                                    p.read_text())}
+    assert used, "no variable found: the scan is broken"
+    missing = sorted(v for v in used if f"`{v}`" not in page and f"vars.{v}" not in page)
+    assert not missing, f"not in docs/environment.md: {missing}"
