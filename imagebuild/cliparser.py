@@ -307,7 +307,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     add = _subcommands(ap)
     sub = argparse.Namespace(add_parser=add)
 
-    p = sub.add_parser("release", help="the whole job (the default: `build.py --tag T`): plan, "
+    p = sub.add_parser("release", help="the whole job (the default: `%(prog)s --tag T`): plan, "
                                        "lock check, preflight, build, smoke, publish, bench, "
                                        "regression gate, latest")
     _release(p)

@@ -177,6 +177,10 @@ def _connection_failure(exc: Exception) -> str:
     text = str(exc)
     if isinstance(exc, requests.Timeout):
         return "no answer in time"
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return "the answer was cut off"
+    if isinstance(exc, requests.exceptions.ContentDecodingError):
+        return "the answer could not be decoded"
     for needle, said in (("Connection refused", "connection refused (nothing listens there)"),
                          ("Name or service not known", "the host name does not resolve"),
                          ("Temporary failure in name resolution",
@@ -458,15 +462,21 @@ class RegistryClient:
                                           f"{self.deadline.seconds:g} s registry deadline "
                                           f"({type(exc).__name__})")
                     if not idempotent or attempt >= self.retries:
-                        raise Unreachable(
-                            f"cannot reach the registry at {self.base_url}: "
-                            f"{_connection_failure(exc)} ({what}, {attempt + 1} attempt(s))",
-                            fix=f"start the registry at {self.host} "
-                            "(scripts/start-registry.sh starts the local one), or point "
-                            "IMAGEBUILD_REGISTRY (or matrix.yaml publish.registry) at one "
-                            "that runs") from None
+                        said = (f"{_connection_failure(exc)} ({safe(self._mask(what), 200)}, "
+                                f"{attempt + 1} attempt(s))")
+                        if isinstance(exc, requests.ConnectionError):
+                            raise Unreachable(
+                                f"cannot reach the registry at {self.base_url}: {said}",
+                                fix=f"start the registry at {self.host} "
+                                "(scripts/start-registry.sh starts the local one), or point "
+                                "IMAGEBUILD_REGISTRY (or matrix.yaml publish.registry) at one "
+                                "that runs") from None
+                        raise OperationFailed(
+                            f"the registry at {self.base_url} failed mid-answer: {said}",
+                            fix=f"check that the registry at {self.base_url} is up and "
+                            "healthy (scripts/start-registry.sh starts the local one)") from None
                     delay = self.backoff * 2**attempt
-                    log.info("registry %s: %s; retry %d of %d in %.1f s", self.host,
+                    log.info("registry %s: %s; retry %d of %d in %.1f s", safe(self.host, 100),
                              _connection_failure(exc), attempt + 1, self.retries, delay)
                 else:
                     status = resp.status_code
@@ -476,7 +486,8 @@ class RegistryClient:
                         return resp  # the caller turns it into a message
                     delay = self._retry_delay(resp, attempt, what)
                     log.info("registry %s: HTTP %d for %s; retry %d of %d in %.1f s",
-                             self.host, status, what, attempt + 1, self.retries, delay)
+                             safe(self.host, 100), status, safe(self._mask(what), 200),
+                             attempt + 1, self.retries, delay)
                 if delay >= self.deadline.remaining():
                     self._out_of_time(what, f"errors until the {self.deadline.seconds:g} s "
                                       "registry deadline left no time for another attempt")
