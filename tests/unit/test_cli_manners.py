@@ -160,3 +160,14 @@ def test_every_environment_variable_is_documented() -> None:
     assert used, "no variable found: the scan is broken"
     missing = sorted(v for v in used if f"`{v}`" not in page and f"vars.{v}" not in page)
     assert not missing, f"not in docs/environment.md: {missing}"
+
+
+def test_the_lock_hint_for_a_base_names_its_own_target() -> None:
+    """An rtx5090 base was told to go to "a GB10 runner"."""
+    from imagebuild.lock.resolve import _base_entry
+    from imagebuild.spec import matrix as mx
+
+    lm = mx.load(ROOT / "examples/rtx5090-llama/matrix.yaml")
+    entry = _base_entry(lm, "rtx5090", None)
+    assert entry["status"] == "unresolved"
+    assert "GB10" not in entry["fix"] and "a runner of target rtx5090" in entry["fix"]
