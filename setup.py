@@ -10,7 +10,8 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 BUNDLE = ("matrix.yaml", "matrix.lock.json", "Dockerfile.base", "images", "patches", "locked",
-          "scripts/make_tiny_model.py")
+          "scripts/make_tiny_model.py",
+          "docs/matrix.schema.json")  # what the default matrix's schema modeline names
 
 
 class BuildWithBundle(build_py):

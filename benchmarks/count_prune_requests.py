@@ -19,8 +19,8 @@ sys.path.insert(0, os.environ.get("PYTHONPATH", "").split(":")[0] or os.path.dir
     os.path.dirname(os.path.abspath(__file__))))
 
 from imagebuild.bench import store  # noqa: E402
+from imagebuild.registry.records import read_release  # noqa: E402
 from imagebuild.release.prune import prune  # noqa: E402
-from imagebuild.release.records import read_release  # noqa: E402
 from tests.support.memregistry import MemRegistry  # noqa: E402
 
 REPO = "ns/img"

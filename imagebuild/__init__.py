@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+__version__ = "0.1.0"  # pyproject.toml reads it (one place to bump)
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUNDLE_DIR = PACKAGE_DIR / "_bundle"  # what an installed package carries (setup.py)
 _CHECKOUT = PACKAGE_DIR.parent

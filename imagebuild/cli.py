@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from imagebuild.cliparser import parser
-from imagebuild.errors import ImagebuildError, UserError
+from imagebuild.errors import ImagebuildError, UserError, as_invoked
 from imagebuild.safetext import safe_lines
 
 # ---------------------------------------------------------------------------- commands
@@ -84,7 +84,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     # with a tag, the selected cells are what `build --tag` builds: unresolved pins are
     # errors; without one the matrix is reviewed, not released, and they are warnings
     findings = run_checks(plan.lm, list(plan.cells), plan.lock, building=plan.tag is not None)
-    print(render(findings, args.format, plan.meta()))
+    print(as_invoked(render(findings, args.format, plan.meta())))
     return 2 if has_errors(findings) else 0
 
 
@@ -103,14 +103,14 @@ def cmd_render(args: argparse.Namespace) -> int:
     rendered, skipped = render_all(lm, cells, read_lock(lm.root))
     if skipped:
         pins = sorted({exc.pin for exc in skipped})
-        print(f"skipped {len(skipped)} serve Dockerfile(s) whose pins the lock has not "
-              f"resolved ({', '.join(pins)}): run `python build.py lock --update NAME` where "
-              "the Hub is reachable", file=sys.stderr)
+        print(as_invoked(f"skipped {len(skipped)} serve Dockerfile(s) whose pins the lock "
+                         f"has not resolved ({', '.join(pins)}): run `python build.py lock "
+                         "--update NAME` where the Hub is reachable"), file=sys.stderr)
     if args.check:
         bad = stale(rendered, out_dir)
         if bad:
-            print("stale rendered files (run `python build.py render` and commit):",
-                  file=sys.stderr)
+            print(as_invoked("stale rendered files (run `python build.py render` and "
+                             "commit):"), file=sys.stderr)
             for path in bad:
                 print(f"  {out_dir / path}", file=sys.stderr)
             return 1
@@ -262,7 +262,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    from imagebuild.release.records import format_releases, list_releases
+    from imagebuild.registry.records import format_releases, list_releases
 
     client, repos = _repositories(args)
     if args.format == "json":
@@ -394,7 +394,7 @@ def cmd_pins(args: argparse.Namespace) -> int:
                     only=(lambda kind, name: name in names) if names else None)
     if args.out:
         write_issue_files(reports, args.out)
-    print(render(reports, args.format))
+    print(as_invoked(render(reports, args.format)))
     return 0
 
 
@@ -428,9 +428,38 @@ def cmd_lock(args: argparse.Namespace) -> int:
         print(f"unresolved (cells using them refuse to build): {', '.join(unresolved)}")
         for name, e in data["bases"].items():
             if e.get("status") != "resolved":
-                print(f"  bases/{name}: {e['fix']}")
+                print(as_invoked(f"  bases/{name}: {e['fix']}"))
         for name, e in engines:
-            print(f"  {name}: {e['fix']}")
+            print(as_invoked(f"  {name}: {e['fix']}"))
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from imagebuild.spec.reference import markdown, schema_text
+
+    if args.format == "markdown":
+        from imagebuild import REPO_ROOT
+
+        print(markdown(REPO_ROOT), end="")
+    else:
+        print(schema_text(), end="")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from imagebuild.spec import matrix as mx
+    from imagebuild.spec.migrate import migrate
+
+    path = mx.matrix_path(args.matrix)
+    changes = migrate(path, dry_run=args.dry_run)
+    for line in changes:
+        print(line)
+    if not changes:
+        print(f"{path}: already at the current schema; nothing to change")
+    elif not args.dry_run:
+        print(f"rewrote {path} ({len(changes)} change(s)); checking it:")
+        mx.expand(mx.load(path))  # what the rewrite could not decide is named here
+        print("ok")
     return 0
 
 
@@ -446,21 +475,83 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
             "history": cmd_history, "rehearse": cmd_rehearse,
-            "runner-clean": cmd_runner_clean}
+            "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate}
+GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "-qq", "--quiet")
+
+
+def _default_command(argv: list[str]) -> list[str]:
+    """`build.py --tag T` (global options first or not) is `build.py release --tag T`."""
+    i = next((n for n, a in enumerate(argv) if a not in GLOBAL_OPTIONS), len(argv))
+    if i < len(argv) and argv[i].startswith("--") and argv[i] not in ("--help", "--version"):
+        return [*argv[:i], "release", *argv[i:]]
+    return argv
+
+
+def _unknown_option(ap: argparse.ArgumentParser, argv: list[str]) -> None:
+    """An option the command does not have is reported as such, before argparse would
+    complain about a required option the typo left out (`plan --tga T`: not `--tag`)."""
+    import difflib
+
+    p, i, names = ap, -1, []
+    while True:  # down to the innermost command named (`pins watch`)
+        subs = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        j = next((n for n, a in enumerate(argv) if n > i and subs and a in subs.choices), None)
+        if subs is None or j is None:
+            break
+        p, i = subs.choices[argv[j]], j
+        names.append(argv[j])
+    if i < 0:
+        return
+    known = [o for a in p._actions for o in a.option_strings]
+    for arg in argv[i + 1:]:
+        if arg == "--":
+            break
+        if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
+            continue
+        opt = arg.split("=", 1)[0]
+        if opt in known or (opt.startswith("--") and sum(k.startswith(opt) for k in known) == 1):
+            continue
+        near = difflib.get_close_matches(opt, known, n=1)
+        p.error(f"{' '.join(names)} has no option {opt}" + (f" (did you mean {near[0]}?)" if near
+                                                     else ""))
+
+
+def _command_parser(ap: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    subs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    return subs.choices[command] if command else ap
+
+
+def _logging(verbose: int, quiet: int) -> None:
+    """Our own loggers, one plain line each: by default each registry retry and wait;
+    -q only warnings (-qq errors), -v debugging detail and every build step as it runs.
+    Libraries' loggers (urllib3, docker, ...) stay at warnings whatever the level."""
+    import logging
+    import os
+
+    level = (logging.DEBUG if verbose else logging.ERROR if quiet >= 2 else
+             logging.WARNING if quiet else logging.INFO)
+    if verbose:
+        os.environ["IMAGEBUILD_VERBOSE"] = "1"  # build steps streamed, not only on a tty
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    own = logging.getLogger("imagebuild")
+    own.handlers[:] = [handler]
+    own.setLevel(level)
+    own.propagate = False
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0].startswith("--") and argv[0] not in ("--help", "--version"):
-        argv.insert(0, "release")  # `build.py --tag T` is the whole job
+    argv = _default_command(list(sys.argv[1:] if argv is None else argv))
     ap = parser()
     try:
+        _unknown_option(ap, argv)
         args = ap.parse_args(argv)
     except SystemExit as exc:  # a usage error (2, already said) or --help (0)
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-    if args.command is None:
-        ap.print_help()
+    if args.command is None or (args.command == "pins" and args.pins_command is None):
+        _command_parser(ap, args.command).print_help()  # its commands, as a missing one
         return 2
+    _logging(args.verbose, args.quiet)
     from imagebuild.interrupts import interrupts_as_keyboard_interrupt
 
     try:

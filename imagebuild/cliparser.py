@@ -8,7 +8,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from imagebuild.errors import UserError
 
@@ -115,7 +115,8 @@ def _url(text: str) -> str:
 
 def _matrix(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matrix", type=Path, default=None,
-                   help="matrix.yaml to read (default: the repository's)")
+                   help="matrix.yaml to read (default: $IMAGEBUILD_MATRIX, else ./matrix.yaml "
+                        "in the current directory, else the repository's)")
 
 
 def _release(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
@@ -241,13 +242,72 @@ def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
         p.add_argument("--dry-run", action="store_true", help="say what would be written")
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = Parser(
-        prog="build.py",
-        description="matrix.yaml -> tested, tagged, rollback-able vLLM serving images.")
-    sub = ap.add_subparsers(dest="command")
+# One example per command, shown at the end of its --help (PROG: the program as invoked).
+EXAMPLES = {
+    "release": "%(prog)s --tag 2026-07-01-stock --target cpu",
+    "plan": "%(prog)s --tag 2026-07-01-stock --format json",
+    "render": "%(prog)s --check",
+    "check": "%(prog)s --format json",
+    "build": "%(prog)s --tag 2026-07-01-stock --only 'cpu-*'",
+    "smoke": "%(prog)s --tag 2026-07-01-stock     (or: %(prog)s 127.0.0.1:5000/vllm-spark/"
+             "cpu-tiny-ngram:latest)",
+    "bench": "%(prog)s --tag 2026-07-01-stock --concurrency 1,8 --requests 16",
+    "publish": "%(prog)s --tag 2026-07-01-stock --dry-run",
+    "promote": "%(prog)s --tag 2026-07-01-stock --dry-run",
+    "rollback": "%(prog)s --to 2026-06-18-stock --image 'cpu-*' --dry-run",
+    "releases": "%(prog)s --image cpu-tiny-ngram",
+    "history": "%(prog)s --image cpu-tiny-ngram",
+    "prune": "%(prog)s --keep 5 --dry-run",
+    "resume": "%(prog)s --tag 2026-07-01-stock",
+    "notes": "%(prog)s --tag 2026-07-01-stock > notes.md",
+    "pins": "%(prog)s watch --format markdown",
+    "rehearse": "%(prog)s --target gb10 --jobs 2",
+    "runner-clean": "%(prog)s --keep 3 --dry-run",
+    "lock": "%(prog)s --check     (or: %(prog)s --update tiny-llama)",
+    "schema": "%(prog)s > matrix.schema.json     (or: %(prog)s --format markdown)",
+    "migrate": "%(prog)s --matrix old/matrix.yaml --dry-run",
+}
 
-    p = sub.add_parser("release", help="the whole job (the default: `build.py --tag T`): plan, "
+
+def _verbosity(p: argparse.ArgumentParser, default: object) -> None:
+    p.add_argument("-v", "--verbose", action="count", default=default,
+                   help="say more: debugging detail, and every build step as it runs "
+                        "(IMAGEBUILD_VERBOSE=1)")
+    p.add_argument("-q", "--quiet", action="count", default=default,
+                   help="say less: no line per registry retry or wait (-qq: errors only)")
+
+
+def _subcommands(ap: argparse.ArgumentParser) -> Any:
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+
+    def add(name: str, **kw: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, epilog="example:\n  " + EXAMPLES[name],
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           description=kw.get("help"), **kw)
+        _verbosity(p, argparse.SUPPRESS)  # after the command as well as before it
+        return p
+
+    return add
+
+
+def parser(prog: str | None = None) -> argparse.ArgumentParser:
+    from imagebuild import __version__
+    from imagebuild.errors import prog as invoked
+
+    ap = Parser(
+        prog=prog or invoked(),
+        description="matrix.yaml -> tested, tagged, rollback-able vLLM serving images. "
+                    "Without a command, `--tag T` runs the whole job (release).",
+        epilog="example:\n  %(prog)s plan --tag 2026-07-01-stock\n"
+               "environment variables: docs/environment.md; matrix.yaml: "
+               "docs/matrix-reference.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=f"imagebuild {__version__}")
+    _verbosity(ap, 0)
+    add = _subcommands(ap)
+    sub = argparse.Namespace(add_parser=add)
+
+    p = sub.add_parser("release", help="the whole job (the default: `%(prog)s --tag T`): plan, "
                                        "lock check, preflight, build, smoke, publish, bench, "
                                        "regression gate, latest")
     _release(p)
@@ -275,7 +335,8 @@ def parser() -> argparse.ArgumentParser:
                                      "--tag the cells that release builds, whose unresolved "
                                      "pins are then errors")
     _release(p, tag_required=False)
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: one object per finding (rule, severity, cell, message, fix)")
 
     p = sub.add_parser("build", help="build base, engine and serve images per cell (BuildKit)")
     _release(p)
@@ -315,7 +376,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("promote", help="move latest to an already pushed release")
     _release(p)
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="say what would be written")
     p.add_argument("--forward-only", action="store_true",
                    help="when latest holds a newer release, or this one was rolled back, "
                         "leave latest and exit 0 (the release workflow: an older tag that "
@@ -327,7 +388,6 @@ def parser() -> argparse.ArgumentParser:
     _registry_args(p)
     p.add_argument("--to", required=True, type=_release_tag,
                    help="release tag, full or DATE-NAME")
-    p.add_argument("--all", action="store_true", help="every image (the default)")
     p.add_argument("--accept-unmeasured", dest="accept_unmeasured", default=None,
                    metavar="REASON", type=_reason,
                    help="roll back to a release that was never benched or was promoted "
@@ -339,7 +399,8 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("releases", help="list releases in the registry, newest first")
     _registry_args(p, dry_run=False)
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {repository: [release, ...]} with each release's record")
 
     p = sub.add_parser("history", help="tok/s and TTFT per concurrency across every release "
                                        "of an image, from the registry (PNG + markdown)")
@@ -380,11 +441,15 @@ def parser() -> argparse.ArgumentParser:
                         "that nothing was promoted (the release workflow's step summary)")
 
     p = sub.add_parser("pins", help="watch pinned models and drafters for upstream moves")
-    verbs = p.add_subparsers(dest="pins_command", required=True)
+    verbs = p.add_subparsers(dest="pins_command", metavar="watch")
     w = verbs.add_parser("watch", help="compare each pin's upstream head with the lock and "
-                                       "run preflight on a moved head")
+                                       "run preflight on a moved head",
+                         epilog="example:\n  %(prog)s --format markdown --out issues/",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _verbosity(w, argparse.SUPPRESS)
     _matrix(w)
-    w.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    w.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                   help="markdown: the issue body per moved pin; json: the reports")
     w.add_argument("--out", type=_out_dir, default=None, metavar="DIR",
                    help="also write one issue body (.md) and title (.title) per moved pin")
     w.add_argument("--only", action="append", default=[], metavar="NAME",
@@ -392,7 +457,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rehearse", help="GB10 rehearsal on this machine (nvcc 13): vLLM's arch "
                                         "selection, sm_121a compiles through the arch gate, "
                                         "the package version, the runtime self-check")
-    p.add_argument("--matrix", type=Path, default=None)
+    _matrix(p)
     p.add_argument("--target", default="gb10", help="a target built from source (default gb10)")
     p.add_argument("--engine", default=None,
                    help="engine patch set (default: the first built from source for it)")
@@ -413,4 +478,13 @@ def parser() -> argparse.ArgumentParser:
                    help="re-resolve NAME (a model, drafter or target), moving a tracked branch")
     p.add_argument("--check", action="store_true",
                    help="exit 2 when the lock disagrees with matrix.yaml; resolve nothing")
+
+    p = sub.add_parser("schema", help="print matrix.yaml's JSON Schema (for editors) or its "
+                                      "reference page, both generated from the models")
+    p.add_argument("--format", choices=("json", "markdown"), default="json",
+                   help="json: the JSON Schema; markdown: docs/matrix-reference.md")
+    p = sub.add_parser("migrate", help="rewrite an older matrix.yaml to the current schema "
+                                       "in place (renamed fields; comments kept)")
+    _matrix(p)
+    p.add_argument("--dry-run", action="store_true", help="say what would change")
     return ap

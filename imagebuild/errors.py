@@ -6,6 +6,34 @@ Exit codes (docs/design.md): 0 ok, 1 a build/test/publish failed or a registry m
 
 from __future__ import annotations
 
+import os
+import re
+import sys
+
+# The program's name as the user invoked it, for usage lines and every fix hint: `python
+# build.py` in a checkout, `python -m imagebuild`, or the installed `imagebuild`. Messages
+# are written with `python build.py ...`; as_invoked() rewrites that wording where a message
+# is shown, never where it is stored (the lock's recorded fixes, rendered file headers).
+PROG_DEFAULT = "python build.py"
+# `python build.py`, or a bare `build.py` right after a backtick: a command to run
+PROG_COMMAND = re.compile(r"\bpython3? build\.py\b|(?<=`)build\.py\b")
+
+
+def prog(argv0: str | None = None) -> str:
+    arg = sys.argv[0] if argv0 is None else argv0
+    base = os.path.basename(arg)
+    if base == "__main__.py" and os.path.basename(os.path.dirname(arg)) == "imagebuild":
+        return "python -m imagebuild"
+    if base == "build.py":
+        return f"python {arg}"
+    if base == "imagebuild":  # the console script
+        return "imagebuild"
+    return PROG_DEFAULT
+
+
+def as_invoked(text: str) -> str:
+    return PROG_COMMAND.sub(prog(), text)
+
 
 class ImagebuildError(Exception):
     """A failure the user should see as one message, not a traceback."""
@@ -23,7 +51,7 @@ class ImagebuildError(Exception):
 
         head = f"{self.where}: {self.message}" if self.where else self.message
         # messages may embed outside text (a registry's answer): no control reaches the tty
-        return safe_lines(f"{head}\n  fix: {self.fix}" if self.fix else head)
+        return as_invoked(safe_lines(f"{head}\n  fix: {self.fix}" if self.fix else head))
 
 
 class UserError(ImagebuildError):

@@ -26,8 +26,8 @@ from imagebuild.bench import store, trust
 from imagebuild.bench.compare import Regression, regressions
 from imagebuild.errors import UserError
 from imagebuild.registry.client import RegistryClient
-from imagebuild.release.records import A_TAG as RELEASE_TAG
-from imagebuild.release.records import read_release, resolve_tag
+from imagebuild.registry.records import A_TAG as RELEASE_TAG
+from imagebuild.registry.records import read_release, resolve_tag
 
 UNMEASURED_FIX = ('measure it first (`build.py bench --tag T --store`; for latest, the '
                   'release it points at), or move latest without a measurement: '

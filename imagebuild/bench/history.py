@@ -17,7 +17,7 @@ from typing import Any
 
 from imagebuild.bench import store, trust
 from imagebuild.registry.client import RegistryClient
-from imagebuild.release.records import list_releases
+from imagebuild.registry.records import list_releases
 
 
 @dataclass(frozen=True)

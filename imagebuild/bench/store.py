@@ -24,8 +24,8 @@ from typing import Any
 from imagebuild.errors import UserError
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from imagebuild.registry.errors import NotFound, Unsupported
-from imagebuild.release.records import A_IMAGE, Release, read_release, resolve_tag
-from imagebuild.release.records import A_TAG as RELEASE_TAG
+from imagebuild.registry.records import A_IMAGE, Release, read_release, resolve_tag
+from imagebuild.registry.records import A_TAG as RELEASE_TAG
 
 ARTIFACT_TYPE = "application/vnd.imagebuild.bench.v1+json"
 EMPTY = "application/vnd.oci.empty.v1+json"

@@ -135,7 +135,7 @@ def _base_entry(lm: LoadedMatrix, tname: str, previous: dict | None,
     if missing:
         entry["fix"] = (f"record the digest of {' and '.join(missing)}: `python build.py lock "
                         f"--update {tname}` on a machine whose Docker engine can reach that "
-                        "registry (a GB10 runner), then commit the lock")
+                        f"registry (e.g. a runner of target {tname}), then commit the lock")
     return entry
 
 

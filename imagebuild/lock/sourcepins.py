@@ -68,8 +68,8 @@ def resolve_ref(repository: str, ref: str) -> str:
     if proc.returncode != 0:
         raise OperationFailed(f"git ls-remote {repository} {ref} failed: "
                               f"{proc.stderr.strip()[-300:]}",
-                              fix="run `python build.py lock --update TARGET` where GitHub is "
-                                  "reachable (a GB10 runner)")
+                              fix="run `python build.py lock --update TARGET` where git can "
+                                  f"reach {repository} (e.g. a runner of the target)")
     found: dict[str, str] = {}
     for line in proc.stdout.splitlines():
         sha, _, name = line.partition("\t")

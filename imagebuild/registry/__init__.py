@@ -1,1 +1,2 @@
-"""OCI registries: credentials, authentication and the distribution API client."""
+"""OCI registries: credentials, authentication, the distribution API client, and the
+release record as a manifest's annotations (records.py)."""

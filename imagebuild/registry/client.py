@@ -51,6 +51,7 @@ from imagebuild.registry.errors import (
     MissingBlob,
     NotFound,
     RegistryFault,
+    Unreachable,
     Unsupported,
 )
 from imagebuild.safetext import safe
@@ -169,6 +170,27 @@ def _check_ref(ref: str) -> None:
             f"invalid tag or digest {ref!r}",
             fix="a tag is [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}; a digest is sha256:<64 hex>",
         )
+
+
+def _connection_failure(exc: Exception) -> str:
+    """What went wrong with a connection, in words (not urllib3's repr of its pool)."""
+    text = str(exc)
+    if isinstance(exc, requests.Timeout):
+        return "no answer in time"
+    if isinstance(exc, requests.exceptions.ChunkedEncodingError):
+        return "the answer was cut off"
+    if isinstance(exc, requests.exceptions.ContentDecodingError):
+        return "the answer could not be decoded"
+    for needle, said in (("Connection refused", "connection refused (nothing listens there)"),
+                         ("Name or service not known", "the host name does not resolve"),
+                         ("Temporary failure in name resolution",
+                          "the host name does not resolve"),
+                         ("No route to host", "no route to the host"),
+                         ("Connection reset", "the connection was reset"),
+                         ("RemoteDisconnected", "the server closed the connection")):
+        if needle in text:
+            return said
+    return type(exc).__name__
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -440,14 +462,22 @@ class RegistryClient:
                                           f"{self.deadline.seconds:g} s registry deadline "
                                           f"({type(exc).__name__})")
                     if not idempotent or attempt >= self.retries:
+                        said = (f"{_connection_failure(exc)} ({safe(self._mask(what), 200)}, "
+                                f"{attempt + 1} attempt(s))")
+                        if isinstance(exc, requests.ConnectionError):
+                            raise Unreachable(
+                                f"cannot reach the registry at {self.base_url}: {said}",
+                                fix=f"start the registry at {self.host} "
+                                "(scripts/start-registry.sh starts the local one), or point "
+                                "IMAGEBUILD_REGISTRY (or matrix.yaml publish.registry) at one "
+                                "that runs") from None
                         raise OperationFailed(
-                            f"{what} failed after {attempt + 1} attempt(s): "
-                            f"{type(exc).__name__}: {safe(self._mask(str(exc)))}",
-                            fix=f"check that the registry at {self.base_url} is up "
-                            "(scripts/start-registry.sh starts the local one)",
-                        ) from None
+                            f"the registry at {self.base_url} failed mid-answer: {said}",
+                            fix=f"check that the registry at {self.base_url} is up and "
+                            "healthy (scripts/start-registry.sh starts the local one)") from None
                     delay = self.backoff * 2**attempt
-                    log.info("retrying %s after %s in %.2fs", what, type(exc).__name__, delay)
+                    log.info("registry %s: %s; retry %d of %d in %.1f s", safe(self.host, 100),
+                             _connection_failure(exc), attempt + 1, self.retries, delay)
                 else:
                     status = resp.status_code
                     if not (status == 429 or status >= 500) or not idempotent:
@@ -455,7 +485,9 @@ class RegistryClient:
                     if attempt >= self.retries:
                         return resp  # the caller turns it into a message
                     delay = self._retry_delay(resp, attempt, what)
-                    log.info("retrying %s after HTTP %d in %.2fs", what, status, delay)
+                    log.info("registry %s: HTTP %d for %s; retry %d of %d in %.1f s",
+                             safe(self.host, 100), status, safe(self._mask(what), 200),
+                             attempt + 1, self.retries, delay)
                 if delay >= self.deadline.remaining():
                     self._out_of_time(what, f"errors until the {self.deadline.seconds:g} s "
                                       "registry deadline left no time for another attempt")

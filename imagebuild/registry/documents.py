@@ -33,7 +33,7 @@ REPO_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 # OCI image-spec descriptor digest grammar
 DIGEST_RE = re.compile(r"^[a-z0-9]+(?:[+._-][a-z0-9]+)*:[a-zA-Z0-9=_-]+$")
 
-# annotations the project writes and later parses (release/records.py, release/lease.py,
+# annotations the project writes and later parses (registry/records.py, release/lease.py,
 # bench/store.py name them; tests/unit/test_registry_untrusted.py keeps the two in step)
 JSON_OBJECT_ANNOTATIONS = ("io.imagebuild.release.pins", "io.imagebuild.release.checks",
                            "io.imagebuild.release.gates")

@@ -18,6 +18,10 @@ class Unsupported(OperationFailed):
     """The registry refuses an operation it does not allow (e.g. deletes disabled)."""
 
 
+class Unreachable(OperationFailed):
+    """No connection to the registry after every retry: exit 1, said in one line."""
+
+
 class RegistryFault(OperationFailed):
     """The registry answered something no healthy registry sends (a body that is not the
     document asked for, a blob its own manifest names but it lacks, no answer in time):

@@ -1,1 +1,1 @@
-"""Releases in the registry: publish, records, the lease, moving latest, prune, release notes."""
+"""Releases in the registry: publish, the lease, moving latest, prune, release notes."""

@@ -29,9 +29,7 @@ from imagebuild.bench import store
 from imagebuild.bench.gate import check_promotion
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient
-from imagebuild.release import rollbacks
-from imagebuild.release.lease import Lease, holding_lease
-from imagebuild.release.records import (
+from imagebuild.registry.records import (
     A_BENCH,
     A_TAG,
     A_UNMEASURED,
@@ -45,6 +43,8 @@ from imagebuild.release.records import (
     resolve_tag,
     short_digest,
 )
+from imagebuild.release import rollbacks
+from imagebuild.release.lease import Lease, holding_lease
 from imagebuild.safetext import safe
 from imagebuild.spec.tags import ReleaseTag
 

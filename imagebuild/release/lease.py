@@ -22,7 +22,7 @@ from typing import Any
 
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient, Unsupported
-from imagebuild.release.records import OCI_CONFIG, Log, compact, read_release
+from imagebuild.registry.records import OCI_CONFIG, Log, compact, read_release
 from imagebuild.safetext import safe
 
 LEASE_TAG = "imagebuild-lease"

@@ -25,7 +25,7 @@ from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
-    from imagebuild.release.records import Release
+    from imagebuild.registry.records import Release
     from imagebuild.spec.matrix import LoadedMatrix
 
 
@@ -204,7 +204,7 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
     """Digests, earlier releases and stored bench results from the registry, verdicts
     from the smoke reports."""
     from imagebuild.bench.store import A_ACCEPTED, A_UNCOMPARED, A_UNTRUSTED
-    from imagebuild.release.records import list_releases
+    from imagebuild.registry.records import list_releases
     from imagebuild.smoke.paths import verdict_path
 
     facts = {}
@@ -315,7 +315,7 @@ def not_promoted_notes(jobs: tuple[Job, ...], verdicts: dict[str, dict[str, Any]
 def gather_not_promoted(client: Any, jobs: tuple[Job, ...], smoke_dir: Path
                         ) -> tuple[dict[str, dict[str, Any] | None], dict[str, str | None]]:
     """Each job's verdict from the run's smoke reports and where its `latest` stays."""
-    from imagebuild.release.records import list_releases
+    from imagebuild.registry.records import list_releases
     from imagebuild.smoke.paths import verdict_path
 
     verdicts: dict[str, dict[str, Any] | None] = {}

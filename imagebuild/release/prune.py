@@ -22,8 +22,7 @@ from imagebuild.bench import store
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.errors import NotFound
-from imagebuild.release.lease import Lease, holding_lease
-from imagebuild.release.records import (
+from imagebuild.registry.records import (
     A_TAG,
     LATEST,
     Log,
@@ -31,6 +30,7 @@ from imagebuild.release.records import (
     read_release,
     short_digest,
 )
+from imagebuild.release.lease import Lease, holding_lease
 from imagebuild.safetext import safe
 from imagebuild.spec.tags import parse_release_tag
 

@@ -32,8 +32,7 @@ from imagebuild.registry.client import (
     resolve_credentials,
 )
 from imagebuild.registry.credentials import docker_auth_config
-from imagebuild.release.lease import holding_lease
-from imagebuild.release.records import (
+from imagebuild.registry.records import (
     STAGING_PREFIX,
     Log,
     annotated_manifest,
@@ -41,6 +40,7 @@ from imagebuild.release.records import (
     read_release,
     release_record,
 )
+from imagebuild.release.lease import holding_lease
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:

@@ -31,8 +31,12 @@ def repositories(client: RegistryClient, dest: Destination, images: list[str],
                  pattern: str | None) -> list[str]:
     """The registry's catalog under our namespace where it serves one (so any machine can
     roll back), else the images the matrix knows; filtered by `pattern`."""
+    from imagebuild.registry.errors import Unreachable
+
     try:
         repos = catalog_repositories(client, dest.namespace)
+    except Unreachable:
+        raise  # asking again per image would only repeat the wait
     except (UserError, OperationFailed):
         repos = sorted({dest.image(name).repository for name in images})
     chosen = match_repositories(repos, pattern)

@@ -28,7 +28,7 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
     checkout is there already, and its release gates' summary as gates.json beside it.
     Says where it comes from: smoke and the gates were not run again."""
     from imagebuild.gates.run import GATES_FILE
-    from imagebuild.release.records import A_CHECKS, A_GATES, read_release
+    from imagebuild.registry.records import A_CHECKS, A_GATES, read_release
     from imagebuild.smoke.paths import verdict_path
 
     path = verdict_path(build_dir, job.cell)
@@ -52,7 +52,7 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
 
 def cell_state(client: RegistryClient, job: Job) -> CellState:
     from imagebuild.bench.store import release_stored
-    from imagebuild.release.records import read_release
+    from imagebuild.registry.records import read_release
 
     repo, tag = job.image.repository, str(job.tag)
     rel = read_release(client, repo, tag)
@@ -81,7 +81,7 @@ def pull_tested_image(client: RegistryClient, job: Job) -> str | None:
     from imagebuild.docker import engine
     from imagebuild.errors import OperationFailed
     from imagebuild.registry.credentials import docker_auth_config, resolve_credentials
-    from imagebuild.release.records import read_release
+    from imagebuild.registry.records import read_release
 
     rel = read_release(client, job.image.repository, str(job.tag))
     seam = engine()

@@ -18,7 +18,7 @@ from typing import Any
 
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient
 from imagebuild.registry.errors import RegistryFault
-from imagebuild.release.records import OCI_CONFIG, compact, read_release
+from imagebuild.registry.records import OCI_CONFIG, compact, read_release
 
 ROLLBACKS_TAG = "imagebuild-rollbacks"
 A_ROLLED = "io.imagebuild.rolled-back"

@@ -25,6 +25,7 @@ from imagebuild.errors import UserError
 from imagebuild.spec.dockerref import check_path, check_reference, check_registry
 from imagebuild.spec.gates import GateSettings
 from imagebuild.spec.profiles import resolve_extends
+from imagebuild.spec.renames import renamed
 from imagebuild.spec.repopaths import check_relative
 from imagebuild.spec.values import (
     BadValue,
@@ -76,7 +77,8 @@ def _full_sha(value: str) -> str:
 
 class Strict(BaseModel):
     # strict: no silent coercion (YAML's `yes` is not the number 1, "300" not 300)
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+                              use_attribute_docstrings=True)  # field docs: schema, reference
 
 
 def _check_pin(value: str, what: str) -> str:
@@ -93,11 +95,17 @@ class BenchSettings(Strict):
     """How the whole job (and `build.py bench --tag`) measures a target's images."""
 
     concurrency: list[Concurrency] = Field(min_length=1)
+    """Concurrency levels measured, in order (requests in flight at once)."""
     requests: int = Field(default=32, ge=1, le=100_000)  # per level
+    """Requests sent per concurrency level."""
     max_tokens: int = Field(default=128, ge=2, le=1 << 20)
+    """Output tokens per request (fixed with ignore_eos, so every run does the same work)."""
     prompts: str = "structured,prose"
+    """Prompt sets: built-in names (structured, prose), comma-separated."""
     # overrides publish.regression_threshold: shared CPU hosts are noisier than a GB10
     regression_threshold: float | None = Field(default=None, ge=0, le=1)
+    """Overrides publish.regression_threshold for this target (shared CPU hosts are noisier
+    than a GB10)."""
 
 
 # What serves a speculative method needs, and the word for none (plain serving).
@@ -129,10 +137,16 @@ class SharedCompileCache(Strict):
     (README: compile cache)."""
 
     backend: Literal["redis", "s3"]
+    """Where the shared sccache lives."""
     endpoint: Word | None = None  # redis://host:6379/0 (redis); an S3-compatible URL (s3)
+    """redis://host:6379/0 for redis; an S3-compatible URL for s3. No credentials (they reach
+    builds as the sccache_env build secret)."""
     bucket: Word | None = None  # s3 only
+    """s3 only: the bucket."""
     region: Word | None = None  # s3 only
+    """s3 only: the bucket's region."""
     key_prefix: Word = "imagebuild"  # one cache can serve several targets or projects
+    """Prefix of every cache key, so one cache can serve several targets or projects."""
 
     @field_validator("endpoint")
     @classmethod
@@ -162,7 +176,9 @@ class Bootstrap(Strict):
     mirror (else IMAGEBUILD_DEBIAN_MIRROR, else the host's apt sources)."""
 
     suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,30}$")]
+    """Debian suite to debootstrap, e.g. trixie."""
     mirror: Annotated[str, AfterValidator(mirror_url)] | None = None
+    """Debian mirror URL (else IMAGEBUILD_DEBIAN_MIRROR, else the host's apt sources)."""
 
     def settings(self) -> dict[str, str]:
         """As the lock records them."""
@@ -172,7 +188,9 @@ class Bootstrap(Strict):
 class CompileCache(Strict):
     # cap of the local ccache (no shared backend) or sccache directory, per runner
     local_max_size: Annotated[str, StringConstraints(pattern=SIZE.pattern)] = "50G"
+    """Cap of the local ccache or sccache directory per runner (ccache size syntax: 40G)."""
     shared: SharedCompileCache | None = None  # None: local ccache only
+    """A compile cache every runner of the target reads and fills; none: local cache only."""
 
 
 class Target(Strict):
@@ -181,30 +199,55 @@ class Target(Strict):
     the target's name (spec/hardware.py)."""
 
     platform: Literal["linux/arm64", "linux/amd64"]
+    """Docker platform of the images."""
     description: str
+    """What the machine is, in words (plan and release notes show it)."""
     # what runs the model: an NVIDIA GPU through CUDA, or the CPU engine
     accelerator: Literal["cuda", "cpu"] = "cpu"
+    """What runs the model: an NVIDIA GPU through CUDA, or the CPU engine. Replaces the former
+    `gpu: true/false`."""
     compute_capability: ComputeCapability | None = None  # cuda: the GPU's, e.g. "12.1"
+    """cuda: the GPU's compute capability as nvidia-smi prints it, e.g. "12.1" (GB10)."""
     unified_memory: bool = False  # the GPU shares the host's memory (GB10)
+    """The GPU shares the host's memory (GB10)."""
     base_image: ImageRef
+    """Image the base stage starts from."""
     runtime_image: ImageRef | None = None
+    """Source builds: the slim image the engine is installed into."""
     bootstrap: Bootstrap | None = None  # cpu: debootstrap the base when no pull works
+    """cpu: debootstrap the base image when no pull works."""
     engine_from: Literal["source", "wheel"]
+    """source: compile vLLM (cuda targets); wheel: install vLLM's CPU wheel."""
     build_args: dict[BuildArgName, str] = Field(default_factory=dict)
+    """Extra Docker build arguments of the engine build."""
     max_jobs: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] = "auto"
+    """Parallel compile jobs of a source build (auto: from the runner's cores and memory)."""
     nvcc_threads: Annotated[int, Field(ge=1, le=64)] | None = None
+    """nvcc --threads per compile job of a source build."""
     # gone: package indexes come from the runner's pip configuration (README: package
     # indexes); kept as a field only to answer an old matrix with the way to do it now
     torch_index: Annotated[Any, AfterValidator(_no_torch_index)] = None
+    """Removed: package indexes come from the runner's pip configuration. Any value is refused
+    with the way to do it now."""
     compile_cache: CompileCache = Field(default_factory=CompileCache)
+    """Compiler cache of source builds."""
     expect_cuda_arch: str | None = None  # checked against compute_capability (declared first)
+    """Source builds: the CUDA arch the built engine must contain, e.g. sm_121a (checked
+    against compute_capability)."""
     runner: list[str] | None = Field(default=None, min_length=1)  # None: from the properties
+    """GitHub runner labels of this target's jobs (default: derived from the target's
+    properties)."""
     smoke_concurrency: list[Concurrency] = Field(min_length=1)
+    """Concurrency levels the smoke test sends at once."""
     boot_timeout_s: int = Field(ge=10, le=86400)
+    """Seconds a server may take to become ready in smoke and bench."""
     memory_limit: MemorySize
+    """Memory limit of the serving container (docker --memory syntax, e.g. 100g)."""
     bench: BenchSettings | None = None  # None: the whole job does not bench this target
-    # the release gates' thresholds (spec/gates.py; defaults: docs/release-gates.md)
+    """How the whole job benchmarks this target's images; none: not benchmarked."""
     gates: GateSettings = Field(default_factory=GateSettings)
+    """The release gates' thresholds: losslessness and long generation (defaults:
+    docs/release-gates.md)."""
 
     @property
     def gpu(self) -> bool:
@@ -282,21 +325,30 @@ def _no_torch_index(value: Any) -> None:
 
 class SourcePin(Strict):
     repository: Annotated[str, AfterValidator(git_url)]
+    """Git URL of the vLLM source."""
     commit: Annotated[str, AfterValidator(_full_sha)]  # exactly 40 hex: nothing expands it
+    """The full 40-character commit SHA built."""
 
 
 class WheelPin(Strict):
     package: Annotated[str, AfterValidator(package_name)]
+    """Distribution name of the wheel (e.g. vllm)."""
     version: PEP440
+    """Its version (PEP 440)."""
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]  # --require-hashes
+    """SHA-256 of the wheel file; pip installs it with --require-hashes."""
     # pinned requirement set installed before the wheel (--no-deps)
     requirements: Annotated[str, _repo_file("requirements file")]
+    """Repository path of the pinned requirement set installed before the wheel (--no-deps)."""
 
 
 class EngineRealization(Strict):
     source: SourcePin | None = None
+    """Build vLLM from this git commit (give this or `wheel`)."""
     wheel: WheelPin | None = None
+    """Install this vLLM wheel (give this or `source`)."""
     patches: list[Annotated[str, _repo_file("patch")]] = Field(default_factory=list)
+    """Repository paths of patches applied to the vLLM source, in order."""
 
     @model_validator(mode="after")
     def _one_origin(self) -> EngineRealization:
@@ -307,24 +359,36 @@ class EngineRealization(Strict):
 
 class Engine(Strict):
     vllm_version: PEP440
+    """vLLM version the engine reports (PEP 440)."""
     description: str
+    """What this patch set is, in words."""
     note: str | None = None
+    """A longer remark shown with the engine."""
     # what users must know about this patch set wherever it is named (plan, image labels,
     # release notes, a preflight warning), e.g. that it lacks what its name promises
     caveat: Annotated[str, StringConstraints(min_length=10, max_length=500)] | None = None
+    """What users must know wherever this patch set is named (plan, labels, release notes, a
+    preflight warning)."""
     realize: dict[Name, EngineRealization] = Field(min_length=1)
+    """How the engine is obtained per target: target name -> source or wheel."""
 
 
 class HubPin(Strict):
     """A Hub repository at a commit (`revision`) or a branch that `lock` resolves (`track`)."""
 
     repository: HubRepository | None = None
+    """Hub repository (owner/name)."""
     revision: str | None = None
+    """Commit SHA of the repository (7-40 hex; `lock` expands short ones). Give this or
+    `track`."""
     track: Annotated[str, AfterValidator(branch_name)] | None = None
+    """A branch `build.py lock` resolves to a commit in matrix.lock.json. Give this or
+    `revision`."""
     # repository files the image leaves out (fnmatch globs on their paths, e.g.
     # "original/*": Llama repos carry Meta's consolidated weights beside the safetensors)
     exclude: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
         default_factory=list)
+    """Repository files the image leaves out (fnmatch globs, e.g. "original/*")."""
 
     @field_validator("revision")
     @classmethod
@@ -342,17 +406,25 @@ class HubPin(Strict):
 
 class Generated(Strict):
     script: Annotated[str, _repo_file("generator script")]
+    """Repository path of the script that generates the model."""
     seed: int = Field(default=0, ge=0, le=2**32 - 1)  # numpy's seed range
+    """Seed passed to the script."""
 
 
 class Model(HubPin):
     description: str
+    """What the model is, in words."""
     generate: Generated | None = None
+    """Generate the model with a script instead of a Hub repository."""
     quantization: str | None = None  # --quantization; must match config quant_method
+    """vLLM --quantization; must match the checkpoint's quant_method."""
     served_names: list[Name] = Field(min_length=1)
+    """Names the server answers to (--served-model-name)."""
     # --limit-mm-per-prompt; None = text only
     multimodal: dict[str, Annotated[int, Field(ge=0, le=1024)]] | None = None
+    """vLLM --limit-mm-per-prompt (modality -> count); none: text only."""
     targets: list[Name] = Field(min_length=1)
+    """Targets this model is built for."""
 
     @model_validator(mode="after")
     def _hub_or_generated(self) -> Model:
@@ -363,10 +435,15 @@ class Model(HubPin):
 
 class Drafter(HubPin):
     method: SpecMethod
+    """Speculative decoding method."""
     description: str
+    """What the drafter is, in words."""
     num_speculative_tokens: int = Field(ge=1, le=32)
+    """Tokens proposed per step."""
     options: dict[str, Any] = Field(default_factory=dict)  # extra speculative-config keys
+    """Extra keys of vLLM's --speculative-config."""
     targets: list[Name] = Field(min_length=1)
+    """Targets this drafter is built for."""
 
     @model_validator(mode="after")
     def _model_when_needed(self) -> Drafter:
@@ -395,10 +472,15 @@ class ExpectBackends(Strict):
     values. A kind left out is not asserted (it is still reported)."""
 
     attention: BackendName | None = None
+    """Attention backend, as vLLM's log names it (FLASH_ATTN, FLASHINFER, CPU_ATTN...)."""
     nvfp4_gemm: BackendName | None = None
+    """NVFP4 GEMM kernel (CUTLASS, MARLIN, FLASHINFER_CUTLASS...)."""
     moe: BackendName | None = None
+    """MoE backend (VLLM_CUTLASS, FLASHINFER_CUTLASS, MARLIN...)."""
     sampler: BackendName | None = None
+    """Top-p/top-k sampler (FLASHINFER, NATIVE)."""
     speculative: BackendName | None = None
+    """Speculative method (ngram, dflash, mtp, none)."""
 
 
 class Profile(Strict):
@@ -407,17 +489,29 @@ class Profile(Strict):
     schema sees the profile: args and env merged, the child's values win)."""
 
     description: str
+    """How the server runs, in words. Inherited through `extends`."""
     extends: Name | None = None
+    """A profile whose fields this one starts from (args and env merged key by key, the child's
+    values win)."""
     target: Name | None = None  # None: usable on every target
+    """The only target this profile is usable on; none: every target."""
     # speculative methods it serves; `none` is plain serving (the default)
     methods: list[Method] = Field(default_factory=lambda: _plain(), min_length=1)
+    """Speculative methods it serves; `none` is plain serving."""
     port: int = Field(default=8000, ge=1, le=65535)
+    """Port the server listens on (loopback)."""
     args: dict[str, str | int | float | bool | dict[str, Any]] = Field(default_factory=dict)
+    """vllm serve flags without the leading --, e.g. max-model-len: 4096."""
     env: dict[EnvName, str] = Field(default_factory=dict)
+    """Environment variables of the server."""
     acceptance_floor: float | None = Field(default=None, ge=0, le=1)
+    """Accepted/draft token ratio smoke must see; required when a speculative method is served."""
     reasoning: bool = True
+    """Smoke checks the reasoning parser's output."""
     tools: bool = True
+    """Smoke checks tool calling."""
     expect_backends: ExpectBackends | None = None
+    """Kernels vLLM must choose at boot; smoke fails on a mismatch."""
 
     @model_validator(mode="after")
     def _floor_for_speculation(self) -> Profile:
@@ -432,49 +526,83 @@ class Profile(Strict):
 
 class Waiver(Strict):
     rule: str
+    """Id of the preflight rule waived."""
     reason: Annotated[str, StringConstraints(min_length=10)]
+    """Why, in words (at least 10 characters)."""
 
 
 class Include(Strict):
     engine: Name | None = None
+    """An engine name."""
     model: Name | None = None
+    """A model name."""
     drafter: Name | None = None
+    """A drafter name, or none."""
     profile: Name | None = None
+    """A profile name."""
 
 
 class Axes(Strict):
     engine: list[Name] = Field(min_length=1)
+    """Engines of the product."""
     model: list[Name] = Field(min_length=1)
+    """Models of the product."""
     # `none` serves without speculative decoding; leaving the axis out means [none]
     drafter: list[Name] = Field(default_factory=lambda: [NO_SPECULATION], min_length=1)
+    """Drafters of the product; `none` serves without speculative decoding."""
     profile: list[Name] = Field(min_length=1)
+    """Profiles of the product."""
     include: list[Include] = Field(default_factory=list)
+    """Combinations added (or matched) after the product, as in GitHub's strategy.matrix."""
     exclude: list[Include] = Field(default_factory=list)
+    """Combinations removed from the product (every entry's named axes must match)."""
 
 
 class ImageFamily(Strict):
     description: str
+    """What the family serves, in words."""
     target: Name
+    """The target its images are built for."""
     name: str = "{family}-{model}-{drafter}"  # image repository name per cell
+    """Image repository name per cell; fields: {family} {model} {drafter} {engine} {profile}."""
     matrix: Axes
+    """The axes whose product are the family's cells."""
     waivers: list[Waiver] = Field(default_factory=list)
+    """Preflight rules waived for this family, each with a reason."""
 
 
 class Publish(Strict):
     registry: RegistryHost
+    """Registry host[:port] images are pushed to (IMAGEBUILD_REGISTRY overrides it)."""
     namespace: Namespace
+    """Repository path under the registry (IMAGEBUILD_NAMESPACE overrides it)."""
     regression_threshold: float = Field(default=0.05, ge=0, le=1)
+    """Promote refuses a release whose tok/s falls this fraction below latest."""
+
+
+# bumped with every change that refuses a matrix the previous version accepted
+# (spec/renames.py keeps the way forward for each)
+SCHEMA_VERSION = 1
 
 
 class Matrix(Strict):
     schema_version: Literal[1] = Field(alias="schema")
+    """Version of this file's schema (bumped on every breaking change; `build.py migrate`
+    rewrites an older matrix)."""
     publish: Publish
+    """Where releases go."""
     targets: dict[Name, Target] = Field(min_length=1)
+    """Machine classes images are built for: name -> target."""
     engines: dict[Name, Engine] = Field(min_length=1)
+    """vLLM patch sets: name -> engine."""
     models: dict[Name, Model] = Field(min_length=1)
+    """Models served: name -> model."""
     drafters: dict[Name, Drafter] = Field(default_factory=dict)  # none: plain serving only
+    """Speculative decoding drafters: name -> drafter (none: plain serving only)."""
     profiles: dict[Name, Profile] = Field(min_length=1)
+    """How servers run: name -> profile."""
     images: dict[Name, ImageFamily] = Field(min_length=1)
+    """Image families: name -> family; each expands into cells."""
 
 
 def _bad_value(err: Any) -> BadValue | None:
@@ -503,6 +631,10 @@ def _surprise(located: Located, err: Any) -> Any:
 
 def _fix_for(err: Any, located: Located) -> str:
     kind = err["type"]
+    rename = renamed(tuple(err["loc"])) if kind == "extra_forbidden" else None
+    if rename is not None:
+        return (f"write `{rename.new}` instead (`python build.py migrate` rewrites the "
+                "file, comments kept)")
     bad = _bad_value(err)
     if bad is not None:
         return bad.fix
@@ -510,7 +642,8 @@ def _fix_for(err: Any, located: Located) -> str:
     if surprise is not None and _string_expected(err):
         return quote_fix(surprise)
     if kind == "extra_forbidden":
-        return "remove the key or correct its spelling (see the matrix.yaml reference in README)"
+        return ("remove the key or correct its spelling (docs/matrix-reference.md; "
+                "`python build.py schema` prints the JSON Schema)")
     if kind == "missing":
         return "add the field"
     if kind in ("literal_error", "enum"):
@@ -537,6 +670,9 @@ def _shown_path(err: Any, located: Located) -> str:
 
 def _describe(err: Any, located: Located) -> str:
     loc = _shown_path(err, located)
+    rename = renamed(tuple(err["loc"])) if err["type"] == "extra_forbidden" else None
+    if rename is not None:
+        return f"{loc}: {rename.hint}"
     bad = _bad_value(err)
     if bad is not None:
         return f"{loc}: {bad}"
@@ -549,7 +685,21 @@ def _describe(err: Any, located: Located) -> str:
     return f"{loc}: {err['msg']}{shown}"
 
 
+def _check_version(located: Located) -> None:
+    """A matrix of another schema version is answered before its fields are."""
+    version = located.data.get("schema") if isinstance(located.data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
+        raise UserError(f"schema: {version} is newer than this imagebuild knows (schema "
+                        f"{SCHEMA_VERSION})", fix="upgrade imagebuild",
+                        where=located.where(("schema",)))
+    if isinstance(version, int) and not isinstance(version, bool) and version < SCHEMA_VERSION:
+        raise UserError(f"schema: {version} is older than this imagebuild's (schema "
+                        f"{SCHEMA_VERSION})", fix="run `python build.py migrate` to rewrite it",
+                        where=located.where(("schema",)))
+
+
 def validate(located: Located) -> Matrix:
+    _check_version(located)
     try:
         return Matrix.model_validate(located.data)
     except ValidationError as exc:

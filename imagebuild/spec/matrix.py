@@ -307,8 +307,26 @@ def select(cells: list[Cell], *, engine: str | None = None, target: str | None =
     return out
 
 
+MATRIX_ENV = "IMAGEBUILD_MATRIX"
+
+
+def matrix_path(given: Path | None = None) -> Path:
+    """--matrix, else $IMAGEBUILD_MATRIX, else ./matrix.yaml, else the repository's (or,
+    installed, the package's own default)."""
+    if given is not None:
+        return given
+    env = os.environ.get(MATRIX_ENV)
+    if env:
+        if not Path(env).is_file():
+            raise UserError(f"{MATRIX_ENV}={shorten(env)} is not a file",
+                            fix=f"point {MATRIX_ENV} at a matrix.yaml, or unset it")
+        return Path(env)
+    here = Path.cwd() / "matrix.yaml"
+    return here if here.is_file() else REPO_ROOT / "matrix.yaml"
+
+
 def load(path: Path | None = None) -> LoadedMatrix:
-    path = path or REPO_ROOT / "matrix.yaml"
+    path = matrix_path(path)
     display = path.name if path.parent.resolve() == Path.cwd().resolve() else str(path)
     matrix, located = load_matrix(path, display)
     lm = LoadedMatrix(matrix=matrix, located=located, root=path.parent.resolve())

@@ -74,7 +74,7 @@ def env_name(text: str) -> str:
 def build_arg_name(text: str) -> str:
     env_name(text)
     if text in BUILD_PY_ARGS:
-        raise BadValue(f"build argument {text} is set by build.py itself",
+        raise BadValue(f"build argument {text} is set by imagebuild itself",
                        f"remove it ({', '.join(BUILD_PY_ARGS)} come from the build: "
                        "max_jobs and nvcc_threads set the last two)")
     return text

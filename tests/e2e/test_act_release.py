@@ -73,7 +73,7 @@ class Runs:
 
     def latest(self) -> str | None:
         from imagebuild.registry.client import RegistryClient
-        from imagebuild.release.records import list_releases
+        from imagebuild.registry.records import list_releases
 
         client = RegistryClient(self.registry.host, username=self.registry.user,
                                 password=self.registry.password)

@@ -23,7 +23,7 @@ from imagebuild.bench.server import serving
 from imagebuild.docker import inspect_image
 from imagebuild.errors import UserError
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient
-from imagebuild.release.records import A_IMAGE, A_SMOKE, A_TAG
+from imagebuild.registry.records import A_IMAGE, A_SMOKE, A_TAG
 from imagebuild.smoke.expect import expectations_from_labels
 from tests.support.registry import running_registry
 

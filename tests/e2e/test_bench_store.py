@@ -16,7 +16,7 @@ from imagebuild.bench import gate, history, store
 from imagebuild.bench.results import document
 from imagebuild.errors import UserError
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient
-from imagebuild.release.records import A_IMAGE, A_SMOKE, A_TAG
+from imagebuild.registry.records import A_IMAGE, A_SMOKE, A_TAG
 
 pytestmark = pytest.mark.slow
 REPO = "vllm-spark/cpu-tiny-ngram"

@@ -3,9 +3,12 @@ default matrix, the lock, patches and the tiny-model generator travel in the pac
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -17,25 +20,53 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 TAG = "2026-06-18-dflashfix"
 
 
+def _tracked() -> list[str]:
+    return [f for f in subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT,
+                                      capture_output=True, check=True
+                                      ).stdout.decode().split("\0") if f]
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """The wheel built from a clean copy of the tracked files, unpacked as site-packages."""
+def wheel(tmp_path_factory) -> Path:
+    """The wheel built from a clean copy of the tracked files."""
     tmp = tmp_path_factory.mktemp("package")
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
     src = tmp / "src"
-    for rel in filter(None, files):
+    for rel in _tracked():
         if (REPO_ROOT / rel).is_file():
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             (src / rel).write_bytes((REPO_ROOT / rel).read_bytes())
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                            str(tmp / "dist"), str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (wheel,) = (tmp / "dist").glob("imagebuild-*.whl")
-    site = tmp / "site"
+    (built,) = (tmp / "dist").glob("imagebuild-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """The wheel unpacked as site-packages."""
+    site = tmp_path_factory.mktemp("site")
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(site)
     return site
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory) -> Path:
+    """A fresh venv with the wheel installed by pip; its dependencies are this
+    interpreter's (a .pth file), so nothing is downloaded and imagebuild comes only from
+    the wheel."""
+    root = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig."
+                              "get_paths()['purelib'])"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    (Path(purelib) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                           "--no-deps", "-q", str(wheel)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return python
 
 
 def _run(site: Path, cwd: Path, *argv: str, timeout: float = 900
@@ -79,3 +110,35 @@ def test_the_main_job_runs_from_the_package(installed, tmp_path, cpu_serve_image
     assert "smoke PASS" in proc.stdout and "dry run: no bench stored" in proc.stdout
     assert (tmp_path / "build" / "smoke" / "cpu" / "dflashfix" / "cpu-tiny-ngram" /
             "verdict.json").is_file()
+
+
+def test_the_wheel_carries_every_data_file_of_the_package(wheel):
+    """Each tracked file under imagebuild/ that is not a module is read by the package
+    (vLLM's serve flags and modalities, the schema, the smoke suite's settings)."""
+    data = {f for f in _tracked() if f.startswith("imagebuild/") and not f.endswith(".py")}
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+    assert data and data <= names, sorted(data - names)
+    assert "imagebuild/_bundle/docs/matrix.schema.json" in names  # the matrix's modeline
+
+
+def _normalized(out: str) -> dict:
+    """A finding's place names the matrix by its path, which differs by install."""
+    return json.loads(re.sub(r'"where": "[^"]*/matrix\.yaml:', '"where": "matrix.yaml:', out))
+
+
+@pytest.mark.parametrize("argv", [["check", "--format", "json", "--target", "all"],
+                                  ["plan", "--tag", TAG, "--target", "all", "--format", "json"]],
+                         ids=["check", "plan"])
+def test_an_installed_wheel_says_what_the_checkout_says(venv, argv, tmp_path):
+    """`python -m imagebuild` from a fresh venv (the packaged default matrix) and from the
+    checkout (its matrix.yaml) give the same findings and plan: with a data file missing,
+    preflight skips the serve-flag rules and the findings differ."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "IMAGEBUILD_MATRIX")}
+    there = subprocess.run([str(venv), "-m", "imagebuild", *argv], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    here = subprocess.run([sys.executable, "-m", "imagebuild", *argv], cwd=REPO_ROOT,
+                          env={**env, "PYTHONPATH": str(REPO_ROOT)}, capture_output=True,
+                          text=True, timeout=120)
+    assert there.returncode == here.returncode == 0, there.stderr + here.stderr
+    assert _normalized(there.stdout) == _normalized(here.stdout)

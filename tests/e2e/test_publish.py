@@ -22,11 +22,11 @@ import requests
 
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import Credentials, RegistryClient
+from imagebuild.registry.records import LATEST, format_releases, list_releases, read_release
 from imagebuild.release.latest import Accept, advance, set_latest, set_latest_many
 from imagebuild.release.lease import LEASE_TAG, Lease
 from imagebuild.release.prune import prune
 from imagebuild.release.publish import publish
-from imagebuild.release.records import LATEST, format_releases, list_releases, read_release
 from imagebuild.release.rollbacks import ROLLBACKS_TAG
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.registry import FaultProxy, push_tiny_image

@@ -12,8 +12,8 @@ from test_publish import Publisher, assert_safe, raw_tags
 
 from imagebuild.errors import ImagebuildError, OperationFailed
 from imagebuild.registry.client import AuthError, Credentials, RegistryClient
+from imagebuild.registry.records import LATEST, read_release
 from imagebuild.release.lease import LEASE_TAG
-from imagebuild.release.records import LATEST, read_release
 from tests.support.registry import FaultProxy
 from tests.support.registry.server import start_registry
 

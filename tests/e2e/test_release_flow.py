@@ -122,7 +122,7 @@ def test_each_release_records_its_release_gates(released, registry):
     """The whole job ran the gates between smoke and publish; the record carries them."""
     import json
 
-    from imagebuild.release.records import A_GATES, read_release
+    from imagebuild.registry.records import A_GATES, read_release
 
     client = registry.client()
     for tag in (NEW, OLD):

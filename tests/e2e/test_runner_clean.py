@@ -21,9 +21,9 @@ import yaml
 from imagebuild.build.bootstrap import DEFAULT_BASE_REF, ensure_base_image
 from imagebuild.cli import main
 from imagebuild.registry.client import Credentials
+from imagebuild.registry.records import read_release
 from imagebuild.release.latest import Accept, advance, set_latest
 from imagebuild.release.publish import publish
-from imagebuild.release.records import read_release
 from imagebuild.spec.tags import parse_release_tag
 from tests.e2e.test_publish import PINS, verdict
 from tests.support.registry import docker_login, running_registry

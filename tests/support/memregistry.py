@@ -192,7 +192,7 @@ def add_release(client: RegistryClient, repo: str, tag: str, *, smoke: str = "pa
     """A release as publish records it: config and layer blobs, the annotated manifest
     under the release tag (and bench results stored with it when `benched`). Returns its
     manifest digest."""
-    from imagebuild.release.records import annotated_manifest, release_record
+    from imagebuild.registry.records import annotated_manifest, release_record
     from imagebuild.spec.tags import parse_release_tag
 
     config_digest = client.put_blob(repo, config)

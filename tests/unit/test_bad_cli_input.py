@@ -245,8 +245,12 @@ CASES = [
     Case("plan-unknown-target", ["plan", "--tag", TAG, "--target", "h100", "--matrix", "{m}"],
          "is not a target of matrix.yaml", "--target"),
     Case("plan-unknown-format", PLAN + ["--format", "xml"], "invalid choice: 'xml'", "--format"),
-    Case("plan-misspelt-option", PLAN + ["--fromat", "json"], "unrecognized arguments",
+    Case("plan-misspelt-option", PLAN + ["--fromat", "json"], "plan has no option --fromat",
          "--fromat"),
+    # the typo of a required option is named, not the option it left out
+    Case("plan-misspelt-required-option", ["plan", "--tga", TAG],
+         "plan has no option --tga (did you mean --tag?)", "--tga"),
+    Case("whole-job-misspelt-option", ["--tga", TAG], "release has no option --tga", "--tga"),
     Case("unknown-command", ["frobnicate"], "invalid choice: 'frobnicate'", "frobnicate"),
     Case("tag-missing-its-value", ["plan", "--tag"], "expected one argument", "--tag"),
     Case("prune-keep-zero", ["prune", "--keep", "0", "--matrix", "{m}"], "outside 1..1000000",

@@ -25,10 +25,10 @@ from imagebuild.docker import PushEvent
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.plan import load_plan
 from imagebuild.registry.credentials import Credentials
+from imagebuild.registry.records import read_release
 from imagebuild.release import publish as publish_mod
 from imagebuild.release.latest import promote_jobs
 from imagebuild.release.notes import gather, release_notes
-from imagebuild.release.records import read_release
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.memregistry import MemRegistry
 

@@ -6,8 +6,8 @@ import time
 
 from imagebuild import REPO_ROOT
 from imagebuild.plan import load_plan
+from imagebuild.registry.records import list_releases
 from imagebuild.release.notes import ImageFacts, previous_release, release_notes
-from imagebuild.release.records import list_releases
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.memregistry import MemRegistry
 

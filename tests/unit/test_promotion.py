@@ -10,8 +10,8 @@ import pytest
 from imagebuild.bench.gate import GateResult
 from imagebuild.errors import UserError
 from imagebuild.plan import load_plan
+from imagebuild.registry.records import A_TAG, LATEST, read_release
 from imagebuild.release import latest
-from imagebuild.release.records import A_TAG, LATEST, read_release
 from tests.support.memregistry import MemRegistry
 
 OLD = "2026-06-11-v0.23.0-y"

@@ -157,7 +157,8 @@ def test_a_token_answer_without_a_token_is_a_registry_fault(body):
 
 
 def test_the_annotations_checked_are_the_ones_the_project_writes():
-    from imagebuild.release import lease, records
+    from imagebuild.registry import records
+    from imagebuild.release import lease
 
     assert set(documents.JSON_OBJECT_ANNOTATIONS) == {records.A_PINS, records.A_CHECKS,
                                                       records.A_GATES}

@@ -19,8 +19,8 @@ from imagebuild.gates.identity import Identity, changed
 from imagebuild.gates.run import Run, judge, speculates
 from imagebuild.gates.summary import failures, load_summary, passed, summary
 from imagebuild.gates.verdict import long_generation, lossless
+from imagebuild.registry.records import A_GATES, release_record
 from imagebuild.release.publish import gates_gate
-from imagebuild.release.records import A_GATES, release_record
 from imagebuild.spec.gates import GateSettings, LongGenerationGate, LosslessGate
 from imagebuild.spec.tags import parse_release_tag
 

@@ -8,10 +8,10 @@ import pytest
 
 from imagebuild.errors import OperationFailed
 from imagebuild.registry.client import OCI_MANIFEST
+from imagebuild.registry.records import A_TAG, LATEST, amended_manifest, read_release
 from imagebuild.release import latest, rollbacks
 from imagebuild.release.latest import Accept, advance, set_latest
 from imagebuild.release.prune import prune
-from imagebuild.release.records import A_TAG, LATEST, amended_manifest, read_release
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.memregistry import MemRegistry
 

@@ -56,9 +56,7 @@ from hypothesis.stateful import (
 from imagebuild.bench import store
 from imagebuild.errors import ImagebuildError
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST
-from imagebuild.release import latest, lease
-from imagebuild.release.prune import plan_prune, prune
-from imagebuild.release.records import (
+from imagebuild.registry.records import (
     A_TAG,
     DATE_SKEW,
     LATEST,
@@ -67,6 +65,8 @@ from imagebuild.release.records import (
     compact,
     read_release,
 )
+from imagebuild.release import latest, lease
+from imagebuild.release.prune import plan_prune, prune
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.memregistry import Crash, MemRegistry
 

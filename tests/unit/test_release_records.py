@@ -8,9 +8,7 @@ import pytest
 
 from imagebuild.errors import OperationFailed
 from imagebuild.registry.client import DOCKER_MANIFEST, OCI_MANIFEST, sha256_digest
-from imagebuild.release.latest import Move
-from imagebuild.release.publish import gate
-from imagebuild.release.records import (
+from imagebuild.registry.records import (
     A_IMAGE,
     A_SMOKE,
     A_TAG,
@@ -19,6 +17,8 @@ from imagebuild.release.records import (
     pins_text,
     release_record,
 )
+from imagebuild.release.latest import Move
+from imagebuild.release.publish import gate
 from imagebuild.spec.tags import parse_release_tag
 
 IMG = "sha256:" + "a" * 64

@@ -21,10 +21,10 @@ import pytest
 import requests
 
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.registry.records import A_TAG, LATEST, read_release
 from imagebuild.release import latest, lease
 from imagebuild.release.latest import Accept, set_latest_many
 from imagebuild.release.lease import LEASE_TAG
-from imagebuild.release.records import A_TAG, LATEST, read_release
 from imagebuild.release.rollbacks import ROLLBACKS_TAG, rolled_back
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.memregistry import MemRegistry

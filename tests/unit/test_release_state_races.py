@@ -14,11 +14,11 @@ from imagebuild.build.hygiene import protected_releases
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST
 from imagebuild.registry.deadline import Deadline
+from imagebuild.registry.records import A_TAG, LATEST, list_releases, read_release
 from imagebuild.release import latest, lease
 from imagebuild.release.latest import Accept, advance, set_latest, set_latest_many
 from imagebuild.release.lease import LEASE, LEASE_TAG, Lease
 from imagebuild.release.prune import plan_prune, prune
-from imagebuild.release.records import A_TAG, LATEST, list_releases, read_release
 from imagebuild.release.rollbacks import rolled_back
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.memregistry import MemRegistry
@@ -201,7 +201,7 @@ def test_a_future_dated_release_neither_blocks_nor_holds_a_keep_slot(reg):
 
 
 def test_a_tag_dated_in_the_future_is_refused_as_bad_input():
-    from imagebuild.release.records import check_tag_date
+    from imagebuild.registry.records import check_tag_date
 
     with pytest.raises(UserError, match="in the future") as err:
         check_tag_date(parse_release_tag("2062-01-01-v0.23.0-x"))

@@ -51,7 +51,7 @@ def test_passed_then_benched_and_read_only(matrix_dir, tmp_path):
                                 "done": "true"}
     assert not [c for c in reg.calls[start:] if c[0] in WRITES]
     client = reg.client()
-    from imagebuild.release.records import read_release
+    from imagebuild.registry.records import read_release
     image_id = read_release(client, REPO, TAG).image_id
     store.put_results(client, REPO, TAG, {"image": {"id": image_id, "tag": TAG}, "levels": []})
     assert _state(reg, job)["benched"] == "true"

@@ -47,7 +47,7 @@ DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
 
 @dataclass(frozen=True)
 class Sizing:
-    """The KV-relevant serve settings, already resolved (see kvcache.KVFlags)."""
+    """The KV-relevant serve settings, already resolved (see kv.flags.KVFlags)."""
 
     platform: str  # "cuda" | "cpu"
     backend: str | None

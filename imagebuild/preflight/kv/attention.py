@@ -4,15 +4,12 @@ target's KV cache: DFlash, EAGLE/EAGLE3 drafters and MTP heads."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from imagebuild.errors import UserError
 from imagebuild.preflight.kv.errors import CannotPredict
 from imagebuild.preflight.kv.families import Ctx
+from imagebuild.preflight.kv.flags import KVFlags
 from imagebuild.preflight.kv.layout import AttnLayer, ModelLayout, attention_heads
-
-if TYPE_CHECKING:
-    from imagebuild.preflight.kvcache import KVFlags
 
 
 def text_config(cfg: dict) -> dict:
