@@ -251,6 +251,7 @@ EXAMPLES = {
     "build": "%(prog)s --tag 2026-07-01-stock --only 'cpu-*'",
     "smoke": "%(prog)s --tag 2026-07-01-stock     (or: %(prog)s 127.0.0.1:5000/vllm-spark/"
              "cpu-tiny-ngram:latest)",
+    "gates": "%(prog)s --tag 2026-07-01-stock --only 'cpu-*'",
     "bench": "%(prog)s --tag 2026-07-01-stock --concurrency 1,8 --requests 16",
     "publish": "%(prog)s --tag 2026-07-01-stock --dry-run",
     "promote": "%(prog)s --tag 2026-07-01-stock --dry-run",

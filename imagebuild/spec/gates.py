@@ -11,21 +11,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class _Strict(BaseModel):
     # as spec/config.py's Strict: unknown keys are errors, no silent coercion
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True,
+                              use_attribute_docstrings=True)  # field docs: schema, reference
 
 
 class LosslessGate(_Strict):
     """The speculative server against the same image without `--speculative-config`."""
 
-    # a first divergence between two tokens whose logprobs differ by less than this (in
-    # nats, either run) is a numerical tie: batch-shape-dependent kernels, not a lost token
     tie_logprob_epsilon: float = Field(default=0.05, gt=0, le=5)
-    # the share of requests allowed to end in a tie; more fails the cell
+    """A first divergence between two tokens whose logprobs differ by less than this (nats,
+    in both runs) is a numerical tie: batch-shape-dependent kernels, not a lost token."""
     max_tie_rate: float = Field(default=0.25, ge=0, le=1)
-    max_tokens: int = Field(default=256, ge=8, le=1 << 20)  # per short request
-    # fewer tokens compared in total (ties end a request's comparison early) is untrusted
+    """The share of requests allowed to end in a tie; more fails the cell."""
+    max_tokens: int = Field(default=256, ge=8, le=1 << 20)
+    """Tokens generated per short request."""
     min_compared_tokens: int = Field(default=256, ge=1, le=1 << 24)
+    """Fewer tokens compared in total (a tie ends a request's comparison) is untrusted."""
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    """The sampling seed of every gate request (temperature 0 as well)."""
 
 
 class LongGenerationGate(_Strict):
@@ -33,10 +36,15 @@ class LongGenerationGate(_Strict):
     collapse (a repetition loop the reference does not have; entropy far below its)."""
 
     tokens: int = Field(default=16384, ge=32, le=1 << 20)
-    # the token distribution of the tail must keep this share of the reference's entropy
+    """Tokens the long request generates (bounded by the profile's max-model-len)."""
     min_entropy_ratio: float = Field(default=0.5, gt=0, le=1)
+    """The tail's token distribution must keep this share of the reference's entropy."""
 
 
 class GateSettings(_Strict):
+    """The thresholds of the release gates a target's cells must pass before publish."""
+
     lossless: LosslessGate = Field(default_factory=LosslessGate)
+    """Speculative decoding against plain decoding, token by token."""
     long_generation: LongGenerationGate = Field(default_factory=LongGenerationGate)
+    """One long request: errors, equality, collapse."""

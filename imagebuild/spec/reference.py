@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from imagebuild.spec.schemafile import REPO_COPY, build_schema
 
@@ -142,9 +143,7 @@ def _sections(schema: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _default(model: str, field: str) -> str:
-    from imagebuild.spec import config
-
-    info = getattr(config, model).model_fields[field]
+    info = _model(model).model_fields[field]
     value = info.get_default(call_default_factory=True)
     if hasattr(value, "model_dump"):
         value = value.model_dump(exclude_none=True)
@@ -157,8 +156,16 @@ def _cell(text: str) -> str:
     return " ".join(text.replace("|", "\\|").split())
 
 
+def _model(name: str) -> type[BaseModel]:
+    """A schema section's pydantic model: the matrix's own, or the gates' thresholds."""
+    from imagebuild.spec import config, gates
+
+    cls = getattr(config, name, None) or getattr(gates, name)
+    assert isinstance(cls, type) and issubclass(cls, BaseModel), name
+    return cls
+
+
 def markdown(root: Path) -> str:
-    from imagebuild.spec import config
     from imagebuild.spec.renames import RENAMES
 
     schema = build_schema()
@@ -170,7 +177,7 @@ def markdown(root: Path) -> str:
     out = [HEADER.format(renames=renames or "- none")]
     for model, path in _sections(schema):
         node = schema if model == "Matrix" else schema["$defs"][model]
-        cls = getattr(config, model)
+        cls = _model(model)
         name = "matrix.yaml" if model == "Matrix" else model
         doc = " ".join((cls.__doc__ or "").split()) if model != "Matrix" else ""
         out.append(f"## {name}\n\n`{path}`" + (f": {doc}" if doc else "") + "\n")
