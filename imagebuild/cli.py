@@ -188,7 +188,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from imagebuild.job import load_verdicts, promote, publish_jobs, registry_client
+    from imagebuild.job import (
+        document_jobs,
+        load_verdicts,
+        promote,
+        publish_jobs,
+        registry_client,
+    )
 
     _writes_releases()
 
@@ -198,6 +204,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     out = _build_dir(plan)
     client = registry_client(plan)
     publish_jobs(client, plan.jobs, load_verdicts(plan.jobs, out), dry_run=args.dry_run)
+    if not args.dry_run:
+        document_jobs(client, plan, out)
     if not args.no_latest:
         promote(plan, client, accept_regression=args.accept_regression,
                 accept_untrusted=args.accept_untrusted,

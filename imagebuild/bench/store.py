@@ -151,6 +151,13 @@ def _ours(client: RegistryClient, repo: str, digest: str,
     return ours, how
 
 
+def listed(client: RegistryClient, repo: str, digest: str,
+           artifact_type: str) -> list[dict[str, Any]]:
+    """Descriptors of the artifacts of `artifact_type` kept with manifest `digest`,
+    newest first (the referrers API, else the tag schema)."""
+    return _ours(client, repo, digest, artifact_type)[0]
+
+
 def _read(client: RegistryClient, repo: str, ref: str, how: str) -> Stored | None:
     try:
         raw, _media, digest = client.get_manifest(repo, ref)

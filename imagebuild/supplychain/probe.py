@@ -101,11 +101,17 @@ def probe(root: str, sites: list[str], weights: dict[str, str]) -> dict[str, obj
     if os.path.isfile(status):
         with open(status, encoding="utf-8", errors="replace") as f:
             dpkg = f.read()
+    os_release = None
+    for path in ("etc/os-release", "usr/lib/os-release"):
+        if os.path.isfile(under(path)):
+            with open(under(path), encoding="utf-8", errors="replace") as f:
+                os_release = f.read()
+            break
     python: list[dict[str, object]] = []
     for site in sites:
         for dist in distributions(under(site)):
             python.append({**dist, "site": site})
-    return {"dpkg_status": dpkg, "python": python, "sites": sites,
+    return {"dpkg_status": dpkg, "os_release": os_release, "python": python, "sites": sites,
             "python_version": ".".join(map(str, sys.version_info[:3])),
             "weights": {name: {"dir": d, "files": weight_files(under(d))}
                         for name, d in weights.items()}}
