@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -341,7 +342,8 @@ def cmd_notes(args: argparse.Namespace) -> int:
         write_compose_files(plan.lm, facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
         facts = write_histories(client, facts, plan.jobs, args.asset_dir, args.asset_url or "")
-    print(safe_lines(release_notes(plan.lm, plan.jobs, facts)), end="")
+    owner = os.environ.get("GITHUB_REPOSITORY_OWNER")  # whose attestations verify them
+    print(safe_lines(release_notes(plan.lm, plan.jobs, facts, owner=owner)), end="")
     return 0
 
 

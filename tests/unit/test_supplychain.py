@@ -249,3 +249,29 @@ def test_probe_refuses_an_unknown_argument(tmp_path):
     proc = subprocess.run([sys.executable, str(PROBE), "--nope"], capture_output=True,
                           text=True)
     assert proc.returncode == 2 and "unknown argument '--nope'" in proc.stderr
+
+
+def test_the_notes_list_the_documents_with_the_commands_that_fetch_them(matrix_dir):
+    from imagebuild.release.notes import ImageFacts, release_notes
+
+    plan = load_plan(matrix_dir / "matrix.yaml", "2026-06-18-dflashfix", "cpu")
+    job = plan.jobs[0]
+    sbom_d, prov_d = "sha256:" + "51" * 32, "sha256:" + "52" * 32
+    image = job.image.by_digest(DIGEST)
+
+    def notes(signing: str, findings: str = "0") -> str:
+        facts = {job.id: ImageFacts(DIGEST, None, None, supply_chain={
+            "sbom": sbom_d, "provenance": prov_d, "signing": signing, "findings": findings})}
+        return release_notes(plan.lm, plan.jobs, facts, owner="org")
+
+    local = notes(attach.UNSIGNED)
+    assert f"oras discover {image}" in local
+    assert f"oras pull {job.image.name}@{sbom_d}  # writes sbom.cdx.json" in local
+    assert f"oras pull {job.image.name}@{prov_d}  # writes provenance.intoto.json" in local
+    assert "_Unsigned_" in local and "gh attestation verify" not in local
+    assert "finding(s)" not in local
+    signed = notes(attach.GITHUB_SIGNED, findings="2")
+    assert f"gh attestation verify oci://{image} --owner org" in signed
+    assert "_Unsigned_" not in signed and "**2 finding(s)**" in signed
+    bare = release_notes(plan.lm, plan.jobs, {job.id: ImageFacts(DIGEST, None, None)})
+    assert "_no SBOM or provenance is stored with this release_" in bare
