@@ -1,7 +1,7 @@
 """What an image holds, read inside it: run by the image's own `python3` (stdlib only, no
 network), or on the host against an unpacked file tree (`--root`, the unit tests).
 
-Prints one JSON object: the dpkg status file as text, every Python distribution of the
+Prints one JSON object (short lines): the dpkg status file's lines, every Python distribution of the
 interpreter's environment (name, version, the wheel hash its direct_url.json records when
 pip installed it from a file or URL, and the sha256 of its RECORD, which lists every file
 it installed), and each model directory's files with size and sha256. The host turns it
@@ -111,7 +111,11 @@ def probe(root: str, sites: list[str], weights: dict[str, str]) -> dict[str, obj
     for site in sites:
         for dist in distributions(under(site)):
             python.append({**dist, "site": site})
-    return {"dpkg_status": dpkg, "os_release": os_release, "python": python, "sites": sites,
+    # text as lists of lines, printed one JSON value per line: Docker's json-file log
+    # driver cuts lines beyond 16 KiB into parts that `docker logs` does not always rejoin
+    return {"dpkg_status": dpkg.splitlines() if dpkg is not None else None,
+            "os_release": os_release.splitlines() if os_release is not None else None,
+            "python": python, "sites": sites,
             "python_version": ".".join(map(str, sys.version_info[:3])),
             "weights": {name: {"dir": d, "files": weight_files(under(d))}
                         for name, d in weights.items()}}
@@ -131,7 +135,7 @@ def main(argv: list[str]) -> int:
         else:
             print(f"probe: unknown argument {arg!r}", file=sys.stderr)
             return 2
-    json.dump(probe(root, sites or _site_dirs(), weights), sys.stdout)
+    json.dump(probe(root, sites or _site_dirs(), weights), sys.stdout, indent=0)
     return 0
 
 

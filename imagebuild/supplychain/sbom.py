@@ -38,8 +38,14 @@ class Subject:
     inputs: str | None  # the image's inputs digest (its label)
 
 
-def dpkg_packages(status: str | None) -> list[dict[str, str]]:
+def _text(value: str | list[str] | None) -> str:
+    """probe.py sends a file's text as its lines."""
+    return "\n".join(value) if isinstance(value, list) else (value or "")
+
+
+def dpkg_packages(status: str | list[str] | None) -> list[dict[str, str]]:
     """Installed packages of a dpkg status file (paragraphs of `Field: value`)."""
+    status = _text(status)
     out = []
     for para in re.split(r"\n\s*\n", status or ""):
         fields: dict[str, str] = {}
@@ -57,7 +63,7 @@ def dpkg_packages(status: str | None) -> list[dict[str, str]]:
 
 def _os_release(snapshot: dict[str, Any]) -> dict[str, str]:
     out = {}
-    for line in (snapshot.get("os_release") or "").splitlines():
+    for line in _text(snapshot.get("os_release")).splitlines():
         key, sep, value = line.partition("=")
         if sep:
             out[key.strip()] = value.strip().strip('"')
