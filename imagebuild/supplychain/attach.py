@@ -52,10 +52,11 @@ class Attached:
 
 
 def signing(env: Mapping[str, str]) -> str:
-    """GitHub signs the documents right after publish in the release workflow (not under
-    act, which has no Sigstore); anywhere else they stay unsigned."""
-    on_github = env.get("GITHUB_ACTIONS") == "true" and env.get("ACT") != "true"
-    return GITHUB_SIGNED if on_github else UNSIGNED
+    """How the documents get signed: the release workflow's publish step says that its
+    attestation steps follow (IMAGEBUILD_ATTESTATIONS=github; skipped under act, which
+    has no Sigstore). Being on a GitHub runner is not enough: CI runs tests there."""
+    attested = env.get("IMAGEBUILD_ATTESTATIONS") == "github" and env.get("ACT") != "true"
+    return GITHUB_SIGNED if attested else UNSIGNED
 
 
 def probe_image(ref: str, weights: Mapping[str, str], runner: Any = None) -> dict[str, Any]:

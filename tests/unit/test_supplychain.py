@@ -239,10 +239,27 @@ def test_the_provenance_names_the_subject_inputs_and_builder(tmp_path, github):
         assert "invocationId" not in run["metadata"]
 
 
-def test_only_github_itself_signs():
-    assert attach.signing({"GITHUB_ACTIONS": "true"}) == attach.GITHUB_SIGNED
-    assert attach.signing({"GITHUB_ACTIONS": "true", "ACT": "true"}) == attach.UNSIGNED
+def test_only_the_release_workflow_on_github_signs():
+    wf = {"GITHUB_ACTIONS": "true", "IMAGEBUILD_ATTESTATIONS": "github"}
+    assert attach.signing(wf) == attach.GITHUB_SIGNED
+    assert attach.signing({**wf, "ACT": "true"}) == attach.UNSIGNED  # the act rehearsal
+    assert attach.signing({"GITHUB_ACTIONS": "true"}) == attach.UNSIGNED  # CI's tests
     assert attach.signing({}) == attach.UNSIGNED
+    # the workflow's publish step says so, and its attestation steps follow it
+    import yaml
+
+    steps = yaml.safe_load((REPO_ROOT / ".github/workflows/release.yml").read_text())[
+        "jobs"]["cell"]["steps"]
+    names = [s.get("name", "") for s in steps]
+    publish = names.index("Push by digest (latest stays; promote moves it)")
+    assert steps[publish]["env"]["IMAGEBUILD_ATTESTATIONS"] == "github"
+    after = steps[publish + 1:publish + 6]
+    assert [s.get("uses", s.get("run", "")).split("@")[0] for s in after] == [
+        "make registry-login", 'make -s attest-subject >> "$GITHUB_OUTPUT"',
+        "actions/attest-build-provenance", "actions/attest-sbom", "make attest-verify"]
+    for step in after:
+        assert step["if"] == "steps.state.outputs.done != 'true' && !env.ACT"
+        assert step.get("with", {}).get("push-to-registry", True) is True
 
 
 def test_probe_refuses_an_unknown_argument(tmp_path):
