@@ -292,3 +292,43 @@ def test_the_notes_list_the_documents_with_the_commands_that_fetch_them(matrix_d
     assert "_Unsigned_" not in signed and "**2 finding(s)**" in signed
     bare = release_notes(plan.lm, plan.jobs, {job.id: ImageFacts(DIGEST, None, None)})
     assert "_no SBOM or provenance is stored with this release_" in bare
+
+
+def test_prune_deletes_a_releases_documents_with_it_and_keeps_the_kept_ones():
+    """In-memory registry (distribution's API, no referrers API): the SBOM and provenance
+    of a pruned release go with it (artifacts and referrers tag), a kept release's stay,
+    and a release's bench results, SBOM and provenance share its one referrers tag."""
+    from imagebuild.bench import store
+    from imagebuild.release.prune import prune
+    from imagebuild.release.records import read_release
+    from tests.support.memregistry import MemRegistry
+
+    reg, repo = MemRegistry(), "ns/img"
+    client = reg.client()
+    tags = [f"2026-06-{d:02d}-v0.23.0-x" for d in (4, 11, 18)]
+    kept: dict[str, list[str]] = {}
+    for tag in tags:
+        reg.add_release(repo, tag)
+        rel = read_release(client, repo, tag)
+        assert rel is not None
+        store.put_results(client, repo, tag, {"image": {"id": rel.image_id}, "levels": []})
+        kept[tag] = [store.put_artifact(client, repo, rel, b'{"doc": "%s"}' % kind.encode(),
+                                        artifact_type=kind, file_name="f.json")
+                     for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE)]
+    newest = read_release(client, repo, tags[2])
+    assert newest is not None  # benched again after the documents: they stay listed
+    store.put_results(client, repo, tags[2], {"image": {"id": newest.image_id}, "levels": []})
+    reg.point_latest(repo, tags[2])
+    digests = {t: read_release(client, repo, t).digest for t in tags}  # type: ignore[union-attr]
+    plan = prune(client, repo, 1, log=lambda _: None, settle=0)
+    assert plan.delete == [tags[0]]  # the middle one is the rollback target
+    for artifact in kept[tags[0]]:
+        assert client.head_manifest(repo, artifact) is None
+    assert store.referrers_tag(digests[tags[0]]) not in client.tags(repo)
+    for tag in tags[1:]:
+        for kind, artifact in zip((store.SBOM_TYPE, store.PROVENANCE_TYPE), kept[tag],
+                                  strict=True):
+            assert [d["digest"] for d in store.listed(client, repo, digests[tag], kind)] == \
+                [artifact]
+            assert client.head_manifest(repo, artifact) is not None
+        assert store.stored(client, repo, tag) is not None
