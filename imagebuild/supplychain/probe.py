@@ -89,7 +89,8 @@ def weight_files(folder: str) -> list[dict[str, object]] | None:
 def _site_dirs() -> list[str]:
     import sysconfig
 
-    return sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    # lib64 is often a link to lib: the same distributions once
+    return sorted({os.path.realpath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")})
 
 
 def probe(root: str, sites: list[str], weights: dict[str, str]) -> dict[str, object]:
