@@ -118,7 +118,7 @@ def test_documents_are_referrers_oras_finds_and_a_rerun_stores_nothing(fresh_reg
     with pytest.raises(Exception, match="not found|404"):
         client.get_manifest(repo, first.sbom_digest)  # the replaced one is gone
     # bench results stored later keep the documents in the index
-    store.put_results(client, repo, TAGS[2], {"levels": [], "image": {}})
+    store.put_results(client, repo, TAGS[2], {"levels": [], "image": {}, "run": 2})
     index = o.get_manifest(f"{ref}:{store.referrers_tag(digest)}", allowed_media_type=[OCI_INDEX])
     assert sorted(m["artifactType"] for m in index["manifests"]) == kinds
     assert bench not in [m["digest"] for m in index["manifests"]]
