@@ -18,6 +18,7 @@ import os
 import sys
 
 DPKG_STATUS = "var/lib/dpkg/status"
+SLIM_RECORD = "opt/imagebuild/slim.json"  # images/engine/files/slim-torch-cuda.py writes it
 CHUNK = 1 << 20
 
 
@@ -108,6 +109,15 @@ def probe(root: str, sites: list[str], weights: dict[str, str]) -> dict[str, obj
             with open(under(path), encoding="utf-8", errors="replace") as f:
                 os_release = f.read()
             break
+    slim = None  # what the cpu engine's build left out of torch's CUDA dependencies, on purpose
+    if os.path.isfile(under(SLIM_RECORD)):
+        try:
+            with open(under(SLIM_RECORD), encoding="utf-8") as f:
+                record = json.load(f)
+            slim = {"not_installed": list(record.get("not_installed") or []),
+                    "stubbed": sorted(record.get("stubbed") or {})}
+        except (OSError, ValueError, AttributeError):
+            slim = None
     python: list[dict[str, object]] = []
     for site in sites:
         for dist in distributions(under(site)):
@@ -116,7 +126,7 @@ def probe(root: str, sites: list[str], weights: dict[str, str]) -> dict[str, obj
     # driver cuts lines beyond 16 KiB into parts that `docker logs` does not always rejoin
     return {"dpkg_status": dpkg.splitlines() if dpkg is not None else None,
             "os_release": os_release.splitlines() if os_release is not None else None,
-            "python": python, "sites": sites,
+            "python": python, "slim": slim, "sites": sites,
             "python_version": ".".join(map(str, sys.version_info[:3])),
             "weights": {name: {"dir": d, "files": weight_files(under(d))}
                         for name, d in weights.items()}}

