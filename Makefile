@@ -11,11 +11,11 @@ SHELL := bash
 .SHELLFLAGS := -euo pipefail -c
 # Targets whose stdout a workflow appends to $GITHUB_OUTPUT or its step summary: Make must
 # not echo their recipe lines there (the runner refuses any line that is not name=value)
-.SILENT: release-commit release-matrix pins-watch job-env resume-state run-changed
+.SILENT: release-commit release-matrix pins-watch job-env resume-state run-changed attest-subject
 
 .PHONY: venv venv-gpu venv-dev job-env resume-state resume-pull run-changed teardown rehearse-release setup setup-tests lint typecheck workflows checks unit test release-commit release-matrix \
 	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release rollback \
-	pins-watch pin-issues
+	pins-watch pin-issues registry-login attest-subject attest-verify
 
 # A runner that keeps one venv across jobs (a self-hosted Spark, the act rehearsal) names
 # it in IMAGEBUILD_VENV: it is linked, not rebuilt, and pip only checks it.
@@ -114,6 +114,22 @@ resume-state:
 	mkdir -p build
 	$(PY) build.py resume --tag "$$RELEASE_TAG" --target "$${CELL_TARGET:-$$ENGINE_TARGET}" \
 	  $${CELL:+--only "$$CELL"} --verdict-dir build | tee build/resume-state.txt
+
+# GitHub artifact attestations of a published cell (release.yml, on GitHub only). publish
+# wrote build/supply-chain/$$CELL/subject.txt (name=, digest=, sbom=): the pushed release
+# manifest and its SBOM file. The attestation actions push with this job's Docker config.
+registry-login:
+	printf '%s' "$$IMAGEBUILD_REGISTRY_PASSWORD" | docker login "$$IMAGEBUILD_REGISTRY" \
+	  --username "$$IMAGEBUILD_REGISTRY_USER" --password-stdin >/dev/null
+
+attest-subject:  ## name=, digest=, sbom= of $$CELL's pushed release, for $$GITHUB_OUTPUT
+	grep -E '^(name|digest|sbom)=' "build/supply-chain/$$CELL/subject.txt"
+
+attest-verify:  ## both attestations of $$CELL's pushed digest verify for $$OWNER, as users run it
+	f="build/supply-chain/$$CELL/subject.txt"; \
+	ref="oci://$$(sed -n 's/^name=//p' "$$f")@$$(sed -n 's/^digest=//p' "$$f")"; \
+	gh attestation verify "$$ref" --owner "$$OWNER"; \
+	gh attestation verify "$$ref" --owner "$$OWNER" --predicate-type https://cyclonedx.org/bom
 
 # A resumed cell benches what its tag holds: the tested image, pulled by digest and checked
 # against the release record (after runner-clean, which may remove older releases' images)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -201,7 +202,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from imagebuild.job import load_gates, load_verdicts, promote, publish_jobs, registry_client
+    from imagebuild.job import (
+        document_jobs,
+        load_gates,
+        load_verdicts,
+        promote,
+        publish_jobs,
+        registry_client,
+    )
 
     _writes_releases()
 
@@ -212,6 +220,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     client = registry_client(plan)
     publish_jobs(client, plan.jobs, load_verdicts(plan.jobs, out), dry_run=args.dry_run,
                  gates=load_gates(plan.jobs, out))
+    if not args.dry_run:
+        document_jobs(client, plan, out)
     if not args.no_latest:
         promote(plan, client, accept_regression=args.accept_regression,
                 accept_untrusted=args.accept_untrusted,
@@ -354,7 +364,8 @@ def cmd_notes(args: argparse.Namespace) -> int:
         write_compose_files(plan.lm, facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
         facts = write_histories(client, facts, plan.jobs, args.asset_dir, args.asset_url or "")
-    print(safe_lines(release_notes(plan.lm, plan.jobs, facts)), end="")
+    owner = os.environ.get("GITHUB_REPOSITORY_OWNER")  # whose attestations verify them
+    print(safe_lines(release_notes(plan.lm, plan.jobs, facts, owner=owner)), end="")
     return 0
 
 

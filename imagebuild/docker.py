@@ -273,16 +273,24 @@ class Engine:
         if self.inspect_image(image) is None:
             raise UserError(f"no local image {image}", fix="build it first (`build.py build`)")
         volumes = {host: {"bind": dest, "mode": "ro"} for host, dest in mounts.items()}
+        # detached, then its whole log, then removed: the SDK's run(remove=True) removes
+        # the container before it reads the log stream, which loses output beyond what
+        # the socket had buffered (~150 KB: an SBOM probe's dpkg status and packages)
         try:
-            out = self.client.containers.run(
-                image, argv, entrypoint=entrypoint, remove=True, network_mode="none",
-                read_only=True, user="0", volumes=volumes, stdout=True, stderr=False,
-                labels={OWNER_LABEL: "imagebuild"})
-        except docker.errors.ContainerError as exc:
-            return int(exc.exit_status or 1), (exc.stderr or b"").decode(errors="replace")
+            c = self.client.containers.run(
+                image, argv, entrypoint=entrypoint, detach=True, network_mode="none",
+                read_only=True, user="0", volumes=volumes, labels={OWNER_LABEL: "imagebuild"})
         except ENGINE_ERRORS as exc:
             raise OperationFailed(f"docker run {image} failed: {exc}") from None
-        return 0, (out or b"").decode(errors="replace")
+        try:
+            code = int(c.wait().get("StatusCode", 1))
+            out = c.logs(stdout=code == 0, stderr=code != 0)
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"docker run {image} failed: {exc}") from None
+        finally:
+            with held_interrupts():
+                self._remove(str(c.name))
+        return code, (out or b"").decode(errors="replace")
 
     def remove_container(self, name: str) -> None:
         """Kill and delete with its anonymous volumes; fine if it is gone already. A

@@ -120,6 +120,20 @@ def publish_jobs(client: RegistryClient, jobs: tuple[Job, ...], verdicts: dict[s
                   f"{result.digest}")
 
 
+def document_jobs(client: RegistryClient, plan: Plan, out: Path) -> None:
+    """Right after publish: each published image's SBOM and build provenance, read from
+    the image, stored with its release (imagebuild/supplychain); nothing again on a
+    re-run. A lock that disagrees with the image is printed as findings."""
+    from imagebuild.supplychain.attach import attach
+
+    if plan.lock is None:
+        raise UserError("no matrix.lock.json: the SBOM compares the image with the lock",
+                        fix="run `build.py lock`")
+    for job in plan.jobs:
+        with progress.stage("sbom", job.id):
+            attach(client, job, plan.lock, root=plan.lm.root, build_dir=out)
+
+
 def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None:
     """Measure each job's tested image with its target's `bench:` settings and store the
     results with the release (kept when the registry already has them: a re-run)."""
@@ -218,6 +232,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
         print("dry run: no bench stored, latest not moved")
         return 0
     publish_jobs(client, plan.jobs, verdicts, dry_run=False, gates=gates)
+    document_jobs(client, plan, opts.out)
     if opts.bench:
         bench_jobs(client, plan.jobs, opts.out / "bench")
     promote(plan, client, accept_regression=opts.accept_regression,

@@ -28,6 +28,11 @@ from imagebuild.registry.records import A_IMAGE, Release, read_release, resolve_
 from imagebuild.registry.records import A_TAG as RELEASE_TAG
 
 ARTIFACT_TYPE = "application/vnd.imagebuild.bench.v1+json"
+# the supply-chain documents publish stores the same way (imagebuild/supplychain/), with
+# the media types registered for them (IANA: CycloneDX JSON; in-toto statements)
+SBOM_TYPE = "application/vnd.cyclonedx+json"
+PROVENANCE_TYPE = "application/vnd.in-toto+json"
+KEPT_WITH_RELEASE = (ARTIFACT_TYPE, SBOM_TYPE, PROVENANCE_TYPE)  # prune deletes them with it
 EMPTY = "application/vnd.oci.empty.v1+json"
 ANN = "io.imagebuild.bench"
 A_IMAGE_ID, A_TAG, A_ACCEPTED = f"{ANN}.image-id", f"{ANN}.tag", f"{ANN}.accepted-regression"
@@ -88,26 +93,37 @@ def put_results(client: RegistryClient, repo: str, tag: str, doc: dict[str, Any]
         raise UserError(f"these results measured {measured[:19]}, but {repo}:{tag} is "
                         f"{image_id[:19]}", fix="bench the image the release holds")
     body = json.dumps(doc, sort_keys=True, indent=1).encode()
+    return put_artifact(client, repo, rel, body, artifact_type=ARTIFACT_TYPE,
+                        file_name=FILE_NAME, annotations=annotations)
+
+
+def put_artifact(client: RegistryClient, repo: str, rel: Release, body: bytes, *,
+                 artifact_type: str, file_name: str,
+                 annotations: dict[str, str] | None = None) -> str:
+    """Attach one file of `artifact_type` to release `rel` as an OCI 1.1 referrer,
+    replacing the earlier one of that type (one per release and type); its digest. Bench
+    results and the supply-chain documents (SBOM, provenance) share this."""
+    image_id = rel.annotations.get(A_IMAGE) or rel.image_id
     layer, config = client.put_blob(repo, body), client.put_blob(repo, b"{}")
-    ann = {A_IMAGE_ID: image_id, A_TAG: rel.annotations.get(RELEASE_TAG, tag),
+    ann = {A_IMAGE_ID: image_id, A_TAG: rel.annotations.get(RELEASE_TAG, rel.tag),
            A_CREATED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(annotations or {})}
     manifest = {
-        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
         "config": {"mediaType": EMPTY, "digest": config, "size": 2},
-        "layers": [{"mediaType": ARTIFACT_TYPE, "digest": layer, "size": len(body),
-                    "annotations": {A_TITLE: FILE_NAME}}],
+        "layers": [{"mediaType": artifact_type, "digest": layer, "size": len(body),
+                    "annotations": {A_TITLE: file_name}}],
         "subject": _descriptor(rel),
         "annotations": ann,
     }
     raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    old = [m["digest"] for m in _ours(client, repo, rel.digest)[0]]
+    old = [m["digest"] for m in _ours(client, repo, rel.digest, artifact_type)[0]]
     digest, indexed = client.put_referrer(repo, raw, OCI_MANIFEST)
     if not indexed:
         others = [m for m in _fallback_index(client, repo, rel.digest)
-                  if m.get("artifactType") != ARTIFACT_TYPE]
+                  if m.get("artifactType") != artifact_type]
         index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": others + [{
             "mediaType": OCI_MANIFEST, "digest": digest, "size": len(raw),
-            "artifactType": ARTIFACT_TYPE, "annotations": ann}]}
+            "artifactType": artifact_type, "annotations": ann}]}
         client.put_manifest(repo, referrers_tag(rel.digest),
                             json.dumps(index, sort_keys=True, separators=(",", ":")).encode(),
                             OCI_INDEX)
@@ -120,17 +136,26 @@ def put_results(client: RegistryClient, repo: str, tag: str, doc: dict[str, Any]
     return digest
 
 
-def _ours(client: RegistryClient, repo: str,
-          digest: str) -> tuple[list[dict[str, Any]], str]:
-    """Our artifacts' descriptors attached to manifest `digest`, newest first, and how
-    they were found."""
-    found = client.referrers(repo, digest, ARTIFACT_TYPE)
+def _ours(client: RegistryClient, repo: str, digest: str,
+          artifact_type: str | tuple[str, ...] = ARTIFACT_TYPE,
+          ) -> tuple[list[dict[str, Any]], str]:
+    """Our artifacts of `artifact_type` (one, or any of several) attached to manifest
+    `digest`, newest first, and how they were found (one request either way)."""
+    kinds = (artifact_type,) if isinstance(artifact_type, str) else artifact_type
+    found = client.referrers(repo, digest, kinds[0] if len(kinds) == 1 else None)
     how = "referrers-api"
     if found is None:
         found, how = _fallback_index(client, repo, digest), "referrers-tag"
-    ours = [m for m in found if m.get("artifactType") == ARTIFACT_TYPE]
+    ours = [m for m in found if m.get("artifactType") in kinds]
     ours.sort(key=lambda m: (m.get("annotations") or {}).get(A_CREATED, ""), reverse=True)
     return ours, how
+
+
+def listed(client: RegistryClient, repo: str, digest: str,
+           artifact_type: str) -> list[dict[str, Any]]:
+    """Descriptors of the artifacts of `artifact_type` kept with manifest `digest`,
+    newest first (the referrers API, else the tag schema)."""
+    return _ours(client, repo, digest, artifact_type)[0]
 
 
 def _read(client: RegistryClient, repo: str, ref: str, how: str) -> Stored | None:
@@ -193,11 +218,12 @@ def _subject_of(client: RegistryClient, repo: str, digest: str) -> str | None:
 
 
 def forget(client: RegistryClient, repo: str, digest: str) -> int:
-    """Delete the results attached to manifest `digest` (a release being pruned) and its
-    referrers tag when nothing else is listed there; how many artifacts went. Only
-    artifacts whose own `subject` is `digest` go: an index entry naming anything else
-    (a corrupt or foreign fallback index) is not ours to delete."""
-    ours, how = _ours(client, repo, digest)
+    """Delete what is kept with manifest `digest` (a release being pruned: its bench
+    results, SBOM and provenance) and its referrers tag when nothing else is listed
+    there; how many artifacts went. Only artifacts whose own `subject` is `digest` go:
+    an index entry naming anything else (a corrupt or foreign fallback index) is not ours
+    to delete."""
+    ours, how = _ours(client, repo, digest, KEPT_WITH_RELEASE)
     gone = 0
     for desc in ours:
         if _subject_of(client, repo, str(desc.get("digest"))) != digest:
@@ -212,7 +238,7 @@ def forget(client: RegistryClient, repo: str, digest: str) -> int:
     try:
         index = client.head_manifest(repo, referrers_tag(digest))
         others = [m for m in _fallback_index(client, repo, digest)
-                  if m.get("artifactType") != ARTIFACT_TYPE] if index else []
+                  if m.get("artifactType") not in KEPT_WITH_RELEASE] if index else []
         if others:
             doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": others}
             client.put_manifest(repo, referrers_tag(digest), json.dumps(

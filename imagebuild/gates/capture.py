@@ -14,7 +14,7 @@ from typing import Any
 
 from imagebuild.gates.client import Generation
 from imagebuild.gates.identity import Identity
-from imagebuild.gates.run import Run
+from imagebuild.gates.runrecord import Run
 from imagebuild.spec.gates import GateSettings
 
 CAPTURE_FILE = "gates-speculative.json"

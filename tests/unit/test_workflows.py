@@ -151,7 +151,9 @@ def test_least_privilege_per_job():
                 assert "make github-release" in runs
     assert writes == {
         ("release.yml", "engine"): {"packages": "write"},
-        ("release.yml", "cell"): {"packages": "write"},
+        # the cell job signs its pushed digest (GitHub artifact attestations): only it
+        ("release.yml", "cell"): {"packages": "write", "id-token": "write",
+                                  "attestations": "write"},
         ("release.yml", "promote"): {"contents": "write", "packages": "write"},
         ("rollback.yml", "rollback"): {"packages": "write"},
         ("pins.yml", "watch"): {"issues": "write"},

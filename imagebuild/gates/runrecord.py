@@ -1,0 +1,38 @@
+"""One run's answers to the gate requests, and whether an image speculates: what smoke's
+recording (capture.py) and the gates' own runs (run.py) share. A leaf module: smoke
+imports it without reaching the servers the gates boot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from imagebuild.gates.client import Generation
+from imagebuild.gates.identity import Identity
+
+SPEC_FLAG = "--speculative-config"
+
+
+def speculates(info: dict[str, Any]) -> bool:
+    cmd = (info.get("Config") or {}).get("Cmd") or []
+    return any(a == SPEC_FLAG or str(a).startswith(SPEC_FLAG + "=") for a in cmd)
+
+
+@dataclass
+class Run:
+    what: str  # speculative | plain
+    gens: list[Generation] = field(default_factory=list)
+    untrusted: str | None = None  # why this run's answers cannot be trusted
+    before: Identity | None = None
+    after: Identity | None = None
+    boot_s: float = 0.0
+    seconds: float = 0.0
+    recorded: bool = False  # by smoke (capture.py), not a boot of the gates' own
+
+    def as_json(self) -> dict[str, Any]:
+        return {"what": self.what, "untrusted": self.untrusted,
+                "source": "smoke's server" if self.recorded else "booted by the gates",
+                "boot_s": round(self.boot_s, 2), "seconds": round(self.seconds, 2),
+                "server_before": self.before.as_json() if self.before else None,
+                "server_after": self.after.as_json() if self.after else None,
+                "requests": [g.as_json() for g in self.gens]}
