@@ -458,7 +458,7 @@ class ReleaseState(RuleBasedStateMachine):
         with self.as_client(0):
             self.execute(full, dry_run=True)
 
-    @precondition(lambda self: len(self.published) >= 2)
+    @precondition(lambda self: self.mem and len(self.published) >= 2)
     @rule(accept=st.booleans(), who=st.integers(0, 1))
     def rollback_gates(self, accept, who):
         """A rollback to the newest release older than latest that lacks bench results in
@@ -490,8 +490,15 @@ class ReleaseState(RuleBasedStateMachine):
                 f"rollback to the newer {newer[-1]} moved latest: {self.latest_tags()}")
         cands = [t for t in self.published[:self.order[now]]
                  if passed(t) and not all(measured(t, r) for r in self.repos)]
-        if not cands:
-            return
+        if not cands:  # build the state: one benched for one image only, a newer one latest
+            with self.as_client(who):
+                self.execute(("publish", "a", "passed", "next"))
+                self.execute(("publish", "both", "passed", "next"))
+                self.execute(("promote", "newest", True, True))
+            lt = self.latest_tags()
+            if set(lt.values()) != {self.published[-1]}:
+                return
+            cands = [self.published[-2]]
         cmd = ("rollback", self.order[cands[-1]], accept)
         with self.as_client(who):
             ok = self.execute(cmd)
@@ -500,6 +507,7 @@ class ReleaseState(RuleBasedStateMachine):
                 f"rollback to the never-benched {cands[-1]} moved latest: {self.latest_tags()}")
         self.observe(cmd, lt)
 
+    @precondition(lambda self: self.mem)
     @rule(who=st.integers(0, 1))
     def dry_run_over_an_unmeasured_latest(self, who):
         """The state where `promote --dry-run` would annotate stored results: latest
@@ -675,6 +683,22 @@ class ReleaseState(RuleBasedStateMachine):
             m for m in theirs if m not in ours]}
         c.put_manifest(repo, store.referrers_tag(old.digest), compact(doc).encode(),
                        OCI_INDEX)
+        with self.as_client(0):  # a prune that deletes the old one keeps the new's results
+            self.execute(("prune", 1, None))
+        assert new.tag not in self.reg.tags[repo] or store.stored(c, repo, new.tag), (
+            f"pruning {old.tag} took the results of {new.tag} with it")
+
+    @precondition(lambda self: self.mem)
+    @rule(who=st.integers(0, 1))
+    def a_same_day_release_wins(self, who):
+        """Two releases on one day, the later recorded with a name earlier in the
+        alphabet: publish moves latest to the later one (age is when it was recorded)."""
+        with self.as_client(who):
+            self.execute(("publish", "both", "passed", "next"))
+            self.execute(("promote", "newest", True, True))  # on purpose, whatever was
+            self.execute(("publish", "both", "passed", "same"))
+        assert set(self.latest_tags().values()) == {self.published[-1]}, (
+            f"publish of the later same-day {self.published[-1]} left {self.latest_tags()}")
 
     @rule()
     def time_passes(self):
