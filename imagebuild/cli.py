@@ -56,7 +56,8 @@ def cmd_release(args: argparse.Namespace) -> int:
                                             accept_regression=args.accept_regression,
                                             accept_untrusted=args.accept_untrusted,
                                             accept_unmeasured=args.accept_unmeasured,
-                                            accept_rolled_back=args.accept_rolled_back))
+                                            accept_rolled_back=args.accept_rolled_back,
+                                            accept_acceptance_drop=args.accept_acceptance_drop))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -203,7 +204,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
                 accept_untrusted=args.accept_untrusted,
                 accept_unmeasured=args.accept_unmeasured,
                 accept_rolled_back=args.accept_rolled_back, forward_only=True,
-                dry_run=args.dry_run)
+                dry_run=args.dry_run, accept_acceptance_drop=args.accept_acceptance_drop)
     return 0
 
 
@@ -217,7 +218,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     promote(plan, registry_client(plan), accept_regression=args.accept_regression,
             accept_untrusted=args.accept_untrusted, accept_unmeasured=args.accept_unmeasured,
             accept_rolled_back=args.accept_rolled_back, forward_only=args.forward_only,
-            dry_run=args.dry_run)
+            dry_run=args.dry_run, accept_acceptance_drop=args.accept_acceptance_drop)
     return 0
 
 

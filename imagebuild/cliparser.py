@@ -231,6 +231,11 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
                    metavar="REASON", type=_reason,
                    help="move latest to a release that was rolled back (re-runs never do); "
                         "takes it off the record of rollbacks")
+    p.add_argument("--accept-acceptance-drop", dest="accept_acceptance_drop", default=None,
+                   metavar="REASON", type=_reason,
+                   help="let a release whose speculative acceptance falls below latest's "
+                        "(beyond the target's acceptance_threshold) become latest; REASON "
+                        "is recorded with the release and in its notes")
 
 
 def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:

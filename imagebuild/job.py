@@ -29,6 +29,7 @@ class ReleaseOptions:
     accept_untrusted: str | None = None
     accept_unmeasured: str | None = None
     accept_rolled_back: str | None = None
+    accept_acceptance_drop: str | None = None
 
 
 def unmeasured_jobs(plan: Plan, opts: ReleaseOptions) -> list[Job]:
@@ -140,11 +141,13 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None
 def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
             accept_untrusted: str | None = None, accept_unmeasured: str | None = None,
             accept_rolled_back: str | None = None, forward_only: bool = False,
-            dry_run: bool = False) -> None:
+            dry_run: bool = False, accept_acceptance_drop: str | None = None) -> None:
     from imagebuild.release.latest import promote_jobs
 
     promote_jobs(client, plan.jobs,
                  default_threshold=plan.lm.matrix.publish.regression_threshold,
+                 default_acceptance_threshold=plan.lm.matrix.publish.acceptance_threshold,
+                 accept_acceptance_drop=accept_acceptance_drop,
                  accept_regression=accept_regression, accept_untrusted=accept_untrusted,
                  accept_unmeasured=accept_unmeasured, accept_rolled_back=accept_rolled_back,
                  forward_only=forward_only,
@@ -186,6 +189,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
         bench_jobs(client, plan.jobs, opts.out / "bench")
     promote(plan, client, accept_regression=opts.accept_regression,
             accept_untrusted=opts.accept_untrusted, accept_unmeasured=opts.accept_unmeasured,
-            accept_rolled_back=opts.accept_rolled_back, forward_only=True)
+            accept_rolled_back=opts.accept_rolled_back, forward_only=True,
+            accept_acceptance_drop=opts.accept_acceptance_drop)
     return 0
 

@@ -33,6 +33,7 @@ ANN = "io.imagebuild.bench"
 A_IMAGE_ID, A_TAG, A_ACCEPTED = f"{ANN}.image-id", f"{ANN}.tag", f"{ANN}.accepted-regression"
 A_UNTRUSTED = f"{ANN}.accepted-untrusted"  # why flagged figures were let through the gate
 A_UNCOMPARED = f"{ANN}.accepted-uncompared"  # why it was promoted over an unmeasured latest
+A_ACCEPTED_DROP = f"{ANN}.accepted-acceptance-drop"  # why lower acceptance was let through
 A_CREATED = "org.opencontainers.image.created"
 A_TITLE = "org.opencontainers.image.title"  # the file name `oras pull` writes
 FILE_NAME = "bench.json"

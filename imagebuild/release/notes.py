@@ -40,6 +40,7 @@ class ImageFacts:
     bench_previous: dict[str, Any] | None = None  # ... with `previous`
     accepted_regression: str | None = None  # the reason promote was given
     accepted_untrusted: str | None = None  # why flagged figures were not compared
+    accepted_drop: str | None = None  # why lower speculative acceptance was let through
     unmeasured: str | None = None  # why it was promoted without a measurement (its record)
     uncompared: str | None = None  # why it was promoted over a latest without results
     plot: str | None = None  # where the notes link the PNG (asset URL or file name)
@@ -126,6 +127,8 @@ def _bench(f: ImageFacts) -> list[str]:
         out += [f"vs baseline: output tok/s against `{f.previous}`.", ""]
     if f.accepted_regression:
         out += [f"**Accepted throughput regression:** {f.accepted_regression}", ""]
+    if f.accepted_drop:
+        out += [f"**Accepted drop in speculative acceptance:** {f.accepted_drop}", ""]
     if f.accepted_untrusted:
         out += ["**Promoted without comparing untrusted bench figures:** "
                 f"{f.accepted_untrusted}", ""]
@@ -203,7 +206,7 @@ def _stored_bench(client: Any, repo: str, tag: str | None
 def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, ImageFacts]:
     """Digests, earlier releases and stored bench results from the registry, verdicts
     from the smoke reports."""
-    from imagebuild.bench.store import A_ACCEPTED, A_UNCOMPARED, A_UNTRUSTED
+    from imagebuild.bench.store import A_ACCEPTED, A_ACCEPTED_DROP, A_UNCOMPARED, A_UNTRUSTED
     from imagebuild.release.records import list_releases
     from imagebuild.smoke.paths import verdict_path
 
@@ -226,6 +229,7 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
             accepted_regression=ann.get(A_ACCEPTED), accepted_untrusted=ann.get(A_UNTRUSTED),
+            accepted_drop=ann.get(A_ACCEPTED_DROP),
             unmeasured=safe(mine.unmeasured) if mine and mine.unmeasured else None,
             uncompared=ann.get(A_UNCOMPARED), gpu_code=gpu_code)
     return facts

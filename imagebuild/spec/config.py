@@ -97,6 +97,9 @@ class BenchSettings(Strict):
     prompts: str = "structured,prose"
     # overrides publish.regression_threshold: shared CPU hosts are noisier than a GB10
     regression_threshold: float | None = Field(default=None, ge=0, le=1)
+    # overrides publish.acceptance_threshold: the relative drop in speculative acceptance
+    # (rate or mean accepted length, per concurrency level) that keeps a release from latest
+    acceptance_threshold: float | None = Field(default=None, ge=0, le=1)
 
 
 # What serves a speculative method needs, and the word for none (plain serving).
@@ -461,6 +464,8 @@ class Publish(Strict):
     registry: RegistryHost
     namespace: Namespace
     regression_threshold: float = Field(default=0.05, ge=0, le=1)
+    # promote refuses a release whose speculative acceptance falls this fraction below latest
+    acceptance_threshold: float = Field(default=0.10, ge=0, le=1)
 
 
 class Matrix(Strict):
