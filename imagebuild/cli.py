@@ -249,15 +249,39 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
+    from imagebuild.release.compat import stored_verdict
     from imagebuild.release.records import format_releases, list_releases
 
     client, repos = _repositories(args)
+    found = {r: list_releases(client, r) for r in repos}
+    # the verdict of each release's stored compatibility table ("no table": none stored)
+    verdicts = {r: {x.tag: stored_verdict(client, x) for x in rels} for r, rels in found.items()}
     if args.format == "json":
-        print(json.dumps({r: [x.as_json() for x in list_releases(client, r)] for r in repos},
-                         indent=2))
+        print(json.dumps({r: [{**x.as_json(), "gates_verdict": verdicts[r][x.tag]}
+                              for x in rels] for r, rels in found.items()}, indent=2))
         return 0
-    for repo in repos:
-        print(safe_lines(format_releases(repo, list_releases(client, repo))))
+    for repo, rels in found.items():
+        print(safe_lines(format_releases(repo, rels, verdicts[repo])))
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from imagebuild.job import registry_client
+    from imagebuild.release import compat
+
+    plan = _plan(args)
+    if plan.tag is None:
+        raise UserError("table needs --tag", fix="pass the release's --tag")
+    if args.store:
+        _writes_releases()
+    client = registry_client(plan)
+    doc = compat.gather(client, plan.jobs, plan.lm.matrix.publish)
+    if args.store:
+        compat.store_tables(client, plan.jobs, doc, log=lambda m: print(m, file=sys.stderr))
+    if args.format == "json":
+        print(json.dumps(doc, indent=1, sort_keys=True))
+    else:
+        print(safe_lines(compat.markdown(doc)), end="")
     return 0
 
 
@@ -316,6 +340,7 @@ def cmd_runner_clean(args: argparse.Namespace) -> int:
 
 def cmd_notes(args: argparse.Namespace) -> int:
     from imagebuild.job import registry_client
+    from imagebuild.release import compat
     from imagebuild.release.notes import (
         gather,
         release_notes,
@@ -334,7 +359,8 @@ def cmd_notes(args: argparse.Namespace) -> int:
         write_compose_files(plan.lm, facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
         facts = write_histories(client, facts, plan.jobs, args.asset_dir, args.asset_url or "")
-    print(safe_lines(release_notes(plan.lm, plan.jobs, facts)), end="")
+    table = compat.markdown(compat.gather(client, plan.jobs, plan.lm.matrix.publish))
+    print(safe_lines(release_notes(plan.lm, plan.jobs, facts, table)), end="")
     return 0
 
 
@@ -425,7 +451,7 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
-            "history": cmd_history, "rehearse": cmd_rehearse,
+            "history": cmd_history, "table": cmd_table, "rehearse": cmd_rehearse,
             "runner-clean": cmd_runner_clean}
 
 

@@ -339,6 +339,13 @@ def parser() -> argparse.ArgumentParser:
     _registry_args(p, dry_run=False)
     p.add_argument("--format", choices=("table", "json"), default="table")
 
+    p = sub.add_parser("table", help="the compatibility table of a release: per cell smoke, "
+                                     "lossless, long generation, tok/s, acceptance, verdict")
+    _release(p)
+    p.add_argument("--store", action="store_true",
+                   help="store it with each cell's release (an OCI referrer of its manifest)")
+    p.add_argument("--format", choices=("markdown", "json"), default="markdown")
+
     p = sub.add_parser("history", help="tok/s and TTFT per concurrency across every release "
                                        "of an image, from the registry (PNG + markdown)")
     _registry_args(p, dry_run=False)

@@ -1,6 +1,7 @@
 """The whole job (`build.py --tag T`): plan -> lock check -> preflight -> build -> smoke
 -> publish (push by digest, release tag) -> bench (stored beside the release) ->
-regression gate -> `latest`, last.
+regression and acceptance gates -> `latest`, last -> the compatibility table (stored
+beside the release, also when a gate refused it).
 
 Nothing is pushed unless every job of the tag passed smoke; `latest` moves only after the
 bench, past the regression gate, forward only. Each step is also its own command; the
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild import progress
-from imagebuild.errors import UserError
+from imagebuild.errors import OperationFailed, UserError
 from imagebuild.plan import Job, Plan, format_table
 from imagebuild.registry.client import RegistryClient
 
@@ -187,9 +188,26 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     publish_jobs(client, plan.jobs, verdicts, dry_run=False)
     if opts.bench:
         bench_jobs(client, plan.jobs, opts.out / "bench")
-    promote(plan, client, accept_regression=opts.accept_regression,
-            accept_untrusted=opts.accept_untrusted, accept_unmeasured=opts.accept_unmeasured,
-            accept_rolled_back=opts.accept_rolled_back, forward_only=True,
-            accept_acceptance_drop=opts.accept_acceptance_drop)
+    try:
+        promote(plan, client, accept_regression=opts.accept_regression,
+                accept_untrusted=opts.accept_untrusted,
+                accept_unmeasured=opts.accept_unmeasured,
+                accept_rolled_back=opts.accept_rolled_back, forward_only=True,
+                accept_acceptance_drop=opts.accept_acceptance_drop)
+    except (UserError, OperationFailed):
+        compatibility_table(plan, client)  # a refused release's table says why
+        raise
+    compatibility_table(plan, client)
     return 0
+
+
+def compatibility_table(plan: Plan, client: RegistryClient) -> None:
+    """The release's compatibility table from the registry: printed, and stored with each
+    cell's release (release/compat.py)."""
+    from imagebuild.release import compat
+
+    with progress.stage("table", plan.jobs[0].id if len(plan.jobs) == 1 else "all"):
+        doc = compat.gather(client, plan.jobs, plan.lm.matrix.publish)
+        compat.store_tables(client, plan.jobs, doc)
+    print(compat.markdown(doc), end="")
 

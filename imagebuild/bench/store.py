@@ -89,26 +89,35 @@ def put_results(client: RegistryClient, repo: str, tag: str, doc: dict[str, Any]
         raise UserError(f"these results measured {measured[:19]}, but {repo}:{tag} is "
                         f"{image_id[:19]}", fix="bench the image the release holds")
     body = json.dumps(doc, sort_keys=True, indent=1).encode()
-    layer, config = client.put_blob(repo, body), client.put_blob(repo, b"{}")
     ann = {A_IMAGE_ID: image_id, A_TAG: rel.annotations.get(RELEASE_TAG, tag),
-           A_CREATED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **(annotations or {})}
+           **(annotations or {})}
+    return attach(client, repo, rel, body, ARTIFACT_TYPE, FILE_NAME, ann)
+
+
+def attach(client: RegistryClient, repo: str, rel: Release, body: bytes, artifact_type: str,
+           file_name: str, annotations: dict[str, str]) -> str:
+    """`body` as the one artifact of `artifact_type` whose subject is release `rel`
+    (replacing the earlier one); the artifact's digest. Artifacts of other types attached
+    to the same release stay (bench results beside the compatibility table)."""
+    layer, config = client.put_blob(repo, body), client.put_blob(repo, b"{}")
+    ann = {A_CREATED: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **annotations}
     manifest = {
-        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
         "config": {"mediaType": EMPTY, "digest": config, "size": 2},
-        "layers": [{"mediaType": ARTIFACT_TYPE, "digest": layer, "size": len(body),
-                    "annotations": {A_TITLE: FILE_NAME}}],
+        "layers": [{"mediaType": artifact_type, "digest": layer, "size": len(body),
+                    "annotations": {A_TITLE: file_name}}],
         "subject": _descriptor(rel),
         "annotations": ann,
     }
     raw = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    old = [m["digest"] for m in _ours(client, repo, rel.digest)[0]]
+    old = [m["digest"] for m in _ours(client, repo, rel.digest, artifact_type)[0]]
     digest, indexed = client.put_referrer(repo, raw, OCI_MANIFEST)
     if not indexed:
         others = [m for m in _fallback_index(client, repo, rel.digest)
-                  if m.get("artifactType") != ARTIFACT_TYPE]
+                  if m.get("artifactType") != artifact_type]
         index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": others + [{
             "mediaType": OCI_MANIFEST, "digest": digest, "size": len(raw),
-            "artifactType": ARTIFACT_TYPE, "annotations": ann}]}
+            "artifactType": artifact_type, "annotations": ann}]}
         client.put_manifest(repo, referrers_tag(rel.digest),
                             json.dumps(index, sort_keys=True, separators=(",", ":")).encode(),
                             OCI_INDEX)
@@ -121,15 +130,15 @@ def put_results(client: RegistryClient, repo: str, tag: str, doc: dict[str, Any]
     return digest
 
 
-def _ours(client: RegistryClient, repo: str,
-          digest: str) -> tuple[list[dict[str, Any]], str]:
-    """Our artifacts' descriptors attached to manifest `digest`, newest first, and how
-    they were found."""
-    found = client.referrers(repo, digest, ARTIFACT_TYPE)
+def _ours(client: RegistryClient, repo: str, digest: str,
+          artifact_type: str = ARTIFACT_TYPE) -> tuple[list[dict[str, Any]], str]:
+    """Our artifacts' descriptors (of `artifact_type`) attached to manifest `digest`,
+    newest first, and how they were found."""
+    found = client.referrers(repo, digest, artifact_type)
     how = "referrers-api"
     if found is None:
         found, how = _fallback_index(client, repo, digest), "referrers-tag"
-    ours = [m for m in found if m.get("artifactType") == ARTIFACT_TYPE]
+    ours = [m for m in found if m.get("artifactType") == artifact_type]
     ours.sort(key=lambda m: (m.get("annotations") or {}).get(A_CREATED, ""), reverse=True)
     return ours, how
 
@@ -193,12 +202,14 @@ def _subject_of(client: RegistryClient, repo: str, digest: str) -> str | None:
     return subject.get("digest") if isinstance(subject, dict) else None
 
 
-def forget(client: RegistryClient, repo: str, digest: str) -> int:
-    """Delete the results attached to manifest `digest` (a release being pruned) and its
-    referrers tag when nothing else is listed there; how many artifacts went. Only
-    artifacts whose own `subject` is `digest` go: an index entry naming anything else
-    (a corrupt or foreign fallback index) is not ours to delete."""
-    ours, how = _ours(client, repo, digest)
+def forget(client: RegistryClient, repo: str, digest: str,
+           artifact_type: str = ARTIFACT_TYPE) -> int:
+    """Delete the results (or the artifacts of `artifact_type`) attached to manifest
+    `digest` (a release being pruned) and its referrers tag when nothing else is listed
+    there; how many artifacts went. Only artifacts whose own `subject` is `digest` go:
+    an index entry naming anything else (a corrupt or foreign fallback index) is not
+    ours to delete."""
+    ours, how = _ours(client, repo, digest, artifact_type)
     gone = 0
     for desc in ours:
         if _subject_of(client, repo, str(desc.get("digest"))) != digest:
@@ -213,7 +224,7 @@ def forget(client: RegistryClient, repo: str, digest: str) -> int:
     try:
         index = client.head_manifest(repo, referrers_tag(digest))
         others = [m for m in _fallback_index(client, repo, digest)
-                  if m.get("artifactType") != ARTIFACT_TYPE] if index else []
+                  if m.get("artifactType") != artifact_type] if index else []
         if others:
             doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": others}
             client.put_manifest(repo, referrers_tag(digest), json.dumps(

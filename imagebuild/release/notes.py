@@ -140,12 +140,19 @@ def _bench(f: ImageFacts) -> list[str]:
     return out
 
 
-def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, ImageFacts]
-                  ) -> str:
-    """Markdown for the GitHub release of the jobs' release tag."""
+def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, ImageFacts],
+                  compatibility: str | None = None) -> str:
+    """Markdown for the GitHub release of the jobs' release tag; `compatibility`: the
+    compatibility table's markdown (release/compat.py), shown first."""
     tag = str(jobs[0].tag) if jobs else "?"
     out = [f"# {tag}", "",
            f"{len(jobs)} image(s), each smoke-tested before push; `latest` moved last.", ""]
+    if compatibility:
+        out += ["## Compatibility", "", "Per cell: smoke, lossless speculative decoding, long "
+                "generation, tok/s, drafter acceptance (rate / mean accepted length per "
+                "concurrency level) and the verdict (`fail`, `incomplete`: not run or not "
+                "trustworthy, `accepted`: passed with a written reason, `pass`).", "",
+                compatibility.rstrip("\n"), ""]
     previous = sorted({f.previous for f in facts.values() if f.previous})
     for job in jobs:
         cell = job.cell

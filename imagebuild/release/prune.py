@@ -21,6 +21,7 @@ from imagebuild.bench import store
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.errors import NotFound
+from imagebuild.release import compat
 from imagebuild.release.lease import Lease, holding_lease
 from imagebuild.release.records import (
     A_TAG,
@@ -179,6 +180,7 @@ def prune(client: RegistryClient, repo: str, keep: int, *, dry_run: bool = False
             # a failure after it leaves results a re-run no longer reaches (only storage)
             _delete(client, repo, tag, digest)
             store.forget(client, repo, digest)
+            compat.forget(client, repo, digest)  # its compatibility table too
     _log_prune(plan, False, log)
     return plan
 

@@ -41,6 +41,7 @@ A_CHECKS, A_PINS, A_CELL = f"{ANN}.checks", f"{ANN}.pins", f"{ANN}.cell"
 A_INPUTS, A_PUSHED = f"{ANN}.inputs", f"{ANN}.pushed-manifest"
 # a release promoted without a measurement says so in its record: `unmeasured` and why
 A_BENCH, A_UNMEASURED = f"{ANN}.bench", f"{ANN}.unmeasured-reason"
+A_GATES = f"{ANN}.gates"  # the release gates' summary (imagebuild/gates)
 UNMEASURED = "unmeasured"
 A_CREATED = "org.opencontainers.image.created"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -268,13 +269,17 @@ def pins_text(pins: dict[str, Any]) -> str:
     return "; ".join(parts) or "-"
 
 
-def format_releases(repo: str, rels: list[Release]) -> str:
+def format_releases(repo: str, rels: list[Release],
+                    verdicts: dict[str, str] | None = None) -> str:
+    """`verdicts`: release tag -> the verdict of its compatibility table (release/compat.py)."""
     latest = next((r.tag for r in rels if r.is_latest), None)
     out = [f"{repo}  (latest -> {latest or 'no release'})"]
     for r in rels:
         mark = "*" if r.is_latest else " "
         out.append(f"  {mark} {r.tag:<34} {short_digest(r.digest)}  "
                    f"image {short_digest(r.image_id)}  smoke {safe(r.verdict)}"
+                   + (f"  verdict {safe(verdicts[r.tag])}" if verdicts and r.tag in verdicts
+                      else "")
                    + (f"  bench UNMEASURED ({safe(r.unmeasured)})" if r.unmeasured else ""))
         out.append(f"      pins: {safe(pins_text(r.pins))}")
     if not rels:
