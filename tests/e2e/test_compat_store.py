@@ -18,8 +18,7 @@ import sys
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.bench import gate, store
-from imagebuild.errors import UserError
+from imagebuild.bench import store
 from imagebuild.plan import load_plan
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from imagebuild.release import compat
@@ -147,22 +146,33 @@ def test_the_table_is_a_referrer_oras_finds_releases_shows_and_prune_deletes(
 
 
 def test_lower_acceptance_is_refused_as_latest_unless_accepted(fresh_registry) -> None:
-    client = fresh_registry.client()
+    """`build.py promote` end to end: cpu's acceptance_threshold (0.05) from matrix.yaml,
+    the cell's drafter from its plan, the gate, the lease, the move."""
+    reg = fresh_registry
+    client = reg.client()
     for tag in (OLD, NEW):
         _release(client, tag, GATES)
     _results(client, OLD)  # 183 of 293 accepted
     _results(client, NEW, accepted_share=0.8)  # the same drafts, 146 accepted: -20 %
     client.copy_tag(REPO, OLD, "latest")
-    kw = {"threshold": 0.5, "acceptance_threshold": 0.05, "drafter": True,
-          "log": lambda _: None}
-    with pytest.raises(UserError, match="accepts fewer drafted tokens than latest") as no:
-        gate.check_promotion(client, REPO, NEW, **kw)
-    assert "acceptance 0.50 vs 0.62 (-20.2%)" in no.value.message
+    env = {**_env(reg), "IMAGEBUILD_LEASE_SETTLE": "0"}
+
+    def promote(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "build.py", "promote", "--tag", NEW, "--target",
+                               "cpu", *extra], capture_output=True, text=True, env=env,
+                              timeout=120, cwd=REPO_ROOT)
+
+    no = promote()
+    assert no.returncode == 2, no.stderr
+    assert "accepts fewer drafted tokens than latest, by more than 5%" in no.stderr
+    assert "c=4: acceptance 0.50 vs 0.62 (-20.2%)" in no.stderr
+    assert "--accept-acceptance-drop" in no.stderr
     assert client.digest(REPO, "latest") == client.digest(REPO, OLD)
-    ok = gate.check_promotion(client, REPO, NEW, accept_acceptance_drop="new drafter, longer "
-                              "drafts on purpose", **kw)
-    assert [d.concurrency for d in ok.acceptance_drops] == [1, 4]
-    assert "**Accepted drop in speculative acceptance**" in ok.notes_markdown()
+    # a reason for another gate is no answer
+    assert promote("--accept-regression", "slower is fine").returncode == 2
+    ok = promote("--accept-acceptance-drop", "new drafter, longer drafts on purpose")
+    assert ok.returncode == 0, ok.stderr
+    assert client.digest(REPO, "latest") == client.digest(REPO, NEW)
     assert store.stored(client, REPO, NEW).annotations[store.A_ACCEPTED_DROP] == \
         "new drafter, longer drafts on purpose"
     # the table of that release says it was accepted, with the reason
