@@ -261,3 +261,17 @@ def test_releases_shows_the_verdict_column(reg, job, matrix_dir, capsys, monkeyp
                  "--format", "json"]) == 0
     listed = json.loads(capsys.readouterr().out)[REPO]
     assert {r["tag"]: r["gates_verdict"] for r in listed} == {NEW: "pass", OLD: "no table"}
+
+
+def test_the_notes_show_the_table_first(reg, job, matrix_dir, tmp_path):
+    from imagebuild.release.notes import gather, release_notes
+
+    client = reg.client()
+    _gated(reg, NEW, PASSING)
+    store.put_results(client, REPO, NEW, _doc(100.0))
+    plan = load_plan(matrix_dir / "matrix.yaml", NEW, "cpu")
+    table = compat.markdown(compat.gather(client, (job,), plan.lm.matrix.publish))
+    notes = release_notes(plan.lm, (job,), gather(client, (job,), tmp_path), table)
+    section = notes.split("## Compatibility\n", 1)[1].split("\n## ", 1)[0]
+    assert "| `cpu-tiny-ngram` | passed | pass (8 req, 1,536 tokens, 1 ties) |" in section
+    assert notes.index("## Compatibility") < notes.index("## cpu-tiny-ngram")
