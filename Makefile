@@ -96,11 +96,13 @@ cell-build:  ## $$CELL's serve layers FROM the engine its target's engine job pu
 	$(PY) build.py build --tag "$$RELEASE_TAG" --target "$$CELL_TARGET" --only "$$CELL" \
 	  --engine-image "$$ref"
 
-promote:  ## move latest to the release ($$RELEASE_TAG of $$RELEASE_TARGET), passing the gates $$ACCEPT names with $$ACCEPT_REASON
+promote:  ## move latest to the release ($$RELEASE_TAG of $$RELEASE_TARGET), passing the gates $$ACCEPT names with $$ACCEPT_REASON; then store its compatibility table (also when a gate refused it: the table says why)
 	mkdir -p build
 	$(PY) -m imagebuild.release.overrides > build/accept.args
-	mapfile -t accept < build/accept.args; \
-	$(PY) build.py promote --forward-only --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" "$${accept[@]}"
+	mapfile -t accept < build/accept.args; rc=0; \
+	$(PY) build.py promote --forward-only --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" "$${accept[@]}" || rc=$$?; \
+	$(PY) build.py table --store --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" > build/compat.md || rc=$$(( rc ? rc : $$? )); \
+	exit $$rc
 
 bootstrap-deps:  ## debootstrap where it is missing (a hosted runner building a bootstrapped base)
 	command -v debootstrap >/dev/null || { sudo apt-get update -qq && \

@@ -57,7 +57,8 @@ def cmd_release(args: argparse.Namespace) -> int:
                                             accept_regression=args.accept_regression,
                                             accept_untrusted=args.accept_untrusted,
                                             accept_unmeasured=args.accept_unmeasured,
-                                            accept_rolled_back=args.accept_rolled_back))
+                                            accept_rolled_back=args.accept_rolled_back,
+                                            accept_acceptance_drop=args.accept_acceptance_drop))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -227,7 +228,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
                 accept_untrusted=args.accept_untrusted,
                 accept_unmeasured=args.accept_unmeasured,
                 accept_rolled_back=args.accept_rolled_back, forward_only=True,
-                dry_run=args.dry_run)
+                dry_run=args.dry_run, accept_acceptance_drop=args.accept_acceptance_drop)
     return 0
 
 
@@ -241,7 +242,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     promote(plan, registry_client(plan), accept_regression=args.accept_regression,
             accept_untrusted=args.accept_untrusted, accept_unmeasured=args.accept_unmeasured,
             accept_rolled_back=args.accept_rolled_back, forward_only=args.forward_only,
-            dry_run=args.dry_run)
+            dry_run=args.dry_run, accept_acceptance_drop=args.accept_acceptance_drop)
     return 0
 
 
@@ -273,14 +274,38 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 def cmd_releases(args: argparse.Namespace) -> int:
     from imagebuild.registry.records import format_releases, list_releases
+    from imagebuild.release.compat import stored_verdict
 
     client, repos = _repositories(args)
+    found = {r: list_releases(client, r) for r in repos}
+    # the verdict of each release's stored compatibility table ("no table": none stored)
+    verdicts = {r: {x.tag: stored_verdict(client, x) for x in rels} for r, rels in found.items()}
     if args.format == "json":
-        print(json.dumps({r: [x.as_json() for x in list_releases(client, r)] for r in repos},
-                         indent=2))
+        print(json.dumps({r: [{**x.as_json(), "gates_verdict": verdicts[r][x.tag]}
+                              for x in rels] for r, rels in found.items()}, indent=2))
         return 0
-    for repo in repos:
-        print(safe_lines(format_releases(repo, list_releases(client, repo))))
+    for repo, rels in found.items():
+        print(safe_lines(format_releases(repo, rels, verdicts[repo])))
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from imagebuild.job import registry_client
+    from imagebuild.release import compat
+
+    plan = _plan(args)
+    if plan.tag is None:
+        raise UserError("table needs --tag", fix="pass the release's --tag")
+    if args.store:
+        _writes_releases()
+    client = registry_client(plan)
+    doc = compat.gather(client, plan.jobs, plan.lm.matrix.publish)
+    if args.store:
+        compat.store_tables(client, plan.jobs, doc, log=lambda m: print(m, file=sys.stderr))
+    if args.format == "json":
+        print(json.dumps(doc, indent=1, sort_keys=True))
+    else:
+        print(safe_lines(compat.markdown(doc)), end="")
     return 0
 
 
@@ -339,6 +364,7 @@ def cmd_runner_clean(args: argparse.Namespace) -> int:
 
 def cmd_notes(args: argparse.Namespace) -> int:
     from imagebuild.job import registry_client
+    from imagebuild.release import compat
     from imagebuild.release.notes import (
         gather,
         release_notes,
@@ -365,7 +391,8 @@ def cmd_notes(args: argparse.Namespace) -> int:
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
         facts = write_histories(client, facts, plan.jobs, args.asset_dir, args.asset_url or "")
     owner = os.environ.get("GITHUB_REPOSITORY_OWNER")  # whose attestations verify them
-    print(safe_lines(release_notes(plan.lm, plan.jobs, facts, owner=owner)), end="")
+    table = compat.markdown(compat.gather(client, plan.jobs, plan.lm.matrix.publish))
+    print(safe_lines(release_notes(plan.lm, plan.jobs, facts, table, owner=owner)), end="")
     return 0
 
 
@@ -485,7 +512,7 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
-            "history": cmd_history, "rehearse": cmd_rehearse,
+            "history": cmd_history, "table": cmd_table, "rehearse": cmd_rehearse,
             "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate}
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "-qq", "--quiet")
 

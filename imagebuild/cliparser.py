@@ -232,6 +232,11 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
                    metavar="REASON", type=_reason,
                    help="move latest to a release that was rolled back (re-runs never do); "
                         "takes it off the record of rollbacks")
+    p.add_argument("--accept-acceptance-drop", dest="accept_acceptance_drop", default=None,
+                   metavar="REASON", type=_reason,
+                   help="let a release whose speculative acceptance falls below latest's "
+                        "(beyond the target's acceptance_threshold) become latest; REASON "
+                        "is recorded with the release and in its notes")
 
 
 def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
@@ -257,6 +262,7 @@ EXAMPLES = {
     "promote": "%(prog)s --tag 2026-07-01-stock --dry-run",
     "rollback": "%(prog)s --to 2026-06-18-stock --image 'cpu-*' --dry-run",
     "releases": "%(prog)s --image cpu-tiny-ngram",
+    "table": "%(prog)s --tag 2026-07-01-stock --store",
     "history": "%(prog)s --image cpu-tiny-ngram",
     "prune": "%(prog)s --keep 5 --dry-run",
     "resume": "%(prog)s --tag 2026-07-01-stock",
@@ -402,6 +408,14 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _registry_args(p, dry_run=False)
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="json: {repository: [release, ...]} with each release's record")
+
+    p = sub.add_parser("table", help="the compatibility table of a release: per cell smoke, "
+                                     "lossless, long generation, tok/s, acceptance, verdict")
+    _release(p)
+    p.add_argument("--store", action="store_true",
+                   help="store it with each cell's release (an OCI referrer of its manifest)")
+    p.add_argument("--format", choices=("markdown", "json"), default="markdown",
+                   help="json: the table's document, as stored")
 
     p = sub.add_parser("history", help="tok/s and TTFT per concurrency across every release "
                                        "of an image, from the registry (PNG + markdown)")

@@ -1,6 +1,7 @@
 """The whole job (`build.py --tag T`): plan -> lock check -> preflight -> build -> smoke
 -> release gates (lossless, long generation) -> publish (push by digest, release tag) ->
-bench (stored beside the release) -> regression gate -> `latest`, last.
+bench (stored beside the release) -> regression and acceptance gates -> `latest`, last ->
+the compatibility table (stored beside the release, also when a gate refused it).
 
 Nothing is pushed unless every job of the tag passed smoke and the release gates; `latest`
 moves only after the bench, past the regression gate, forward only. Each step is also its
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild import progress
-from imagebuild.errors import UserError
+from imagebuild.errors import OperationFailed, UserError
 from imagebuild.plan import Job, Plan, format_table
 from imagebuild.registry.client import RegistryClient
 
@@ -29,6 +30,7 @@ class ReleaseOptions:
     accept_untrusted: str | None = None
     accept_unmeasured: str | None = None
     accept_rolled_back: str | None = None
+    accept_acceptance_drop: str | None = None
 
 
 def unmeasured_jobs(plan: Plan, opts: ReleaseOptions) -> list[Job]:
@@ -168,11 +170,13 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None
 def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
             accept_untrusted: str | None = None, accept_unmeasured: str | None = None,
             accept_rolled_back: str | None = None, forward_only: bool = False,
-            dry_run: bool = False) -> None:
+            dry_run: bool = False, accept_acceptance_drop: str | None = None) -> None:
     from imagebuild.release.latest import promote_jobs
 
     promote_jobs(client, plan.jobs,
                  default_threshold=plan.lm.matrix.publish.regression_threshold,
+                 default_acceptance_threshold=plan.lm.matrix.publish.acceptance_threshold,
+                 accept_acceptance_drop=accept_acceptance_drop,
                  accept_regression=accept_regression, accept_untrusted=accept_untrusted,
                  accept_unmeasured=accept_unmeasured, accept_rolled_back=accept_rolled_back,
                  forward_only=forward_only,
@@ -235,8 +239,26 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     document_jobs(client, plan, opts.out)
     if opts.bench:
         bench_jobs(client, plan.jobs, opts.out / "bench")
-    promote(plan, client, accept_regression=opts.accept_regression,
-            accept_untrusted=opts.accept_untrusted, accept_unmeasured=opts.accept_unmeasured,
-            accept_rolled_back=opts.accept_rolled_back, forward_only=True)
+    try:
+        promote(plan, client, accept_regression=opts.accept_regression,
+                accept_untrusted=opts.accept_untrusted,
+                accept_unmeasured=opts.accept_unmeasured,
+                accept_rolled_back=opts.accept_rolled_back, forward_only=True,
+                accept_acceptance_drop=opts.accept_acceptance_drop)
+    except (UserError, OperationFailed):
+        compatibility_table(plan, client)  # a refused release's table says why
+        raise
+    compatibility_table(plan, client)
     return 0
+
+
+def compatibility_table(plan: Plan, client: RegistryClient) -> None:
+    """The release's compatibility table from the registry: printed, and stored with each
+    cell's release (release/compat.py)."""
+    from imagebuild.release import compat
+
+    with progress.stage("table", plan.jobs[0].id if len(plan.jobs) == 1 else "all"):
+        doc = compat.gather(client, plan.jobs, plan.lm.matrix.publish)
+        compat.store_tables(client, plan.jobs, doc)
+    print(compat.markdown(doc), end="")
 

@@ -15,6 +15,12 @@ bench results, latest does not move unless the user says so (`--accept-unmeasure
 REASON`); a release promoted without results is then recorded as unmeasured in its
 release record (release/latest.py), one promoted against an unmeasured latest on its own
 results, and the release notes say both.
+
+The acceptance gate (bench/acceptance.py) runs on the same two documents: a release whose
+speculative acceptance falls below latest's beyond the target's threshold stays out of
+latest unless `--accept-acceptance-drop REASON` (recorded on its results like an
+accepted regression); acceptance figures that cannot be compared (none, a restarted
+server, too few drafts) are "could not tell", passed only with --accept-untrusted-bench.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from imagebuild.bench import store, trust
+from imagebuild.bench import acceptance, store, trust
 from imagebuild.bench.compare import Regression, regressions
 from imagebuild.errors import UserError
 from imagebuild.registry.client import RegistryClient
@@ -32,6 +38,8 @@ from imagebuild.registry.records import read_release, resolve_tag
 UNMEASURED_FIX = ('measure it first (`build.py bench --tag T --store`; for latest, the '
                   'release it points at), or move latest without a measurement: '
                   '--accept-unmeasured "why"')
+DROP_FIX = 'promote anyway with --accept-acceptance-drop "why it is acceptable"'
+DEFAULT_ACCEPTANCE_THRESHOLD = 0.10  # publish.acceptance_threshold's default
 UNTRUSTED_FIX = ('re-run the bench where nothing else competes for the CPUs (`build.py bench '
                  '--tag T --store`), or promote without that comparison: '
                  '--accept-untrusted-bench "why"')
@@ -48,6 +56,11 @@ class GateResult:
     # the release itself had results (False: its record is marked unmeasured)
     accepted_unmeasured: str | None = None
     measured: bool = True
+    # the acceptance gate: drops beyond the threshold, the reason they were let through,
+    # and levels whose acceptance figures could not be compared (level -> reasons)
+    acceptance_drops: list[acceptance.Drop] = field(default_factory=list)
+    accepted_drop: str | None = None
+    acceptance_untrusted: dict[int, list[str]] = field(default_factory=dict)
 
     def notes_markdown(self) -> str:
         """A paragraph for the release notes ('' when there was nothing to say)."""
@@ -64,7 +77,17 @@ class GateResult:
             lines = "\n".join(f"- {r.line()}" for r in self.regressions)
             out += (("\n" if out else "") + f"**Accepted throughput regression** vs the "
                     f"previous latest: {self.accepted_reason}\n\n{lines}\n")
+        if self.acceptance_untrusted:
+            lines = "\n".join(f"- c={c}: {'; '.join(r)}"
+                              for c, r in sorted(self.acceptance_untrusted.items()))
+            out += (("\n" if out else "") + "**Promoted without comparing speculative "
+                    f"acceptance**: {self.accepted_untrusted}\n\n{lines}\n")
+        if self.acceptance_drops:
+            lines = "\n".join(f"- {d.line()}" for d in self.acceptance_drops)
+            out += (("\n" if out else "") + "**Accepted drop in speculative acceptance** vs "
+                    f"the previous latest: {self.accepted_drop}\n\n{lines}\n")
         return out
+
 
 
 def _flagged(cand: dict, base: dict, shared: set[int]) -> dict[int, list[str]]:
@@ -88,6 +111,8 @@ def check_promotion(client: RegistryClient, repo: str, to: str, *, threshold: fl
                     accept_regression: str | None = None,
                     accept_untrusted: str | None = None,
                     accept_unmeasured: str | None = None, dry_run: bool = False,
+                    acceptance_threshold: float = DEFAULT_ACCEPTANCE_THRESHOLD,
+                    drafter: bool | None = None, accept_acceptance_drop: str | None = None,
                     log: Callable[[str], None] = print) -> GateResult:
     """Raise UserError when `to` regresses against latest, when the figures to compare
     are flagged, or when either side has no bench results, and no reason is given.
@@ -118,7 +143,9 @@ def check_promotion(client: RegistryClient, repo: str, to: str, *, threshold: fl
         return GateResult(note="no other latest to compare with")
     result, recorded = judge(cand.doc, base.doc, what=f"{repo}: {tag}", threshold=threshold,
                              accept_regression=accept_regression,
-                             accept_untrusted=accept_untrusted, log=log)
+                             accept_untrusted=accept_untrusted,
+                             acceptance_threshold=acceptance_threshold, drafter=drafter,
+                             accept_acceptance_drop=accept_acceptance_drop, log=log)
     if recorded and not dry_run:
         store.annotate(client, repo, tag, recorded)
     return result
@@ -126,6 +153,8 @@ def check_promotion(client: RegistryClient, repo: str, to: str, *, threshold: fl
 
 def judge(cand: dict, base: dict, *, what: str, threshold: float,
           accept_regression: str | None, accept_untrusted: str | None,
+          acceptance_threshold: float = DEFAULT_ACCEPTANCE_THRESHOLD,
+          drafter: bool | None = None, accept_acceptance_drop: str | None = None,
           log: Callable[[str], None] = print) -> tuple[GateResult, dict[str, str]]:
     """The gate's decision on two results documents: (result, annotations to record on
     the candidate's stored results). Raises UserError on a refusal."""
@@ -150,7 +179,26 @@ def judge(cand: dict, base: dict, *, what: str, threshold: float,
                 fix='promote anyway with --accept-regression "why it is acceptable"')
         log(f"{what}: regression accepted ({accept_regression}): {lines}")
         recorded[store.A_ACCEPTED] = accept_regression
+    acc = acceptance.compare(cand, base, acceptance_threshold, drafter=drafter)
+    untold = "; ".join(f"c={c}: {' / '.join(r)}" for c, r in acc.problems.items())
+    if untold and not accept_untrusted:
+        raise UserError(f"{what} vs latest: speculative acceptance cannot be compared at "
+                        f"{len(acc.problems)} level(s), so the acceptance gate cannot pass "
+                        f"it: {untold}", fix=UNTRUSTED_FIX)
+    if untold:
+        log(f"{what}: not comparing acceptance ({accept_untrusted}): {untold}")
+        recorded[store.A_UNTRUSTED] = str(accept_untrusted)
+    if acc.drops:
+        lines = "; ".join(d.line() for d in acc.drops)
+        if not accept_acceptance_drop:
+            raise UserError(f"{what} accepts fewer drafted tokens than latest, by more "
+                            f"than {acceptance_threshold:.0%}: {lines}", fix=DROP_FIX)
+        log(f"{what}: acceptance drop accepted ({accept_acceptance_drop}): {lines}")
+        recorded[store.A_ACCEPTED_DROP] = accept_acceptance_drop
     note = "no trusted level to compare" if flagged and set(flagged) == shared else ""
     return GateResult(found, accept_regression if found else None, note=note,
                       untrusted=flagged,
-                      accepted_untrusted=accept_untrusted if flagged else None), recorded
+                      accepted_untrusted=accept_untrusted if flagged or acc.problems else None,
+                      acceptance_drops=acc.drops,
+                      accepted_drop=accept_acceptance_drop if acc.drops else None,
+                      acceptance_untrusted=acc.problems), recorded

@@ -2,9 +2,10 @@
 
 The answer to "did it get faster or slower since the last image?" without digging out old
 result files: releases oldest to newest on the x axis, one line per concurrency level,
-output tok/s and TTFT p50 in two panels, `latest` marked, releases newer than latest
-(rolled back from) crossed out, flagged (untrusted) figures drawn hollow. A markdown table
-holds the same numbers.
+output tok/s and TTFT p50 in two panels, and the drafter's acceptance rate in a third when
+any release has one (a collapse shows there while tok/s at c=1 hides it), `latest` marked,
+releases newer than latest (rolled back from) crossed out, flagged (untrusted) figures
+drawn hollow. A markdown table holds the same numbers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imagebuild.bench import store, trust
+from imagebuild.bench import acceptance, store, trust
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.records import list_releases
 
@@ -25,6 +26,8 @@ class Figures:
     tok_s: float
     ttft_p50_ms: float | None
     flags: tuple[str, ...] = ()  # codes of the level's trust flags
+    acceptance: float | None = None  # accepted / drafted tokens (None: none to trust)
+    mean_length: float | None = None  # tokens per draft round
 
 
 @dataclass
@@ -42,6 +45,11 @@ class History:
     points: list[Point]  # oldest first
 
     @property
+    def speculative(self) -> bool:
+        """Whether any release has acceptance figures (a plain cell's never do)."""
+        return any(f.acceptance is not None for p in self.points for f in p.levels.values())
+
+    @property
     def concurrency(self) -> list[int]:
         return sorted({c for p in self.points for c in p.levels})
 
@@ -57,10 +65,14 @@ class History:
 
 def figures(doc: dict[str, Any]) -> dict[int, Figures]:
     flagged = trust.untrusted(doc)
-    return {int(lv["concurrency"]): Figures(
-        float(lv["output_tok_s"]), (lv.get("ttft_ms") or {}).get("median"),
-        tuple(f["code"] for f in flagged.get(int(lv["concurrency"]), [])))
-        for lv in doc.get("levels", [])}
+    out = {}
+    for lv in doc.get("levels", []):
+        acc, _why = acceptance.level_acceptance(lv)  # a restarted server's: none
+        out[int(lv["concurrency"])] = Figures(
+            float(lv["output_tok_s"]), (lv.get("ttft_ms") or {}).get("median"),
+            tuple(f["code"] for f in flagged.get(int(lv["concurrency"]), [])),
+            acc.rate if acc else None, acc.mean_length if acc else None)
+    return out
 
 
 def gather(client: RegistryClient, repo: str) -> History:
@@ -91,15 +103,18 @@ def figure(h: History) -> Any:
     import matplotlib.pyplot as plt
 
     xs = list(range(len(h.points)))
-    fig, axes = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(xs) + 4), 4.6))
-    for ax, what, ylabel in ((axes[0], "tok_s", "output tok/s (aggregate)"),
-                             (axes[1], "ttft_p50_ms", "TTFT p50 (ms)")):
+    panels = [("tok_s", "output tok/s (aggregate)"), ("ttft_p50_ms", "TTFT p50 (ms)")]
+    if h.speculative:
+        panels.append(("acceptance", "drafter acceptance (accepted / drafted)"))
+    fig, axes = plt.subplots(1, len(panels),
+                             figsize=(max(4.5 * len(panels), 2.2 * len(xs) + 4), 4.6))
+    for ax, (what, ylabel) in zip(axes, panels, strict=True):
         for i, c in enumerate(h.concurrency):
             ys = h.series(c, what)
             (line,) = ax.plot(xs, ys, marker="o", label=f"c={c}", gid=f"c={c}",
                               color=f"C{i}")
             bad = [(x, y) for x, y, p in zip(xs, ys, h.points, strict=True)
-                   if p.levels.get(c) and p.levels[c].flags]
+                   if p.levels.get(c) and p.levels[c].flags and what != "acceptance"]
             if bad:  # untrusted figures: hollow, so nobody reads them as equals
                 ax.plot(*zip(*bad, strict=True), linestyle="none", marker="o", markersize=11,
                         markerfacecolor="white", markeredgecolor=line.get_color())
@@ -133,6 +148,8 @@ def markdown(h: History, png: str | None = None) -> str:
     cs = h.concurrency
     head = ["release", "smoke"] + [f"c={c} tok/s" for c in cs] + [f"c={c} TTFT p50 ms"
                                                                   for c in cs]
+    if h.speculative:
+        head += [f"c={c} acceptance" for c in cs]
     rows = [f"## Bench history of {h.repo}", ""]
     if png:
         rows += [f"![tok/s and TTFT per release]({png})", ""]
@@ -142,6 +159,8 @@ def markdown(h: History, png: str | None = None) -> str:
         v = None if f is None else getattr(f, what)
         if v is None:
             return "-"
+        if what == "acceptance" and f is not None:  # server counters: timing flags aside
+            return f"{v:.2f} ({f.mean_length:.2f})"
         return f"{v:,.1f}" + (" (untrusted)" if f and f.flags else "")
 
     for p in reversed(h.points):  # newest first, as `build.py releases`
@@ -150,8 +169,8 @@ def markdown(h: History, png: str | None = None) -> str:
             name += " (rolled back)"
         rows.append("| " + " | ".join(
             [name, "passed" if p.passed else "not passed"]
-            + [cell(p, c, "tok_s") for c in cs] + [cell(p, c, "ttft_p50_ms") for c in cs])
-            + " |")
+            + [cell(p, c, "tok_s") for c in cs] + [cell(p, c, "ttft_p50_ms") for c in cs]
+            + ([cell(p, c, "acceptance") for c in cs] if h.speculative else [])) + " |")
     if not h.points:
         rows.append("_no releases_")
     return "\n".join(rows) + "\n"

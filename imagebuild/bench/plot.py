@@ -1,10 +1,14 @@
-"""The PNG: output tok/s and TTFT p50 against concurrency, one line per release; levels
-whose figures are flagged as untrusted are drawn hollow."""
+"""The PNG: output tok/s and TTFT p50 against concurrency, one line per release, and the
+drafter's acceptance rate when a run has one; levels whose figures are flagged as
+untrusted are drawn hollow (acceptance is the server's own count: timing flags aside)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
+
+from imagebuild.bench import acceptance
 
 
 def plot(runs: list[dict[str, Any]], out: Path, title: str = "") -> Path:
@@ -13,12 +17,20 @@ def plot(runs: list[dict[str, Any]], out: Path, title: str = "") -> Path:
     matplotlib.use("Agg")  # no display; deterministic file output
     import matplotlib.pyplot as plt
 
-    fig, (ax_tps, ax_ttft) = plt.subplots(1, 2, figsize=(11, 4.2))
+    speculative = any(acceptance.speculative(doc) for doc in runs)
+    fig, axes = plt.subplots(1, 3 if speculative else 2, figsize=(16 if speculative else 11,
+                                                                  4.2))
+    ax_tps, ax_ttft = axes[0], axes[1]
     for doc in runs:
         levels = sorted(doc["levels"], key=lambda lv: lv["concurrency"])
         cs = [lv["concurrency"] for lv in levels]
         label = str(doc["image"].get("label") or doc["image"].get("tag")
                     or doc["image"].get("ref"))
+        if speculative:
+            rates = [acc.rate if (acc := acceptance.level_acceptance(lv)[0]) else None
+                     for lv in levels]
+            axes[2].plot(cs, [math.nan if r is None else r for r in rates], marker="o",
+                         label=label)
         for ax, ys in ((ax_tps, [lv["output_tok_s"] for lv in levels]),
                        (ax_ttft, [(lv["ttft_ms"] or {}).get("median") for lv in levels])):
             (line,) = ax.plot(cs, ys, marker="o", label=label)
@@ -28,7 +40,9 @@ def plot(runs: list[dict[str, Any]], out: Path, title: str = "") -> Path:
                 ax.plot(*zip(*bad, strict=True), linestyle="none", marker="o", markersize=11,
                         markerfacecolor="white", markeredgecolor=line.get_color(),
                         label=f"{label}: untrusted")
-    for ax, ylabel in ((ax_tps, "output tok/s (aggregate)"), (ax_ttft, "TTFT p50 (ms)")):
+    labels = ["output tok/s (aggregate)", "TTFT p50 (ms)"] + (
+        ["drafter acceptance (accepted / drafted)"] if speculative else [])
+    for ax, ylabel in zip(axes, labels, strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency")
         ax.set_ylabel(ylabel)

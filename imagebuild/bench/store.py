@@ -32,12 +32,15 @@ ARTIFACT_TYPE = "application/vnd.imagebuild.bench.v1+json"
 # the media types registered for them (IANA: CycloneDX JSON; in-toto statements)
 SBOM_TYPE = "application/vnd.cyclonedx+json"
 PROVENANCE_TYPE = "application/vnd.in-toto+json"
-KEPT_WITH_RELEASE = (ARTIFACT_TYPE, SBOM_TYPE, PROVENANCE_TYPE)  # prune deletes them with it
+COMPAT_TYPE = "application/vnd.imagebuild.compat.v1+json"  # the compatibility table
+# prune deletes them with their release
+KEPT_WITH_RELEASE = (ARTIFACT_TYPE, SBOM_TYPE, PROVENANCE_TYPE, COMPAT_TYPE)
 EMPTY = "application/vnd.oci.empty.v1+json"
 ANN = "io.imagebuild.bench"
 A_IMAGE_ID, A_TAG, A_ACCEPTED = f"{ANN}.image-id", f"{ANN}.tag", f"{ANN}.accepted-regression"
 A_UNTRUSTED = f"{ANN}.accepted-untrusted"  # why flagged figures were let through the gate
 A_UNCOMPARED = f"{ANN}.accepted-uncompared"  # why it was promoted over an unmeasured latest
+A_ACCEPTED_DROP = f"{ANN}.accepted-acceptance-drop"  # why lower acceptance was let through
 A_CREATED = "org.opencontainers.image.created"
 A_TITLE = "org.opencontainers.image.title"  # the file name `oras pull` writes
 FILE_NAME = "bench.json"

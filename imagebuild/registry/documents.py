@@ -317,6 +317,32 @@ def bench_table(doc: dict[str, Any], host: str, what: str) -> dict[str, Any]:
     return doc
 
 
+class _CompatRow(_Doc):
+    """A row as `build.py releases` and the notes read it (release/compat.py)."""
+
+    image: StrictStr
+    repository: StrictStr
+    smoke: StrictStr
+    verdict: StrictStr
+    why: list[StrictStr]
+    lossless: dict[StrictStr, Any]
+    long_generation: dict[StrictStr, Any]
+    bench: dict[StrictStr, Any]
+    acceptance: dict[StrictStr, Any]
+
+
+class _CompatTable(_Doc):
+    tag: StrictStr
+    rows: list[_CompatRow]
+
+
+def compat_table(body: bytes, host: str, what: str) -> dict[str, Any]:
+    """A release's compatibility table (release/compat.py), its texts made safe to print."""
+    _parse(_CompatTable, body, MAX_BLOB, host, "compatibility table", what)
+    doc: dict[str, Any] = _escaped(json.loads(body))
+    return doc
+
+
 def json_object(body: bytes, host: str, kind: str, what: str) -> dict[str, Any]:
     """A JSON object of no fixed schema (an image config): at least an object."""
     _check_size(body, MAX_BLOB, host, kind, what)

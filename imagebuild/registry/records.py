@@ -272,13 +272,17 @@ def pins_text(pins: dict[str, Any]) -> str:
     return "; ".join(parts) or "-"
 
 
-def format_releases(repo: str, rels: list[Release]) -> str:
+def format_releases(repo: str, rels: list[Release],
+                    verdicts: dict[str, str] | None = None) -> str:
+    """`verdicts`: release tag -> the verdict of its compatibility table (release/compat.py)."""
     latest = next((r.tag for r in rels if r.is_latest), None)
     out = [f"{repo}  (latest -> {latest or 'no release'})"]
     for r in rels:
         mark = "*" if r.is_latest else " "
         out.append(f"  {mark} {r.tag:<34} {short_digest(r.digest)}  "
                    f"image {short_digest(r.image_id)}  smoke {safe(r.verdict)}"
+                   + (f"  verdict {safe(verdicts[r.tag])}" if verdicts and r.tag in verdicts
+                      else "")
                    + (f"  bench UNMEASURED ({safe(r.unmeasured)})" if r.unmeasured else ""))
         out.append(f"      pins: {safe(pins_text(r.pins))}")
     if not rels:

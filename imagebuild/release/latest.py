@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from imagebuild.bench import store
-from imagebuild.bench.gate import check_promotion
+from imagebuild.bench.gate import DEFAULT_ACCEPTANCE_THRESHOLD, check_promotion
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.records import (
@@ -46,6 +46,7 @@ from imagebuild.registry.records import (
 from imagebuild.release import rollbacks
 from imagebuild.release.lease import Lease, holding_lease
 from imagebuild.safetext import safe
+from imagebuild.spec.config import NO_SPECULATION
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
@@ -384,6 +385,14 @@ def threshold_for(job: Job, default: float) -> float:
     return float(default)
 
 
+def acceptance_threshold_for(job: Job, default: float) -> float:
+    """The target's own acceptance threshold, else publish.acceptance_threshold."""
+    b = job.cell.target.bench
+    if b is not None and b.acceptance_threshold is not None:
+        return float(b.acceptance_threshold)
+    return float(default)
+
+
 def advance(client: RegistryClient, repo: str, tag: ReleaseTag, *, dry_run: bool = False,
             log: Log = print, settle: float | None = None) -> Move | None:
     """Forward only: latest moves to `tag` unless it already holds a newer release, or
@@ -424,6 +433,8 @@ def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_thres
                  accept_regression: str | None, accept_untrusted: str | None = None,
                  accept_unmeasured: str | None = None, accept_rolled_back: str | None = None,
                  forward_only: bool = False, dry_run: bool = False,
+                 default_acceptance_threshold: float = DEFAULT_ACCEPTANCE_THRESHOLD,
+                 accept_acceptance_drop: str | None = None,
                  log: Log = print) -> list[Move]:
     """Every job's checks first (forward only, not rolled back, the regression gate), so
     a refusal moves nothing; then latest of every job's image moves, all or none.
@@ -433,7 +444,9 @@ def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_thres
     `accept_untrusted`: promote although flagged bench figures could not be compared.
     `accept_unmeasured`: promote although a side has no bench results; a release without
     results is recorded as unmeasured before latest moves to it.
-    `accept_rolled_back`: promote a release that was rolled back, on purpose."""
+    `accept_rolled_back`: promote a release that was rolled back, on purpose.
+    `accept_acceptance_drop`: promote although a cell with a drafter accepts fewer
+    drafted tokens than latest beyond its target's acceptance threshold."""
     accept = Accept(rolled_back=accept_rolled_back)
     rels = []
     for job in jobs:
@@ -456,7 +469,11 @@ def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_thres
                                  threshold=threshold_for(job, default_threshold),
                                  accept_regression=accept_regression,
                                  accept_untrusted=accept_untrusted,
-                                 accept_unmeasured=accept_unmeasured, dry_run=dry_run, log=log)
+                                 accept_unmeasured=accept_unmeasured, dry_run=dry_run,
+                                 acceptance_threshold=acceptance_threshold_for(
+                                     job, default_acceptance_threshold),
+                                 drafter=job.cell.method != NO_SPECULATION,
+                                 accept_acceptance_drop=accept_acceptance_drop, log=log)
         if not result.measured and result.accepted_unmeasured:
             unmeasured.append((repo, str(job.tag), result.accepted_unmeasured))
     for repo, tag, reason in unmeasured:

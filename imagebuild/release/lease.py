@@ -58,6 +58,11 @@ def lease_settle() -> float:
 MAX_TTL = 86400.0  # an expiry further ahead than this is malformed, not a long lease
 
 
+# the share of the TTL after which an unrenewed lease counts as lost (the margin covers
+# the time between reading the registry's clock and the lease's PUT landing)
+LAPSED = 0.9
+
+
 def registry_time(client: RegistryClient) -> float:
     """Now, by the registry's own clock (the `Date` header of GET /v2/): every run
     compares lease expiries with the same clock, so a writer's skewed clock neither keeps
@@ -146,13 +151,14 @@ class Lease:
     def _write(self, now: float) -> None:
         """PUT the lease: expiry in the registry's time, the next generation."""
         self.generation += 1
+        started = time.monotonic()  # before the PUT: the expiry counts from `now`, not after
         note = {**self.note, f"{LEASE}.expires": f"{now + self.ttl:.3f}",
                 f"{LEASE}.generation": str(self.generation)}
         self.body = compact({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
                              "config": self.config, "layers": [],
                              "annotations": note}).encode()
         self.digest = self.client.put_manifest(self.repo, LEASE_TAG, self.body, OCI_MANIFEST)
-        self.written = time.monotonic()
+        self.written = started
 
     def acquire(self) -> Lease:
         held = self._holder()
@@ -190,7 +196,17 @@ class Lease:
         that took the lease over. Renews the lease when a third of its TTL has passed
         since we wrote it (long work keeps it alive); the renewal is fenced the same way."""
         self._fence()
-        if time.monotonic() - self.written >= self.ttl / 3:
+        # a lease not renewed for most of its TTL is lost whatever its tag says: by the
+        # registry's clock it may have expired, been taken over and been released again
+        # (then the tag is gone or a new one), and a renewal now would write over that run
+        elapsed = time.monotonic() - self.written
+        if elapsed >= self.ttl * LAPSED:
+            raise OperationFailed(
+                f"{self.repo}: this run's registry lease (generation {self.generation}) went "
+                f"{elapsed:.0f} s without renewal, past {LAPSED:.0%} of its {self.ttl:.0f} s "
+                "TTL: another run may have taken it over; this run stops here, before its "
+                "next write", fix="check `build.py releases`, then re-run (re-runs resume)")
+        if elapsed >= self.ttl / 3:
             now = registry_time(self.client)
             self._fence()  # nothing between the fence and the renewal's write
             self._write(now)

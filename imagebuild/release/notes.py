@@ -40,6 +40,7 @@ class ImageFacts:
     bench_previous: dict[str, Any] | None = None  # ... with `previous`
     accepted_regression: str | None = None  # the reason promote was given
     accepted_untrusted: str | None = None  # why flagged figures were not compared
+    accepted_drop: str | None = None  # why lower speculative acceptance was let through
     unmeasured: str | None = None  # why it was promoted without a measurement (its record)
     uncompared: str | None = None  # why it was promoted over a latest without results
     plot: str | None = None  # where the notes link the PNG (asset URL or file name)
@@ -164,6 +165,8 @@ def _bench(f: ImageFacts) -> list[str]:
         out += [f"vs baseline: output tok/s against `{f.previous}`.", ""]
     if f.accepted_regression:
         out += [f"**Accepted throughput regression:** {f.accepted_regression}", ""]
+    if f.accepted_drop:
+        out += [f"**Accepted drop in speculative acceptance:** {f.accepted_drop}", ""]
     if f.accepted_untrusted:
         out += ["**Promoted without comparing untrusted bench figures:** "
                 f"{f.accepted_untrusted}", ""]
@@ -176,12 +179,19 @@ def _bench(f: ImageFacts) -> list[str]:
 
 
 def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, ImageFacts],
-                  owner: str | None = None) -> str:
-    """Markdown for the GitHub release of the jobs' release tag (`owner`: the GitHub
-    owner `gh attestation verify` names; GITHUB_REPOSITORY_OWNER in the workflow)."""
+                  compatibility: str | None = None, owner: str | None = None) -> str:
+    """Markdown for the GitHub release of the jobs' release tag; `compatibility`: the
+    compatibility table's markdown (release/compat.py), shown first; `owner`: the GitHub
+    owner `gh attestation verify` names (GITHUB_REPOSITORY_OWNER in the workflow)."""
     tag = str(jobs[0].tag) if jobs else "?"
     out = [f"# {tag}", "",
            f"{len(jobs)} image(s), each smoke-tested before push; `latest` moved last.", ""]
+    if compatibility:
+        out += ["## Compatibility", "", "Per cell: smoke, lossless speculative decoding, long "
+                "generation, tok/s, drafter acceptance (rate / mean accepted length per "
+                "concurrency level) and the verdict (`fail`, `incomplete`: not run or not "
+                "trustworthy, `accepted`: passed with a written reason, `pass`).", "",
+                compatibility.rstrip("\n"), ""]
     previous = sorted({f.previous for f in facts.values() if f.previous})
     for job in jobs:
         cell = job.cell
@@ -258,7 +268,7 @@ def _stored_documents(client: Any, repo: str, digest: str) -> dict[str, str]:
 def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, ImageFacts]:
     """Digests, earlier releases and stored bench results from the registry, verdicts
     from the smoke reports."""
-    from imagebuild.bench.store import A_ACCEPTED, A_UNCOMPARED, A_UNTRUSTED
+    from imagebuild.bench.store import A_ACCEPTED, A_ACCEPTED_DROP, A_UNCOMPARED, A_UNTRUSTED
     from imagebuild.registry.records import list_releases
     from imagebuild.smoke.paths import verdict_path
 
@@ -281,6 +291,7 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
             bench=bench, bench_previous=_stored_bench(client, repo, previous)[0],
             accepted_regression=ann.get(A_ACCEPTED), accepted_untrusted=ann.get(A_UNTRUSTED),
+            accepted_drop=ann.get(A_ACCEPTED_DROP),
             unmeasured=safe(mine.unmeasured) if mine and mine.unmeasured else None,
             uncompared=ann.get(A_UNCOMPARED), gpu_code=gpu_code,
             supply_chain=_stored_documents(client, repo, mine.digest) if mine else None)

@@ -106,6 +106,10 @@ class BenchSettings(Strict):
     regression_threshold: float | None = Field(default=None, ge=0, le=1)
     """Overrides publish.regression_threshold for this target (shared CPU hosts are noisier
     than a GB10)."""
+    acceptance_threshold: float | None = Field(default=None, ge=0, le=1)
+    """Overrides publish.acceptance_threshold for this target: the relative drop in
+    speculative acceptance (rate or mean accepted length, per concurrency level) that keeps
+    a release from latest."""
 
 
 # What serves a speculative method needs, and the word for none (plain serving).
@@ -578,6 +582,9 @@ class Publish(Strict):
     """Repository path under the registry (IMAGEBUILD_NAMESPACE overrides it)."""
     regression_threshold: float = Field(default=0.05, ge=0, le=1)
     """Promote refuses a release whose tok/s falls this fraction below latest."""
+    acceptance_threshold: float = Field(default=0.10, ge=0, le=1)
+    """Promote refuses a release whose speculative acceptance falls this fraction below
+    latest (rate or mean accepted length, per concurrency level)."""
 
 
 # bumped with every change that refuses a matrix the previous version accepted

@@ -111,8 +111,22 @@ def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registr
         assert doc is not None, f"no bench results stored with {tag}"
         assert [lv["concurrency"] for lv in doc["levels"]] == [1, 4]  # matrix.yaml cpu.bench
         assert all(lv["errors"] == 0 and lv["output_tok_s"] > 0 for lv in doc["levels"])
+    # the whole job stored each release's compatibility table beside its results; a gate
+    # that did not run never reads as pass
+    from imagebuild.release import compat
+
+    for tag in (NEW, OLD):
+        table = compat.stored_table(client, repo, tag)
+        assert table is not None, f"no compatibility table stored with {tag}"
+        [row] = table["rows"]
+        assert row["smoke"] == "passed" and row["bench"]["tok_s"].keys() == {"1", "4"}
+        assert row["acceptance"]["levels"], row["acceptance"]  # ngram drafts on the cpu cell
+        if "not run" in (row["lossless"]["status"], row["long_generation"]["status"]):
+            assert row["verdict"] == "incomplete", row
+    assert "  verdict " in _run(released, "releases", "--image", "cpu-*").stdout
     proc = _run(released, "notes", "--tag", "2026-06-18-dflashfix", "--target", "cpu")
     assert proc.returncode == 0, proc.stderr
+    assert "## Compatibility" in proc.stdout
     bench = proc.stdout.split("Benchmark:")[1]
     assert "| c | req | err | tok/s | vs baseline |" in bench
     assert f"against `{OLD}`" in bench

@@ -57,15 +57,28 @@ def _lm(matrix_dir: Path):
     return load_plan(matrix_dir / "matrix.yaml", NEW, "cpu").lm
 
 
-def _bench(reg: MemRegistry, tag: str, tok_s: float) -> None:
+def _spec(accepted: float, drafted: float = 293.0, drafts: float = 105.0) -> dict:
+    """vLLM's counters over one level as bench stores them (the cpu image's figures:
+    docs/data/placement-before-after.json)."""
+    return {"drafts": drafts, "draft_tokens": drafted, "accepted_tokens": accepted,
+            "acceptance": accepted / drafted if drafted else None,
+            "mean_accepted_length": 1 + accepted / drafts if drafts else None}
+
+
+def _bench(reg: MemRegistry, tag: str, tok_s: float,
+           spec: dict[int, dict | None] | None = None) -> None:
+    """Results for `tag`; `spec`: the speculative counters per level (default: the cpu
+    image's 183 of 293 drafted tokens accepted at every level)."""
     client = reg.client()
     image_id = read_release(client, REPO, tag).image_id
     stats = {"median": 10.0, "p90": 12.0, "mean": 10.5}
+    spec = {1: _spec(183.0), 4: _spec(183.0)} if spec is None else spec
     doc = {"image": {"id": image_id, "tag": tag}, "hardware": {"model": "a test CPU"},
            "settings": {"prompts": "structured", "max_tokens": 64}, "levels": [
                {"concurrency": c, "output_tok_s": tok_s * c, "flags": [], "errors": 0,
                 "requests": 16, "request_rate": 1.0, "ttft_ms": stats, "tpot_ms": stats,
-                "itl_ms": stats, "e2e_ms": stats, "client_cpu_ms_per_request": 5.0}
+                "itl_ms": stats, "e2e_ms": stats, "client_cpu_ms_per_request": 5.0,
+                "spec_decode": spec.get(c)}
                for c in (1, 4)]}
     store.put_results(client, REPO, tag, doc)
 
@@ -112,6 +125,97 @@ def test_an_equal_release_moves_latest_without_a_reason(reg, job):
     _promote(reg, job)
     assert _latest(reg) == reg.tags[REPO][NEW]
     assert read_release(reg.client(), REPO, NEW).unmeasured is None
+
+
+# ------------------------------------------------------------------ acceptance gate
+# cpu's acceptance_threshold is 0.05 (matrix.yaml): 183 -> 160 of 293 accepted is -12.6 %
+
+
+def test_lower_acceptance_does_not_become_latest(reg, job):
+    _bench(reg, OLD, 100.0)
+    _bench(reg, NEW, 100.0, {1: _spec(183.0), 4: _spec(160.0)})  # as fast, accepts fewer
+    before, start = _latest(reg), len(reg.calls)
+    with pytest.raises(UserError) as info:
+        _promote(reg, job)
+    assert "accepts fewer drafted tokens than latest, by more than 5%" in info.value.message
+    assert "c=4: acceptance 0.55 vs 0.62 (-12.6%)" in info.value.message
+    assert "c=1" not in info.value.message  # an unchanged level is no drop
+    assert "--accept-acceptance-drop" in info.value.fix
+    assert _latest(reg) == before and _writes_after(reg, start) == []
+    # a regression reason is no answer to an acceptance drop
+    with pytest.raises(UserError, match="accepts fewer drafted tokens"):
+        _promote(reg, job, accept_regression="slower is fine")
+
+
+def test_a_drop_in_mean_accepted_length_alone_is_a_drop(reg, job):
+    _bench(reg, OLD, 100.0)
+    # the same rate, but each draft round yields fewer tokens (more, shorter drafts)
+    _bench(reg, NEW, 100.0, {1: _spec(183.0, drafts=140.0), 4: _spec(183.0)})
+    with pytest.raises(UserError, match=r"c=1: .*mean accepted length 2.31 vs 2.74"):
+        _promote(reg, job)
+
+
+def test_a_reason_lets_lower_acceptance_through_and_is_recorded(reg, job, tmp_path,
+                                                                matrix_dir):
+    _bench(reg, OLD, 100.0)
+    _bench(reg, NEW, 100.0, {1: _spec(160.0), 4: _spec(160.0)})
+    _promote(reg, job, accept_acceptance_drop="new prompt set drafts longer")
+    client = reg.client()
+    assert _latest(reg) == reg.tags[REPO][NEW]
+    stored = store.stored(client, REPO, NEW)
+    assert stored.annotations[store.A_ACCEPTED_DROP] == "new prompt set drafts longer"
+    notes = release_notes(_lm(matrix_dir), (job,), gather(client, (job,), tmp_path))
+    assert "**Accepted drop in speculative acceptance:** new prompt set drafts longer" in notes
+
+
+def test_higher_or_equal_acceptance_passes_freely(reg, job):
+    _bench(reg, OLD, 100.0)
+    _bench(reg, NEW, 100.0, {1: _spec(180.0), 4: _spec(250.0)})  # -1.6 % is within 5 %
+    _promote(reg, job)
+    assert _latest(reg) == reg.tags[REPO][NEW]
+    assert store.A_ACCEPTED_DROP not in store.stored(reg.client(), REPO, NEW).annotations
+
+
+@pytest.mark.parametrize("spec,words", [
+    ({1: None, 4: None}, "c=1: no speculative metrics"),
+    ({1: _spec(183.0), 4: _spec(-40.0, drafted=-120.0, drafts=-50.0)},
+     "c=4: speculative counters went backwards"),
+    ({1: _spec(183.0), 4: _spec(300.0)}, "c=4: speculative counters went backwards or "
+                                         "exceed what was drafted (300 accepted of 293)"),
+    ({1: _spec(10.0, drafted=12.0, drafts=4.0), 4: _spec(183.0)},
+     "c=1: only 12 tokens drafted"),
+], ids=["no-metrics", "server-restarted", "more-accepted-than-drafted", "too-few-drafts"])
+def test_acceptance_that_cannot_be_compared_never_passes_silently(reg, job, spec, words):
+    _bench(reg, OLD, 100.0)
+    _bench(reg, NEW, 100.0, spec)
+    before = _latest(reg)
+    with pytest.raises(UserError) as info:
+        _promote(reg, job, accept_acceptance_drop="a drop reason is no answer here")
+    assert "speculative acceptance cannot be compared" in info.value.message
+    assert words in info.value.message and "--accept-untrusted-bench" in info.value.fix
+    assert _latest(reg) == before
+    _promote(reg, job, accept_untrusted="the bench server was restarted by hand")
+    assert _latest(reg) == reg.tags[REPO][NEW]
+    assert store.stored(reg.client(), REPO, NEW).annotations[store.A_UNTRUSTED] == \
+        "the bench server was restarted by hand"
+
+
+def test_latest_without_acceptance_is_said_too(reg, job):
+    _bench(reg, OLD, 100.0, {1: None, 4: None})
+    _bench(reg, NEW, 100.0)
+    with pytest.raises(UserError, match="c=1: latest: no speculative metrics"):
+        _promote(reg, job)
+
+
+def test_a_plain_cell_has_no_acceptance_to_gate(reg, job):
+    import dataclasses
+
+    plain = dataclasses.replace(job, cell=dataclasses.replace(job.cell, drafter=None))
+    assert plain.cell.method == "none"
+    _bench(reg, OLD, 100.0)
+    _bench(reg, NEW, 100.0, {1: None, 4: None})
+    _promote(reg, plain)
+    assert _latest(reg) == reg.tags[REPO][NEW]
 
 
 # ------------------------------------------------------------------ unmeasured gate

@@ -47,7 +47,7 @@ def calls(monkeypatch, jobs):
     slow = jobs[1].image.repository
 
     def gate(client, repo, tag, *, threshold, accept_regression, accept_untrusted=None,
-             accept_unmeasured=None, dry_run=False, log=print):
+             accept_unmeasured=None, dry_run=False, log=print, **acceptance):
         seen["gate"].append((repo, threshold))
         if repo == slow and not accept_regression:
             raise UserError(f"{repo}: slower than latest", fix="--accept-regression")

@@ -171,7 +171,7 @@ class ReleaseState(RuleBasedStateMachine):
         return out
 
     def _jobs(self, tag: str):
-        bench = SimpleNamespace(target=SimpleNamespace(bench=None))
+        bench = SimpleNamespace(target=SimpleNamespace(bench=None), method="none")
         return tuple(SimpleNamespace(image=SimpleNamespace(repository=r),
                                      tag=parse_release_tag(tag), cell=bench) for r in self.repos)
 
