@@ -81,7 +81,7 @@ MUTANTS = (
            "if not (status == 429 or status >= 500) or not idempotent:",
            "if not (status in (429, 401, 403) or status >= 500) or not idempotent:",
            ("tests/unit/test_registry_retries.py",)),
-    Mutant("a build secret becomes a build arg", "imagebuild/build/builder.py",
+    Mutant("a build secret becomes a build arg", "imagebuild/builder/builder.py",
            'cmd += ["--secret", f"id={sid},src={src}"]',
            'cmd += ["--build-arg", f"{sid.upper()}={content.decode(errors=\'replace\')}"]',
            ("tests/unit/test_build_secrets.py",)),

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from imagebuild.build.vllm_source import sdist_tree  # noqa: E402
+from imagebuild.builder.vllm_source import sdist_tree  # noqa: E402
 from imagebuild.rehearse import source  # noqa: E402
 from imagebuild.rehearse.arch_probe import configure, write_probe  # noqa: E402
 from imagebuild.rehearse.compile_cache import RedisServer, UnitStats, run_runner  # noqa: E402

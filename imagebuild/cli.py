@@ -124,8 +124,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from imagebuild.build.builder import build_engines, build_jobs
-    from imagebuild.build.handoff import parse_engine_ref, ship_engines
+    from imagebuild.builder.builder import build_engines, build_jobs
+    from imagebuild.builder.handoff import parse_engine_ref, ship_engines
     from imagebuild.job import buildable
 
     if args.push and not args.engine_only:
@@ -335,7 +335,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_runner_clean(args: argparse.Namespace) -> int:
-    from imagebuild.build.hygiene import (
+    from imagebuild.builder.hygiene import (
         base_repo,
         docker_client,
         engine_repo,

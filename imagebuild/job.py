@@ -200,7 +200,7 @@ def run_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
 
 
 def run_release(plan: Plan, opts: ReleaseOptions) -> int:
-    from imagebuild.build.builder import build_jobs
+    from imagebuild.builder.builder import build_jobs
     from imagebuild.gates.summary import passed
     from imagebuild.smoke.paths import cell_dir
     from imagebuild.smoke.runner import smoke_jobs

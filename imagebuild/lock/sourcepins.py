@@ -116,7 +116,7 @@ def source_pins(lm: LoadedMatrix, ename: str, tname: str, entry: dict[str, Any],
         deps = {n: {k: v for k, v in d.items() if k != "commit"} for n, d in old_deps.items()}
     else:
         if sdist is None:
-            from imagebuild.build.vllm_source import sdist_tree
+            from imagebuild.builder.vllm_source import sdist_tree
 
             sdist = sdist_tree
         root = sdist(entry["vllm_version"])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagebuild import REPO_ROOT
-from imagebuild.build.archtable import Row, markdown, scan
+from imagebuild.builder.archtable import Row, markdown, scan
 
 GATE = REPO_ROOT / "images" / "engine" / "files" / "check-cuda-arch.py"
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from imagebuild import REPO_ROOT
-from imagebuild.build.vllm_source import sdist_pin, sdist_tree
+from imagebuild.builder.vllm_source import sdist_pin, sdist_tree
 from imagebuild.errors import ImagebuildError
 from imagebuild.rehearse import source
 from imagebuild.rehearse.arch_probe import LEFT_OUT

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagebuild import REPO_ROOT
-from imagebuild.build.patches import touched_files
+from imagebuild.builder.patches import touched_files
 from imagebuild.lock.sourcepins import sdist_commit
 
 FILES = REPO_ROOT / "images" / "engine" / "files"

@@ -99,7 +99,7 @@ def _smoke(v: dict[str, Any] | None) -> list[str]:
 
 def _gpu_code(job: Job, f: ImageFacts) -> list[str]:
     """Which code each library with device code carries for the target (build record)."""
-    from imagebuild.build.archtable import NONE, Row, markdown
+    from imagebuild.builder.archtable import NONE, Row, markdown
 
     if f.gpu_code is None:
         return []

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.build.vllm_source import sdist_tree
+from imagebuild.builder.vllm_source import sdist_tree
 from imagebuild.lock import fetchcontent
 from imagebuild.lock.sourcepins import read_sources, resolve_ref, sdist_commit
 from imagebuild.spec import matrix as mx

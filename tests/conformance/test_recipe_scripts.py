@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.build.vllm_source import sdist_tree
+from imagebuild.builder.vllm_source import sdist_tree
 from imagebuild.render import VLLM_PATHS
 
 FILES = REPO_ROOT / "images" / "engine" / "files"

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.build.patches import touched_files
-from imagebuild.build.vllm_source import sdist_tree
+from imagebuild.builder.patches import touched_files
+from imagebuild.builder.vllm_source import sdist_tree
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import VLLM_PATHS, render_engine
 from imagebuild.spec import matrix as mx

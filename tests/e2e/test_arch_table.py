@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.build.archtable import markdown, problems, scan, table_for_image
+from imagebuild.builder.archtable import markdown, problems, scan, table_for_image
 from imagebuild.rehearse.gate import run_gate
 from tests.e2e.test_arch_gate import FIXTURES, _nvcc, cuobjdump, nvcc, objects  # noqa: F401
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.build import bootstrap
+from imagebuild.builder import bootstrap
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from imagebuild import REPO_ROOT
-from imagebuild.build.bootstrap import DEFAULT_BASE_REF, ensure_base_image
+from imagebuild.builder.bootstrap import DEFAULT_BASE_REF, ensure_base_image
 from imagebuild.cli import main
 from tests.support.registry import docker_login, push_tiny_image, running_registry
 

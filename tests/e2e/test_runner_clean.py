@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imagebuild.build.bootstrap import DEFAULT_BASE_REF, ensure_base_image
+from imagebuild.builder.bootstrap import DEFAULT_BASE_REF, ensure_base_image
 from imagebuild.cli import main
 from imagebuild.registry.client import Credentials
 from imagebuild.registry.records import read_release

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.build.aptsources import apt_entries, debian_mirror
+from imagebuild.builder.aptsources import apt_entries, debian_mirror
 from imagebuild.errors import UserError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from imagebuild.build.archtable import Row, classify, library_of, problems, required
+from imagebuild.builder.archtable import Row, classify, library_of, problems, required
 
 
 def test_classify_against_sm121a():

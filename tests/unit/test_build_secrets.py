@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from imagebuild.build import builder, pipconfig
+from imagebuild.builder import builder, pipconfig
 from imagebuild.docker import Engine
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.spec import matrix as mx
@@ -103,7 +103,7 @@ def built(locked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(builder, "docker_engine", lambda: recorder)
     monkeypatch.setattr(builder.hygiene, "drop_orphan_inputs_tags", lambda: [])
     monkeypatch.setattr(builder, "check_disk", lambda *a: None)
-    import imagebuild.build.bootstrap as bootstrap
+    import imagebuild.builder.bootstrap as bootstrap
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")
     lm = mx.load(path)
     cells = mx.expand(lm)

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from imagebuild.build import builder
+from imagebuild.builder import builder
 from imagebuild.errors import OperationFailed
 from imagebuild.render import Rendered
 
@@ -160,7 +160,7 @@ def test_build_command_without_engine_exits_1(tmp_path, monkeypatch, capsys):
             return []
 
     monkeypatch.setattr(builder, "docker_engine", NoDaemon)
-    import imagebuild.build.bootstrap as bootstrap
+    import imagebuild.builder.bootstrap as bootstrap
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")
     code = main(["build", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
                  "--out", str(tmp_path / "out")])

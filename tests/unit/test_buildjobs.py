@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.build.buildjobs import (
+from imagebuild.builder.buildjobs import (
     GIB,
     choose_max_jobs,
     choose_nvcc_threads,

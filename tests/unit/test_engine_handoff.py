@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from imagebuild.build import bootstrap, builder, handoff
+from imagebuild.builder import bootstrap, builder, handoff
 from imagebuild.cli import main
 from imagebuild.docker import Engine, use_engine
 from imagebuild.errors import OperationFailed, UserError

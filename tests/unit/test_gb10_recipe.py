@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from imagebuild.build import builder
+from imagebuild.builder import builder
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.lock.resolve import build_lock, verify_cells
@@ -289,7 +289,7 @@ def test_sccache_secret_comes_from_the_runner_environment(tmp_path):
 
 
 def test_engine_builds_get_the_runners_pip_configuration(matrix_dir, tmp_path, monkeypatch):
-    from imagebuild.build import pipconfig
+    from imagebuild.builder import pipconfig
 
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "http://127.0.0.1:9/extra")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from imagebuild.build.hygiene import Local, plan_clean
+from imagebuild.builder.hygiene import Local, plan_clean
 
 S = "127.0.0.1:5000/ns/cell"
 R = [f"2026-06-0{d}-v0.23.0-dflashfix" for d in range(1, 6)]

@@ -18,8 +18,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from imagebuild import REPO_ROOT
-from imagebuild.build.aptsources import apt_entries
-from imagebuild.build.pipconfig import builtin_index, pip_indexes
+from imagebuild.builder.aptsources import apt_entries
+from imagebuild.builder.pipconfig import builtin_index, pip_indexes
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import render_all
 from imagebuild.spec import matrix as mx

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.build.patches import check_series, patch_sha256, touched_files
+from imagebuild.builder.patches import check_series, patch_sha256, touched_files
 from imagebuild.errors import OperationFailed
 
 PATCH_DIR = REPO_ROOT / "patches"
@@ -229,7 +229,7 @@ def fake_index(tmp_path: Path):
 
 
 def test_sdist_tree_fetches_verifies_and_reuses(fake_index, tmp_path: Path) -> None:
-    from imagebuild.build.vllm_source import resolve_sdist, sdist_tree
+    from imagebuild.builder.vllm_source import resolve_sdist, sdist_tree
 
     index, sha, hits = fake_index
     assert resolve_sdist("9.9.9", index).sha256 == sha
@@ -242,7 +242,7 @@ def test_sdist_tree_fetches_verifies_and_reuses(fake_index, tmp_path: Path) -> N
 
 
 def test_sdist_with_a_wrong_hash_is_refused(fake_index, tmp_path: Path) -> None:
-    from imagebuild.build.vllm_source import sdist_tree
+    from imagebuild.builder.vllm_source import sdist_tree
     from imagebuild.errors import UserError
 
     index, _, _ = fake_index

@@ -318,7 +318,7 @@ def test_the_whole_job_publishes_nothing_when_a_gate_does_not_pass(
     """Build, smoke and the gates' servers replaced (they are the e2e tests' business):
     the job's own logic must stop before publish and say why."""
     from imagebuild import job as job_mod
-    from imagebuild.build import builder
+    from imagebuild.builder import builder
     from imagebuild.gates import run as gates_run
     from imagebuild.plan import load_plan
     from imagebuild.smoke import runner

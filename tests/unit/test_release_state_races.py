@@ -10,7 +10,7 @@ import time
 import pytest
 
 from imagebuild.bench import store
-from imagebuild.build.hygiene import protected_releases
+from imagebuild.builder.hygiene import protected_releases
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST
 from imagebuild.registry.deadline import Deadline

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.build import builder
+from imagebuild.builder import builder
 from imagebuild.cli import main
 from imagebuild.errors import UserError
 from imagebuild.host import parse_gpus

@@ -788,7 +788,7 @@ def test_jobs_building_for_a_gpu_target_install_cuobjdump():
     """A build for a GPU target lists its images' device code with cuobjdump (and refuses
     without it); the runners' venv has only requirements.txt, so the engine and cell jobs
     of a cuda target add requirements-gpu.txt (cpu cells never need it)."""
-    from imagebuild.build.archtable import find_cuobjdump  # noqa: F401  (what needs it)
+    from imagebuild.builder.archtable import find_cuobjdump  # noqa: F401  (what needs it)
 
     assert "nvidia-cuda-cuobjdump" in (REPO_ROOT / "requirements-gpu.txt").read_text()
     recipe = MAKEFILE.read_text().split("\nvenv-gpu:")[1].split("\n\n")[0]

@@ -30,7 +30,7 @@ from imagebuild.registry.client import RegistryClient, resolve_credentials
 from imagebuild.registry.credentials import docker_auth_config
 
 if TYPE_CHECKING:
-    from imagebuild.build.builder import BuildRecord
+    from imagebuild.builder.builder import BuildRecord
     from imagebuild.lock.lockfile import Lock
     from imagebuild.plan import Destination, ImageRef, Job
     from imagebuild.spec.matrix import LoadedMatrix
@@ -135,7 +135,7 @@ def ship_engines(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], des
                  *, out_dir: Path, log: Log = print) -> dict[str, str]:
     """Each (target, engine) of the jobs once: taken from the registry when it already holds
     these inputs, else built (local build avoidance applies) and pushed. target -> ref."""
-    from imagebuild.build.builder import Builder
+    from imagebuild.builder.builder import Builder
 
     if not jobs:
         raise UserError("nothing to build", fix="check --target/--only")

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from imagebuild.build.aptsources import debian_mirror
+from imagebuild.builder.aptsources import debian_mirror
 from imagebuild.docker import engine
 from imagebuild.errors import OperationFailed
 

@@ -62,7 +62,7 @@ def _indexes(index_url: str | None) -> tuple[str, ...]:
     """An explicit index, else the ones this machine's pip uses, in pip's order."""
     if index_url:
         return (index_url,)
-    from imagebuild.build.pipconfig import pip_indexes
+    from imagebuild.builder.pipconfig import pip_indexes
 
     return pip_indexes().urls()
 

@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imagebuild.build import hygiene
-from imagebuild.build.buildjobs import choose_parallelism, host_resources
-from imagebuild.build.hygiene import PARENT_LABEL, base_repo, engine_repo
+from imagebuild.builder import hygiene
+from imagebuild.builder.buildjobs import choose_parallelism, host_resources
+from imagebuild.builder.hygiene import PARENT_LABEL, base_repo, engine_repo
 from imagebuild.docker import engine as docker_engine
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.lock.resolve import generate_model, sha256_file
 from imagebuild.lock.lockfile import Lock
+from imagebuild.lock.resolve import generate_model, sha256_file
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
     """The build's settings from the environment, checked before anything runs: a CA
     bundle or compile-cache credentials file that cannot be read, or a Debian mirror that
     is not a URL, would otherwise fail half-way (or reach a build as text)."""
-    from imagebuild.build.aptsources import MIRROR_ENV
+    from imagebuild.builder.aptsources import MIRROR_ENV
     from imagebuild.spec.values import BadValue, mirror_url
 
     env = os.environ if environ is None else environ
@@ -371,7 +371,7 @@ class Builder:
                    "sccache_env": b""}
         target = self.lm.matrix.targets.get(self._target_name or "")
         if kind == "engine":
-            from imagebuild.build.pipconfig import pip_indexes
+            from imagebuild.builder.pipconfig import pip_indexes
 
             # the runner's package indexes (and any credentials in their URLs) as a secret:
             # every engine's pip installs from them, and no image keeps them
@@ -466,7 +466,7 @@ class Builder:
     def _base(self, cell: Cell) -> Pending:
         """The target's base as its inputs decide it (the upstream image made first where
         it is bootstrapped: its content is one of those inputs)."""
-        from imagebuild.build.bootstrap import ensure_base_image
+        from imagebuild.builder.bootstrap import ensure_base_image
 
         t = cell.target
         if t.bootstrap:
@@ -528,7 +528,7 @@ class Builder:
         """The cell's engine pulled from `ref` (REPOSITORY@sha256:...) instead of built: it
         must carry the inputs digest this checkout's engine has, else it is refused; then it
         is tagged as the local engine (and by its inputs), so serve builds FROM it."""
-        from imagebuild.build.handoff import pull_engine
+        from imagebuild.builder.handoff import pull_engine
 
         engine_key = f"engine/{cell.target_name}/{cell.engine_name}"
         if engine_key in self._done:
@@ -578,7 +578,7 @@ class Builder:
     def _gpu_code(self, cell: Cell, engine: BuildRecord) -> list[dict] | None:
         """The engine's GPU-code table (once per engine image), refused when a kernel
         family the cell's profile selects has no code for its GPU."""
-        from imagebuild.build import archtable
+        from imagebuild.builder import archtable
 
         expect = cell.target.expect_cuda_arch or archtable.NONE
         cache = self._tables
