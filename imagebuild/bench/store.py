@@ -251,3 +251,30 @@ def forget(client: RegistryClient, repo: str, digest: str) -> int:
     except (Unsupported, NotFound):
         pass
     return gone
+
+
+def carry_over(client: RegistryClient, repo: str, old_digest: str, rel: Release) -> int:
+    """Attach what is kept with manifest `old_digest` to release `rel` again, then forget
+    the old copies; how many moved. For a release whose record was amended after publish
+    (recorded as unmeasured at promote): its manifest has a new digest, and its SBOM,
+    provenance and any results would otherwise stay with the old one, which prune never
+    reaches. New copies first: a failure in between leaves both, never neither."""
+    if old_digest == rel.digest:
+        return 0
+    ours, _how = _ours(client, repo, old_digest, KEPT_WITH_RELEASE)
+    moved, seen = 0, set()
+    for desc in ours:  # newest first: one of each type
+        kind = desc.get("artifactType")
+        if kind in seen or _subject_of(client, repo, str(desc.get("digest"))) != old_digest:
+            continue
+        seen.add(kind)
+        raw, _media, _digest = client.get_manifest(repo, desc["digest"])
+        manifest = json.loads(raw)
+        layer = manifest["layers"][0]
+        body = client.get_blob(repo, layer["digest"])
+        name = (layer.get("annotations") or {}).get(A_TITLE, FILE_NAME)
+        put_artifact(client, repo, rel, body, artifact_type=str(kind), file_name=name,
+                     annotations=manifest.get("annotations") or {})
+        moved += 1
+    forget(client, repo, old_digest)
+    return moved

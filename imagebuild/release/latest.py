@@ -425,7 +425,10 @@ def record_unmeasured(client: RegistryClient, repo: str, tag: str, reason: str, 
     if done is None or not done.passed or done.image_id != rel.image_id or not done.unmeasured:
         raise OperationFailed(f"{repo}:{tag} did not read back as an unmeasured release",
                               fix="re-run; check the registry")
-    log(f"{repo}: {tag} recorded as unmeasured ({reason})")
+    # a new manifest digest: what publish attached to the old one (SBOM, provenance) moves
+    moved = store.carry_over(client, repo, rel.digest, done)
+    log(f"{repo}: {tag} recorded as unmeasured ({reason})"
+        + (f"; {moved} stored document(s) moved to its new record" if moved else ""))
     return done
 
 

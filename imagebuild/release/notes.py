@@ -367,7 +367,8 @@ def not_promoted_notes(jobs: tuple[Job, ...], verdicts: dict[str, dict[str, Any]
         if v is None:
             smoke, why = "no report", "the cell's job failed before smoke (see its log)"
         elif v.get("passed"):
-            smoke, why = "passed", "its job failed after smoke (push or bench: see its log)"
+            smoke, why = "passed", ("its job failed after smoke (release gates, push or "
+                                    "bench: see its log)")
         else:
             smoke, why = f"FAILED: {v.get('outcome', '?')}", str(v.get("message", ""))
         why = safe(why).replace("|", "\\|").replace("\n", " ")

@@ -344,3 +344,33 @@ def test_prune_deletes_a_releases_documents_with_it_and_keeps_the_kept_ones():
                 [artifact]
             assert client.head_manifest(repo, artifact) is not None
         assert store.stored(client, repo, tag) is not None
+
+
+def test_a_release_recorded_unmeasured_keeps_its_documents():
+    """Promote --accept-unmeasured amends the release record after publish stored the SBOM
+    and provenance: the release's manifest gets a new digest, and the documents move with
+    it (listed on the new one, gone from the old one), or `oras discover`, the notes and
+    prune would no longer find them."""
+    from imagebuild.bench import store
+    from imagebuild.registry.records import read_release
+    from imagebuild.release.latest import record_unmeasured
+    from tests.support.memregistry import MemRegistry
+
+    reg, repo, tag = MemRegistry(), "ns/img", "2026-06-18-v0.23.0-x"
+    client = reg.client()
+    reg.add_release(repo, tag, benched=False)
+    before = read_release(client, repo, tag)
+    assert before is not None
+    bodies = {kind: b'{"doc": "%s"}' % kind.encode()
+              for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE)}
+    old = {kind: store.put_artifact(client, repo, before, body, artifact_type=kind,
+                                    file_name="f.json") for kind, body in bodies.items()}
+    after = record_unmeasured(client, repo, tag, "first release", log=lambda _: None, settle=0)
+    assert after.digest != before.digest and after.unmeasured == "first release"
+    for kind, body in bodies.items():
+        [desc] = store.listed(client, repo, after.digest, kind)
+        raw, _media, _d = client.get_manifest(repo, desc["digest"])
+        layer = json.loads(raw)["layers"][0]
+        assert client.get_blob(repo, layer["digest"]) == body
+        assert store.listed(client, repo, before.digest, kind) == []
+        assert client.head_manifest(repo, old[kind]) is None
