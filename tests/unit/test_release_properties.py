@@ -704,6 +704,38 @@ class ReleaseState(RuleBasedStateMachine):
         assert set(self.latest_tags().values()) == {self.published[-1]}, (
             f"publish of the later same-day {self.published[-1]} left {self.latest_tags()}")
 
+    @precondition(lambda self: self.mem and self.published)
+    @rule(a=COMMANDS.filter(lambda c: c[0] != "prune"), b=COMMANDS)
+    def slow_until_the_first_move(self, a, b):
+        """Client 0's publish, promote or rollback is slow: by its first move (its read of
+        latest right before the fence) its leases are older than the TTL, though nobody
+        took them yet. Right before its next write client 1 runs `b` (taking the expired
+        leases). No time passes between client 0's check and that write, yet renewing
+        the expired lease would write over client 1's: client 0 stops instead, and no
+        set is split (the invariants)."""
+        if a[0] in ("promote", "rollback") and (tag := self.tag(a[1])):
+            a = (a[0], self.order[tag], *a[2:])
+        phase = ["reading"]
+
+        def hook(method, path):
+            if phase[0] == "reading" and method == "HEAD" and path.endswith(
+                    f"/manifests/{LATEST}"):
+                phase[0] = "slow"
+                self.reg.now += float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1
+            elif phase[0] == "slow" and method not in ("GET", "HEAD"):
+                phase[0] = "done"
+                self.reg.before = None
+                with self.as_client(1):
+                    self.execute(b)
+                self.reg.before = hook
+
+        self.reg.before = hook
+        try:
+            with self.as_client(0):
+                self.execute(a)
+        finally:
+            self.reg.before = None
+
     @precondition(lambda self: self.mem and len(self.published) >= 3)
     @rule()
     def paused_while_recording_a_rollback(self):
