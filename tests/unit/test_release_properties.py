@@ -25,7 +25,7 @@ paused past its lease TTL (another host takes the lease over meanwhile) stops at
 next write instead of splitting a set (every write is fenced by a lease check right
 before it; a pause between that check and its write is beyond a registry without
 conditional writes, so pauses fall before reads), also while recording a rollback (the
-record keeps the entry of the run that took over), and a run whose lease expired on a
+record keeps the entry of the run that took over), and a run whose lease lapsed on a
 slow registry (nobody took it yet) does not renew it: another host may take it over
 between the check and the write (found here as a split set). Releases are recorded in
 publish order, some on the same day with names in reverse alphabetical order, some with a typo'd
