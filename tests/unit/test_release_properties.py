@@ -24,8 +24,11 @@ of latest (the registry loses the page that holds latest) stops the prune, and a
 paused past its lease TTL (another host takes the lease over meanwhile) stops at its
 next write instead of splitting a set (every write is fenced by a lease check right
 before it; a pause between that check and its write is beyond a registry without
-conditional writes, so pauses fall before reads). Releases are recorded in publish
-order, some on the same day with names in reverse alphabetical order, some with a typo'd
+conditional writes, so pauses fall before reads), also while recording a rollback (the
+record keeps the entry of the run that took over), and a run whose lease lapsed on a
+slow registry (nobody took it yet) does not renew it: another host may take it over
+between the check and the write (found here as a split set). Releases are recorded in
+publish order, some on the same day with names in reverse alphabetical order, some with a typo'd
 future date; some are benched for one image only (one just before the last release of
 the starting history, so a rollback can reach it); the registry may be slow (its clock
 moves on per request, so a lease expires mid-command unless renewed) and its tag list
@@ -67,6 +70,7 @@ from imagebuild.registry.records import (
 )
 from imagebuild.release import latest, lease
 from imagebuild.release.prune import plan_prune, prune
+from imagebuild.release.rollbacks import ROLLBACKS_TAG, rolled_back
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.memregistry import Crash, MemRegistry
 
@@ -699,6 +703,89 @@ class ReleaseState(RuleBasedStateMachine):
             self.execute(("publish", "both", "passed", "same"))
         assert set(self.latest_tags().values()) == {self.published[-1]}, (
             f"publish of the later same-day {self.published[-1]} left {self.latest_tags()}")
+
+    @precondition(lambda self: self.mem and self.published)
+    @rule(a=COMMANDS.filter(lambda c: c[0] != "prune"), b=COMMANDS)
+    def slow_until_the_first_move(self, a, b):
+        """Client 0's publish, promote or rollback is slow: by its first move (its read of
+        latest right before the fence) its leases are older than the TTL, though nobody
+        took them yet. Right before its next write client 1 runs `b` (taking the expired
+        leases). No time passes between client 0's check and that write, yet renewing
+        the expired lease would write over client 1's: client 0 stops instead, and no
+        set is split (the invariants)."""
+        if a[0] in ("promote", "rollback") and (tag := self.tag(a[1])):
+            a = (a[0], self.order[tag], *a[2:])
+        phase = ["reading"]
+
+        def hook(method, path):
+            if phase[0] == "reading" and method == "HEAD" and path.endswith(
+                    f"/manifests/{LATEST}"):
+                phase[0] = "slow"
+                self.reg.now += float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1
+            elif phase[0] == "slow" and method not in ("GET", "HEAD"):
+                phase[0] = "done"
+                self.reg.before = None
+                with self.as_client(1):
+                    self.execute(b)
+                self.reg.before = hook
+
+        self.reg.before = hook
+        try:
+            with self.as_client(0):
+                self.execute(a)
+        finally:
+            self.reg.before = None
+
+    @precondition(lambda self: self.mem and len(self.published) >= 3)
+    @rule()
+    def paused_while_recording_a_rollback(self):
+        """Client 0 rolls back the set; after it read the second image's record of
+        rollbacks, it pauses past its lease while client 1 rolls the set back further.
+        The record must keep client 1's entry as written (client 0's write is fenced)."""
+        c = self.reg.client()
+        now = self.latest_tags()[self.repos[0]]
+        if now is None:
+            return
+        ok = [t for t in self.published[:self.order[now]] if all(
+            (r := read_release(c, repo, t)) and r.passed and store.stored(c, repo, t)
+            for repo in self.repos)]
+        if len(ok) < 2:
+            return
+        second = self.repos[1]
+        seen: list[tuple[str, str]] = []
+        paused: list[str | None] = []
+
+        def hook(method, path):
+            seen.append((method, path))
+            if (not paused and method == "HEAD" and path.endswith(f"/{lease.LEASE_TAG}")
+                    and path.startswith(f"/v2/{second}/") and len(seen) > 1
+                    and seen[-2] == ("GET", f"/v2/{second}/manifests/{ROLLBACKS_TAG}")):
+                self.reg.before = None
+                paused.append(self.latest_tags()[second])
+                self.reg.now += float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1
+                with self.as_client(1):
+                    self.execute(("rollback", self.order[ok[-2]]))
+                self.reg.before = hook
+
+        before = self.latest_tags()
+        self.reg.before = hook
+        try:
+            with self.as_client(0):
+                self.execute(("rollback", self.order[ok[-1]]))
+        finally:
+            self.reg.before = None
+        if not paused or paused[0] is None:
+            return
+        entry = rolled_back(c, second).get(paused[0], {})
+        assert entry.get("to") == self.latest_tags()[second], (
+            f"the record of rollbacks of {second} says {paused[0]} went to {entry}; "
+            f"latest is {self.latest_tags()[second]}")
+        for repo in self.repos:  # the model of rollbacks: what each image left
+            if before[repo] and self.latest_tags()[repo] != before[repo]:
+                self.rolled[repo].add(before[repo])  # type: ignore[arg-type]
+        for t in ok[-2:]:
+            for repo in self.repos:
+                self.rolled[repo].discard(t)
 
     @rule()
     def time_passes(self):

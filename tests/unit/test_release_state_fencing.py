@@ -387,3 +387,43 @@ def test_forward_only_is_decided_under_the_lease(reg):
     assert moves == []
     assert any("latest stays" in line and "older than latest" in line for line in out)
     assert (_at(reg, REPO), _at(reg, OTHER)) == (C, C)
+
+
+# a lease that expired while its holder worked -------------------------------------------
+
+
+def test_an_expired_lease_is_not_renewed_and_the_set_stays_together(reg, tmp_path,
+                                                                    monkeypatch):
+    """The interleaving the release property test found (a publish on a slow registry
+    while another host publishes the next release). The promote of the set A -> B is
+    slow: its leases are older than the TTL when it reaches its first move, though
+    nobody has taken them yet, so the fence (the lease tag still names our manifest)
+    passes. Right after it, before the renewal's PUT, the other host takes the expired
+    leases over and promotes the set to C. Renewing the expired lease would overwrite
+    the other host's, then REPO moves to B, OTHER refuses (latest moved) and the undo
+    puts REPO back to A: the set split at (A, C). A lease not renewed for most of its
+    TTL is lost instead (lease.LAPSED): the run stops before any write and the set stays
+    together at C."""
+    _set(reg, [A, B, C], latest_at=A)
+    monkeypatch.setattr(lease, "time", SimpleNamespace(  # one clock: the slow registry's
+        time=lambda: reg.now, monotonic=lambda: reg.now, sleep=lambda _s: None))
+    phase = ["reading"]
+
+    def hook(method, path):
+        if phase[0] == "reading" and method == "HEAD" and path == f"/v2/{REPO}/manifests/{LATEST}":
+            phase[0] = "slow"  # the first move's check: the leases expired by now
+            reg.now += lease.lease_ttl() + 1
+        elif phase[0] == "slow" and method not in ("GET", "HEAD"):  # its next write
+            phase[0] = "done"
+            reg.before = None
+            with other_host(tmp_path):
+                latest.promote_jobs(reg.client(), _jobs(C), default_threshold=0.05,
+                                    accept_regression=None, log=quiet)
+            reg.before = hook
+
+    reg.before = hook
+    with pytest.raises(OperationFailed, match="without renewal"):
+        latest.promote_jobs(reg.client(), _jobs(B), default_threshold=0.05,
+                            accept_regression=None, log=quiet)
+    assert phase[0] == "done"
+    assert (_at(reg, REPO), _at(reg, OTHER)) == (C, C)
