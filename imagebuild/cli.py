@@ -522,7 +522,8 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
-            "history": cmd_history, "verify": cmd_verify, "table": cmd_table, "rehearse": cmd_rehearse,
+            "history": cmd_history, "verify": cmd_verify, "table": cmd_table,
+            "rehearse": cmd_rehearse,
             "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate}
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "-qq", "--quiet")
 
