@@ -9,6 +9,7 @@ import json
 import pytest
 
 from imagebuild.bench import store
+from imagebuild.errors import UserError
 from imagebuild.registry.client import OCI_MANIFEST
 from imagebuild.registry.records import A_INPUTS, amended_manifest, read_release
 from imagebuild.release import compat
@@ -21,12 +22,13 @@ REPO, TAG, INPUTS = "ns/img", "2026-06-18-v0.23.0-x", "12" * 32
 NAME = "127.0.0.1:5999/" + REPO
 
 
-def _subject(rel, digest: str | None = None) -> sbom.Subject:
+def _subject(rel, digest: str | None = None, inputs: str = INPUTS) -> sbom.Subject:
     return sbom.Subject(name=NAME, tag=TAG, digest=digest or rel.digest,
-                        image_id=rel.image_id, inputs=INPUTS)
+                        image_id=rel.image_id, inputs=inputs)
 
 
-def _release(tmp_path, *, with_sbom: bool = True, prov_digest: str | None = None):
+def _release(tmp_path, *, with_sbom: bool = True, prov_digest: str | None = None,
+             prov_inputs: str = INPUTS, sbom_digest: str | None = None):
     """A release as the whole job leaves it; (registry, release)."""
     reg = MemRegistry()
     client = reg.client()
@@ -39,10 +41,11 @@ def _release(tmp_path, *, with_sbom: bool = True, prov_digest: str | None = None
     store.put_results(client, REPO, TAG, {"image": {"id": rel.image_id}, "levels": []})
     snap, ex = probe_tree(image_tree(tmp_path)), expected()
     if with_sbom:
-        store.put_artifact(client, REPO, rel, sbom.build_sbom(snap, ex, _subject(rel), []).encode(),
+        store.put_artifact(client, REPO, rel, sbom.build_sbom(snap, ex, _subject(rel, sbom_digest),
+                                                            []).encode(),
                            artifact_type=store.SBOM_TYPE, file_name="sbom.cdx.json")
     statement = provenance.build_statement(
-        _subject(rel, prov_digest), ex, pins={}, lock_entries={}, commit="c0ffee" * 6 + "1234",
+        _subject(rel, prov_digest, prov_inputs), ex, pins={}, lock_entries={}, commit="c0ffee" * 6 + "1234",
         dirty=False, repo_uri="git+file:///w", env={}, records={}, sbom_digest="55" * 32,
         started=1_700_000_000)
     store.put_artifact(client, REPO, rel, statement.encode(),
@@ -88,6 +91,17 @@ def test_a_provenance_of_another_digest_disagrees(tmp_path, capsys, monkeypatch)
     assert lines["SBOM"].startswith("present")
 
 
+def test_documents_of_other_inputs_or_another_image_disagree(tmp_path, capsys, monkeypatch):
+    reg, _rel = _release(tmp_path, prov_inputs="34" * 32)
+    code, lines = _run(reg, f"{NAME}:{TAG}", capsys, monkeypatch)
+    assert code == 1 and lines["provenance inputs"].startswith("disagrees")
+    assert "34" * 32 in lines["provenance inputs"] and INPUTS in lines["provenance inputs"]
+    reg, _rel = _release(tmp_path / "2", sbom_digest="sha256:" + "ab" * 32)
+    code, lines = _run(reg, f"{NAME}:{TAG}", capsys, monkeypatch)
+    assert code == 1 and lines["SBOM"].startswith("disagrees")
+    assert lines["provenance inputs"].startswith("present")
+
+
 def test_a_missing_sbom_fails(tmp_path, capsys, monkeypatch):
     reg, _rel = _release(tmp_path, with_sbom=False)
     code, lines = _run(reg, f"{NAME}:{TAG}", capsys, monkeypatch)
@@ -106,6 +120,9 @@ def test_a_bad_reference_is_bad_input(ref, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "error" in err and ("fix:" in err or "IMAGE_REF" in err), err
     assert reg.calls == []  # refused before the registry is asked
+    with pytest.raises(UserError):  # the same refusals without the command line's parser
+        v.verify(ref, client=reg.client())
+    assert reg.calls == []
 
 
 def test_signatures_are_verified_with_gh_on_ghcr(tmp_path):
@@ -127,3 +144,22 @@ def test_signatures_are_verified_with_gh_on_ghcr(tmp_path):
     unsure = v.verify(f"ghcr.io/{REPO}:{TAG}", client=reg.client(), which=lambda _: None)
     assert unsure[-1].status == v.SKIPPED and "gh is not on PATH" in unsure[-1].detail
     assert json.dumps([c.line() for c in unsure])
+
+
+def test_a_bare_release_says_what_is_missing(capsys, monkeypatch):
+    """A release with its record only (older releases, or a run that stopped after
+    publish): each document and record field it lacks is a `missing` line."""
+    reg = MemRegistry()
+    reg.add_release(REPO, TAG)
+    code, lines = _run(reg, f"{NAME}:{TAG}", capsys, monkeypatch)
+    assert code == 1
+    assert lines["release record"].startswith("present") and lines["smoke"].startswith("present")
+    for what in ("inputs digest", "gates summary", "SBOM", "provenance", "bench results",
+                 "compatibility table"):
+        assert lines[what].startswith("missing"), lines
+    reg.add_release(REPO, "2026-06-19-v0.23.0-x", smoke="failed")
+    code, lines = _run(reg, f"{NAME}:2026-06-19-v0.23.0-x", capsys, monkeypatch)
+    assert code == 1 and lines["smoke"].startswith("disagrees")
+    code, lines = _run(reg, f"{NAME}:2026-06-20-v0.23.0-x", capsys, monkeypatch)
+    assert code == 1 and lines == {"release": lines["release"]}
+    assert lines["release"].startswith("missing")
