@@ -45,9 +45,9 @@ def _release(tmp_path, *, with_sbom: bool = True, prov_digest: str | None = None
                                                             []).encode(),
                            artifact_type=store.SBOM_TYPE, file_name="sbom.cdx.json")
     statement = provenance.build_statement(
-        _subject(rel, prov_digest, prov_inputs), ex, pins={}, lock_entries={}, commit="c0ffee" * 6 + "1234",
-        dirty=False, repo_uri="git+file:///w", env={}, records={}, sbom_digest="55" * 32,
-        started=1_700_000_000)
+        _subject(rel, prov_digest, prov_inputs), ex, pins={}, lock_entries={},
+        commit="c0ffee" * 6 + "1234", dirty=False, repo_uri="git+file:///w", env={},
+        records={}, sbom_digest="55" * 32, started=1_700_000_000)
     store.put_artifact(client, REPO, rel, statement.encode(),
                        artifact_type=store.PROVENANCE_TYPE, file_name="provenance.intoto.json")
     row = compat.make_row(image="img", cell="cpu/img", repo=REPO, drafter=False, rel=rel,
