@@ -309,6 +309,16 @@ def cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """0 when everything stored with the release agrees with its image, 1 otherwise."""
+    from imagebuild.supplychain.verify import failed, verify
+
+    checks = verify(args.image)
+    for check in checks:
+        print(check.line())
+    return 1 if failed(checks) else 0
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     from imagebuild import REPO_ROOT, work_root
     from imagebuild.bench import history
@@ -512,7 +522,8 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
-            "history": cmd_history, "table": cmd_table, "rehearse": cmd_rehearse,
+            "history": cmd_history, "verify": cmd_verify, "table": cmd_table,
+            "rehearse": cmd_rehearse,
             "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate}
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "-qq", "--quiet")
 

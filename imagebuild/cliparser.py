@@ -264,6 +264,7 @@ EXAMPLES = {
     "releases": "%(prog)s --image cpu-tiny-ngram",
     "table": "%(prog)s --tag 2026-07-01-stock --store",
     "history": "%(prog)s --image cpu-tiny-ngram",
+    "verify": "%(prog)s 127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:latest",
     "prune": "%(prog)s --keep 5 --dry-run",
     "resume": "%(prog)s --tag 2026-07-01-stock",
     "notes": "%(prog)s --tag 2026-07-01-stock > notes.md",
@@ -422,6 +423,13 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _registry_args(p, dry_run=False)
     p.add_argument("--out", type=_out_dir, default=None,
                    help="where history-<image>.png/.md go (default: build/bench/)")
+
+    p = sub.add_parser("verify", help="check what is stored with a release against its "
+                                      "image: record, SBOM, provenance, bench results, "
+                                      "compatibility table, signatures (exit 1 when one is "
+                                      "missing or disagrees)")
+    p.add_argument("image", metavar="IMAGE_REF", type=_image_ref,
+                   help="REGISTRY/NAMESPACE/IMAGE:TAG or REGISTRY/NAMESPACE/IMAGE@sha256:...")
 
     p = sub.add_parser("prune", help="delete old releases (never latest or its rollback)")
     _registry_args(p)
