@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,12 @@ if "IMAGEBUILD_CACHE_DIR" not in os.environ:
     import tempfile
 
     os.environ["IMAGEBUILD_CACHE_DIR"] = tempfile.mkdtemp(prefix="imagebuild-test-cache-")
+
+# Ctrl-C as in a terminal: a suite started in the background by a non-interactive shell
+# (`cmd &`) inherits SIGINT ignored, in itself and in every build.py the interrupt tests
+# start (an ignored signal survives exec; a handler does not)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # files matrix.yaml refers to; copied so a test can edit its own matrix in isolation
 MATRIX_FILES = ("matrix.yaml", "matrix.lock.json", "locked", "patches", "images/engine/cpu",
