@@ -43,6 +43,7 @@ import datetime as dt
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -150,6 +151,33 @@ class ReleaseState(RuleBasedStateMachine):
                 os.environ.pop("IMAGEBUILD_LOCK_DIR", None)
             else:
                 os.environ["IMAGEBUILD_LOCK_DIR"] = saved[1]
+
+    def _pinned(self, cmd: tuple) -> tuple:
+        """A promote or rollback names its release by its place in publish order (the
+        other client may publish meanwhile: "newest" would then mean another one)."""
+        if cmd[0] in ("promote", "rollback") and (tag := self.tag(cmd[1])):
+            return (cmd[0], self.order[tag], *cmd[2:])
+        return cmd
+
+    def _past_the_lease(self) -> None:
+        """The registry's clock moves past every lease written so far."""
+        self.reg.now += lease.lease_ttl() + 1
+
+    def _hooked(self, cmd: tuple, hook: Callable[[str, str], None]) -> None:
+        """Client 0 runs `cmd` with `hook` called before each of its registry requests."""
+        self.reg.before = hook
+        try:
+            with self.as_client(0):
+                self.execute(cmd)
+        finally:
+            self.reg.before = None
+
+    def _meanwhile(self, cmd: tuple, hook: Callable[[str, str], None]) -> None:
+        """Inside client 0's `hook`: client 1 runs `cmd` whole, then client 0 goes on."""
+        self.reg.before = None
+        with self.as_client(1):
+            self.execute(cmd)
+        self.reg.before = hook
 
     def tag(self, i: int | str) -> str | None:
         if not self.published:
@@ -532,8 +560,7 @@ class ReleaseState(RuleBasedStateMachine):
         client 0 goes on. Its next write is fenced (the lease is another's): it stops,
         and whatever it moved is put back or left to the run that took over: no set is
         split (the invariants)."""
-        if a[0] in ("promote", "rollback") and (tag := self.tag(a[1])):
-            a = (a[0], self.order[tag], *a[2:])
+        a = self._pinned(a)
         seen = [0]
 
         def hook(method, path):
@@ -541,18 +568,10 @@ class ReleaseState(RuleBasedStateMachine):
                 return
             seen[0] += 1
             if seen[0] == at + 1:
-                self.reg.before = None
-                self.reg.now += float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1
-                with self.as_client(1):
-                    self.execute(b)
-                self.reg.before = hook
+                self._past_the_lease()
+                self._meanwhile(b, hook)
 
-        self.reg.before = hook
-        try:
-            with self.as_client(0):
-                self.execute(a)
-        finally:
-            self.reg.before = None
+        self._hooked(a, hook)
 
     @precondition(lambda self: self.mem and len(self.published) >= 2)
     @rule(cmd=st.one_of(
@@ -651,7 +670,7 @@ class ReleaseState(RuleBasedStateMachine):
         """Once every killed run's lease expired, a prune whose DELETE answers are lost
         (done, but the retry sees 404) finishes, deleting all it planned and nothing
         protected."""
-        self.reg.now += float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1
+        self._past_the_lease()
         protect = self.protected_now(keep)
         self.reg.lost_delete = {d for repo in self.repos
                                 for t, d in self.reg.tags.get(repo, {}).items() if t in self.order}
@@ -713,28 +732,19 @@ class ReleaseState(RuleBasedStateMachine):
         leases). No time passes between client 0's check and that write, yet renewing
         the expired lease would write over client 1's: client 0 stops instead, and no
         set is split (the invariants)."""
-        if a[0] in ("promote", "rollback") and (tag := self.tag(a[1])):
-            a = (a[0], self.order[tag], *a[2:])
+        a = self._pinned(a)
         phase = ["reading"]
 
         def hook(method, path):
             if phase[0] == "reading" and method == "HEAD" and path.endswith(
                     f"/manifests/{LATEST}"):
                 phase[0] = "slow"
-                self.reg.now += float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1
+                self._past_the_lease()
             elif phase[0] == "slow" and method not in ("GET", "HEAD"):
                 phase[0] = "done"
-                self.reg.before = None
-                with self.as_client(1):
-                    self.execute(b)
-                self.reg.before = hook
+                self._meanwhile(b, hook)
 
-        self.reg.before = hook
-        try:
-            with self.as_client(0):
-                self.execute(a)
-        finally:
-            self.reg.before = None
+        self._hooked(a, hook)
 
     @precondition(lambda self: self.mem and len(self.published) >= 3)
     @rule()
@@ -760,20 +770,13 @@ class ReleaseState(RuleBasedStateMachine):
             if (not paused and method == "HEAD" and path.endswith(f"/{lease.LEASE_TAG}")
                     and path.startswith(f"/v2/{second}/") and len(seen) > 1
                     and seen[-2] == ("GET", f"/v2/{second}/manifests/{ROLLBACKS_TAG}")):
-                self.reg.before = None
+                self.reg.before = None  # its own reads are not client 0's requests
                 paused.append(self.latest_tags()[second])
-                self.reg.now += float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1
-                with self.as_client(1):
-                    self.execute(("rollback", self.order[ok[-2]]))
-                self.reg.before = hook
+                self._past_the_lease()
+                self._meanwhile(("rollback", self.order[ok[-2]]), hook)
 
         before = self.latest_tags()
-        self.reg.before = hook
-        try:
-            with self.as_client(0):
-                self.execute(("rollback", self.order[ok[-1]]))
-        finally:
-            self.reg.before = None
+        self._hooked(("rollback", self.order[ok[-1]]), hook)
         if not paused or paused[0] is None:
             return
         entry = rolled_back(c, second).get(paused[0], {})
@@ -793,7 +796,7 @@ class ReleaseState(RuleBasedStateMachine):
         if self.reg.now is not None:
             self.reg.now += 301
         else:  # a real registry's clock: the slice runs with a short lease TTL
-            time.sleep(float(os.environ.get("IMAGEBUILD_LEASE_TTL", "300")) + 1.2)
+            time.sleep(lease.lease_ttl() + 1.2)
 
     # -- invariants
 
