@@ -21,9 +21,9 @@ from imagebuild import REPO_ROOT
 from imagebuild.bench import store
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.plan import load_plan
-from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient
-from imagebuild.registry.records import A_IMAGE, A_SMOKE, A_TAG
+from imagebuild.registry.client import OCI_INDEX, RegistryClient
 from imagebuild.supplychain import attach as sc
+from tests.support.memregistry import add_release
 from tests.unit.test_supplychain import PROBE, SITE, image_tree
 
 pytestmark = pytest.mark.slow
@@ -32,17 +32,9 @@ TAGS = ["2026-06-04-v0.23.0-dflashfix", "2026-06-11-v0.23.0-dflashfix",
 
 
 def _release(client: RegistryClient, repo: str, tag: str) -> str:
-    """A minimal passed release (its own config, so its own image id); its digest."""
+    """A passed release with its own config (so its own image id); its digest."""
     config = json.dumps({"architecture": "amd64", "os": "linux", "tag": tag}).encode()
-    cfg = client.put_blob(repo, config)
-    layer = b"layer of " + tag.encode()
-    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                           "digest": cfg, "size": len(config)},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                            "digest": client.put_blob(repo, layer), "size": len(layer)}],
-                "annotations": {A_TAG: tag, A_SMOKE: "passed", A_IMAGE: cfg}}
-    return client.put_manifest(repo, tag, json.dumps(manifest).encode(), OCI_MANIFEST)
+    return add_release(client, repo, tag, config=config)
 
 
 def tree_runner(tree: Path, calls: list[str]):
