@@ -186,6 +186,16 @@ class MemRegistry(requests.Session):
         self.tags[repo]["latest"] = self.tags[repo][tag]
 
 
+def latest_and_candidate(repo: str, old: str, new: str) -> MemRegistry:
+    """Two passed releases of `repo` (their own configs, so their own image ids): `old`
+    is latest, `new` the candidate a promote would compare with it."""
+    reg = MemRegistry()
+    reg.add_release(repo, old, config=b'{"old":1}')
+    reg.add_release(repo, new, config=b'{"new":1}')
+    reg.point_latest(repo, old)
+    return reg
+
+
 def add_release(client: RegistryClient, repo: str, tag: str, *, smoke: str = "passed",
                 config: bytes = b'{"config":{}}', created: float | None = None,
                 benched: bool = False, gates: dict[str, Any] | None = None) -> str:

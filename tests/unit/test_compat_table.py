@@ -17,19 +17,15 @@ from imagebuild.cli import main
 from imagebuild.plan import load_plan
 from imagebuild.registry.records import A_GATES, amended_manifest, read_release
 from imagebuild.release import compat
-from tests.support.memregistry import MemRegistry
 
-REPO = "vllm-spark/cpu-tiny-ngram"
-OLD, NEW = "2026-06-11-v0.23.0-pr41703", "2026-06-18-v0.23.0-dflashfix"
+# the acceptance gate's fixtures: OLD is latest, NEW the candidate; the cpu image's counters
+from tests.support.memregistry import MemRegistry, latest_and_candidate
+from tests.unit.test_gates import NEW, OLD, REPO, _spec
+
 TH = compat.Thresholds(regression=0.5, acceptance=0.05)
 PASSING = {"lossless": {"status": "pass", "reason": "", "requests": 8, "compared_tokens": 1536,
                         "ties": 1, "tie_rate": 0.0007},
            "long_generation": {"status": "pass", "reason": "", "tokens": 448}}
-
-
-def _spec(accepted: float) -> dict[str, float]:
-    return {"drafts": 105.0, "draft_tokens": 293.0, "accepted_tokens": accepted,
-            "acceptance": accepted / 293, "mean_accepted_length": 1 + accepted / 105}
 
 
 def _doc(tok_s: float, accepted: float | None = 183.0, flagged: bool = False) -> dict:
@@ -40,6 +36,11 @@ def _doc(tok_s: float, accepted: float | None = 183.0, flagged: bool = False) ->
         for c in (1, 4)]}
 
 
+@pytest.fixture
+def reg() -> MemRegistry:
+    return latest_and_candidate(REPO, OLD, NEW)
+
+
 def _gated(reg: MemRegistry, tag: str, gates: Any) -> None:
     """Write the gates summary into the release record, as the release gates do (a new
     manifest digest: before anything is attached to it)."""
@@ -47,15 +48,6 @@ def _gated(reg: MemRegistry, tag: str, gates: Any) -> None:
     rel = read_release(client, REPO, tag)
     value = gates if isinstance(gates, str) else json.dumps(gates)
     client.put_manifest(REPO, tag, amended_manifest(rel, {A_GATES: value}), rel.media_type)
-
-
-@pytest.fixture
-def reg() -> MemRegistry:
-    reg = MemRegistry()
-    reg.add_release(REPO, OLD, config=b'{"old":1}')
-    reg.add_release(REPO, NEW, config=b'{"new":1}')
-    reg.point_latest(REPO, OLD)
-    return reg
 
 
 def _row(reg: MemRegistry, *, cand: dict | None, base: dict | None = None,

@@ -30,7 +30,7 @@ from imagebuild.release import publish as publish_mod
 from imagebuild.release.latest import promote_jobs
 from imagebuild.release.notes import gather, release_notes
 from imagebuild.spec.tags import parse_release_tag
-from tests.support.memregistry import MemRegistry
+from tests.support.memregistry import MemRegistry, latest_and_candidate
 
 REPO = "vllm-spark/cpu-tiny-ngram"
 OLD, NEW = "2026-06-11-v0.23.0-pr41703", "2026-06-18-v0.23.0-dflashfix"
@@ -39,11 +39,7 @@ WRITES = ("PUT", "POST", "DELETE", "PATCH")
 
 @pytest.fixture
 def reg() -> MemRegistry:
-    reg = MemRegistry()
-    reg.add_release(REPO, OLD, config=b'{"old":1}')
-    reg.add_release(REPO, NEW, config=b'{"new":1}')
-    reg.point_latest(REPO, OLD)
-    return reg
+    return latest_and_candidate(REPO, OLD, NEW)
 
 
 @pytest.fixture
