@@ -260,8 +260,12 @@ def store_tables(client: RegistryClient, jobs: tuple[Job, ...], doc: dict[str, A
 def stored_table(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] | None:
     """The table stored with release repo:tag, None when there is none."""
     rel = read_release(client, repo, tag)
-    if rel is None:
-        return None
+    return None if rel is None else table_of(client, rel)
+
+
+def table_of(client: RegistryClient, rel: Release) -> dict[str, Any] | None:
+    """The table stored with release `rel` (already read), None when there is none."""
+    repo = rel.repo
     ours, _how = store._ours(client, repo, rel.digest, ARTIFACT_TYPE)
     for desc in ours:
         try:
@@ -278,7 +282,7 @@ def stored_table(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] 
 
 def stored_verdict(client: RegistryClient, rel: Release) -> str:
     """`build.py releases`' verdict column: the stored table's verdict of this image."""
-    doc = stored_table(client, rel.repo, rel.tag)
+    doc = table_of(client, rel)
     if doc is None:
         return "no table"
     mine = next((r for r in doc["rows"] if r.get("repository") == rel.repo), None)

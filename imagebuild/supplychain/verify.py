@@ -147,10 +147,11 @@ def _bench(client: RegistryClient, repo: str, rel: Release, tag: str) -> Check:
     return Check(PRESENT, "bench results", found.digest)
 
 
-def _table(client: RegistryClient, repo: str, tag: str) -> Check:
-    from imagebuild.release.compat import stored_table
+def _table(client: RegistryClient, rel: Release, tag: str) -> Check:
+    from imagebuild.release.compat import table_of
 
-    doc = stored_table(client, repo, tag)
+    repo = rel.repo
+    doc = table_of(client, rel)
     if doc is None:
         return Check(MISSING, "compatibility table", f"none stored with {tag}")
     mine = next((r for r in doc.get("rows") or [] if r.get("repository") == repo), None)
@@ -207,7 +208,7 @@ def verify(text: str, *, client: RegistryClient | None = None,
     release_tag = rel.annotations.get(A_TAG, "")
     checks += [_sbom(client, repo, rel), *_provenance(client, repo, rel)]
     if parse_release_tag(release_tag) is not None:
-        checks += [_bench(client, repo, rel, release_tag), _table(client, repo, release_tag)]
+        checks += [_bench(client, repo, rel, release_tag), _table(client, rel, release_tag)]
     checks.append(_signatures(image.registry, repo, rel.digest, which=which, run=run))
     return checks
 
