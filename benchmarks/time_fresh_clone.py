@@ -3,6 +3,7 @@
 Usage:
     flock /tmp/imagebuild-heavy.lock .venv/bin/python benchmarks/time_fresh_clone.py \\
         [--source PATH_OR_URL] [--branch NAME] [--namespace NS] [--json FILE] [--keep]
+        [--workdir DIR]
 
 Clones --source (default: this checkout, its current branch) into a new temporary folder,
 reads the main command from the clone's README (the first line of its first ```sh block:
@@ -50,12 +51,16 @@ def run(argv: list[str]) -> dict:
     ap.add_argument("--namespace", default=None, help="registry namespace (default fresh-<time>)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the clone (default: removed)")
+    ap.add_argument("--cold", action="store_true",
+                    help="say the machine was made cold (benchmarks/cold_machine.sh)")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="an empty folder for the clone and the log (default: a new temporary one)")
     args = ap.parse_args(argv)
     branch = args.branch or subprocess.run(
         ["git", "-C", args.source, "rev-parse", "--abbrev-ref", "HEAD"], capture_output=True,
         text=True).stdout.strip() or "main"
     namespace = args.namespace or "fresh-" + datetime.now(UTC).strftime("%Y%m%d%H%M%S")
-    work = Path(tempfile.mkdtemp(prefix="imagebuild-fresh-"))
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="imagebuild-fresh-"))
     dest = work / "fresh"
     subprocess.run(["git", "clone", "-q", "-b", branch, args.source, str(dest)], check=True)
     command = main_command(dest / "README.md")
@@ -84,7 +89,8 @@ def run(argv: list[str]) -> dict:
         "exit_code": code, "setup_s": round(setup_s, 1) if setup_s is not None else None,
         "job_s": round(total - setup_s, 1) if setup_s is not None else None,
         "total_s": round(total, 1), "stages": [(round(t, 1), s) for t, s in stages],
-        "warm": "Docker engine image store and BuildKit cache, host pip cache, apt packages",
+        "warm": ("apt lists and Python only (benchmarks/cold_machine.sh)" if args.cold else
+                 "Docker engine image store and BuildKit cache, host pip cache, apt packages"),
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "log": str(log_path),
     }

