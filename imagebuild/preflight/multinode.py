@@ -269,6 +269,11 @@ def node_flag_findings(r: Rule, v: CellView, rendered: Path) -> list[Finding]:
     return [r.finding(v.label, problem, where=where) for problem in node_differences(nodes)]
 
 
+def unsplittable(findings: list[Finding]) -> list[Finding]:
+    """The findings that say the model cannot be split at this TP at all."""
+    return [f for f in findings if f.rule == "tp-divides-heads"]
+
+
 def check_cell(v: CellView, model: Checkpoint, drafter: Checkpoint | None,
                kv: KVPrediction | None) -> list[Finding]:
     out: list[Finding] = []

@@ -219,10 +219,12 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
         findings += kernels.check_cell(v, model)
         # the KV layout of a command line vLLM would refuse anyway is not worth predicting
         # (it would only repeat the refusal with a vaguer fix)
-        if not any(f.severity == "error" for f in refused):
+        split = multinode.check_cell(v, model, drafter, kv_prediction(v, model, drafter)
+                                     if cell.profile.parallel else None)
+        # (nor the layout of heads the TP cannot split: the model would not even load)
+        if not any(f.severity == "error" for f in refused + multinode.unsplittable(split)):
             findings += kv_findings(v, model, drafter)
-        findings += multinode.check_cell(v, model, drafter, kv_prediction(v, model, drafter)
-                                         if cell.profile.parallel else None)
+        findings += split
     findings += checkpoint.served_name_collisions(views)
     waivers, problems = _waivers(lm, cells, findings)
     findings = waive(findings, waivers, RULES) + problems
