@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
@@ -36,6 +36,9 @@ from imagebuild.docker import Engine, engine
 from imagebuild.errors import UserError
 from imagebuild.runspec import HOST, SERVICE, compose_literal
 from imagebuild.smoke.logwatch import LogWatcher, exceptions
+
+if TYPE_CHECKING:
+    from imagebuild.spec.matrix import Cell
 
 RANK_LINE = re.compile(r"\brank (\d+) in world size (\d+) is assigned as\b.*?\bTP rank (\d+)")
 PROJECT_LABEL = "com.docker.compose.project"
@@ -73,6 +76,16 @@ class Lost:
     at: float  # wall clock when the watch saw it stopped
     after_s: float  # since the workers were started
     raised: tuple[str, ...]  # exceptions its log printed
+
+
+def cell_node_files(cell: Cell, image: str) -> list[NodeFile]:
+    """Render's per-node compose files of a multi-node cell, running `image`."""
+    from imagebuild.nodefiles import node_files
+    from imagebuild.spec.nodecmd import node_commands
+
+    nodes = node_commands(cell)
+    return [NodeFile(node.name, node.rank, text)
+            for node, (_path, text) in zip(nodes, node_files(cell, image), strict=True)]
 
 
 def placement(nodes: int, cpus: Sequence[int]) -> list[dict[str, str]]:

@@ -284,11 +284,22 @@ def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw:
     (`job.release_ref`, as `build` tagged it) run from the cell's compose file, one
     container at a time."""
     from imagebuild.render import render_compose
+    from imagebuild.smoke.nodes import cell_node_files, smoke_nodes
+    from imagebuild.spec.nodecmd import multi_node
 
     verdicts = {}
     for job in jobs:
         out = cell_dir(out_root, job.cell)
+        gates = job.cell.target.gates.model_dump()
+        par = multi_node(job.cell)
+        if par is not None:  # its nodes from render's per-node files (smoke/nodes.py)
+            verdicts[job.id] = smoke_nodes(
+                job.release_ref, dict(job.expect), out,
+                cell_node_files(job.cell, job.release_ref),
+                tensor_parallel_size=par.tensor_parallel_size, cpu=not job.cell.target.gpu,
+                gates=gates, **kw)
+            continue
         verdicts[job.id] = smoke_image(job.release_ref, dict(job.expect), out,
                                        compose_text=render_compose(lm, job.cell).text,
-                                       gates=job.cell.target.gates.model_dump(), **kw)
+                                       gates=gates, **kw)
     return verdicts
