@@ -169,6 +169,25 @@ def partners_from_env(workers: int) -> list[str | None]:
     return list(hosts)
 
 
+def same_image(ref: str, partner: Engine, host: str) -> str:
+    """The image on a partner's engine, with the ID it has here: sent when missing (smoke
+    runs an image before it is pushed), then compared. Its ID."""
+    mine = engine().image_id(ref)
+    if partner.image_id(ref) != mine:
+        engine().send_image(ref, partner)
+    theirs = partner.image_id(ref)
+    if theirs != mine:
+        raise UserError(f"{ref} is {theirs} on {host}, {mine} here: the nodes would not run "
+                        "the same image", fix=f"remove {ref} on {host} and run smoke again")
+    assert mine is not None
+    return mine
+
+
+def _same_machine(host: str | None) -> bool:
+    """A worker on this machine: no Docker host named, or this machine's own socket."""
+    return host is None or host.startswith("unix://")
+
+
 def _engine_at(host: str | None) -> Engine:
     if host is None:
         return engine()
@@ -235,6 +254,8 @@ class NodeRun:
             w = _Worker(f, host, f"{self.head_project}-{f.name}", path,
                         self.out_dir / f"{f.name}.log", _engine_at(host))
             self.workers.append(w)
+            if host is not None:
+                same_image(self.image_ref, w.eng, host)
             proc = self._compose(w, "up", "--detach", "--no-build", timeout=UP_TIMEOUT_S)
             if proc.returncode != 0:
                 raise UserError(f"{f.name} did not start: {proc.stderr.strip()[-800:]}",
@@ -328,12 +349,17 @@ def smoke_nodes(image_ref: str, expect: dict[str, Any], out_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     files = sorted(files, key=lambda f: f.rank)
     hosts = partners_from_env(len(files) - 1)
-    local = all(h is None for h in hosts)
+    local = all(_same_machine(h) for h in hosts)
     master = os.environ.get(MASTER_VAR) or HOST
     if not local and master == HOST:
         raise UserError(f"{PARTNERS_VAR} puts workers on other machines, which cannot reach "
                         f"the head at {HOST}", fix=f"set {MASTER_VAR} to this machine's "
                         "address on the interconnect")
+    if local and not cpu:
+        raise UserError(f"a cell over {len(files)} GPU nodes runs on {len(files)} machines; "
+                        f"{PARTNERS_VAR} names no other", fix=f"run it on a runner whose "
+                        f"{PARTNERS_VAR} names its partners' Docker engines, e.g. "
+                        "ssh://runner@spark-b (docs/release-workflow.md)")
     env = placement(len(files), sorted(os.sched_getaffinity(0))) if cpu and local else []
     run = NodeRun(image_ref, list(files), out_dir, new_project(), master, env, hosts,
                   tensor_parallel_size // len(files))
