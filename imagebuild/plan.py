@@ -244,11 +244,13 @@ def load_plan(matrix: Path | None, tag: str | None, target: str | None = None,
 
 def github_matrix(jobs: tuple[Job, ...]) -> dict[str, Any]:
     """The object a workflow feeds to `strategy.matrix` via fromJSON: one entry per cell,
-    with the runner labels of its target (`runs-on: ${{ matrix.runner }}`)."""
+    with the runner labels of its target (`runs-on: ${{ matrix.runner }}`); a cell over
+    several machines goes to a runner that drives its partners (hardware.cell_runner)."""
     return {"include": [{
         "cell": j.id, "image": j.cell.image, "target": j.cell.target_name,
         "platform": j.cell.target.platform, "accelerator": j.cell.target.accelerator,
-        "runner": runner(j.cell.target),
+        "runner": hardware.cell_runner(j.cell.target, len(j.nodes) or 1),
+        "nodes": len(j.nodes) or 1,
         "bootstrap": j.cell.target.bootstrap is not None, "release_tag": str(j.tag),
     } for j in jobs]}
 

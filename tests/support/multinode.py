@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.matrices import copy_matrix
+from imagebuild import REPO_ROOT
+from tests.support.matrices import copy_lock, copy_matrix
 
 CPU_IMAGE = "cpu-tiny-ngram"
 # vLLM 0.23's own lines (two processes, TP=2 over nnodes=2, recorded on 2026-12-01)
@@ -23,8 +24,9 @@ WORKER_RANK_LINE = ("(Worker pid=1711) INFO 12-01 22:42:24 [parallel_state.py:19
 
 def cpu_two_nodes(dest: Path) -> Path:
     """A copy of the matrix whose cpu profile runs TP=2 over two nodes joined by loopback;
-    returns its matrix.yaml."""
+    returns its matrix.yaml. The lock is the repository's (the pins are the same)."""
     copy_matrix(dest)
+    copy_lock(REPO_ROOT, dest)
     path = dest / "matrix.yaml"
     text = path.read_text()
     for old, new in (
