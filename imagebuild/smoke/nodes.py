@@ -11,7 +11,7 @@ first). On top of the suite's checks, run through the head as for any cell:
   the head is stopped at once; the verdict then fails with the node, its exit code and
   the exceptions its log raised, seconds after the loss (docs/multi-node-cpu.md).
 
-Where the nodes run: all on this host (loopback; the cpu target, the tests) unless
+Where the nodes run (node_hosts): all on this host (loopback; the cpu target, the tests) unless
 IMAGEBUILD_PARTNERS names each worker's Docker engine (`ssh://runner@spark-b`: Docker over
 SSH from a "pair" runner, docs/release-workflow.md); IMAGEBUILD_MASTER_ADDR is then the
 head's address on the interconnect, which the workers reach it at.
@@ -183,9 +183,27 @@ def same_image(ref: str, partner: Engine, host: str) -> str:
     return mine
 
 
-def _same_machine(host: str | None) -> bool:
+def same_machine(host: str | None) -> bool:
     """A worker on this machine: no Docker host named, or this machine's own socket."""
     return host is None or host.startswith("unix://")
+
+
+def node_hosts(workers: int, *, cpu: bool) -> tuple[list[str | None], str, bool]:
+    """Each worker's Docker host, the head's address for them, and whether every node is
+    on this machine."""
+    hosts = partners_from_env(workers)
+    local = all(same_machine(h) for h in hosts)
+    master = os.environ.get(MASTER_VAR) or HOST
+    if not local and master == HOST:
+        raise UserError(f"{PARTNERS_VAR} puts workers on other machines, which cannot reach "
+                        f"the head at {HOST}", fix=f"set {MASTER_VAR} to this machine's "
+                        "address on the interconnect")
+    if local and not cpu:
+        raise UserError(f"a cell over {workers + 1} GPU nodes runs on {workers + 1} "
+                        f"machines; {PARTNERS_VAR} names no other", fix=f"run it on a runner "
+                        f"whose {PARTNERS_VAR} names its partners' Docker engines, e.g. "
+                        "ssh://runner@spark-b (docs/release-workflow.md)")
+    return hosts, master, local
 
 
 def _engine_at(host: str | None) -> Engine:
@@ -337,36 +355,3 @@ class NodeRun:
                 pass  # the label sweep above removed its containers already
             if w.watcher:
                 w.watcher.stop(timeout=2)
-
-
-def smoke_nodes(image_ref: str, expect: dict[str, Any], out_dir: Path,
-                files: Sequence[NodeFile], *, tensor_parallel_size: int, cpu: bool,
-                **kw: Any) -> dict[str, Any]:
-    """Smoke one multi-node cell: workers up, then the head through runner.smoke_image
-    (its suite, its verdict), the node checks added; everything taken down after."""
-    from imagebuild.smoke.runner import new_project, smoke_image
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = sorted(files, key=lambda f: f.rank)
-    hosts = partners_from_env(len(files) - 1)
-    local = all(_same_machine(h) for h in hosts)
-    master = os.environ.get(MASTER_VAR) or HOST
-    if not local and master == HOST:
-        raise UserError(f"{PARTNERS_VAR} puts workers on other machines, which cannot reach "
-                        f"the head at {HOST}", fix=f"set {MASTER_VAR} to this machine's "
-                        "address on the interconnect")
-    if local and not cpu:
-        raise UserError(f"a cell over {len(files)} GPU nodes runs on {len(files)} machines; "
-                        f"{PARTNERS_VAR} names no other", fix=f"run it on a runner whose "
-                        f"{PARTNERS_VAR} names its partners' Docker engines, e.g. "
-                        "ssh://runner@spark-b (docs/release-workflow.md)")
-    env = placement(len(files), sorted(os.sched_getaffinity(0))) if cpu and local else []
-    run = NodeRun(image_ref, list(files), out_dir, new_project(), master, env, hosts,
-                  tensor_parallel_size // len(files))
-    try:
-        run.start_workers()
-        run.watch()
-        return smoke_image(image_ref, expect, out_dir, compose_text=run.head_text(),
-                           env=run.compose_env(), project=run.head_project, nodes=run, **kw)
-    finally:
-        run.take_down()

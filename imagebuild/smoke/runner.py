@@ -39,7 +39,7 @@ from imagebuild.smoke.report import read_junit, write_junit, write_verdict
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
-    from imagebuild.smoke.nodes import NodeJudge
+    from imagebuild.smoke.nodes import NodeFile, NodeJudge
     from imagebuild.spec.matrix import LoadedMatrix
 
 SUITE = Path(__file__).resolve().parent / "suite"
@@ -284,7 +284,7 @@ def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw:
     (`job.release_ref`, as `build` tagged it) run from the cell's compose file, one
     container at a time."""
     from imagebuild.render import render_compose
-    from imagebuild.smoke.nodes import cell_node_files, smoke_nodes
+    from imagebuild.smoke.nodes import cell_node_files
     from imagebuild.spec.nodecmd import multi_node
 
     verdicts = {}
@@ -303,3 +303,25 @@ def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw:
                                        compose_text=render_compose(lm, job.cell).text,
                                        gates=gates, **kw)
     return verdicts
+
+
+def smoke_nodes(image_ref: str, expect: dict[str, Any], out_dir: Path,
+                files: list[NodeFile], *, tensor_parallel_size: int, cpu: bool,
+                **kw: Any) -> dict[str, Any]:
+    """Smoke one multi-node cell: workers up, then the head through runner.smoke_image
+    (its suite, its verdict), the node checks added; everything taken down after."""
+    from imagebuild.smoke.nodes import NodeRun, node_hosts, placement
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = sorted(files, key=lambda f: f.rank)
+    hosts, master, local = node_hosts(len(files) - 1, cpu=cpu)
+    env = placement(len(files), sorted(os.sched_getaffinity(0))) if cpu and local else []
+    run = NodeRun(image_ref, list(files), out_dir, new_project(), master, env, hosts,
+                  tensor_parallel_size // len(files))
+    try:
+        run.start_workers()
+        run.watch()
+        return smoke_image(image_ref, expect, out_dir, compose_text=run.head_text(),
+                           env=run.compose_env(), project=run.head_project, nodes=run, **kw)
+    finally:
+        run.take_down()

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from imagebuild.smoke.expect import expectations_from_labels
-from imagebuild.smoke.nodes import cell_node_files, smoke_nodes
+from imagebuild.smoke.nodes import cell_node_files
+from imagebuild.smoke.runner import smoke_nodes
 from tests.support.multinode import cpu_two_node_cell
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

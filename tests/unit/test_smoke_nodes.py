@@ -18,6 +18,7 @@ from imagebuild.smoke.nodes import (
     NodeRun,
     cell_node_files,
     lost_message,
+    node_hosts,
     partners_from_env,
     placed,
     placement,
@@ -92,6 +93,23 @@ def test_workers_run_here_unless_partners_are_named(monkeypatch: pytest.MonkeyPa
     assert partners_from_env(1) == ["ssh://runner@spark-b"]
     with pytest.raises(UserError, match="names 1 Docker host.*3 worker node"):
         partners_from_env(3)
+
+
+def test_gpu_nodes_need_partners_and_partners_need_the_heads_address(
+        monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("IMAGEBUILD_PARTNERS", raising=False)
+    monkeypatch.delenv("IMAGEBUILD_MASTER_ADDR", raising=False)
+    assert node_hosts(1, cpu=True) == ([None], "127.0.0.1", True)
+    with pytest.raises(UserError, match="a cell over 2 GPU nodes runs on 2 machines"):
+        node_hosts(1, cpu=False)
+    monkeypatch.setenv("IMAGEBUILD_PARTNERS", "ssh://runner@spark-b")
+    with pytest.raises(UserError, match="cannot reach the head at 127.0.0.1"):
+        node_hosts(1, cpu=False)
+    monkeypatch.setenv("IMAGEBUILD_MASTER_ADDR", "192.168.177.11")
+    assert node_hosts(1, cpu=False) == (["ssh://runner@spark-b"], "192.168.177.11", False)
+    # this machine's own socket is a partner on this machine (the e2e test's)
+    monkeypatch.setenv("IMAGEBUILD_PARTNERS", "unix:///var/run/docker.sock")
+    assert node_hosts(1, cpu=True)[2] is True
 
 
 def test_render_gives_one_file_per_node_head_first(tmp_path: Path):
