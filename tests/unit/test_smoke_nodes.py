@@ -195,3 +195,28 @@ def test_node_checks_are_cases_of_the_junit_report(tmp_path: Path):
     names = [c.get("name") for c in suite.iter("testcase")]
     assert names == ["boot", "test_health", "every_rank_joined", "no_node_lost"]
     assert (suite.get("tests"), suite.get("failures")) == ("4", "1")
+
+
+def test_smoke_of_a_tag_runs_a_multi_node_cell_from_its_node_files(tmp_path: Path,
+                                                                  monkeypatch):
+    from imagebuild.plan import load_plan
+    from imagebuild.smoke import runner
+    from tests.support.multinode import cpu_two_nodes
+
+    plan = load_plan(cpu_two_nodes(tmp_path / "m"), "2026-06-18-dflashfix", "cpu")
+    calls: list[tuple[str, dict]] = []
+    monkeypatch.setattr(runner, "smoke_nodes", lambda ref, expect, out, files, **kw: calls.append(
+        ("nodes", {"ref": ref, "files": files, **kw})) or {"passed": True})
+    monkeypatch.setattr(runner, "smoke_image", lambda ref, expect, out, **kw: calls.append(
+        ("image", {"ref": ref})) or {"passed": True})
+    runner.smoke_jobs(plan.lm, plan.jobs, out_root=tmp_path / "out")
+    by_image = {j.release_ref: j for j in plan.jobs}
+    multi = [c for kind, c in calls if kind == "nodes"]
+    assert [by_image[c["ref"]].cell.image for c in multi] == ["cpu-tiny-ngram"]
+    (call,) = multi
+    assert [f.name for f in call["files"]] == ["head", "worker1"]
+    assert call["tensor_parallel_size"] == 2 and call["cpu"] is True
+    assert call["ref"] in call["files"][1].text  # the job's image on every node
+    # the other cpu cells stay single-node
+    assert all(by_image[c["ref"]].cell.image != "cpu-tiny-ngram"
+               for kind, c in calls if kind == "image")
