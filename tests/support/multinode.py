@@ -1,8 +1,10 @@
-"""The real matrix with its cpu cell spread over two nodes: the cpu multi-node smoke's
-cell (tests/e2e/test_multinode_cpu.py) and the unit tests of what it is made of.
+"""A multi-node cell for tests: the real matrix's cpu cell made TP=2 over 2 nodes on
+loopback. `two_node_files`: its per-node compose files rendered into a matrix copy's
+rendered/ (launch tests); `cpu_two_nodes`/`cpu_two_node_cell`: a locked copy of the
+matrix and the cell itself (the cpu multi-node smoke, tests/e2e/test_multinode_cpu.py).
 
-The serve image is the same one the suite builds (the parallel layout lives in the
-per-node compose files, not in the image), so no engine or image is built for it.
+The serve image is the same one the suite builds (the parallel layout is in the per-node
+compose files, not in the image), so no engine or image is built for it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from imagebuild import REPO_ROOT
-from tests.support.matrices import copy_lock, copy_matrix
+from imagebuild.render import render_node_composes
+from imagebuild.spec import matrix as mx
+from tests.support.matrices import copy_lock, copy_matrix, edit
 
 CPU_IMAGE = "cpu-tiny-ngram"
 # vLLM 0.23's own lines (two processes, TP=2 over nnodes=2, recorded on 2026-12-01)
@@ -22,27 +26,36 @@ WORKER_RANK_LINE = ("(Worker pid=1711) INFO 12-01 22:42:24 [parallel_state.py:19
                     "rank 1, EP rank N/A, EPLB rank N/A")
 
 
+def _two_nodes(matrix_dir: Path) -> None:
+    edit(matrix_dir, "    methods: [ngram]\n",
+         "    methods: [ngram]\n    parallel: {tensor_parallel_size: 2, nodes: 2}\n")
+    edit(matrix_dir, "    memory_limit: 8g\n",
+         "    memory_limit: 8g\n    interconnect: {interfaces: [lo]}\n")
+
+
+def two_node_files(matrix_dir: Path) -> list[Path]:
+    """The per-node compose files (head, worker1) of the cpu cell made TP=2 over 2 nodes."""
+    _two_nodes(matrix_dir)
+    lm = mx.load(matrix_dir / "matrix.yaml")
+    cell = mx.select(mx.expand(lm), target="cpu")[0]
+    out = []
+    for r in render_node_composes(lm, cell):
+        path = matrix_dir / "rendered" / r.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(r.text)
+        out.append(path)
+    return out
+
+
 def cpu_two_nodes(dest: Path) -> Path:
-    """A copy of the matrix whose cpu profile runs TP=2 over two nodes joined by loopback;
-    returns its matrix.yaml. The lock is the repository's (the pins are the same)."""
+    """A copy of the matrix (with the repository's lock: the pins are the same) whose cpu
+    profile runs TP=2 over two nodes joined by loopback; returns its matrix.yaml."""
     copy_matrix(dest)
     copy_lock(REPO_ROOT, dest)
-    path = dest / "matrix.yaml"
-    text = path.read_text()
-    for old, new in (
-            ("    expect_backends: {attention: CPU_ATTN, speculative: ngram}\n",
-             "    expect_backends: {attention: CPU_ATTN, speculative: ngram}\n"
-             "    parallel: {tensor_parallel_size: 2, nodes: 2}\n"),
-            ("    memory_limit: 8g\n",
-             "    memory_limit: 8g\n    interconnect: {interfaces: [lo]}\n")):
-        assert text.count(old) == 1, f"matrix.yaml changed: {old!r} is not there once"
-        text = text.replace(old, new)
-    path.write_text(text)
-    return path
+    _two_nodes(dest)
+    return dest / "matrix.yaml"
 
 
-def cpu_two_node_cell(dest: Path):  # noqa: ANN201 - a Cell
-    from imagebuild.spec.matrix import expand, load
-
-    lm = load(cpu_two_nodes(dest))
-    return next(c for c in expand(lm) if c.image == CPU_IMAGE)
+def cpu_two_node_cell(dest: Path) -> mx.Cell:
+    lm = mx.load(cpu_two_nodes(dest))
+    return next(c for c in mx.expand(lm) if c.image == CPU_IMAGE)

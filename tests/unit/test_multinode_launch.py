@@ -14,9 +14,7 @@ import pytest
 from imagebuild import launch as ln
 from imagebuild.cli import main
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.render import render_node_composes
-from imagebuild.spec import matrix as mx
-from tests.support.matrices import edit
+from tests.support.multinode import two_node_files
 
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram@sha256:" + "ab" * 32
 ID_A, ID_B = "sha256:" + "1" * 64, "sha256:" + "2" * 64
@@ -40,23 +38,6 @@ class Hosts:
     def started(self) -> list[tuple[str, str]]:
         return [(env["DOCKER_HOST"], argv[argv.index("-f") + 1]) for argv, env in self.calls
                 if "up" in argv]
-
-
-def two_node_files(matrix_dir: Path) -> list[Path]:
-    """The per-node compose files of the cpu cell made TP=2 over 2 nodes."""
-    edit(matrix_dir, "    methods: [ngram]\n",
-         "    methods: [ngram]\n    parallel: {tensor_parallel_size: 2, nodes: 2}\n")
-    edit(matrix_dir, "    memory_limit: 8g\n",
-         "    memory_limit: 8g\n    interconnect: {interfaces: [lo]}\n")
-    lm = mx.load(matrix_dir / "matrix.yaml")
-    cell = mx.select(mx.expand(lm), target="cpu")[0]
-    out = []
-    for r in render_node_composes(lm, cell):
-        path = matrix_dir / "rendered" / r.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(r.text)
-        out.append(path)
-    return out
 
 
 def test_hosts_with_different_images_stop_the_launch_before_anything_starts(

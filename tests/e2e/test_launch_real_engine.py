@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild.cli import main
-from tests.unit.test_multinode_launch import two_node_files
+from tests.support.multinode import two_node_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SOCKET = Path("/var/run/docker.sock")
