@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import yaml
 
 from imagebuild.docker import Engine, engine
-from imagebuild.errors import UserError
+from imagebuild.errors import OperationFailed, UserError
 from imagebuild.runspec import HOST, SERVICE, compose_literal
 from imagebuild.smoke.logwatch import LogWatcher, exceptions
 
@@ -286,15 +286,18 @@ class NodeRun:
         """Look at the workers every WATCH_S until stop_watching; a stopped one is lost."""
         def loop() -> None:
             while not self._stop.wait(WATCH_S):
-                for w in self.workers if self.lost is None else ():
-                    state = w.eng.container_state(w.container)
-                    if not (state and state.get("Running")):
-                        self._lose(w, state)
-                        break
-                if self.lost is not None:
-                    # the head waits on the lost rank's collective: stop it (again, if
-                    # compose was still creating it), so the suite ends at once
-                    engine().remove_labelled(f"{PROJECT_LABEL}={self.head_project}")
+                try:
+                    for w in self.workers if self.lost is None else ():
+                        state = w.eng.container_state(w.container)
+                        if not (state and state.get("Running")):
+                            self._lose(w, state)
+                            break
+                    if self.lost is not None:
+                        # an idle head keeps answering /health without its peer: stop it
+                        # (again, if compose was still creating it), the suite ends now
+                        engine().remove_labelled(f"{PROJECT_LABEL}={self.head_project}")
+                except OperationFailed:
+                    continue  # the engine did not answer this time: look again
         self._thread = threading.Thread(target=loop, name="node-watch", daemon=True)
         self._thread.start()
 
