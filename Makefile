@@ -15,7 +15,7 @@ SHELL := bash
 
 .PHONY: venv venv-gpu venv-dev job-env resume-state resume-pull run-changed teardown rehearse-release setup setup-tests lint typecheck workflows checks unit test release-commit release-matrix \
 	accept-check cell-build promote bootstrap-deps runner-clean release-notes github-release rollback \
-	pins-watch pin-issues registry-login attest-subject attest-verify
+	pins-watch pin-issues registry-login attest-subject attest-verify partners-check
 
 # A runner that keeps one venv across jobs (a self-hosted Spark, the act rehearsal) names
 # it in IMAGEBUILD_VENV: it is linked, not rebuilt, and pip only checks it.
@@ -149,6 +149,15 @@ teardown:  ## this job's containers, after a failure or a cancel (if: always())
 	  | awk -v ws="$(CURDIR)/" 'index($$2 "/", ws) == 1 { print $$1 }'; }; \
 	ids=$$(sweep); [ -z "$$ids" ] || { echo "$$ids" | xargs docker rm -f; sleep 2; \
 	  sweep | xargs -r docker rm -f; }
+
+# A cell over several machines runs on a runner labelled `pair` (nodes-N for more) that
+# drives its partners' Docker engines over SSH; both settings live in the runner's own
+# .env, never in the repository (docs/release-workflow.md)
+partners-check:  ## each partner's Docker engine answers (IMAGEBUILD_PARTNERS), the head's address is set (IMAGEBUILD_MASTER_ADDR)
+	[ -n "$${IMAGEBUILD_PARTNERS:-}" ] && [ -n "$${IMAGEBUILD_MASTER_ADDR:-}" ] || { \
+	  echo "error: a multi-node cell needs a runner that names its partners: IMAGEBUILD_PARTNERS (ssh://user@host, one per worker node, comma-separated) and IMAGEBUILD_MASTER_ADDR (this runner's interconnect address) in the runner's .env; docs/release-workflow.md" >&2; exit 2; }
+	for host in $$(tr ',' ' ' <<< "$$IMAGEBUILD_PARTNERS"); do \
+	  docker --host "$$host" version --format "$$host: Docker {{.Server.Version}}"; done
 
 runner-clean: teardown  ## this workspace's leftover containers, dangling layers, images of releases older than the newest $$KEEP (default 3; latest, its rollback target and BuildKit cache mounts stay)
 	docker image prune --force

@@ -319,6 +319,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if failed(checks) else 0
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    """0 when every node started; 2 for disagreeing files or hosts, 1 for a host without
+    the image (or another one), or a node that did not start."""
+    from imagebuild.launch import launch, parse_hosts
+
+    return launch(args.image, args.files, parse_hosts(args.hosts),
+                  master_addr=args.master_addr, dry_run=args.dry_run)
+
+
 def cmd_history(args: argparse.Namespace) -> int:
     from imagebuild import REPO_ROOT, work_root
     from imagebuild.bench import history
@@ -522,7 +531,7 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
-            "history": cmd_history, "verify": cmd_verify, "table": cmd_table,
+            "history": cmd_history, "verify": cmd_verify, "launch": cmd_launch, "table": cmd_table,
             "rehearse": cmd_rehearse,
             "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate}
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "-qq", "--quiet")

@@ -265,6 +265,8 @@ EXAMPLES = {
     "table": "%(prog)s --tag 2026-07-01-stock --store",
     "history": "%(prog)s --image cpu-tiny-ngram",
     "verify": "%(prog)s 127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:latest",
+    "launch": "%(prog)s 127.0.0.1:5000/spark-pair/pair-nvfp4-tp2@sha256:<digest> --hosts "
+              "spark1,spark2 rendered/gb10/spark/pair-nvfp4-tp2.*.compose.yaml",
     "prune": "%(prog)s --keep 5 --dry-run",
     "resume": "%(prog)s --tag 2026-07-01-stock",
     "notes": "%(prog)s --tag 2026-07-01-stock > notes.md",
@@ -430,6 +432,24 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                                       "missing or disagrees)")
     p.add_argument("image", metavar="IMAGE_REF", type=_image_ref,
                    help="REGISTRY/NAMESPACE/IMAGE:TAG or REGISTRY/NAMESPACE/IMAGE@sha256:...")
+
+    p = sub.add_parser("launch", help="start a multi-node cell: check that its per-node "
+                                      "files agree and every host has the same image, then "
+                                      "start workers and head (docs/multi-node.md)")
+    p.add_argument("image", metavar="IMAGE_REF", type=_image_ref,
+                   help="the image every node runs, best by digest (REF@sha256:...)")
+    p.add_argument("files", metavar="NODE_FILE", nargs="+", type=Path,
+                   help="the cell's per-node compose files (render writes "
+                        "IMAGE.head.compose.yaml, IMAGE.worker1.compose.yaml, ...)")
+    p.add_argument("--hosts", required=True, metavar="HEAD,WORKER1,...",
+                   help="one Docker host per node, node-rank order: NAME (ssh://NAME) or a "
+                        "Docker host URL (ssh://user@host, unix:///var/run/docker.sock)")
+    p.add_argument("--master-addr", default=None, metavar="ADDRESS",
+                   help="the head's address on the nodes' link (default: the first host's "
+                        "name; 127.0.0.1 for a local engine)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check files and image digests, print each node's command, start "
+                        "nothing")
 
     p = sub.add_parser("prune", help="delete old releases (never latest or its rollback)")
     _registry_args(p)

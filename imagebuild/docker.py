@@ -91,6 +91,15 @@ class Engine:
         info = self.inspect_image(ref)
         return info["Id"] if info else None
 
+    def send_image(self, ref: str, to: Engine) -> None:
+        """`docker save REF | docker --host OTHER load`, streamed: the image as it is (its
+        ID unchanged) on another engine, a partner node's over SSH (smoke/nodes.py)."""
+        try:
+            to.api.load_image(self.api.get_image(ref))
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot send {ref} to the Docker engine at "
+                                  f"{to.api.base_url}: {exc}", fix=ENGINE_FIX) from None
+
     def tag(self, image: str, repository: str, tag: str) -> None:
         try:
             self.api.tag(image, repository, tag)

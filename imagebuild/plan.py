@@ -26,6 +26,7 @@ from imagebuild.spec import hardware
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.hardware import Host, runner
 from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.nodecmd import NodeCommand, node_commands
 from imagebuild.spec.servecmd import ServeCommand, serve_command
 from imagebuild.spec.tags import ReleaseTag, parse_tag
 
@@ -96,6 +97,7 @@ class Job:
     pins: Mapping[str, Any]
     serve: ServeCommand
     expect: Mapping[str, Any]  # what a healthy container of it shows (smoke)
+    nodes: tuple[NodeCommand, ...] = ()  # multi-node cells: head first (spec/nodecmd.py)
 
     @property
     def id(self) -> str:
@@ -121,6 +123,8 @@ class Job:
             "method": c.method, "profile": c.profile_name,
             "pins": dict(self.pins), "serve": list(self.serve.argv),
             "caveat": c.engine.caveat,
+            **({"nodes": [{"rank": n.rank, "role": n.role, "command": list(n.argv),
+                           "env": dict(n.env)} for n in self.nodes]} if self.nodes else {}),
         }
 
 
@@ -204,7 +208,8 @@ def make_jobs(lm: LoadedMatrix, cells: list[Cell] | tuple[Cell, ...], tag: Relea
 
     dest = destination(lm)
     return tuple(Job(cell=c, tag=tag, image=dest.image(c.image), pins=cell_pins(c, lm, lock),
-                     serve=serve_command(c), expect=expectations_for(c, lock)) for c in cells)
+                     serve=serve_command(c), expect=expectations_for(c, lock),
+                     nodes=node_commands(c)) for c in cells)
 
 
 def load_plan(matrix: Path | None, tag: str | None, target: str | None = None,
@@ -239,11 +244,13 @@ def load_plan(matrix: Path | None, tag: str | None, target: str | None = None,
 
 def github_matrix(jobs: tuple[Job, ...]) -> dict[str, Any]:
     """The object a workflow feeds to `strategy.matrix` via fromJSON: one entry per cell,
-    with the runner labels of its target (`runs-on: ${{ matrix.runner }}`)."""
+    with the runner labels of its target (`runs-on: ${{ matrix.runner }}`); a cell over
+    several machines goes to a runner that drives its partners (hardware.cell_runner)."""
     return {"include": [{
         "cell": j.id, "image": j.cell.image, "target": j.cell.target_name,
         "platform": j.cell.target.platform, "accelerator": j.cell.target.accelerator,
-        "runner": runner(j.cell.target),
+        "runner": hardware.cell_runner(j.cell.target, len(j.nodes) or 1),
+        "nodes": len(j.nodes) or 1,
         "bootstrap": j.cell.target.bootstrap is not None, "release_tag": str(j.tag),
     } for j in jobs]}
 
@@ -296,6 +303,9 @@ def format_table(jobs: tuple[Job, ...], header: str) -> str:
             f"  drafter  {c.speculation}"
             + (f": {pin_text(j.pins['drafter'])}" if c.drafter else ""),
             f"  profile  {c.profile_name}",
+            *[f"  {n.name:<8} {n.shell()}" for n in j.nodes],
+            *([f"           env: {' '.join(f'{k}={v}' for k, v in j.nodes[0].env)}"]
+              if j.nodes and j.nodes[0].env else []),
         ]
     return "\n".join(out)
 

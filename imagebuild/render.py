@@ -413,6 +413,18 @@ def render_compose(lm: LoadedMatrix, cell: Cell, image: str | None = None) -> Re
                     cell=cell.id)
 
 
+def render_node_composes(lm: LoadedMatrix, cell: Cell, image: str | None = None
+                         ) -> list[Rendered]:
+    """A multi-node cell's compose files, one per node (nodefiles.py), in place of the
+    single one; empty for a single-node cell."""
+    from imagebuild.nodefiles import node_files
+
+    pub = lm.matrix.publish
+    ref = image or f"{pub.registry}/{pub.namespace}/{cell.image}:latest"
+    return [Rendered("compose", path, text, (), cell=cell.id)
+            for path, text in node_files(cell, ref)]
+
+
 def render_all(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None
                ) -> tuple[list[Rendered], list[Unresolved]]:
     out: list[Rendered] = []
@@ -422,7 +434,7 @@ def render_all(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None
     for target_name, engine_name in sorted({(c.target_name, c.engine_name) for c in cells}):
         out.append(render_engine(lm, target_name, engine_name, lock))
     for cell in cells:
-        out.append(render_compose(lm, cell))
+        out += render_node_composes(lm, cell) or [render_compose(lm, cell)]
         try:
             out.append(render_serve(lm, cell, lock))
         except Unresolved as exc:

@@ -43,6 +43,11 @@ class RunSpec:
     port: int = 8000
     cpuset: str | None = None  # benchmarks keep the server off the load generator's cores
     cache_volume: str | None = None  # a named volume for vLLM's caches (restarts skip compiles)
+    # multi-node cells: the interconnect settings each node adds (spec/nodecmd.py), and
+    # the run-time variables the command may name (MASTER_ADDR), required when it runs
+    env: tuple[tuple[str, str], ...] = ()
+    runtime_vars: tuple[str, ...] = ()
+    listen: bool = True  # False: the command is a shell line that says where it listens
 
     def at_port(self, port: int) -> RunSpec:
         return replace(self, port=port, command=tuple(with_listen(list(self.command), port)))
@@ -65,6 +70,10 @@ def with_listen(argv: list[str], port: int | str) -> list[str]:
     return out + ["--host", HOST, "--port", str(port)]
 
 
+def _as_is(argv: list[str], port: int | str) -> list[str]:
+    return argv
+
+
 def _cache_opts(spec: RunSpec) -> str:
     return CACHE_OPTS.format(uid=spec.user[0], gid=spec.user[1])
 
@@ -75,14 +84,29 @@ def compose_literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
+def _compose_arg(arg: str, runtime_vars: tuple[str, ...]) -> str:
+    """An argument as compose reads it back, except `${VAR}` of a run-time variable, which
+    compose fills in (and refuses to start without)."""
+    for var in runtime_vars:
+        if arg == f"${{{var}}}":
+            return _required(var)
+    return compose_literal(arg)
+
+
+def _required(var: str) -> str:
+    """Compose's interpolation of a variable it refuses to start without."""
+    return f"${{{var}:?set {var} to the head node's address (build.py launch does)}}"
+
+
 def compose_document(spec: RunSpec, *, name: str) -> dict[str, Any]:
     """A compose file whose one service runs the image exactly as `docker_run_argv` does;
     `${IMAGEBUILD_IMAGE}` and `${IMAGEBUILD_PORT}` may override the image and the port.
     Those two are the only interpolations: every other `$` is escaped."""
     svc: dict[str, Any] = {
         "image": f"${{{IMAGE_VAR}:-{compose_literal(spec.image)}}}",
-        "command": with_listen([compose_literal(a) for a in spec.command],
-                               f"${{{PORT_VAR}:-{spec.port}}}"),
+        "command": (with_listen if spec.listen else _as_is)(
+            [_compose_arg(a, spec.runtime_vars) for a in spec.command],
+            f"${{{PORT_VAR}:-{spec.port}}}"),
         "network_mode": "host",
         "read_only": True,
         "security_opt": ["no-new-privileges"],
@@ -92,6 +116,10 @@ def compose_document(spec: RunSpec, *, name: str) -> dict[str, Any]:
         "labels": {"io.imagebuild.service": compose_literal(name)},
         "stop_grace_period": "10s",
     }
+    if spec.env or spec.runtime_vars:
+        svc["environment"] = {
+            **{k: compose_literal(v) for k, v in spec.env},
+            **{var: _required(var) for var in spec.runtime_vars}}
     if spec.cache_volume:
         svc["volumes"] = [f"{spec.cache_volume}:{CACHE_DIR}"]
     else:

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import Lock
-from imagebuild.preflight import caveats, checkpoint, flags, kernels, pins, serve_args
+from imagebuild.preflight import (
+    caveats,
+    checkpoint,
+    flags,
+    kernels,
+    multinode,
+    pins,
+    serve_args,
+)
 from imagebuild.preflight.findings import (
     MATRIX,
     SEVERITY_ORDER,
@@ -21,7 +29,7 @@ from imagebuild.preflight.findings import (
     waive,
 )
 from imagebuild.preflight.flags import CellView, as_int, flag_value, flag_values
-from imagebuild.preflight.kvcache import CannotPredict, KVFlags, predict
+from imagebuild.preflight.kvcache import CannotPredict, KVFlags, KVPrediction, predict
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import serve_command
 
@@ -52,7 +60,8 @@ WAIVER_RULES = (
          "remove the waiver", waivable=False),
 )
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
-                                  WAIVER_RULES, serve_args.RULES, caveats.RULES, kernels.RULES)
+                                  WAIVER_RULES, serve_args.RULES, caveats.RULES, kernels.RULES,
+                                  multinode.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -140,6 +149,21 @@ def kv_findings(v: CellView, model: checkpoint.Checkpoint,
     return [layout.finding(v.label, f"{shape}; unify ok", fix="")]
 
 
+def kv_prediction(v: CellView, model: checkpoint.Checkpoint,
+                  drafter: checkpoint.Checkpoint | None) -> KVPrediction | None:
+    """The cell's KV layout for the memory rule; None when it cannot be predicted (the KV
+    rules say why)."""
+    needs_drafter = v.method in ("dflash", "eagle", "eagle3")
+    if model.config is None or (needs_drafter and (drafter is None or drafter.config is None)):
+        return None
+    try:
+        return predict(model.config, drafter.config if needs_drafter and drafter else None,
+                       kv_flags(v), pad_mamba=PAD_MAMBA_PATCH in v.cell.realization.patches,
+                       hf_quant_config=model.hf_quant)
+    except (CannotPredict, UserError):
+        return None
+
+
 def _waivers(lm: LoadedMatrix, cells: list[Cell], findings: list[Finding]
              ) -> tuple[dict[str, dict[str, str]], list[Finding]]:
     by_cell: dict[str, dict[str, str]] = {}
@@ -195,8 +219,12 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
         findings += kernels.check_cell(v, model)
         # the KV layout of a command line vLLM would refuse anyway is not worth predicting
         # (it would only repeat the refusal with a vaguer fix)
-        if not any(f.severity == "error" for f in refused):
+        split = multinode.check_cell(v, model, drafter, kv_prediction(v, model, drafter)
+                                     if cell.profile.parallel else None)
+        # (nor the layout of heads the TP cannot split: the model would not even load)
+        if not any(f.severity == "error" for f in refused + multinode.unsplittable(split)):
             findings += kv_findings(v, model, drafter)
+        findings += split
     findings += checkpoint.served_name_collisions(views)
     waivers, problems = _waivers(lm, cells, findings)
     findings = waive(findings, waivers, RULES) + problems

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from imagebuild.plan import UNRESOLVED
 from imagebuild.registry.documents import bench_table
-from imagebuild.runspec import RunSpec, docker_run_text
+from imagebuild.runspec import RunSpec, docker_run_text, with_listen
 from imagebuild.safetext import safe
+from imagebuild.spec.nodecmd import MASTER_ADDR_VAR, NodeCommand, multi_node, node_commands
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
@@ -64,6 +65,46 @@ def compose_file(lm: LoadedMatrix, job: Job, ref: str) -> str:
     from imagebuild.render import render_compose
 
     return render_compose(lm, job.cell, image=ref).text
+
+
+def _node_run(job: Job, node: NodeCommand, ref: str) -> str:
+    """One node's `docker run`: hardened as every image, plus the interconnect settings,
+    MASTER_ADDR from the user's shell and the node's own command."""
+    from imagebuild.runspec import docker_run_argv
+
+    lines = docker_run_argv(run_spec(job, ref), name=f"{job.cell.image}-{node.name}")
+    env = [["-e", f"{k}={v}"] for k, v in node.env] + [["-e", MASTER_ADDR_VAR]]
+    text = " \\\n  ".join(shlex.join(line) for line in lines[:-1] + env + lines[-1:])
+    argv = list(node.argv)
+    if node.argv[:1] != ("sh",):  # mp: every node says where it listens, as compose does
+        argv = with_listen(argv, job.serve.port)
+    return text + " \\\n  " + NodeCommand(node.rank, tuple(argv), node.env).shell()
+
+
+def _nodes(job: Job, ref: str) -> list[str]:
+    """How to run a multi-node cell: per node, workers first (empty for one node)."""
+    nodes = node_commands(job.cell)
+    par = multi_node(job.cell)
+    if not nodes or par is None:
+        return []
+    out = [f"Run it on {len(nodes)} nodes (tensor parallel size {par.tensor_parallel_size}, "
+           f"vLLM's `{par.backend}` executor): the same image on every node (check that "
+           "`docker image inspect --format '{{.Id}}'` agrees), `MASTER_ADDR` the head's "
+           "address on the interconnect on every node, the workers first, then the head, "
+           "which serves the API on "
+           f"127.0.0.1:{job.serve.port}. `build.py launch` does all of it from one machine; "
+           "the per-node compose files are release assets "
+           f"(`{job.cell.image}.head.compose.yaml`, `{job.cell.image}.worker1.compose.yaml`"
+           f"{', ...' if len(nodes) > 2 else ''}).", ""]
+    for node in [*nodes[1:], nodes[0]]:
+        role = ("Last, the head (node-rank 0, the API server):" if node.rank == 0 else
+                f"{node.name} (node-rank {node.rank}, "
+                + ("headless" if par.backend == "mp" else "joins the head's Ray cluster")
+                + "):")
+        out += [role, "", "```sh",
+                "export MASTER_ADDR=<head address>  # the head's interconnect address",
+                _node_run(job, node, ref), "```", ""]
+    return out
 
 
 def _pin(pin: dict[str, Any] | None) -> str:
@@ -207,10 +248,12 @@ def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, Imag
         out += [f"docker pull {by_digest}"] if by_digest else [
             "# not pushed: no digest in the registry for this tag"]
         out += ["```", "", "Run it hardened (weights are read-only layers of the image, the "
-                "server listens on 127.0.0.1 only, no credentials enter the container):", "",
-                "```sh", docker_run_text(run_spec(job, by_digest or job.release_ref),
-                                         name=cell.image), "```", "",
-                "<details><summary>compose file (`docker compose up -d`; the file the "
+                "server listens on 127.0.0.1 only, no credentials enter the container):", ""]
+        # a multi-node cell runs on all its nodes at once: one command per node
+        out += _nodes(job, by_digest or job.release_ref) or [
+            "```sh", docker_run_text(run_spec(job, by_digest or job.release_ref),
+                                     name=cell.image), "```", ""]
+        out += ["<details><summary>compose file (`docker compose up -d`; the file the "
                 "smoke test ran)</summary>", "", "```yaml",
                 compose_file(lm, job, by_digest or job.release_ref).rstrip(), "```",
                 "</details>", "",
@@ -300,7 +343,10 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
 
 def write_compose_files(lm: LoadedMatrix, facts: dict[str, ImageFacts], jobs: tuple[Job, ...],
                         out_dir: Path) -> list[Path]:
-    """The compose file of each image, by digest where it was pushed: release assets."""
+    """The compose file of each image, by digest where it was pushed, and a multi-node
+    cell's per-node files: release assets."""
+    from imagebuild.nodefiles import node_files
+
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for job in jobs:
@@ -309,6 +355,10 @@ def write_compose_files(lm: LoadedMatrix, facts: dict[str, ImageFacts], jobs: tu
         path = out_dir / f"{job.cell.image}.compose.yaml"
         path.write_text(compose_file(lm, job, ref))
         written.append(path)
+        for rel, text in node_files(job.cell, ref):  # a multi-node cell's, one per node
+            path = out_dir / Path(rel).name
+            path.write_text(text)
+            written.append(path)
     return written
 
 

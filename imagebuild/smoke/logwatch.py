@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from imagebuild.docker import engine
+from imagebuild.docker import Engine, engine
 
 # (name, pattern): the first match ends the boot wait at once.
 FATAL = (
@@ -127,8 +127,9 @@ class LogWatcher:
     """A thread copying the container's log (followed through the Docker seam) into a file
     and a LogState. The stream ends when the container stops or is removed."""
 
-    def __init__(self, container: str, log_path: Path):
+    def __init__(self, container: str, log_path: Path, eng: Engine | None = None):
         self.container = container
+        self.eng = eng  # None: the process-wide engine (another: a partner node's)
         self.log_path = log_path
         self.state = LogState()
         self._lock = threading.Lock()
@@ -152,7 +153,7 @@ class LogWatcher:
     def _run(self) -> None:
         pending = b""
         with self.log_path.open("w", encoding="utf-8") as out:
-            for chunk in engine().logs(self.container, follow=True):
+            for chunk in (self.eng or engine()).logs(self.container, follow=True):
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for raw in lines:

@@ -40,9 +40,10 @@ def _number(text: str) -> float | str:
         return text
 
 
-def write_junit(path: Path, image_ref: str, boot: dict[str, Any], checks_xml: Path | None
-                ) -> None:
-    """pytest's cases behind a `boot` case, so a boot failure is a red test too."""
+def write_junit(path: Path, image_ref: str, boot: dict[str, Any], checks_xml: Path | None,
+                extra: list[dict[str, Any]] | None = None) -> None:
+    """pytest's cases behind a `boot` case, so a boot failure is a red test too; `extra`:
+    checks made outside the suite (a multi-node cell's node checks), after pytest's."""
     if checks_xml and checks_xml.exists():
         root = ET.parse(checks_xml).getroot()
         suite = root if root.tag == "testsuite" else root.find("testsuite")
@@ -60,6 +61,14 @@ def write_junit(path: Path, image_ref: str, boot: dict[str, Any], checks_xml: Pa
         suite.set("failures", str(int(suite.get("failures", "0")) + 1))
     suite.insert(0, case)
     suite.set("tests", str(int(suite.get("tests", "0")) + 1))
+    for check in extra or []:
+        node = ET.SubElement(suite, "testcase", classname="smoke.nodes", name=check["name"],
+                             time=f"{check['seconds']:.3f}")
+        if check["outcome"] != "passed":
+            ET.SubElement(node, "failure", message=check["message"][:500]).text = \
+                check["message"]
+            suite.set("failures", str(int(suite.get("failures", "0")) + 1))
+        suite.set("tests", str(int(suite.get("tests", "0")) + 1))
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
 
 

@@ -39,6 +39,7 @@ from imagebuild.smoke.report import read_junit, write_junit, write_verdict
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
+    from imagebuild.smoke.nodes import NodeFile, NodeJudge
     from imagebuild.spec.matrix import LoadedMatrix
 
 SUITE = Path(__file__).resolve().parent / "suite"
@@ -71,7 +72,7 @@ def run_spec(image_ref: str, info: dict[str, Any], expect: dict[str, Any]) -> Ru
                    port=int(expect.get("port") or 8000))
 
 
-def take_down(project: str, compose_file: Path) -> None:
+def take_down(project: str, compose_file: Path, env: dict[str, str] | None = None) -> None:
     """Backstop clean-up: every container labelled with the project goes first (killed,
     not stopped: seconds), then compose down for what else it made; a second sweep after
     a moment catches a container the engine was still creating when compose was stopped.
@@ -82,9 +83,11 @@ def take_down(project: str, compose_file: Path) -> None:
     engine().remove_labelled(label)
     with held_interrupts():
         try:
+            # `env`: the variables the file requires (a multi-node file's MASTER_ADDR)
             subprocess.run([*shlex.split(compose_command()), "-f", str(compose_file), "-p",
                             project, "down", "--volumes", "--timeout", "5"],
-                           capture_output=True, timeout=120, start_new_session=True)
+                           capture_output=True, timeout=120, start_new_session=True,
+                           env={**os.environ, **(env or {})})
         except Exception:  # noqa: BLE001 - the label sweeps still run
             pass
     time.sleep(SWEEP_SETTLE_S)
@@ -197,12 +200,17 @@ def _verdict(image_ref: str, image_id: str, expect: dict[str, Any], boot: dict[s
 def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
                 boot_timeout_s: float | None = None, stall_s: float | None = None,
                 console: Console | None = None, compose_text: str | None = None,
-                gates: dict[str, Any] | None = None) -> dict[str, Any]:
+                gates: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+                project: str | None = None, nodes: NodeJudge | None = None
+                ) -> dict[str, Any]:
     """Smoke-test one local image; returns the verdict (also written to out_dir).
     `compose_text`: the cell's rendered compose file (the one users get); without it (an
     image known only by reference) the same settings are derived from the image.
     `gates`: the target's release-gate settings; the suite then sends the gates' requests
-    and records the answers for them (gates/capture.py)."""
+    and records the answers for them (gates/capture.py).
+    A multi-node cell (smoke/nodes.py) runs its head here: `env` for compose (the head's
+    address), `project` (its workers take the head down when one is lost) and `nodes`,
+    which adds the node checks to the verdict before it is written."""
     console = console or Console(stderr=True, soft_wrap=True)  # CI logs: no hard wraps
     t0 = time.time()
     info = inspect_image(image_ref)
@@ -214,7 +222,7 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
     compose_file = out_dir / "compose.yaml"
     compose_file.write_text(compose_text or compose_yaml(
         run_spec(image_ref, info, expect), name=expect.get("image") or "serve"))
-    project = f"imagebuild-smoke-{secrets.token_hex(4)}"
+    project = project or new_project()
     config = {"image_ref": image_ref, "image_id": info["Id"], "expect": expect,
               "compose_file": str(compose_file), "project": project, "port": port,
               "out_dir": str(out_dir), "boot_path": str(out_dir / "boot.json"),
@@ -225,7 +233,7 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
 
         config["gates_capture"] = {"settings": gates, "path": str(out_dir / CAPTURE_FILE),
                                    "what": "speculative" if speculates(info) else "plain"}
-    env = {"IMAGEBUILD_PORT": str(port), "IMAGEBUILD_IMAGE": image_ref}
+    env = {**(env or {}), "IMAGEBUILD_PORT": str(port), "IMAGEBUILD_IMAGE": image_ref}
     console.print(f"smoke {image_ref}: compose project {project} on 127.0.0.1:{port}",
                   markup=False, highlight=False)
     with interrupts_as_keyboard_interrupt():
@@ -234,7 +242,9 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
             checks_xml, code = _run_suite(out_dir, config, env, console,
                                           max(CHECK_TIMEOUT_S, timeout_s + 300))
         finally:
-            take_down(project, compose_file)
+            if nodes is not None:  # from here on a worker stopping is the run's end
+                nodes.stop_watching()
+            take_down(project, compose_file, env)
         suite_s = time.time() - t1
     boot_path = out_dir / "boot.json"
     boot = json.loads(boot_path.read_text()) if boot_path.exists() else {}
@@ -243,13 +253,21 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
         checks = []
     verdict = _verdict(image_ref, info["Id"], expect, boot, checks, code, out_dir, t0=t0,
                        suite_s=suite_s)
+    extra: list[dict[str, Any]] = []
+    if nodes is not None:
+        verdict, extra = nodes.judge(verdict)
     write_junit(out_dir / "junit.xml", image_ref, verdict["boot"],
-                checks_xml if checks else None)
+                checks_xml if checks else None, extra)
     write_verdict(out_dir, verdict)
     console.print(f"{'PASSED' if verdict['passed'] else 'FAILED'} {image_ref}: "
                   f"{verdict['message']}\n  verdict: {out_dir / 'verdict.json'}",
                   markup=False, highlight=False)
     return verdict
+
+
+def new_project() -> str:
+    """A compose project name of this run's own (labels find its containers)."""
+    return f"imagebuild-smoke-{secrets.token_hex(4)}"
 
 
 def smoke_ref(image_ref: str, *, out_dir: Path | None = None, **kw: Any) -> dict[str, Any]:
@@ -266,11 +284,44 @@ def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw:
     (`job.release_ref`, as `build` tagged it) run from the cell's compose file, one
     container at a time."""
     from imagebuild.render import render_compose
+    from imagebuild.smoke.nodes import cell_node_files
+    from imagebuild.spec.nodecmd import multi_node
 
     verdicts = {}
     for job in jobs:
         out = cell_dir(out_root, job.cell)
+        gates = job.cell.target.gates.model_dump()
+        par = multi_node(job.cell)
+        if par is not None:  # its nodes from render's per-node files (smoke/nodes.py)
+            verdicts[job.id] = smoke_nodes(
+                job.release_ref, dict(job.expect), out,
+                cell_node_files(job.cell, job.release_ref),
+                tensor_parallel_size=par.tensor_parallel_size, cpu=not job.cell.target.gpu,
+                gates=gates, **kw)
+            continue
         verdicts[job.id] = smoke_image(job.release_ref, dict(job.expect), out,
                                        compose_text=render_compose(lm, job.cell).text,
-                                       gates=job.cell.target.gates.model_dump(), **kw)
+                                       gates=gates, **kw)
     return verdicts
+
+
+def smoke_nodes(image_ref: str, expect: dict[str, Any], out_dir: Path,
+                files: list[NodeFile], *, tensor_parallel_size: int, cpu: bool,
+                **kw: Any) -> dict[str, Any]:
+    """Smoke one multi-node cell: workers up, then the head through runner.smoke_image
+    (its suite, its verdict), the node checks added; everything taken down after."""
+    from imagebuild.smoke.nodes import NodeRun, node_hosts, placement
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = sorted(files, key=lambda f: f.rank)
+    hosts, master, local = node_hosts(len(files) - 1, cpu=cpu)
+    env = placement(len(files), sorted(os.sched_getaffinity(0))) if cpu and local else []
+    run = NodeRun(image_ref, list(files), out_dir, new_project(), master, env, hosts,
+                  tensor_parallel_size // len(files))
+    try:
+        run.start_workers()
+        run.watch()
+        return smoke_image(image_ref, expect, out_dir, compose_text=run.head_text(),
+                           env=run.compose_env(), project=run.head_project, nodes=run, **kw)
+    finally:
+        run.take_down()

@@ -197,6 +197,36 @@ class CompileCache(Strict):
     """A compile cache every runner of the target reads and fills; none: local cache only."""
 
 
+# a Linux network interface name (IFNAMSIZ: 15 characters), as NCCL/Gloo take it
+IfName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,14}$")]
+# set from `interfaces`, so never written in `env` too
+SOCKET_IFNAME_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+class Interconnect(Strict):
+    """How the nodes of a multi-node cell reach each other (docs/multi-node.md): the NICs
+    NCCL and Gloo use and the NCCL/IB settings, as data. Containers use the host's network
+    (compose `network_mode: host`), so rendered files name the host's interfaces."""
+
+    interfaces: list[IfName] = Field(default_factory=list)
+    """Network interface names every node uses for the collective traffic, e.g. the
+    ConnectX port's enp1s0f1np1 (they become NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME)."""
+    env: dict[EnvName, str] = Field(default_factory=dict)
+    """NCCL/IB settings of every node, e.g. NCCL_IB_HCA: rocep1s0f1,roceP2p1s0f1 (the
+    ConnectX ports), NCCL_IB_DISABLE: "0"."""
+    hosts_network: Literal["host"] = "host"
+    """The containers' network: always the host's (NCCL and Gloo bind the host's NICs)."""
+
+    @field_validator("env")
+    @classmethod
+    def _ifname_from_interfaces(cls, v: dict[str, str]) -> dict[str, str]:
+        both = [k for k in SOCKET_IFNAME_ENV if k in v]
+        if both:
+            raise BadValue(f"{', '.join(both)} is set from `interfaces`",
+                           "list the NICs under interconnect.interfaces instead")
+        return v
+
+
 class Target(Strict):
     """A machine class images are built for and served on, described by what it is: the
     rules, the runner, the disk estimate and host detection read these properties, never
@@ -252,6 +282,9 @@ class Target(Strict):
     gates: GateSettings = Field(default_factory=GateSettings)
     """The release gates' thresholds: losslessness and long generation (defaults:
     docs/release-gates.md)."""
+    interconnect: Interconnect | None = None
+    """How this target's machines reach each other when a cell spans several (multi-node
+    tensor parallelism); none: single-node cells only (preflight refuses a multi-node one)."""
 
     @property
     def gpu(self) -> bool:
@@ -487,6 +520,45 @@ class ExpectBackends(Strict):
     """Speculative method (ngram, dflash, mtp, none)."""
 
 
+# serve flags a `parallel:` block derives (spec/nodecmd.py); never written in `args` too
+PARALLEL_ARGS = ("tensor-parallel-size", "nnodes", "node-rank", "master-addr", "master-port",
+                 "headless", "distributed-executor-backend")
+
+
+class Parallel(Strict):
+    """How a server is spread over GPUs and machines (docs/multi-node.md). It derives the
+    serve flags of every node; `args` does not repeat them."""
+
+    tensor_parallel_size: int = Field(default=1, ge=1, le=1024)
+    """GPUs each layer is split across (vLLM --tensor-parallel-size), over all nodes."""
+    nodes: int = Field(default=1, ge=1, le=256)
+    """Machines the server spans: node 0 (the head) serves the API, the others are workers."""
+    backend: Literal["mp", "ray"] = "mp"
+    """vLLM's executor across nodes: mp (multiprocessing: --nnodes/--node-rank/--master-addr,
+    workers --headless) or ray (--distributed-executor-backend ray; the head starts a Ray
+    head, workers join it)."""
+    master_port: int = Field(default=29501, ge=1, le=65535)
+    """Port on the head the nodes meet at (mp: --master-port; ray: the Ray head's port)."""
+
+    @model_validator(mode="after")
+    def _nodes_share_the_tp(self) -> Parallel:
+        tp, nodes = self.tensor_parallel_size, self.nodes
+        if nodes > 1 and (tp < nodes or tp % nodes):
+            raise BadValue(f"tensor_parallel_size {tp} cannot be split evenly over {nodes} "
+                           "nodes (every node runs the same number of ranks)",
+                           f"make tensor_parallel_size a multiple of nodes, e.g. {nodes} "
+                           f"(one GPU per node) or {2 * nodes}")
+        return self
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes > 1
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nodes
+
+
 class Profile(Strict):
     """How a server runs: serve flags, environment, what smoke expects. `extends` names a
     profile whose fields this one starts from (spec/profiles.py resolves it before this
@@ -516,6 +588,9 @@ class Profile(Strict):
     """Smoke checks tool calling."""
     expect_backends: ExpectBackends | None = None
     """Kernels vLLM must choose at boot; smoke fails on a mismatch."""
+    parallel: Parallel | None = None
+    """Tensor parallelism and the nodes it spans; none: one GPU (or CPU engine) on one host.
+    Derives --tensor-parallel-size and the multi-node flags, which `args` must not repeat."""
 
     @model_validator(mode="after")
     def _floor_for_speculation(self) -> Profile:

@@ -62,6 +62,22 @@ def runner(target: Target) -> list[str]:
             sm(str(target.compute_capability))]
 
 
+def node_group_label(nodes: int) -> str:
+    """The runner label of a machine that drives `nodes - 1` partners (Docker over SSH,
+    docs/release-workflow.md): `pair` for two, `nodes-N` for more."""
+    return "pair" if nodes == 2 else f"nodes-{nodes}"
+
+
+def cell_runner(target: Target, nodes: int) -> list[str]:
+    """A cell's runner labels: its target's, and for a cell over several self-hosted
+    machines the label of a runner with that many partners. Hosted runners take no
+    custom label: there every node runs on the one machine (the cpu target, loopback)."""
+    labels = runner(target)
+    if nodes > 1 and "self-hosted" in labels:
+        labels.append(node_group_label(nodes))
+    return labels
+
+
 # ------------------------------------------------------------------ matching a host
 
 

@@ -19,6 +19,7 @@ from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
 from imagebuild.spec.config import (
     NO_SPECULATION,
+    PARALLEL_ARGS,
     Drafter,
     Engine,
     EngineRealization,
@@ -127,6 +128,7 @@ def _check_refs(lm: LoadedMatrix) -> None:
         if prof.target is not None and prof.target not in m.targets:
             raise _err(loc, ("profiles", pname, "target"), f"unknown target {prof.target!r}",
                        f"use one of: {', '.join(m.targets)}")
+        _check_parallel_args(loc, pname, prof)
     for ename, engine in m.engines.items():
         for tname, real in engine.realize.items():
             if tname not in m.targets:
@@ -145,6 +147,24 @@ def _check_refs(lm: LoadedMatrix) -> None:
             if real.wheel:
                 _repo_file(lm, ("engines", ename, "realize", tname, "wheel", "requirements"),
                            lm.root, real.wheel.requirements, "requirements file")
+
+
+def _check_parallel_args(loc: Located, pname: str, prof: Profile) -> None:
+    """`parallel:` derives the distributed serve flags; the same flag in `args` would be a
+    second, disagreeing source (and a per-node flag baked into every node)."""
+    if prof.parallel is None:
+        return
+    for key in prof.args:
+        if key.removeprefix("no-") in PARALLEL_ARGS:
+            field = {"tensor-parallel-size": "tensor_parallel_size", "nnodes": "nodes",
+                     "master-port": "master_port",
+                     "distributed-executor-backend": "backend"}.get(key)
+            fix = (f"remove it from args and set parallel.{field}" if field else
+                   "remove it from args: each node's value comes from `parallel` (the "
+                   "head's address from the launcher's --hosts at run time)")
+            raise _err(loc, ("profiles", pname, "args", key),
+                       f"profile {pname!r} sets --{key} in args, but its `parallel:` block "
+                       "derives that flag for every node", fix)
 
 
 def _repo_file(lm: LoadedMatrix, path: tuple, folder: Path, rel: str, what: str) -> None:

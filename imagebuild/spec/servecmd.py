@@ -69,6 +69,11 @@ def serve_command(cell: Cell) -> ServeCommand:
         argv.append(f"--{key}")
         if value is not True:
             argv.append(_compact(value) if isinstance(value, dict) else str(value))
+    par = prof.parallel
+    if par is not None:  # the flags every node shares; spec/nodecmd.py adds each node's own
+        argv += ["--tensor-parallel-size", str(par.tensor_parallel_size)]
+        if par.multi_node or par.backend == "ray":
+            argv += ["--distributed-executor-backend", par.backend]
     if model.multimodal:
         argv += ["--limit-mm-per-prompt", _compact(model.multimodal)]
     spec = speculative_config(cell)

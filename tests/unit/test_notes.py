@@ -151,3 +151,34 @@ def test_not_promoted_notes_name_each_failed_cell_and_say_latest_stayed(matrix_d
     assert failed.rstrip().endswith("| 2026-06-11-v0.23.0-pr41703 |")
     assert "| passed |" in rows[jobs[1].id] and "after smoke" in rows[jobs[1].id]
     assert "no report" in rows[jobs[2].id] and "_no latest yet_" in rows[jobs[2].id]
+
+
+def test_a_multi_node_cell_gets_one_run_command_per_node_workers_first(tmp_path):
+    """examples/two-spark-tp2: TP=2 over two Sparks; each node's hardened `docker run`
+    with the interconnect settings, MASTER_ADDR from the shell and the node's own flags."""
+    from imagebuild.release.notes import write_compose_files
+
+    plan = load_plan(REPO_ROOT / "examples/two-spark-tp2/matrix.yaml", "2026-06-18-spark",
+                     "gb10")
+    job = plan.jobs[0]
+    text = release_notes(plan.lm, plan.jobs, {job.id: ImageFacts(DIGEST, None, VERDICT)})
+    section = text.split("Run it on 2 nodes")[1].split("<details>")[0]
+    worker, head = section.split("```sh")[1:3]
+    assert section.index("worker1 (node-rank 1, headless):") < section.index(
+        "Last, the head (node-rank 0, the API server):")
+    pinned = f"{job.image.name}@{DIGEST}"
+    for block, rank in ((worker, "1"), (head, "0")):
+        assert f"\n  {pinned} \\\n  vllm serve /model " in block
+        assert "-e NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in block
+        assert "-e GLOO_SOCKET_IFNAME=enp1s0f1np1" in block and "-e MASTER_ADDR \\" in block
+        assert f"--nnodes 2 --node-rank {rank} --master-addr ${{MASTER_ADDR}} " in block
+        assert "--tensor-parallel-size 2" in block and "--gpus all --ipc host" in block
+    assert "--headless" in worker and "--headless" not in head
+    assert head.rstrip().rstrip("`").rstrip().endswith("--host 127.0.0.1 --port 8000")
+    # no single-node `docker run` of the image's CMD: it cannot serve a TP=2 cell alone
+    assert text.count("docker run --detach") == 2
+    written = write_compose_files(plan.lm, {job.id: ImageFacts(DIGEST, None, VERDICT)},
+                                  plan.jobs, tmp_path)
+    assert sorted(p.name for p in written) == sorted(
+        f"{job.cell.image}{s}.compose.yaml" for s in ("", ".head", ".worker1"))
+    assert pinned in (tmp_path / f"{job.cell.image}.worker1.compose.yaml").read_text()
