@@ -198,3 +198,60 @@ def test_a_source_engine_build_needs_an_engine_that_takes_run_network(tmp_path, 
     assert builder.preflight_engine() == ("buildx", str(tmp_path))  # a wheel engine builds
     monkeypatch.setattr(builder, "docker_engine", Docker27)
     assert builder.preflight_engine(run_network=True) == ("buildx", str(tmp_path))
+
+
+def test_no_cache_rebuilds_an_image_whose_inputs_are_built(tmp_path, monkeypatch):
+    """`build --no-cache` (a reproducibility check) runs the build an image found by its
+    inputs digest would skip, and tells BuildKit not to use its layer cache either."""
+    import subprocess
+
+    from imagebuild import REPO_ROOT
+    from imagebuild.docker import Engine
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.spec import matrix as mx
+
+    class Built(Engine):
+        """The Docker seam's double: an image with these inputs exists already."""
+
+        builds: list[list[str]] = []
+
+        def info(self):
+            return {"ServerVersion": "20.10.24", "DockerRootDir": str(tmp_path)}
+
+        def has_buildx(self):
+            return False
+
+        def image_id(self, ref):
+            return "sha256:" + "0" * 64
+
+        def images(self, **kw):
+            return [{"Id": "sha256:" + "0" * 64}]
+
+        def tag(self, image, repository, tag):
+            pass
+
+        def inspect_image(self, ref):
+            return {"Id": ref, "Size": 1}
+
+        def buildkit_build(self, argv, env):
+            Built.builds.append(list(argv))
+            iid = argv[argv.index("--iidfile") + 1]
+            with open(iid, "w") as fh:
+                fh.write("sha256:" + "1" * 64)
+            return subprocess.Popen(["true"], stdout=subprocess.PIPE, text=True)
+
+    monkeypatch.setattr(builder, "docker_engine", Built)
+    monkeypatch.setattr(builder, "check_disk", lambda *a: None)
+    lm = mx.load(REPO_ROOT / "matrix.yaml")
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    pending = builder.Pending("base", Rendered("base", "b", "FROM x\n", ()), ctx,
+                              "imagebuild/base-cpu:abc", {}, None, [], "d" * 64)
+    for no_cache in (False, True):
+        b = builder.Builder(lm, read_lock(lm.root), out_dir=tmp_path / "out", ca_bundle="",
+                            hf_token="", no_cache=no_cache)
+        b.log = lambda _: None
+        record = b._build_one(pending)
+        assert record.avoided is not no_cache
+    assert len(Built.builds) == 1 and "--no-cache" in Built.builds[0]
+    assert record.image_id == "sha256:" + "1" * 64
