@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -271,16 +272,19 @@ def buildkit_facts() -> dict:
     image config (a two-line FROM scratch build, nothing pulled)."""
     version = json.loads(docker("version", "--format", "{{json .}}"))
     buildx = subprocess.run([DOCKER, "buildx", "version"], capture_output=True, text=True)
+    created = ""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "f").write_text("x\n")
         (Path(tmp) / "Dockerfile").write_text("FROM scratch\nCOPY f /f\n")
         iid = Path(tmp) / "iid"
-        subprocess.run([DOCKER, "build", "--no-cache", "-q", "--iidfile", str(iid),
-                        "--build-arg", "SOURCE_DATE_EPOCH=0", tmp], capture_output=True,
-                       env={"DOCKER_BUILDKIT": "1", "PATH": "/usr/bin:/bin"}, check=True)
-        image = iid.read_text().strip()
-        created = inspect(image)["Created"]
-        docker("rmi", image, check=False)
+        probe = subprocess.run([DOCKER, "build", "--no-cache", "-q", "--iidfile", str(iid),
+                                "--build-arg", "SOURCE_DATE_EPOCH=0", tmp],
+                               capture_output=True, text=True,
+                               env={**os.environ, "DOCKER_BUILDKIT": "1"})
+        if probe.returncode == 0 and iid.exists():
+            image = iid.read_text().strip()
+            created = inspect(image)["Created"]
+            docker("rmi", image, check=False)
     return {"client": version.get("Client", {}).get("Version"),
             "server": version.get("Server", {}).get("Version"),
             "buildx": buildx.stdout.strip() if buildx.returncode == 0 else None,
