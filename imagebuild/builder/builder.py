@@ -4,8 +4,9 @@ The only module that drives `docker build`. `docker buildx build --load` where t
 plugin exists, else `DOCKER_BUILDKIT=1 docker build` (the Debian 20.10 client). Each image
 carries its inputs digest as a label; an image with that digest present locally is not
 rebuilt (`no_cache`: every image is rebuilt, BuildKit's layer cache unused: a check that a
-build reproduces, docs/reproducibility.md). Secrets (CA bundle, HF token, pip configuration, compile-cache credentials)
-reach builds only as BuildKit secrets (`--secret`), never as build args, labels or logs.
+build reproduces, docs/reproducibility.md). Secrets (CA bundle, HF token, pip
+configuration, compile-cache credentials) reach builds only as BuildKit secrets
+(`--secret`), never as build args, labels or logs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imagebuild.builder import hygiene
+from imagebuild.builder import hygiene, timestamps
 from imagebuild.builder.buildjobs import choose_parallelism, host_resources
 from imagebuild.builder.hygiene import PARENT_LABEL, base_repo, engine_repo
 from imagebuild.docker import engine as docker_engine
@@ -303,6 +304,10 @@ class Builder:
         # rebuild every image from its Dockerfile: no build avoidance, no BuildKit layer
         # cache (its cache mounts, the pip cache, stay: they change no image's bytes)
         self.no_cache = no_cache
+        # one build time for every image (timestamps.py): context mtimes, a label, and the
+        # image config's times where BuildKit takes it
+        self.epoch = timestamps.source_date_epoch(lm.root)
+        self.config_epoch = False  # set with the flavour: this engine's BuildKit reads it
         self.out_dir = out_dir
         self.ca_bundle = ca_bundle if ca_bundle is not None else (
             os.environ.get("IMAGEBUILD_CA_BUNDLE") or
@@ -356,6 +361,8 @@ class Builder:
     def _pending(self, kind: str, rendered: Rendered, ctx: Path, ref: str,
                  build_args: dict[str, str], parent: str | None, lock_entries: list,
                  cell: str | None = None, parent_image: str | None = None) -> Pending:
+        if self.epoch is not None:  # a COPY keeps these times (not part of any digest)
+            timestamps.clamp_tree(ctx, self.epoch)
         digest = inputs_digest(rendered, ctx, build_args, parent, lock_entries)
         # base/engine refs are named after their inputs: a child's FROM names an immutable,
         # local tag (an image id in FROM would be read as an image named "sha256")
@@ -400,6 +407,8 @@ class Builder:
         run_network = uses_run_network(rendered.text)
         if self.flavour is None or run_network:
             self.flavour, self.data_root = preflight_engine(run_network)
+            self.config_epoch = timestamps.supports_config_epoch(
+                str(docker_engine().info().get("ServerVersion", "0")))
         prefix = prefix_digest(rendered, ctx, p.parent)
         # (a derived image inheriting this label holds the same layers: fine here)
         warm = (not self.no_cache and prefix is not None
@@ -417,6 +426,10 @@ class Builder:
                     "--label", f"{INPUTS_LABEL}={digest}"]
             if self.no_cache:
                 cmd.append("--no-cache")
+            if self.epoch is not None:
+                cmd += ["--label", f"{timestamps.LABEL}={self.epoch}"]
+                if self.config_epoch:  # not declared by the Dockerfiles: no step's cache key
+                    cmd += ["--build-arg", f"{timestamps.ENV}={self.epoch}"]
             if prefix:
                 cmd += ["--label", f"{PREFIX_LABEL}={prefix}"]
             if parent_image:  # lineage for runner-clean (a gb10 engine's layers are not
