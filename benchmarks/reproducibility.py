@@ -117,19 +117,16 @@ def index_layer(stream: IO[bytes]) -> dict[str, dict]:
             if m.isfile():
                 fh = tar.extractfile(m)
                 assert fh is not None
-                h = hashlib.sha256()
+                whole, body = hashlib.sha256(), hashlib.sha256()
                 first = fh.read(1 << 20)
-                if m.name.endswith(".pyc"):
-                    e["pyc_header"] = first[:16].hex()
-                    h.update(first[16:])
-                    e["pyc_body"] = None
-                else:
-                    h.update(first)
+                whole.update(first)
+                body.update(first[16:])
                 while chunk := fh.read(1 << 20):
-                    h.update(chunk)
-                if m.name.endswith(".pyc"):
-                    e["pyc_body"] = h.hexdigest()
-                e["sha256"] = h.hexdigest()
+                    whole.update(chunk)
+                    body.update(chunk)
+                e["sha256"] = whole.hexdigest()
+                if m.name.endswith(".pyc"):  # header (flags, source mtime or hash), code
+                    e["pyc_header"], e["pyc_body"] = first[:16].hex(), body.hexdigest()
             entries[m.name.removeprefix("./")] = e
     return entries
 
@@ -199,7 +196,19 @@ def why(path: str, a: dict | None, b: dict | None) -> str:
     return "content (" + ", ".join(changed) + ")"
 
 
+def entry_kind(path: str, e: dict) -> str:
+    if e["type"] == "5":
+        return "directory"
+    if e["type"] == "2":
+        return "symlink"
+    if Path(path).name.startswith(".wh."):
+        return "whiteout"
+    suffix = Path(path).suffix
+    return f"{suffix} file" if suffix in (".py", ".pyc", ".so") else "other file"
+
+
 def compare_layer(a: dict[str, dict], b: dict[str, dict]) -> dict:
+    kinds: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     samples: dict[str, list[str]] = {}
     for path in sorted(set(a) | set(b)):
@@ -208,11 +217,13 @@ def compare_layer(a: dict[str, dict], b: dict[str, dict]) -> dict:
             continue
         reason = why(path, ea, eb)
         reasons[reason] += 1
+        kinds[entry_kind(path, ea or eb or {})] += 1
         samples.setdefault(reason, [])
         if len(samples[reason]) < SAMPLES:
             samples[reason].append(path)
     return {"files": len(set(a) | set(b)), "differing": sum(reasons.values()),
-            "reasons": dict(reasons.most_common()), "samples": samples}
+            "reasons": dict(reasons.most_common()), "kinds": dict(kinds.most_common()),
+            "samples": samples}
 
 
 def config_diff(a: Any, b: Any, path: str = "") -> list[str]:
@@ -309,7 +320,8 @@ def print_table(report: dict, walls: list[float], facts: dict) -> None:
             if row["same"]:
                 continue
             print(f"\n{kind} layer {row['layer']}: {row['step']}")
-            print(f"  {row.get('differing', '?')} of {row.get('files', '?')} entries differ")
+            print(f"  {row.get('differing', '?')} of {row.get('files', '?')} entries differ ("
+                  + ", ".join(f"{n} {k}" for k, n in row.get("kinds", {}).items()) + ")")
             for reason, n in row.get("reasons", {}).items():
                 sample = ", ".join(row["samples"][reason][:3])
                 print(f"    {n:6d}  {reason}: {sample}")
@@ -321,11 +333,20 @@ def main() -> int:
     p.add_argument("--label", default="repro", help="names this pair of runs in the tags")
     p.add_argument("--json", type=Path, default=None, help="write the whole report here")
     p.add_argument("--keep", action="store_true", help="keep the two runs' images")
+    p.add_argument("--compare-only", action="store_true",
+                   help="build nothing: compare the images a --keep run of --label kept")
     a = p.parse_args()
     facts = buildkit_facts()
-    runs, walls = [], []
+    runs: list[dict[str, str]] = []
+    walls: list[float] = []
+    if a.compare_only:
+        runs = [{"name": f"{a.label}-run{n}", **{k: inspect(f"{MINE}/{k}:{a.label}-run{n}")["Id"]
+                                                 for k in KINDS}} for n in (1, 2)]
+        a.keep = True
+        if a.json and a.json.exists():  # the build times of the run that built them
+            walls = json.loads(a.json.read_text()).get("cold_build_s", [])
     with tempfile.TemporaryDirectory(prefix="imagebuild-repro-") as tmp:
-        for n in (1, 2):
+        for n in () if a.compare_only else (1, 2):
             name = f"{a.label}-run{n}"
             before = tag_map()
             try:
