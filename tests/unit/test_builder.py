@@ -294,3 +294,15 @@ def test_one_build_time_for_context_label_and_config(tmp_path, monkeypatch, vers
         assert (ctx / "model" / "config.json").stat().st_mtime <= int(epoch)
         assert (ctx / "model").stat().st_mtime <= int(epoch)
     assert len(digests) == 1
+
+
+def test_no_cache_with_push_exits_2_before_anything(tmp_path, capsys):
+    """--push takes an engine the registry holds: a forced rebuild cannot go with it."""
+    from imagebuild.cli import main
+
+    out = tmp_path / "out"
+    assert main(["build", "--tag", "2026-06-18-dflashfix", "--target", "cpu", "--out",
+                 str(out), "--engine-only", "--push", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "--no-cache rebuilds here" in err and "Traceback" not in err
+    assert not out.exists()
