@@ -272,7 +272,11 @@ def compare(run1: dict[str, str], run2: dict[str, str]) -> dict:
         report[kind] = {"id_run1": i1["Id"], "id_run2": i2["Id"], "same_id": i1["Id"] == i2["Id"],
                         "config_differs": cfg, "layers": layers,
                         "differing_layers": sum(not r["same"] for r in layers),
-                        "differing_files": sum(r.get("differing", 0) for r in layers)}
+                        "differing_files": sum(r.get("differing", 0) for r in layers),
+                        # entries whose bytes, mode, owner or type differ (not only mtime)
+                        "differing_content": sum(n for r in layers for reason, n in
+                                                 r.get("reasons", {}).items()
+                                                 if reason != "mtime only")}
         below = len(l1)
     return report
 
@@ -308,11 +312,12 @@ def print_table(report: dict, walls: list[float], facts: dict) -> None:
           f"{facts['buildx'] or 'absent'}; SOURCE_DATE_EPOCH applied to the image config: "
           f"{'yes' if facts['source_date_epoch_in_config'] else 'no'}")
     print("cold builds: " + ", ".join(f"{w:.0f} s" for w in walls))
-    print(f"{'image':7} {'same id':8} {'own layers':>10} {'differ':>7} {'files differ':>13}  "
-          "config fields that differ")
+    print(f"{'image':7} {'same id':8} {'own layers':>10} {'differ':>7} {'files differ':>13} "
+          f"{'content':>8}  config fields that differ")
     for kind, r in report.items():
         print(f"{kind:7} {'yes' if r['same_id'] else 'no':8} {len(r['layers']):10d} "
-              f"{r['differing_layers']:7d} {r['differing_files']:13d}  "
+              f"{r['differing_layers']:7d} {r['differing_files']:13d} "
+              f"{r['differing_content']:8d}  "
               f"{', '.join(r['config_differs'][:4])}"
               + (f" (+{len(r['config_differs']) - 4})" if len(r['config_differs']) > 4 else ""))
     for kind, r in report.items():
