@@ -13,7 +13,8 @@ back on the image it named before, so other users of this Docker engine see no c
 Then, per image: image ids, the config fields that differ, each layer's diff id, and for
 each layer that differs every file that differs and why (read from `docker save` with
 tarfile). Prints a table and, with --json, writes everything to FILE. Without --keep the
-two runs' images are untagged (removed) at the end.
+two runs' images are untagged (removed) at the end. `--compare-only` compares the images a
+`--keep` run left; `--images A B` any two images (a release against a rebuild of it).
 """
 
 from __future__ import annotations
@@ -247,15 +248,14 @@ def history_steps(config: dict) -> list[str]:
             for h in config.get("history", []) if not h.get("empty_layer")]
 
 
-def compare(run1: dict[str, str], run2: dict[str, str]) -> dict:
-    """Per image: ids, config fields, layers; per differing layer, its files and why."""
+def compare(pairs: dict[str, tuple[str, str]]) -> dict:
+    """Per pair of images (each built FROM the one before): ids, config fields, layers;
+    per differing layer above the previous pair's, its files and why."""
     report: dict[str, Any] = {}
-    index, configs = index_images([f"{MINE}/serve:{run1['name']}", f"{MINE}/serve:{run2['name']}",
-                          f"{MINE}/base:{run1['name']}", f"{MINE}/base:{run2['name']}",
-                          f"{MINE}/engine:{run1['name']}", f"{MINE}/engine:{run2['name']}"])
+    index, configs = index_images([ref for pair in pairs.values() for ref in pair])
     below = 0  # layers of the image this one is built FROM
-    for kind in KINDS:
-        i1, i2 = inspect(run1[kind]), inspect(run2[kind])
+    for kind, (ref1, ref2) in pairs.items():
+        i1, i2 = inspect(ref1), inspect(ref2)
         l1, l2 = i1["RootFS"]["Layers"], i2["RootFS"]["Layers"]
         steps = history_steps(configs.get(i1["Id"], {}))
         layers = []
@@ -311,7 +311,8 @@ def print_table(report: dict, walls: list[float], facts: dict) -> None:
     print(f"docker client {facts['client']}, daemon {facts['server']}, buildx "
           f"{facts['buildx'] or 'absent'}; SOURCE_DATE_EPOCH applied to the image config: "
           f"{'yes' if facts['source_date_epoch_in_config'] else 'no'}")
-    print("cold builds: " + ", ".join(f"{w:.0f} s" for w in walls))
+    if walls:
+        print("cold builds: " + ", ".join(f"{w:.0f} s" for w in walls))
     print(f"{'image':7} {'same id':8} {'own layers':>10} {'differ':>7} {'files differ':>13} "
           f"{'content':>8}  config fields that differ")
     for kind, r in report.items():
@@ -340,11 +341,16 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the two runs' images")
     p.add_argument("--compare-only", action="store_true",
                    help="build nothing: compare the images a --keep run of --label kept")
+    p.add_argument("--images", nargs=2, metavar=("IMAGE_A", "IMAGE_B"),
+                   help="build nothing: compare these two images (a release against "
+                        "a rebuild of it), every layer")
     a = p.parse_args()
     facts = buildkit_facts()
     runs: list[dict[str, str]] = []
     walls: list[float] = []
-    if a.compare_only:
+    if a.images:
+        a.compare_only, a.keep = True, True
+    elif a.compare_only:
         runs = [{"name": f"{a.label}-run{n}", **{k: inspect(f"{MINE}/{k}:{a.label}-run{n}")["Id"]
                                                  for k in KINDS}} for n in (1, 2)]
         a.keep = True
@@ -365,7 +371,12 @@ def main() -> int:
                   + ", ".join(f"{k} {v[7:19]}" for k, v in ours.items()), flush=True)
             runs.append({"name": name, **ours})
     try:
-        report = compare(runs[0], runs[1])
+        if a.images:
+            pairs = {"image": (a.images[0], a.images[1])}
+        else:
+            pairs = {k: (f"{MINE}/{k}:{runs[0]['name']}", f"{MINE}/{k}:{runs[1]['name']}")
+                     for k in KINDS}
+        report = compare(pairs)
     finally:
         if not a.keep:
             for run in runs:
