@@ -134,6 +134,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.engine_only and args.engine_image:
         raise UserError("--engine-only builds the engine that --engine-image would pull",
                         fix="use one of them")
+    if args.no_cache and args.push:
+        raise UserError("--no-cache rebuilds here, but --push takes an engine the registry "
+                        "already holds", fix="build with --no-cache without --push")
     if args.engine_image:
         parse_engine_ref(args.engine_image)  # a malformed reference: exit 2, nothing built
     plan = buildable(_plan(args))
@@ -146,10 +149,11 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(f"  engine {target}: {ref}")
         return 0
     if args.engine_only:
-        records = build_engines(plan.lm, plan.lock, plan.jobs, out_dir=out)
+        records = build_engines(plan.lm, plan.lock, plan.jobs, out_dir=out,
+                                no_cache=args.no_cache)
     else:
         records = build_jobs(plan.lm, plan.lock, plan.jobs, out_dir=out,
-                             engine_image=args.engine_image)
+                             engine_image=args.engine_image, no_cache=args.no_cache)
     for rec in records:
         how = (f"pulled {rec.pulled_from}" if rec.pulled_from else
                "reused (same inputs)" if rec.avoided else

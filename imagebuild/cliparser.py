@@ -364,6 +364,10 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="pull this engine (what --engine-only --push printed) instead of "
                         "building it, refused unless its inputs are this checkout's; only "
                         "the serve layers are built here")
+    p.add_argument("--no-cache", action="store_true",
+                   help="rebuild every image, even one whose inputs are built already, "
+                        "without BuildKit's layer cache (its pip/ccache mounts stay): does "
+                        "a build reproduce? (docs/reproducibility.md)")
 
     _smoke_args(sub.add_parser("smoke", help="run serve images hardened and check they serve "
                                              "correctly (exit 1 when one fails)"))

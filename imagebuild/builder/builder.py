@@ -3,8 +3,10 @@
 The only module that drives `docker build`. `docker buildx build --load` where the buildx
 plugin exists, else `DOCKER_BUILDKIT=1 docker build` (the Debian 20.10 client). Each image
 carries its inputs digest as a label; an image with that digest present locally is not
-rebuilt. Secrets (CA bundle, HF token, pip configuration, compile-cache credentials)
-reach builds only as BuildKit secrets (`--secret`), never as build args, labels or logs.
+rebuilt (`no_cache`: every image is rebuilt, BuildKit's layer cache unused: a check that a
+build reproduces, docs/reproducibility.md). Secrets (CA bundle, HF token, pip
+configuration, compile-cache credentials) reach builds only as BuildKit secrets
+(`--secret`), never as build args, labels or logs.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imagebuild.builder import hygiene
+from imagebuild.builder import hygiene, timestamps
 from imagebuild.builder.buildjobs import choose_parallelism, host_resources
 from imagebuild.builder.hygiene import PARENT_LABEL, base_repo, engine_repo
 from imagebuild.docker import engine as docker_engine
@@ -295,9 +297,17 @@ def _gpu_code_cache() -> Path:
 
 class Builder:
     def __init__(self, lm: LoadedMatrix, lock: Lock, *, out_dir: Path, log: Log = print,
-                 ca_bundle: str | None = None, hf_token: str | None = None):
+                 ca_bundle: str | None = None, hf_token: str | None = None,
+                 no_cache: bool = False):
         check_environment()
         self.lm, self.lock, self.log = lm, lock, log
+        # rebuild every image from its Dockerfile: no build avoidance, no BuildKit layer
+        # cache (its cache mounts, the pip cache, stay: they change no image's bytes)
+        self.no_cache = no_cache
+        # one build time for every image (timestamps.py): context mtimes, a label, and the
+        # image config's times where BuildKit takes it
+        self.epoch = timestamps.source_date_epoch(lm.root)
+        self.config_epoch = False  # set with the flavour: this engine's BuildKit reads it
         self.out_dir = out_dir
         self.ca_bundle = ca_bundle if ca_bundle is not None else (
             os.environ.get("IMAGEBUILD_CA_BUNDLE") or
@@ -351,6 +361,8 @@ class Builder:
     def _pending(self, kind: str, rendered: Rendered, ctx: Path, ref: str,
                  build_args: dict[str, str], parent: str | None, lock_entries: list,
                  cell: str | None = None, parent_image: str | None = None) -> Pending:
+        if self.epoch is not None:  # a COPY keeps these times (not part of any digest)
+            timestamps.clamp_tree(ctx, self.epoch)
         digest = inputs_digest(rendered, ctx, build_args, parent, lock_entries)
         # base/engine refs are named after their inputs: a child's FROM names an immutable,
         # local tag (an image id in FROM would be read as an image named "sha256")
@@ -385,7 +397,7 @@ class Builder:
         build_args, cell, parent_image = p.build_args, p.cell, p.parent_image
         log_path = self.out_dir / "logs" / f"{ref.replace('/', '_').replace(':', '_')}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        found = _find_by_inputs(digest)
+        found = None if self.no_cache else _find_by_inputs(digest)
         if found:
             repository, _, tag = ref.rpartition(":")
             docker_engine().tag(found, repository, tag)
@@ -395,9 +407,12 @@ class Builder:
         run_network = uses_run_network(rendered.text)
         if self.flavour is None or run_network:
             self.flavour, self.data_root = preflight_engine(run_network)
+            self.config_epoch = timestamps.supports_config_epoch(
+                str(docker_engine().info().get("ServerVersion", "0")))
         prefix = prefix_digest(rendered, ctx, p.parent)
         # (a derived image inheriting this label holds the same layers: fine here)
-        warm = prefix is not None and _find_by_label(PREFIX_LABEL, prefix) is not None
+        warm = (not self.no_cache and prefix is not None
+                and _find_by_label(PREFIX_LABEL, prefix) is not None)
         weights = locked_weight_bytes(p.lock_entries) if kind == "serve" else 0
         check_disk(self.data_root, disk_need(self._target, kind, warm, weights),
                    f"the {self._target} {kind} build of {ref}"
@@ -409,6 +424,12 @@ class Builder:
             cmd += ["--network", "host", "--progress", "plain", "--iidfile", str(iid),
                     "-t", ref, "-t", f"{INPUTS_REPO}:{digest}",
                     "--label", f"{INPUTS_LABEL}={digest}"]
+            if self.no_cache:
+                cmd.append("--no-cache")
+            if self.epoch is not None:
+                cmd += ["--label", f"{timestamps.LABEL}={self.epoch}"]
+                if self.config_epoch:  # not declared by the Dockerfiles: no step's cache key
+                    cmd += ["--build-arg", f"{timestamps.ENV}={self.epoch}"]
             if prefix:
                 cmd += ["--label", f"{PREFIX_LABEL}={prefix}"]
             if parent_image:  # lineage for runner-clean (a gb10 engine's layers are not
@@ -632,8 +653,8 @@ class Builder:
 
 
 def build_jobs(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,
-               out_dir: Path, log: Log = print, engine_image: str | None = None
-               ) -> list[BuildRecord]:
+               out_dir: Path, log: Log = print, engine_image: str | None = None,
+               no_cache: bool = False) -> list[BuildRecord]:
     """Base -> engine -> serve for every job; each serve image is tagged `job.release_ref`
     locally, the reference smoke, publish and bench then use. With `engine_image` (the
     digest an engine job pushed) the jobs' one engine is pulled, not built."""
@@ -647,20 +668,21 @@ def build_jobs(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,
                             f"{len(engines)}: {', '.join(engines)}",
                             fix="choose one target with --target (a release tag names one "
                                 "engine per target)")
-    builder = Builder(lm, lock, out_dir=out_dir, log=log)
+    builder = Builder(lm, lock, out_dir=out_dir, log=log, no_cache=no_cache)
     for job in jobs:
         builder.build_cell(job.cell, job.release_ref, engine_image)
     return builder.records
 
 
 def build_engines(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,
-                  out_dir: Path, log: Log = print) -> list[BuildRecord]:
+                  out_dir: Path, log: Log = print, no_cache: bool = False
+                  ) -> list[BuildRecord]:
     """Base and engine of each (target, engine) the jobs use, once each; no serve image
     (`build --engine-only`: a release's engine stage)."""
     if not jobs:
         raise UserError("nothing to build", fix="check --target/--only")
     assert lock is not None, "buildable() refuses a plan without a lock"
-    builder = Builder(lm, lock, out_dir=out_dir, log=log)
+    builder = Builder(lm, lock, out_dir=out_dir, log=log, no_cache=no_cache)
     for job in jobs:
         builder.engine_only(job.cell)  # once per (target, engine): the rest are remembered
     return builder.records

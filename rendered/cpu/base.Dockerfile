@@ -7,4 +7,5 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_INPUT=1 \
     PATH=/opt/vllm/bin:$PATH
 # The bootstrapped rootfs carries python3, venv and patch; the engine gets its own venv.
-RUN python3 -m venv /opt/vllm
+RUN export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800 \
+    && python3 -m venv /opt/vllm

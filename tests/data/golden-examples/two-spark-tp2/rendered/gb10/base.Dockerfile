@@ -12,5 +12,6 @@ RUN --mount=type=secret,id=ca_bundle \
     apt-get update \
     && apt-get install -y --no-install-recommends \
        build-essential ccache cmake git ninja-build python3 python3-dev python3-venv \
-    && rm -rf /var/lib/apt/lists/* \
+    && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache /var/cache/debconf/*-old /var/lib/dpkg/*-old \
+    && export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800 \
     && python3 -m venv /opt/vllm

@@ -58,7 +58,7 @@ FROM ${BASE_IMAGE} AS build
 # CUDA 13.0 build; every index comes from the runner's pip configuration (pip_conf).
 COPY --from=source /src/vllm/requirements/build/cuda.txt /opt/imagebuild/build-requirements.txt
 RUN --mount=type=cache,target=/root/.cache/pip,id=pip-spark,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     pip install -r /opt/imagebuild/build-requirements.txt
 COPY --from=source /src/vllm /src/vllm
 COPY --from=source /src/deps /src/deps
@@ -138,7 +138,8 @@ RUN --mount=type=secret,id=ca_bundle \
     && nccl=$(apt-cache madison libnccl-dev | awk -F'|' -v cu="+cuda${CUDA_VERSION%.*}" 'index($2, cu) && !n++ {gsub(/ /, "", $2); print $2}') \
     && { [ -n "$nccl" ] || { echo "no libnccl-dev built for CUDA ${CUDA_VERSION%.*} in this image's apt sources" >&2; exit 1; }; } \
     && apt-get install -y --no-install-recommends "libnccl-dev=$nccl" "libnccl2=$nccl" \
-    && rm -rf /var/lib/apt/lists/* \
+    && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache /var/cache/debconf/*-old /var/lib/dpkg/*-old \
+    && export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800 \
     && python3 -m venv /opt/vllm
 COPY files/runtime-selfcheck.py files/check-vllm-version.py files/ensure-serve-user.sh /opt/imagebuild/
 # Fail fast: the run-time toolchain works for sm_121a, and serve images can create their user.
@@ -149,7 +150,7 @@ RUN python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase toolchai
 # vLLM's Dockerfile applies for CUDA 13 (the -libs-cu13 files must win).
 COPY --from=source /src/vllm/requirements/common.txt /src/vllm/requirements/cuda.txt /opt/imagebuild/vllm-requirements/
 RUN --mount=type=cache,target=/root/.cache/pip,id=pip-spark,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     pip install -r /opt/imagebuild/vllm-requirements/cuda.txt \
     && fi_version=$(python3 -c 'import importlib.metadata as m; print(m.version("flashinfer-python"))') \
     && { pip install "flashinfer-jit-cache==${fi_version}" \
@@ -157,7 +158,7 @@ RUN --mount=type=cache,target=/root/.cache/pip,id=pip-spark,sharing=locked --mou
     && dsl=$(python3 -c 'import importlib.metadata as m; print(m.version("nvidia-cutlass-dsl"))' 2>/dev/null || true) \
     && if [ -n "$dsl" ]; then pip install --force-reinstall --no-deps "nvidia-cutlass-dsl-libs-cu13==${dsl}"; fi
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cache,target=/root/.cache/pip,id=pip-spark,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     pip install /wheels/vllm-*.whl \
     && python3 /opt/imagebuild/check-vllm-version.py --expect 0.23.0 \
     && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed
