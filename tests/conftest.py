@@ -29,6 +29,9 @@ from tests.support.hub.server import ReplayServer
 from tests.support.matrices import copy_lock, copy_matrix, lock_matrix
 from tests.support.registry.server import RunningRegistry, start_registry
 
+# after the run: seconds per module and folder (`.ci/run` shows where CI's time goes)
+pytest_plugins = ["tests.support.timing"]
+
 # No test may reach the real Hub: offline unless a test points a client at the replay
 # server on 127.0.0.1 (set before huggingface_hub is first imported: it reads these once).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -5,13 +5,14 @@ pass); a thin image FROM the same serve image whose rejection sampler perturbs t
 verified token (one COPY layer, no engine rebuild) fails both gates, with the position,
 both tokens and their logprobs in the reason.
 
-Two boots: the plain reference (the image minus --speculative-config; the perturbed
-sampler is only on the speculative path) and the lossy image as it ships. The good image
-as it ships is the whole job's own run, not booted again here (CI time)."""
+Two boots, at the same time: the plain reference (the image minus --speculative-config;
+the perturbed sampler is only on the speculative path) and the lossy image as it ships.
+The good image as it ships is the whole job's own run, not booted again here (CI time)."""
 
 from __future__ import annotations
 
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -64,12 +65,15 @@ def runs(cpu_serve_image, tmp_path_factory):
     info = inspect_image(good)
     assert speculates(info)
     expect = expectations_from_labels(good, info=info)
-    out: dict[str, Run] = {
-        "plain": run_requests(good, info, expect, reqs, seed=seed, what="plain",
-                              drop_flags=(SPEC_FLAG,)),
-        "lossy": run_requests(lossy, inspect_image(lossy), expect, reqs, seed=seed,
-                              what="speculative"),
-    }
+    # the two servers boot and answer at the same time (their own containers and ports;
+    # greedy decoding gives the same tokens either way): a boot is ~30 s of mostly one
+    # core, and this machine has two
+    with ThreadPoolExecutor(2) as pool:
+        plain = pool.submit(run_requests, good, info, expect, reqs, seed=seed, what="plain",
+                            drop_flags=(SPEC_FLAG,))
+        spec = pool.submit(run_requests, lossy, inspect_image(lossy), expect, reqs,
+                           seed=seed, what="speculative")
+        out: dict[str, Run] = {"plain": plain.result(), "lossy": spec.result()}
     yield settings, out
     subprocess.run(["docker", "rmi", LOSSY_REF], capture_output=True)
 

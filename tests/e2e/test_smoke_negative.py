@@ -3,6 +3,10 @@
 Each bad image is made cheaply FROM the good one: only its CMD changes (labels, model and
 engine layers are shared), so no engine is rebuilt. Every bad image must be caught with
 the right message, and the container must be gone afterwards.
+
+The smoke runs whose verdicts hold no time bound go two at a time (`verdicts`: each its own
+compose project, port and output folder; a boot is ~30 s of mostly one core, and CI has
+two); the ones timed (death at boot judged within seconds, Ctrl-C) run alone.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -82,8 +87,46 @@ def _without(cmd: list[str], flag: str, values: int = 1) -> list[str]:
     return cmd[:i] + cmd[i + 1 + values:]
 
 
-def test_good_image_passes_every_applicable_check(good: dict, tmp_path: Path):
-    v = smoke_ref(good["ref"], out_dir=tmp_path)
+# Serves /health with 503 forever and logs every probe: up, never healthy.
+UNHEALTHY = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(503); self.end_headers()
+port = int(sys.argv[sys.argv.index('--port') + 1])
+http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()
+"""
+HANG = ["python3", "-c", "import time; time.sleep(10**6)"]
+
+
+@pytest.fixture(scope="module")
+def verdicts(good: dict, derive, tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[str, tuple[dict, Path]]:
+    """name -> (verdict, output folder) of the smoke runs with no time bound, two at a time
+    (a vLLM boot beside a fake server's where it can: less contention for the checks)."""
+    cmd = good["cmd"]
+    i = cmd.index("--served-model-name")
+    cases = {
+        "good": (good["ref"], {}),
+        "unhealthy": (derive("unhealthy", ["python3", "-c", UNHEALTHY, "--port", "8000"]),
+                      {"boot_timeout_s": 20, "stall_s": 600}),
+        "wrong-names": (derive("wrong-names", cmd[:i + 1] + ["wrong-name"] + cmd[i + 3:]), {}),
+        "hang": (derive("hang", HANG), {"stall_s": 6}),
+        "no-spec": (derive("no-spec", _without(cmd, "--speculative-config")), {}),
+    }
+
+    def one(name: str) -> tuple[dict, Path]:
+        ref, kw = cases[name]
+        out = tmp_path_factory.mktemp(f"smoke-{name}")
+        return smoke_ref(ref, out_dir=out, **kw), out
+
+    with ThreadPoolExecutor(2) as pool:
+        running = {name: pool.submit(one, name) for name in cases}
+        return {name: f.result() for name, f in running.items()}
+
+
+def test_good_image_passes_every_applicable_check(good: dict, verdicts):
+    v, out = verdicts["good"]
     assert v["passed"], json.dumps(v["checks"], indent=1)[:4000]
     assert v["image_id"] == good["id"]
     assert all(c["passed"] for c in v["checks"].values())
@@ -95,16 +138,14 @@ def test_good_image_passes_every_applicable_check(good: dict, tmp_path: Path):
     chosen = _check(v, "kernel_backends_are_the_expected_ones").get("measured") or {}
     assert (chosen.get("attention"), chosen.get("speculative")) == ("CPU_ATTN", "ngram")
     for name in ("junit.xml", "summary.md", "verdict.json", "container.log"):
-        assert (tmp_path / name).stat().st_size > 0
-    print(f"\nFIGURE good cpu image: boot {v['timings']['boot_s']}s, checks "
-          f"{v['timings']['checks_s']}s, total {v['timings']['total_s']}s")
+        assert (out / name).stat().st_size > 0
+    print(f"\nFIGURE good cpu image (smoked beside another run): boot "
+          f"{v['timings']['boot_s']}s, checks {v['timings']['checks_s']}s, total "
+          f"{v['timings']['total_s']}s")
 
 
-def test_wrong_served_names(good: dict, derive, tmp_path: Path):
-    cmd = good["cmd"]
-    i = cmd.index("--served-model-name")
-    ref = derive("wrong-names", cmd[:i + 1] + ["wrong-name"] + cmd[i + 3:])
-    v = smoke_ref(ref, out_dir=tmp_path)
+def test_wrong_served_names(verdicts):
+    v, _ = verdicts["wrong-names"]
     assert not v["passed"] and v["outcome"] == "checks failed"
     check = _check(v, "models_lists_exactly_the_served_names")
     assert check["outcome"] == "failed"
@@ -112,9 +153,8 @@ def test_wrong_served_names(good: dict, derive, tmp_path: Path):
         check["message"]
 
 
-def test_speculative_decoding_off(good: dict, derive, tmp_path: Path):
-    ref = derive("no-spec", _without(good["cmd"], "--speculative-config"))
-    v = smoke_ref(ref, out_dir=tmp_path)
+def test_speculative_decoding_off(verdicts):
+    v, _ = verdicts["no-spec"]
     assert not v["passed"]
     check = _check(v, "speculative_decoding_fires")
     assert check["outcome"] == "failed"
@@ -147,37 +187,24 @@ def test_engine_dying_at_boot_is_judged_within_seconds(good: dict, derive, tmp_p
           "300s")
 
 
-# Serves /health with 503 forever and logs every probe: up, never healthy.
-UNHEALTHY = """
-import http.server, sys
-class H(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(503); self.end_headers()
-port = int(sys.argv[sys.argv.index('--port') + 1])
-http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()
-"""
-
-
-def test_never_healthy_times_out_with_the_phase(good: dict, derive, tmp_path: Path):
-    ref = derive("unhealthy", ["python3", "-c", UNHEALTHY, "--port", "8000"])
-    v = smoke_ref(ref, out_dir=tmp_path, boot_timeout_s=20, stall_s=600)
+def test_never_healthy_times_out_with_the_phase(verdicts):
+    v, _ = verdicts["unhealthy"]
     assert v["outcome"] == "boot timeout"
     assert "not healthy after 20s (boot timeout)" in v["message"]
     assert 20 <= v["boot"]["seconds"] < 30
 
 
-def test_silent_spawn_hang_is_relaunched_once(good: dict, derive, tmp_path: Path):
-    ref = derive("hang", ["python3", "-c", "import time; time.sleep(10**6)"])
-    v = smoke_ref(ref, out_dir=tmp_path, stall_s=6)
+def test_silent_spawn_hang_is_relaunched_once(verdicts):
+    v, out = verdicts["hang"]
     assert v["outcome"] == "boot stalled" and v["relaunched"]
     assert [a["kind"] for a in v["attempts"]] == ["stalled", "stalled"]
     assert "silent spawn hang" in v["message"]
-    assert (tmp_path / "container-attempt1.log").exists()
+    assert (out / "container-attempt1.log").exists()
 
 
 def test_ctrl_c_removes_the_container(good: dict, derive, docker_engine: str):
     """Ctrl-C while the server boots (after smoke says `booting`) removes the container."""
-    ref = derive("hang", ["python3", "-c", "import time; time.sleep(10**6)"])
+    ref = derive("hang", HANG)
     proc = subprocess.Popen([sys.executable, "-c", "import sys; from imagebuild.smoke.runner "
                              "import smoke_ref; smoke_ref(sys.argv[1], stall_s=600)", ref],
                             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
