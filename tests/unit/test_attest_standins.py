@@ -68,6 +68,9 @@ def test_bundles_land_beside_the_image_as_githubs_and_gh_verifies_them(monkeypat
     # a wrong subject: another release's digest has no attestation
     other = read_release(client, REPO, TAGS[1]).digest
     assert sc.verify(f"oci://{NAME}@{other}", "Org") == 1
+    # by tag, as users and the workflow's verify step run it: the digest the tag holds
+    assert sc.verify(f"oci://{NAME}:{TAGS[0]}", "Org") == 0
+    assert sc.verify(f"oci://{NAME}:{TAGS[1]}", "Org") == 1
 
 
 def test_a_bundle_whose_statement_names_another_digest_does_not_verify():

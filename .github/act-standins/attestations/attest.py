@@ -264,15 +264,22 @@ def problems(bundles: list[tuple[dict[str, str], dict[str, Any]]], digest: str,
 
 
 def verify(ref: str, owner: str, predicate_type: str = SLSA) -> int:
-    """gh attestation verify oci://NAME@DIGEST --owner OWNER [--predicate-type T]."""
+    """gh attestation verify oci://NAME@DIGEST|oci://NAME:TAG --owner OWNER
+    [--predicate-type T]: a tag is resolved to the digest it holds, as gh does."""
     image = ref.removeprefix("oci://")
-    name, sep, digest = image.partition("@")
-    if not sep or not DIGEST.fullmatch(digest):
-        raise Refused(f"{ref}: the stand-in verifies oci://NAME@sha256:<hex> only")
+    name, sep, wanted = image.partition("@")
+    if not sep:
+        head, colon, tag = image.rpartition(":")
+        name, wanted = (head, tag) if colon and "/" not in tag else (image, "latest")
+    elif not DIGEST.fullmatch(wanted):
+        raise Refused(f"{ref}: not oci://NAME@sha256:<hex> or oci://NAME:TAG")
     reg = Registry(name)
-    got = reg.manifest(digest)
-    if got is None or "sha256:" + hashlib.sha256(got[0]).hexdigest() != digest:
+    got = reg.manifest(wanted)
+    if got is None:
         raise Refused(f"{image}: no such image in the registry")
+    digest = "sha256:" + hashlib.sha256(got[0]).hexdigest()
+    if sep and digest != wanted:
+        raise Refused(f"{image}: the registry answered another manifest ({digest})")
     bundles = [(d.get("annotations") or {}, reg.blob_json(
                     json.loads(reg.manifest(d["digest"])[0])["layers"][0]["digest"]))  # type: ignore[index]
                for d in reg.referrers(digest) if d.get("artifactType") == BUNDLE_TYPE]
