@@ -22,6 +22,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -153,10 +154,11 @@ class Registry:
 
     def put_blob(self, body: bytes) -> str:
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
-        path = Path(_env("RUNNER_TEMP", "/tmp")) / f"blob-{digest[7:19]}"
-        path.write_bytes(body)
-        r = self.oras.upload_blob(str(path), self.container,
-                                  {"digest": digest, "size": len(body), "mediaType": EMPTY})
+        with tempfile.NamedTemporaryFile(prefix="blob-") as fh:
+            fh.write(body)
+            fh.flush()
+            r = self.oras.upload_blob(fh.name, self.container,
+                                      {"digest": digest, "size": len(body), "mediaType": EMPTY})
         if r.status_code not in (200, 201, 202):
             raise Refused(f"blob upload to {self.host}/{self.repo}: HTTP {r.status_code}")
         return digest
@@ -219,7 +221,9 @@ def attest(kind: str) -> int:
     else:
         ptype, predicate = SLSA, provenance_predicate()
     doc = bundle(statement(name, digest, ptype, predicate))
-    out = Path(_env("RUNNER_TEMP", "/tmp")) / f"attestation-{kind}-{digest[7:19]}.json"
+    out = Path(_env("RUNNER_TEMP") or tempfile.gettempdir()) / \
+        f"attestation-{kind}-{digest[7:19]}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc))
     outputs = [f"bundle-path={out}"]
     if _env("PUSH") == "true":
