@@ -66,13 +66,22 @@ def attested(client: RegistryClient, rel: Release, signed: bool) -> bool:
     image_id = rel.annotations.get(A_IMAGE) or rel.image_id
     found = store.listed_kinds(client, rel.repo, rel.digest, (
         store.SBOM_TYPE, store.PROVENANCE_TYPE, store.SIGSTORE_BUNDLE_TYPE))
-    ann = [(d.get("artifactType"), d.get("annotations") or {}) for d in found]
-    documented = all(any(kind == want and a.get(store.A_IMAGE_ID) == image_id
-                         for kind, a in ann)
+    documented = all(any(d.get("artifactType") == want and (d.get("annotations") or {}).get(
+                             store.A_IMAGE_ID) == image_id for d in found)
                      for want in (store.SBOM_TYPE, store.PROVENANCE_TYPE))
-    bundles = {a.get(store.A_BUNDLE_PREDICATE) for kind, a in ann
-               if kind == store.SIGSTORE_BUNDLE_TYPE}
-    return documented and (not signed or set(SIGNED_PREDICATES) <= bundles)
+    if not documented or not signed:
+        return documented
+    bundles = set()
+    for desc in found:
+        if desc.get("artifactType") != store.SIGSTORE_BUNDLE_TYPE:
+            continue
+        predicate = (desc.get("annotations") or {}).get(store.A_BUNDLE_PREDICATE)
+        if predicate is None:  # a fallback index that kept no annotations: the manifest's
+            raw, _media, _digest = client.get_manifest(rel.repo, str(desc["digest"]))
+            predicate = (json.loads(raw).get("annotations") or {}).get(
+                store.A_BUNDLE_PREDICATE)
+        bundles.add(predicate)
+    return set(SIGNED_PREDICATES) <= bundles
 
 
 def cell_state(client: RegistryClient, job: Job, *, signed: bool = False) -> CellState:
