@@ -327,6 +327,7 @@ def test_the_verify_step_fails_when_the_attestations_name_another_digest(registr
     env = {**os.environ, "DOCKER_CONFIG": str(docker), "RUNNER_TEMP": str(tmp_path),
            "GITHUB_REPOSITORY": "ActRehearsal/imagebuild", "CELL": f"cpu/{IMAGE}",
            "OWNER": "ActRehearsal", "PUSH": "true", "SBOM_PATH": str(tmp_path / "bom.json"),
+           "IMAGEBUILD_REHEARSAL_GH": str(tmp_path / "gh"),
            "PATH": f"{STANDINS / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
 
     def sign_and_verify(digest: str) -> subprocess.CompletedProcess[str]:
