@@ -216,8 +216,9 @@ class Registry:
 
 def attest(kind: str) -> int:
     name, digest = _env("SUBJECT_NAME"), _env("SUBJECT_DIGEST")
-    if kind == "sbom":
-        ptype, predicate = sbom_predicate(_env("SBOM_PATH"))
+    if kind == "sbom":  # a relative sbom-path is the workspace's, as for the real action
+        ptype, predicate = sbom_predicate(str(Path(_env("GITHUB_WORKSPACE", "."))
+                                              / _env("SBOM_PATH")))
     else:
         ptype, predicate = SLSA, provenance_predicate()
     doc = bundle(statement(name, digest, ptype, predicate))
