@@ -117,9 +117,10 @@ resume-state:
 	$(PY) build.py resume --tag "$$RELEASE_TAG" --target "$${CELL_TARGET:-$$ENGINE_TARGET}" \
 	  $${CELL:+--only "$$CELL"} --verdict-dir build | tee build/resume-state.txt
 
-# GitHub artifact attestations of a published cell (release.yml, on GitHub only). publish
-# wrote build/supply-chain/$$CELL/subject.txt (name=, digest=, sbom=): the pushed release
-# manifest and its SBOM file. The attestation actions push with this job's Docker config.
+# GitHub artifact attestations of a published cell (release.yml; stand-ins under act).
+# publish wrote build/supply-chain/$$CELL/subject.txt (name=, digest=, sbom=, tag=): the
+# pushed release manifest, its SBOM file and release tag. The attestation actions push
+# with this job's Docker config.
 registry-login:
 	printf '%s' "$$IMAGEBUILD_REGISTRY_PASSWORD" | docker login "$$IMAGEBUILD_REGISTRY" \
 	  --username "$$IMAGEBUILD_REGISTRY_USER" --password-stdin >/dev/null
@@ -127,9 +128,11 @@ registry-login:
 attest-subject:  ## name=, digest=, sbom= of $$CELL's pushed release, for $$GITHUB_OUTPUT
 	grep -E '^(name|digest|sbom)=' "build/supply-chain/$$CELL/subject.txt"
 
-attest-verify:  ## both attestations of $$CELL's pushed digest verify for $$OWNER, as users run it
+# By the release tag, as users run it: the attestations must be of the digest the tag
+# holds, so a wrong subject digest fails here
+attest-verify:  ## both attestations of $$CELL's release verify for $$OWNER, as users run it
 	f="build/supply-chain/$$CELL/subject.txt"; \
-	ref="oci://$$(sed -n 's/^name=//p' "$$f")@$$(sed -n 's/^digest=//p' "$$f")"; \
+	ref="oci://$$(sed -n 's/^name=//p' "$$f"):$$(sed -n 's/^tag=//p' "$$f")"; \
 	gh attestation verify "$$ref" --owner "$$OWNER"; \
 	gh attestation verify "$$ref" --owner "$$OWNER" --predicate-type https://cyclonedx.org/bom
 

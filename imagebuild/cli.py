@@ -425,7 +425,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     plan = _plan(args)
     client = registry_client(plan)
-    states = [cell_state(client, job) for job in plan.jobs]
+    # release.yml's cell job signs what publish stores: done only once signed
+    signed = os.environ.get("IMAGEBUILD_ATTESTATIONS") == "github"
+    states = [cell_state(client, job, signed=signed) for job in plan.jobs]
     if args.verdict_dir:
         for job in plan.jobs:
             write_recorded_verdict(client, job, args.verdict_dir)
@@ -433,11 +435,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
         from imagebuild.release.resume import pull_tested_image
 
         for job, state in zip(plan.jobs, states, strict=True):
-            if state.tested and not state.benched and pull_tested_image(client, job):
-                print(f"{job.id}: pulled the tested image for its bench", file=sys.stderr)
+            # a bench, or the documents and signatures, still to make: from this image
+            if state.tested and not (state.benched and state.attested) and \
+                    pull_tested_image(client, job):
+                print(f"{job.id}: pulled the tested image", file=sys.stderr)
     for s in states:
-        print(f"{s.cell}: published={s.published} tested={s.tested} benched={s.benched}",
-              file=sys.stderr)
+        print(f"{s.cell}: published={s.published} tested={s.tested} attested={s.attested} "
+              f"benched={s.benched}", file=sys.stderr)
     print(github_output(states), end="")
     return 0
 

@@ -33,8 +33,13 @@ ARTIFACT_TYPE = "application/vnd.imagebuild.bench.v1+json"
 SBOM_TYPE = "application/vnd.cyclonedx+json"
 PROVENANCE_TYPE = "application/vnd.in-toto+json"
 COMPAT_TYPE = "application/vnd.imagebuild.compat.v1+json"  # the compatibility table
+# GitHub's artifact attestations (push-to-registry) attach their signed Sigstore bundles
+# beside the image the same way, one per predicate type (A_BUNDLE_PREDICATE)
+SIGSTORE_BUNDLE_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+A_BUNDLE_PREDICATE = "dev.sigstore.bundle.predicateType"
 # prune deletes them with their release
-KEPT_WITH_RELEASE = (ARTIFACT_TYPE, SBOM_TYPE, PROVENANCE_TYPE, COMPAT_TYPE)
+KEPT_WITH_RELEASE = (ARTIFACT_TYPE, SBOM_TYPE, PROVENANCE_TYPE, COMPAT_TYPE,
+                     SIGSTORE_BUNDLE_TYPE)
 EMPTY = "application/vnd.oci.empty.v1+json"
 ANN = "io.imagebuild.bench"
 A_IMAGE_ID, A_TAG, A_ACCEPTED = f"{ANN}.image-id", f"{ANN}.tag", f"{ANN}.accepted-regression"
@@ -161,6 +166,12 @@ def listed(client: RegistryClient, repo: str, digest: str,
     return _ours(client, repo, digest, artifact_type)[0]
 
 
+def listed_kinds(client: RegistryClient, repo: str, digest: str,
+                 kinds: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The same for any of several types, in one request."""
+    return _ours(client, repo, digest, kinds)[0]
+
+
 def _read(client: RegistryClient, repo: str, ref: str, how: str) -> Stored | None:
     try:
         raw, _media, digest = client.get_manifest(repo, ref)
@@ -258,14 +269,16 @@ def carry_over(client: RegistryClient, repo: str, old_digest: str, rel: Release)
     the old copies; how many moved. For a release whose record was amended after publish
     (recorded as unmeasured at promote): its manifest has a new digest, and its SBOM,
     provenance and any results would otherwise stay with the old one, which prune never
-    reaches. New copies first: a failure in between leaves both, never neither."""
+    reaches. New copies first: a failure in between leaves both, never neither. Signed
+    bundles do not move (their statement names the old digest; a copy would not verify)."""
     if old_digest == rel.digest:
         return 0
     ours, _how = _ours(client, repo, old_digest, KEPT_WITH_RELEASE)
     moved, seen = 0, set()
     for desc in ours:  # newest first: one of each type
         kind = desc.get("artifactType")
-        if kind in seen or _subject_of(client, repo, str(desc.get("digest"))) != old_digest:
+        if kind in seen or kind == SIGSTORE_BUNDLE_TYPE or \
+                _subject_of(client, repo, str(desc.get("digest"))) != old_digest:
             continue
         seen.add(kind)
         raw, _media, _digest = client.get_manifest(repo, desc["digest"])

@@ -33,8 +33,7 @@ WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 STANDIN_FOR = {"actions/checkout": "checkout", "actions/setup-python": "setup-python",
                "actions/upload-artifact": "upload-artifact",
                "actions/download-artifact": "download-artifact",
-               # skipped under act (`!env.ACT`: no Sigstore here); mapped so act never
-               # fetches them
+               # unsigned Sigstore bundles pushed beside the image (no Sigstore here)
                "actions/attest-build-provenance": "attest-build-provenance",
                "actions/attest-sbom": "attest-sbom"}
 USES = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w.-]+)@([0-9a-f]{40})", re.M)
@@ -172,6 +171,7 @@ class Rehearsal:
         env = {"PATH": path, "IMAGEBUILD_REHEARSAL_ORIGIN": str(self.origin),
                "IMAGEBUILD_REHEARSAL_ARTIFACTS": str(self.artifacts(run)),
                "IMAGEBUILD_REHEARSAL_GH": str(self.gh), "IMAGEBUILD_VENV": str(self.venv),
+               "IMAGEBUILD_REHEARSAL_STANDINS": str(STANDINS),
                **self.extra_env}
         for k, v in env.items():
             cmd += ["--env", f"{k}={v}"]

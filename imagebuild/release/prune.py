@@ -181,7 +181,7 @@ def prune(client: RegistryClient, repo: str, keep: int, *, dry_run: bool = False
             # a failure after it leaves results a re-run no longer reaches (only storage)
             _delete(client, repo, tag, digest)
             lease.check()  # the fence before the results' deletes too
-            store.forget(client, repo, digest)  # results, SBOM, provenance, table
+            store.forget(client, repo, digest)  # results, SBOM, provenance, table, bundles
     _log_prune(plan, False, log)
     return plan
 

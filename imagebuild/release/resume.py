@@ -12,6 +12,10 @@ from pathlib import Path
 
 from imagebuild.plan import Job
 from imagebuild.registry.client import RegistryClient
+from imagebuild.registry.records import A_IMAGE, Release
+
+# what GitHub's attestation actions sign in release.yml: the provenance and the SBOM
+SIGNED_PREDICATES = ("https://slsa.dev/provenance/v1", "https://cyclonedx.org/bom")
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,10 @@ class CellState:
     published: bool  # the release tag exists with this release's record
     tested: bool  # ... recorded smoke-passed for the image it points at
     benched: bool  # bench results are stored with the release
+    # its SBOM and provenance are stored with it (for this image) and, where the run
+    # signs them, a Sigstore bundle of each predicate is attached too: a run that died
+    # before or while signing is not done, so its re-run stores and signs them
+    attested: bool = False
 
 
 def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) -> Path | None:
@@ -50,7 +58,35 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
     return path
 
 
-def cell_state(client: RegistryClient, job: Job) -> CellState:
+def attested(client: RegistryClient, rel: Release, signed: bool) -> bool:
+    """SBOM and provenance stored for the release's image, and with `signed` a Sigstore
+    bundle of each of SIGNED_PREDICATES attached to its digest as well."""
+    from imagebuild.bench import store
+
+    image_id = rel.annotations.get(A_IMAGE) or rel.image_id
+    found = store.listed_kinds(client, rel.repo, rel.digest, (
+        store.SBOM_TYPE, store.PROVENANCE_TYPE, store.SIGSTORE_BUNDLE_TYPE))
+    documented = all(any(d.get("artifactType") == want and (d.get("annotations") or {}).get(
+                             store.A_IMAGE_ID) == image_id for d in found)
+                     for want in (store.SBOM_TYPE, store.PROVENANCE_TYPE))
+    if not documented or not signed:
+        return documented
+    bundles = set()
+    for desc in found:
+        if desc.get("artifactType") != store.SIGSTORE_BUNDLE_TYPE:
+            continue
+        predicate = (desc.get("annotations") or {}).get(store.A_BUNDLE_PREDICATE)
+        if predicate is None:  # a fallback index that kept no annotations: the manifest's
+            raw, _media, _digest = client.get_manifest(rel.repo, str(desc["digest"]))
+            predicate = (json.loads(raw).get("annotations") or {}).get(
+                store.A_BUNDLE_PREDICATE)
+        bundles.add(predicate)
+    return set(SIGNED_PREDICATES) <= bundles
+
+
+def cell_state(client: RegistryClient, job: Job, *, signed: bool = False) -> CellState:
+    """`signed`: this run signs the documents (release.yml's cell job,
+    IMAGEBUILD_ATTESTATIONS=github), so they count only once signed."""
     from imagebuild.bench.store import release_stored
     from imagebuild.registry.records import read_release
 
@@ -59,18 +95,21 @@ def cell_state(client: RegistryClient, job: Job) -> CellState:
     published = bool(rel and rel.recorded)
     tested = bool(rel and rel.passed)
     benched = bool(tested and (release_stored(client, repo, tag) or (rel and rel.unmeasured)))
-    return CellState(job.cell.id, published, tested, benched)
+    documents = bool(tested and rel and attested(client, rel, signed))
+    return CellState(job.cell.id, published, tested, benched, documents)
 
 
 def github_output(states: list[CellState]) -> str:
-    """name=value lines for $GITHUB_OUTPUT, true only when true of every cell: `done`
-    (published and tested: nothing to build, smoke or push) and `benched`."""
+    """name=value lines for $GITHUB_OUTPUT, true only when true of every cell: `tested`
+    (published and smoke-passed: nothing to build or smoke), `done` (tested, and its
+    SBOM and provenance stored and signed: nothing to publish or sign) and `benched`."""
     def every(flag: str) -> str:
         return "true" if states and all(getattr(s, flag) for s in states) else "false"
 
-    done = "true" if states and all(s.published and s.tested for s in states) else "false"
+    done = "true" if states and all(s.published and s.tested and s.attested
+                                    for s in states) else "false"
     return (f"published={every('published')}\ntested={every('tested')}\n"
-            f"benched={every('benched')}\ndone={done}\n")
+            f"attested={every('attested')}\nbenched={every('benched')}\ndone={done}\n")
 
 
 def pull_tested_image(client: RegistryClient, job: Job) -> str | None:

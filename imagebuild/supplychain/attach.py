@@ -53,8 +53,9 @@ class Attached:
 
 def signing(env: Mapping[str, str]) -> str:
     """How the documents get signed: the release workflow's publish step says that its
-    attestation steps follow (IMAGEBUILD_ATTESTATIONS=github; skipped under act, which
-    has no Sigstore). Being on a GitHub runner is not enough: CI runs tests there."""
+    attestation steps follow (IMAGEBUILD_ATTESTATIONS=github; under act, which has no
+    Sigstore, stand-ins push unsigned bundles). Being on a GitHub runner is not enough:
+    CI runs tests there."""
     attested = env.get("IMAGEBUILD_ATTESTATIONS") == "github" and env.get("ACT") != "true"
     return GITHUB_SIGNED if attested else UNSIGNED
 
@@ -162,7 +163,7 @@ def attach(client: RegistryClient, job: Job, lock: Lock, *, root: Path, build_di
     (out / SBOM_FILE).write_text(sbom_text)
     (out / PROVENANCE_FILE).write_text(statement)
     (out / "subject.txt").write_text(f"name={subject.name}\ndigest={subject.digest}\n"
-                                     f"sbom={out / SBOM_FILE}\n")
+                                     f"sbom={out / SBOM_FILE}\ntag={tag}\n")
     t2 = time.monotonic()
     ann = {A_SIGNING: signing(env), A_FINDINGS: str(len(res.findings))}
     res.sbom_digest = store.put_artifact(client, repo, rel, sbom_text.encode(),

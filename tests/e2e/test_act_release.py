@@ -219,13 +219,36 @@ def test_release_end_to_end_with_every_linked_asset(runs):
     # the notes cover every target of the release, not only the one this dispatch built
     assert "spark-heretic-zlab" in notes
     assert runs.seen["latest after new"] == NEW_FULL  # the first release to pass
+    _signed_under_act(runs, run)
+
+
+def _signed_under_act(runs: Runs, run: ActRun) -> None:
+    """The attestation steps ran (.github/act-standins): an unsigned Sigstore bundle of
+    each predicate beside the release's digest, as GitHub's actions push them, and the
+    verify step's gh found both agreeing with the image its tag holds."""
+    from imagebuild.bench import store
+    from imagebuild.registry.client import RegistryClient
+    from imagebuild.registry.records import read_release
+
+    for step in ("Sign the build provenance", "Sign the SBOM", "Verify both attestations"):
+        assert re.search(rf"Success - Main {step}", run.log), _fail(run)
+    agreed = re.findall(r"gh attestation verify \(stand-in\): .*:" + re.escape(NEW_FULL)
+                        + r": (\S+) attestation for owner ActRehearsal agrees", run.log)
+    assert sorted(agreed) == ["https://cyclonedx.org/bom", "https://slsa.dev/provenance/v1"]
+    reg = runs.registry
+    client = RegistryClient(reg.host, username=reg.user, password=reg.password)
+    rel = read_release(client, f"{NAMESPACE}/{IMAGE}", NEW_FULL)
+    assert rel is not None
+    found = store.listed(client, rel.repo, rel.digest, store.SIGSTORE_BUNDLE_TYPE)
+    assert sorted(d["annotations"][store.A_BUNDLE_PREDICATE] for d in found) == sorted(agreed)
 
 
 def test_a_rerun_that_changes_nothing_builds_smokes_and_benches_nothing(runs):
     run = runs.runs["rerun"]
     assert run.returncode == 0, _fail(run)
     for step in (r"Build the engine once.*", r"Build the serve layers.*", r"Smoke",
-                 r"Push by digest.*", r"Bench, stored.*", r"Release notes", r"GitHub release"):
+                 r"Push by digest.*", r"Sign the .*", r"Bench, stored.*", r"Release notes",
+                 r"GitHub release"):
         assert not re.search(rf"Success - Main {step} \[", run.log), step
     assert "done=true" in run.log and run.job_result("promote and release") == "succeeded"
     assert run.seconds < 30, run.seconds  # benchmarks/time_act_rerun.py measures it (< 15 s)
@@ -277,6 +300,52 @@ def test_pins_workflow_runs_offline_and_opens_no_issue_for_an_unreachable_hub(ru
         assert summary.startswith("## pins watch"), summary[:500]
         assert "build.py pins watch --format" not in summary, summary[:500]
     assert runs.seen["issues after pins again"] == []
+
+
+def test_the_verify_step_fails_when_the_attestations_name_another_digest(registry, tmp_path):
+    """The cell job's attest steps (the stand-ins act runs) and its verify step (`make
+    attest-verify` verbatim, the gh stand-in) outside act, on two releases stored here: a
+    subject.txt naming the wrong digest gets its bundles attached to that digest, and
+    the verify of the release tag fails; the right digest verifies. (~3 s, no act run)"""
+    import base64
+
+    from imagebuild.registry.client import RegistryClient
+    from imagebuild.rehearse_workflow.act import STANDINS
+    from tests.support.memregistry import add_release
+
+    client = RegistryClient(registry.host, username=registry.user, password=registry.password)
+    repo = f"{NAMESPACE}-wrong-subject/{IMAGE}"
+    image, other = (add_release(client, repo, tag, config=tag.encode())
+                    for tag in (NEW_FULL, OLD_FULL))
+    docker = tmp_path / "docker"
+    docker.mkdir()
+    auth = base64.b64encode(f"{registry.user}:{registry.password}".encode()).decode()
+    (docker / "config.json").write_text(json.dumps({"auths": {registry.host: {"auth": auth}}}))
+    (tmp_path / "bom.json").write_text('{"bomFormat": "CycloneDX", "specVersion": "1.6"}')
+    subject = tmp_path / "build/supply-chain/cpu" / IMAGE / "subject.txt"
+    subject.parent.mkdir(parents=True)
+    env = {**os.environ, "DOCKER_CONFIG": str(docker), "RUNNER_TEMP": str(tmp_path),
+           "GITHUB_REPOSITORY": "ActRehearsal/imagebuild", "CELL": f"cpu/{IMAGE}",
+           "OWNER": "ActRehearsal", "PUSH": "true", "SBOM_PATH": str(tmp_path / "bom.json"),
+           "IMAGEBUILD_REHEARSAL_GH": str(tmp_path / "gh"),
+           "PATH": f"{STANDINS / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+    def sign_and_verify(digest: str) -> subprocess.CompletedProcess[str]:
+        name = f"{registry.host}/{repo}"
+        subject.write_text(f"name={name}\ndigest={digest}\nsbom=bom.json\ntag={NEW_FULL}\n")
+        for kind in ("provenance", "sbom"):
+            subprocess.run([sys.executable, str(STANDINS / "attestations/attest.py"), kind],
+                           env={**env, "SUBJECT_NAME": name, "SUBJECT_DIGEST": digest},
+                           check=True, capture_output=True, text=True)
+        return subprocess.run(["make", "-s", "-f", str(REPO_ROOT / "Makefile"), "attest-verify"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    wrong = sign_and_verify(other)
+    assert wrong.returncode != 0, wrong.stdout
+    assert f"no attestations found for {image}" in wrong.stderr, wrong.stderr
+    right = sign_and_verify(image)
+    assert right.returncode == 0, right.stdout + right.stderr
+    assert right.stdout.count("agrees with the image") == 2, right.stdout
 
 
 CANCELLED = "2026-06-19-dflashfix"

@@ -32,27 +32,34 @@ def test_nothing_published_is_nothing_done(matrix_dir):
     reg = MemRegistry()
     reg.add_release(REPO, "2026-06-11-v0.23.0-pr41703")  # another release of the image
     assert _state(reg, _job(matrix_dir)) == {"published": "false", "tested": "false",
-                                             "benched": "false", "done": "false"}
+                                             "attested": "false", "benched": "false",
+                                             "done": "false"}
 
 
 def test_a_failed_smoke_recorded_is_published_but_not_done(matrix_dir):
     reg = MemRegistry()
     reg.add_release(REPO, TAG, smoke="failed")
     assert _state(reg, _job(matrix_dir)) == {"published": "true", "tested": "false",
-                                             "benched": "false", "done": "false"}
+                                             "attested": "false", "benched": "false",
+                                             "done": "false"}
 
 
 def test_passed_then_benched_and_read_only(matrix_dir, tmp_path):
     reg = MemRegistry()
     reg.add_release(REPO, TAG)
     job = _job(matrix_dir)
-    start = len(reg.calls)
-    assert _state(reg, job) == {"published": "true", "tested": "true", "benched": "false",
-                                "done": "true"}
-    assert not [c for c in reg.calls[start:] if c[0] in WRITES]
     client = reg.client()
     from imagebuild.registry.records import read_release
-    image_id = read_release(client, REPO, TAG).image_id
+    rel = read_release(client, REPO, TAG)
+    image_id = rel.image_id
+    # done: its SBOM and provenance are stored too (signed too in the release workflow:
+    # tests/unit/test_attest_standins.py)
+    for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE):
+        store.put_artifact(client, REPO, rel, b"{}", artifact_type=kind, file_name="f")
+    start = len(reg.calls)
+    assert _state(reg, job) == {"published": "true", "tested": "true", "attested": "true",
+                                "benched": "false", "done": "true"}
+    assert not [c for c in reg.calls[start:] if c[0] in WRITES]
     store.put_results(client, REPO, TAG, {"image": {"id": image_id, "tag": TAG}, "levels": []})
     assert _state(reg, job)["benched"] == "true"
     # the notes of a re-run read the recorded verdict; a report of this run is kept

@@ -619,26 +619,36 @@ def test_a_rerun_skips_what_the_tag_already_holds():
     assert state["run"] == 'make -s resume-state >> "$GITHUB_OUTPUT"'
     names = [s.get("name", s.get("uses", "")) for s in cell["steps"]]
     cond = {s.get("name", s.get("uses", "")): s.get("if", "") for s in cell["steps"]}
+    # a tested image is never built or smoked again; publish and signing run until its
+    # SBOM and provenance are stored and signed (`done`), on the tested image pulled back
     for step in names[names.index(state["name"]) + 1:]:
-        if re.match(r"debootstrap|Engine digest|Build the serve|Smoke|Release gates|"
-                    r"Push by digest", step):
-            assert "steps.state.outputs.done != 'true'" in cond[step], step
+        if re.match(r"debootstrap|Engine digest|Build the serve|Smoke|Release gates", step):
+            assert "steps.state.outputs.tested != 'true'" in cond[step], step
+        if re.match(r"Push by digest|Registry login|Subject of|Sign the|Verify both", step):
+            assert cond[step] == "steps.state.outputs.done != 'true'", step
         if step.startswith("Bench"):
             assert cond[step] == "steps.state.outputs.benched != 'true'"
+    pull = names.index("The published image, for a resumed cell (pulled by digest, checked)")
+    assert pull < names.index("Push by digest (latest stays; promote moves it)")
+    assert cond[names[pull]] == ("steps.state.outputs.tested == 'true' && (steps.state.outputs"
+                                 ".done != 'true' || steps.state.outputs.benched != 'true')")
     engine = load("release.yml")["jobs"]["engine"]
     for s in engine["steps"]:
         if "build.py build" in s.get("run", "") or "upload-artifact" in s.get("uses", ""):
-            assert s["if"] == "steps.state.outputs.done != 'true'"
+            assert s["if"] == "steps.state.outputs.tested != 'true'"
 
 
 def test_resume_output_is_true_only_when_true_of_every_cell():
     from imagebuild.rehearse_workflow.outputs import parse
     from imagebuild.release.resume import CellState, github_output
 
-    done = CellState("t/a", True, True, True)
+    done = CellState("t/a", True, True, True, attested=True)
     untested = CellState("t/b", True, False, False)
     assert parse(github_output([done])) == {"published": "true", "tested": "true",
-                                            "benched": "true", "done": "true"}
+                                            "attested": "true", "benched": "true",
+                                            "done": "true"}
+    unsigned = CellState("t/a", True, True, True, attested=False)
+    assert parse(github_output([unsigned]))["done"] == "false"
     assert parse(github_output([done, untested]))["done"] == "false"
     assert parse(github_output([done, untested]))["published"] == "true"
     assert parse(github_output([]))["done"] == "false"  # nothing planned is nothing done
