@@ -40,7 +40,7 @@ from imagebuild.docker import inspect_image
 from imagebuild.errors import UserError
 from imagebuild.plan import load_plan
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient
-from imagebuild.registry.records import A_IMAGE, A_SMOKE, A_TAG
+from imagebuild.registry.records import A_GATES, A_IMAGE, A_SMOKE, A_TAG
 from imagebuild.release import compat
 from imagebuild.release.latest import acceptance_threshold_for
 from imagebuild.smoke.expect import expectations_from_labels
@@ -57,6 +57,10 @@ LEVELS, REQUESTS, MAX_TOKENS, PROMPTS = [4, 8], 12, 96, "structured"
 LATEST_REL, NEXT_REL = "2026-06-18-v0.23.0-dflashfix", "2026-06-25-v0.23.0-dflashfix"
 MORE_DRAFTS = {"num_speculative_tokens": 8}
 MORE_DRAFTS_REF = "imagebuild-test/cpu-tiny-ngram-drafts8:bench"
+# release gates passed (promote moves latest only to such a release)
+GATES = {"lossless": {"status": "pass", "reason": "", "requests": 8, "compared_tokens": 1536,
+                      "ties": 0, "tie_rate": 0.0},
+         "long_generation": {"status": "pass", "reason": "", "tokens": 448}}
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +84,8 @@ def _measure(set_flags: tuple[tuple[str, str], ...]) -> list[dict]:
     return levels
 
 
-def _release(client: RegistryClient, tag: str, image_id: str | None = None) -> str:
+def _release(client: RegistryClient, tag: str, image_id: str | None = None,
+             gates: dict | None = None) -> str:
     """A minimal passed release (its own config, so its own image id); returns the id.
     `image_id`: the release records that image instead (a local image's, so `bench
     --store` of that image finds its release without pushing gigabytes)."""
@@ -92,7 +97,8 @@ def _release(client: RegistryClient, tag: str, image_id: str | None = None) -> s
                            "digest": cfg, "size": len(config)},
                 "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
                             "digest": layer, "size": len(b"layer of " + tag.encode())}],
-                "annotations": {A_TAG: tag, A_SMOKE: "passed", A_IMAGE: image_id or cfg}}
+                "annotations": {A_TAG: tag, A_SMOKE: "passed", A_IMAGE: image_id or cfg,
+                                **({A_GATES: json.dumps(gates)} if gates else {})}}
     client.put_manifest(REPO, tag, json.dumps(manifest).encode(), OCI_MANIFEST)
     return image_id or cfg
 
@@ -178,11 +184,11 @@ def next_release_benched(good, registry, tmp_path_factory):
     Yields (registry, the bench command's process, its --out dir, the commands' env, the
     image id of the next release)."""
     client = registry.client()
-    _release(client, LATEST_REL, good["image"]["id"])
+    _release(client, LATEST_REL, good["image"]["id"], GATES)
     store.put_results(client, REPO, LATEST_REL, good)
     client.copy_tag(REPO, LATEST_REL, "latest")
     variant = _more_drafts_image(IMAGE)
-    variant_id = _release(client, NEXT_REL, inspect_image(variant)["Id"])
+    variant_id = _release(client, NEXT_REL, inspect_image(variant)["Id"], GATES)
     ref = f"{registry.host}/{REPO}:{NEXT_REL}"
     out = tmp_path_factory.mktemp("bench-out")
     env = {**os.environ, "IMAGEBUILD_REGISTRY": registry.host,
@@ -217,7 +223,8 @@ def test_bench_command_writes_results_stores_them_and_compares(next_release_benc
     # each level's delta is this run's tok/s against the stored baseline's, as printed
     for lv, base in zip(run["levels"], good["levels"], strict=True):
         delta = f"{lv['output_tok_s'] / base['output_tok_s'] - 1:+.1%}"
-        row = rf"\| {lv['concurrency']} \| {REQUESTS} \| 0 \| [\d,.]+ \| {re.escape(delta)} \|"
+        row = (rf"\| {lv['concurrency']} \| {REQUESTS} \| 0 \| [\d,.]+ \| {re.escape(delta)}"
+               r"( \(untrusted\))? \|")
         assert re.search(row, proc.stdout), (row, proc.stdout)
     assert store.release_results(registry.client(), REPO, NEXT_REL) == run
 
