@@ -3,7 +3,7 @@ capture.py, else a boot of its own) and, when it speculates, once more without
 `--speculative-config` (bench/server.py's `serving`: the hardened run of runspec.py, a
 free loopback port, always removed); both get the same greedy requests one at a time
 (prompts.py); judge (verdict.py); write gates.json. A multi-node cell is served on all
-its nodes, as its smoke runs them (server_for, smoke/nodes.py).
+its nodes, as its smoke runs them (server_for; smoke/runner.py serving_nodes).
 
 One server at a time, each request alone: a batch of one is the shape both runs share,
 so the plain run is the reference the speculative one must reproduce token for token."""
@@ -54,16 +54,17 @@ def one_container(image: str, info: dict[str, Any], expect: dict[str, Any], *,
 def server_for(job: Job, info: dict[str, Any], out_dir: Path, *, what: str = "gates",
                log: Log = print) -> Server:
     """How a job's image is served for the gates and the bench: a multi-node cell on all
-    its nodes the way its smoke runs them (smoke/nodes.py: workers first, then the head),
-    any other cell in one container from the image's command (which for a TP>1 layout
-    over several nodes could not serve alone)."""
+    its nodes the way its smoke runs them (smoke/runner.py serving_nodes: workers first,
+    then the head), any other cell in one container from the image's command (which for
+    a TP>1 layout over several nodes could not serve alone)."""
     from imagebuild.spec.nodecmd import multi_node
 
     par = multi_node(job.cell)
     expect = dict(job.expect)
     if par is None:
         return one_container(job.release_ref, info, expect, log=log)
-    from imagebuild.smoke.nodes import cell_node_files, serving_nodes
+    from imagebuild.smoke.nodes import cell_node_files
+    from imagebuild.smoke.runner import serving_nodes
 
     files = cell_node_files(job.cell, job.release_ref)
     timeout = float(expect.get("boot_timeout_s") or 600)

@@ -19,14 +19,13 @@ head's address on the interconnect, which the workers reach it at.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,11 +34,10 @@ import yaml
 
 from imagebuild.docker import Engine, engine
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.runspec import HOST, PORT_VAR, SERVICE, compose_literal
+from imagebuild.runspec import HOST, SERVICE, compose_literal, without_flag
 from imagebuild.smoke.logwatch import LogWatcher, exceptions
 
 if TYPE_CHECKING:
-    from imagebuild.smoke.boot import Container
     from imagebuild.spec.matrix import Cell
 
 RANK_LINE = re.compile(r"\brank (\d+) in world size (\d+) is assigned as\b.*?\bTP rank (\d+)")
@@ -371,8 +369,6 @@ def without_flags(text: str, flags: tuple[str, ...]) -> str:
     that kept it would disagree with its head)."""
     if not flags:
         return text
-    from imagebuild.bench.server import without_flag
-
     doc = yaml.safe_load(text)
     svc = doc["services"][SERVICE]
     command = [str(a) for a in svc["command"]]
@@ -380,85 +376,3 @@ def without_flags(text: str, flags: tuple[str, ...]) -> str:
         command = without_flag(command, flag)
     svc["command"] = command
     return yaml.safe_dump(doc, sort_keys=False, width=100)
-
-
-@contextlib.contextmanager
-def serving_nodes(image_ref: str, files: Sequence[NodeFile], out_dir: Path, *,
-                  tensor_parallel_size: int, cpu: bool, boot_timeout_s: float,
-                  drop_flags: tuple[str, ...] = (), log: Callable[[str], None] = print
-                  ) -> Iterator[Container]:
-    """A multi-node cell served for the release gates and the bench, the way its smoke
-    runs it: the same NodeRun starts and watches the workers (same hosts, same
-    placement), then the head comes up detached from its per-node file on a free
-    loopback port; yields it once /health answers. A lost worker ends the boot (and
-    stops the head, so requests in flight fail rather than hang); everything is taken
-    down after, whatever ended the run."""
-    from imagebuild.smoke.boot import Container
-    from imagebuild.smoke.runner import free_port, new_project, take_down
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = [NodeFile(f.name, f.rank, without_flags(f.text, drop_flags))
-             for f in sorted(files, key=lambda f: f.rank)]
-    hosts, master, local = node_hosts(len(files) - 1, cpu=cpu)
-    env = placement(len(files), sorted(os.sched_getaffinity(0))) if cpu and local else []
-    run = NodeRun(image_ref, files, out_dir, new_project(), master, env, hosts,
-                  tensor_parallel_size // len(files))
-    port = free_port()
-    head_file = out_dir / f"{files[0].name}.compose.yaml"
-    head_env = {**run.compose_env(), PORT_VAR: str(port)}
-    try:
-        run.start_workers()
-        run.watch()
-        head_file.write_text(run.head_text())
-        head = _Worker(files[0], None, run.head_project, head_file,
-                       out_dir / f"{files[0].name}.log", engine())
-        proc = run._compose(head, "up", "--detach", "--no-build", timeout=UP_TIMEOUT_S,
-                            extra_env={PORT_VAR: str(port)})
-        if proc.returncode != 0:
-            raise OperationFailed(f"the head did not start: {proc.stderr.strip()[-800:]}",
-                                  fix=f"run the file by hand: {head_file}")
-        names = engine().container_names(label=f"{PROJECT_LABEL}={run.head_project}")
-        c = Container(names[0] if names else "", port)
-        head.watcher = LogWatcher(c.name, head.log).start()
-        try:
-            _wait_healthy(run, c, image_ref, boot_timeout_s, log)
-            yield c
-        finally:
-            head.watcher.stop(timeout=2)
-        if run.lost is not None:
-            raise OperationFailed(lost_message(run.lost),
-                                  fix=f"see the node's log: {out_dir}")
-    finally:
-        run.stop_watching()
-        take_down(run.head_project, head_file, head_env)
-        run.take_down()
-
-
-def _wait_healthy(run: NodeRun, c: Container, image_ref: str, timeout_s: float,
-                  log: Callable[[str], None]) -> None:
-    import requests
-
-    from imagebuild import progress
-
-    t0 = time.monotonic()
-    while True:
-        elapsed = time.monotonic() - t0
-        progress.wait("boot", f"{len(run.files)} nodes, waiting for the head's /health "
-                      f"({elapsed:.0f}s)")
-        if run.lost is not None:
-            raise OperationFailed(lost_message(run.lost), fix=f"see {run.out_dir}")
-        try:
-            if requests.get(c.base_url + "/health", timeout=2).status_code == 200:
-                log(f"{len(run.files)} nodes up in {elapsed:.1f} s, head on {c.base_url}")
-                return
-        except requests.RequestException:
-            pass
-        if not c.running():
-            raise OperationFailed(f"{image_ref}: the head exited while booting; its log: "
-                                  f"{run.out_dir / (run.files[0].name + '.log')}",
-                                  fix="run `build.py smoke --tag T` for a diagnosis")
-        if elapsed > timeout_s:
-            raise OperationFailed(f"{image_ref}: the head was not healthy after "
-                                  f"{timeout_s:.0f} s", fix="run `build.py smoke --tag T` "
-                                  "for a diagnosis")
-        time.sleep(1)

@@ -1,5 +1,5 @@
 """Routing of the release gates and the bench for a multi-node cell: its nodes are served
-the way its smoke runs them (smoke/nodes.py serving_nodes), never one container from the
+the way its smoke runs them (smoke/runner.py serving_nodes), never one container from the
 image's command (which for TP=2 over two nodes cannot serve alone); a single-node cell
 keeps its one container. The plain server drops --speculative-config on every node."""
 
@@ -16,7 +16,7 @@ from imagebuild.gates import run as gates_run
 from imagebuild.gates.runrecord import SPEC_FLAG
 from imagebuild.plan import load_plan
 from imagebuild.runspec import SERVICE
-from imagebuild.smoke import nodes as smoke_nodes
+from imagebuild.smoke import runner as smoke_runner
 from imagebuild.smoke.nodes import cell_node_files, without_flags
 from tests.support.multinode import CPU_IMAGE, cpu_two_nodes
 
@@ -41,7 +41,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
         seen.append(("one", kw))
         yield None
 
-    monkeypatch.setattr(smoke_nodes, "serving_nodes", fake_nodes)
+    monkeypatch.setattr(smoke_runner, "serving_nodes", fake_nodes)
     monkeypatch.setattr("imagebuild.bench.server.serving", fake_one)
     return seen
 
