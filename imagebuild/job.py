@@ -140,7 +140,12 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None
     """Measure each job's tested image with its target's `bench:` settings and store the
     results with the release (kept when the registry already has them: a re-run)."""
     from imagebuild.bench import results, store
-    from imagebuild.bench.command import bench_image, load_settings, write_outputs
+    from imagebuild.bench.command import (
+        bench_image,
+        load_settings,
+        nodes_server,
+        write_outputs,
+    )
     from imagebuild.docker import inspect_image
 
     for job in jobs:
@@ -160,7 +165,7 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None
         with progress.stage("bench", job.id):
             doc = bench_image(job.release_ref, info, prompt_set=prompt_set,
                               levels=b.concurrency, load_kw=load_kw, settings=settings,
-                              label=str(job.tag))
+                              label=str(job.tag), nodes=nodes_server(job, info, out))
         digest = store.put_results(client, repo, str(job.tag), doc)
         md = results.markdown(doc)
         print(md + f"stored with {repo}:{job.tag} ({digest[:19]})")

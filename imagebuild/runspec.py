@@ -197,3 +197,16 @@ def sdk_run_kwargs(spec: RunSpec) -> dict[str, Any]:
     if spec.cpuset:
         kw["cpuset_cpus"] = spec.cpuset
     return kw
+
+
+def without_flag(argv: list[str], flag: str) -> list[str]:
+    """argv minus `flag VALUE` / `flag=VALUE` (e.g. --speculative-config for a baseline)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(flag + "="):
+            out.append(arg)
+    return out

@@ -16,9 +16,10 @@ from imagebuild import progress
 from imagebuild.bench import client, placement, prompts, results
 from imagebuild.bench.placement import Placement
 from imagebuild.errors import UserError
-from imagebuild.plan import ImageRef
+from imagebuild.plan import ImageRef, Job
 
 if TYPE_CHECKING:
+    from imagebuild.gates.run import Server
     from imagebuild.plan import Plan
 
 
@@ -79,23 +80,41 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
 def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prompt],
                 levels: list[int], load_kw: dict[str, Any], settings: dict[str, Any],
                 place: Placement | None = None, label: str | None = None,
+                nodes: Server | None = None,
                 log: Callable[[str], None] = print) -> dict[str, Any]:
     """Start `ref` hardened on loopback, measure every level, remove it: one results doc.
-    Server and client run on separate CPUs (`place`, by default split automatically)."""
+    Server and client run on separate CPUs (`place`, by default split automatically).
+    `nodes`: a multi-node cell's server (gates/run.py server_for: its nodes as its smoke
+    runs them), which places each node on its own cores itself; the client is not pinned."""
     from imagebuild.bench.server import serving
     from imagebuild.smoke.expect import expectations_from_labels
 
+    if nodes is not None:
+        place = placement.Placement(None, None, "not placed: the cell's nodes are placed "
+                                    "by their own run (smoke/nodes.py)")
     place = place or placement.choose()
     log(f"placement: {place.why}")
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
     meta = _image_meta(ref, info)
-    with serving(ref, info, expectations_from_labels(ref, info=info),
-                 cpuset=place.server_cpus, log=log) as c, place.client_pinned():
+    server = nodes(()) if nodes is not None else serving(
+        ref, info, expectations_from_labels(ref, info=info), cpuset=place.server_cpus,
+        log=log)
+    with server as c, place.client_pinned():
         measured, _model = measure(c.base_url, prompt_set=prompt_set, levels=levels,
                                    load_kw=load_kw, log=log)
     meta["label"] = label
     return results.document(image=meta, settings={**settings, **place.as_settings()},
                             levels=measured, started=started)
+
+
+def nodes_server(job: Job, info: dict[str, Any], out_dir: Path) -> Server | None:
+    """A multi-node cell's server for the bench (all its nodes), None for one container."""
+    from imagebuild.gates.run import server_for
+    from imagebuild.spec.nodecmd import multi_node
+
+    if multi_node(job.cell) is None:
+        return None
+    return server_for(job, info, out_dir / job.cell.image, what="bench")
 
 
 def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | None,
@@ -161,11 +180,16 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
             image={"ref": args.url, "id": None, "tag": None, "label": args.label},
             settings={**settings, **place.as_settings()}, levels=levels, started=started))]
     else:  # one image at a time: each is written (and stored) before the next boots
+        jobs = {j.release_ref: j for j in plan.jobs} if plan is not None else {}
+
         def one(ref: str) -> dict[str, Any]:
+            info = inspect_image(ref)
+            job = jobs.get(ref)
             with progress.stage("bench", ref):
-                return bench_image(ref, inspect_image(ref), prompt_set=prompt_set,
+                return bench_image(ref, info, prompt_set=prompt_set,
                                    levels=concurrency, load_kw=load_kw, settings=settings,
-                                   place=place, label=args.label)
+                                   place=place, label=args.label,
+                                   nodes=nodes_server(job, info, out_root) if job else None)
         docs = ((ref, one(ref)) for ref in refs)
     for ref, doc in docs:
         deltas, baseline = None, None

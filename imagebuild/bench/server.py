@@ -16,7 +16,7 @@ import requests
 from imagebuild import REPO_ROOT, progress, work_root
 from imagebuild.docker import engine, image_user
 from imagebuild.errors import OperationFailed
-from imagebuild.runspec import RunSpec, sdk_run_kwargs
+from imagebuild.runspec import RunSpec, sdk_run_kwargs, without_flag
 from imagebuild.smoke.boot import Container
 from imagebuild.smoke.runner import free_port
 
@@ -30,19 +30,6 @@ WORKSPACE_LABEL = "com.docker.compose.project.working_dir"
 def workspace_labels() -> dict[str, str]:
     """This checkout's workspace (where build/ goes) under the teardown sweep's key."""
     return {WORKSPACE_LABEL: str(work_root(REPO_ROOT).resolve())}
-
-
-def without_flag(argv: list[str], flag: str) -> list[str]:
-    """argv minus `flag VALUE` / `flag=VALUE` (e.g. --speculative-config for a baseline)."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == flag:
-            skip = True
-        elif not arg.startswith(flag + "="):
-            out.append(arg)
-    return out
 
 
 @contextlib.contextmanager

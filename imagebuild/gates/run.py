@@ -2,7 +2,8 @@
 capture.py, else a boot of its own) and, when it speculates, once more without
 `--speculative-config` (bench/server.py's `serving`: the hardened run of runspec.py, a
 free loopback port, always removed); both get the same greedy requests one at a time
-(prompts.py); judge (verdict.py); write gates.json.
+(prompts.py); judge (verdict.py); write gates.json. A multi-node cell is served on all
+its nodes, as its smoke runs them (server_for; smoke/runner.py serving_nodes).
 
 One server at a time, each request alone: a batch of one is the shape both runs share,
 so the plain run is the reference the speculative one must reproduce token for token."""
@@ -13,6 +14,7 @@ import datetime as dt
 import json
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +30,12 @@ from imagebuild.spec.gates import GateSettings
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
+    from imagebuild.smoke.boot import Container
 
 GATES_FILE = "gates.json"
 Log = Callable[[str], None]
+# a server for the image minus some flags (the plain run drops --speculative-config)
+Server = Callable[[tuple[str, ...]], AbstractContextManager["Container"]]
 
 
 def request_timeout(max_tokens: int) -> float:
@@ -38,15 +43,47 @@ def request_timeout(max_tokens: int) -> float:
     return 60.0 + max_tokens / 2
 
 
-def run_requests(image: str, info: dict[str, Any], expect: dict[str, Any],
-                 reqs: list[GateRequest], *, seed: int, what: str,
-                 drop_flags: tuple[str, ...] = (), log: Log = print) -> Run:
+def one_container(image: str, info: dict[str, Any], expect: dict[str, Any], *,
+                  log: Log = print) -> Server:
+    """A single-node cell's server: the image's own command in one container."""
     from imagebuild.bench.server import serving
 
+    return lambda drop_flags: serving(image, info, expect, drop_flags=drop_flags, log=log)
+
+
+def server_for(job: Job, info: dict[str, Any], out_dir: Path, *, what: str = "gates",
+               log: Log = print) -> Server:
+    """How a job's image is served for the gates and the bench: a multi-node cell on all
+    its nodes the way its smoke runs them (smoke/runner.py serving_nodes: workers first,
+    then the head), any other cell in one container from the image's command (which for
+    a TP>1 layout over several nodes could not serve alone)."""
+    from imagebuild.spec.nodecmd import multi_node
+
+    par = multi_node(job.cell)
+    expect = dict(job.expect)
+    if par is None:
+        return one_container(job.release_ref, info, expect, log=log)
+    from imagebuild.smoke.nodes import cell_node_files
+    from imagebuild.smoke.runner import serving_nodes
+
+    files = cell_node_files(job.cell, job.release_ref)
+    timeout = float(expect.get("boot_timeout_s") or 600)
+    return lambda drop_flags: serving_nodes(
+        job.release_ref, files, out_dir / f"nodes-{what}", drop_flags=drop_flags,
+        tensor_parallel_size=par.tensor_parallel_size, cpu=not job.cell.target.gpu,
+        boot_timeout_s=timeout, log=log)
+
+
+def run_requests(image: str, info: dict[str, Any], expect: dict[str, Any],
+                 reqs: list[GateRequest], *, seed: int, what: str,
+                 drop_flags: tuple[str, ...] = (), log: Log = print,
+                 serve: Server | None = None) -> Run:
+    """Boot (`serve`, by default one container), send every request, take it down."""
+    serve = serve or one_container(image, info, expect, log=log)
     run = Run(what)
     t0 = time.monotonic()
     try:
-        with serving(image, info, expect, drop_flags=drop_flags, log=log) as c:
+        with serve(drop_flags) as c:
             run.boot_s = time.monotonic() - t0
             send_all(run, c.name, c.base_url, reqs, seed=seed)
     except OperationFailed as exc:  # it did not boot: nothing measured, nothing passes
@@ -97,8 +134,9 @@ def judge(spec: Run | None, plain: Run, settings: GateSettings
 
 def gate_image(image: str, info: dict[str, Any], expect: dict[str, Any],
                settings: GateSettings, out_dir: Path, *, cell: str | None = None,
-               log: Log = print) -> dict[str, Any]:
-    """Run and judge the gates for one local image; gates.json in out_dir; the document."""
+               serve: Server | None = None, log: Log = print) -> dict[str, Any]:
+    """Run and judge the gates for one local image; gates.json in out_dir; the document.
+    `serve`: how the image is served (server_for); by default one container."""
     t0 = time.monotonic()
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     reqs = gate_requests(settings)
@@ -110,12 +148,13 @@ def gate_image(image: str, info: dict[str, Any], expect: dict[str, Any],
     if recorded is not None and recorded.what == shipped:
         log(f"{image}: the {shipped} run is the one smoke recorded ({CAPTURE_FILE})")
     else:
-        recorded = run_requests(image, info, expect, reqs, seed=seed, what=shipped, log=log)
+        recorded = run_requests(image, info, expect, reqs, seed=seed, what=shipped,
+                                log=log, serve=serve)
     spec = None
     if shipped == "speculative":
         spec = recorded
         plain = run_requests(image, info, expect, reqs, seed=seed, what="plain",
-                             drop_flags=(SPEC_FLAG,), log=log)
+                             drop_flags=(SPEC_FLAG,), log=log, serve=serve)
     else:
         plain = recorded
     loss, lg = judge(spec, plain, settings)
@@ -145,8 +184,9 @@ def gate_jobs(jobs: tuple[Job, ...], out_root: Path, *, log: Log = print
     docs = {}
     for job in jobs:
         info = inspect_image(job.release_ref)
+        out = cell_dir(out_root, job.cell)
         with progress.stage("gates", job.id):
             docs[job.id] = gate_image(job.release_ref, info, dict(job.expect),
-                                      job.cell.target.gates, cell_dir(out_root, job.cell),
-                                      cell=job.id, log=log)
+                                      job.cell.target.gates, out, cell=job.id,
+                                      serve=server_for(job, info, out, log=log), log=log)
     return docs

@@ -34,7 +34,7 @@ import yaml
 
 from imagebuild.docker import Engine, engine
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.runspec import HOST, SERVICE, compose_literal
+from imagebuild.runspec import HOST, SERVICE, compose_literal, without_flag
 from imagebuild.smoke.logwatch import LogWatcher, exceptions
 
 if TYPE_CHECKING:
@@ -254,13 +254,16 @@ class NodeRun:
     def head_text(self) -> str:
         return placed(self.files[0].text, self.env[0] if self.env else {})
 
-    def _compose(self, w: _Worker, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    def _compose(self, w: _Worker, *args: str, timeout: float,
+                 extra_env: Mapping[str, str] | None = None
+                 ) -> subprocess.CompletedProcess[str]:
         from imagebuild.smoke.suite.conftest import compose_command
 
         return subprocess.run([*shlex.split(compose_command()), "-f", str(w.path), "-p",
                                w.project, *args], capture_output=True, text=True,
                               timeout=timeout, start_new_session=True,
-                              env={**os.environ, **self.compose_env(w.host)})
+                              env={**os.environ, **self.compose_env(w.host),
+                                   **(extra_env or {})})
 
     def start_workers(self) -> None:
         """Every worker up (detached), its log followed into WORKER.log in out_dir."""
@@ -358,3 +361,18 @@ class NodeRun:
                 pass  # the label sweep above removed its containers already
             if w.watcher:
                 w.watcher.stop(timeout=2)
+
+
+def without_flags(text: str, flags: tuple[str, ...]) -> str:
+    """A node's compose file with `flags` (and their values) out of its command: the
+    release gates' plain server drops --speculative-config on every node alike (a worker
+    that kept it would disagree with its head)."""
+    if not flags:
+        return text
+    doc = yaml.safe_load(text)
+    svc = doc["services"][SERVICE]
+    command = [str(a) for a in svc["command"]]
+    for flag in flags:
+        command = without_flag(command, flag)
+    svc["command"] = command
+    return yaml.safe_dump(doc, sort_keys=False, width=100)

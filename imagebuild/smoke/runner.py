@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +31,9 @@ from rich.console import Console
 
 from imagebuild import PACKAGE_DIR, REPO_ROOT, work_root
 from imagebuild.docker import engine, image_user, inspect_image
+from imagebuild.errors import OperationFailed
 from imagebuild.interrupts import held_interrupts, interrupts_as_keyboard_interrupt
-from imagebuild.runspec import RunSpec, compose_yaml
+from imagebuild.runspec import PORT_VAR, RunSpec, compose_yaml
 from imagebuild.smoke.checks import missing_checks
 from imagebuild.smoke.expect import expectations_from_labels
 from imagebuild.smoke.paths import cell_dir, ref_dir
@@ -39,7 +41,8 @@ from imagebuild.smoke.report import read_junit, write_junit, write_verdict
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
-    from imagebuild.smoke.nodes import NodeFile, NodeJudge
+    from imagebuild.smoke.boot import Container
+    from imagebuild.smoke.nodes import NodeFile, NodeJudge, NodeRun
     from imagebuild.spec.matrix import LoadedMatrix
 
 SUITE = Path(__file__).resolve().parent / "suite"
@@ -325,3 +328,97 @@ def smoke_nodes(image_ref: str, expect: dict[str, Any], out_dir: Path,
                            env=run.compose_env(), project=run.head_project, nodes=run, **kw)
     finally:
         run.take_down()
+
+
+@contextlib.contextmanager
+def serving_nodes(image_ref: str, files: Sequence[NodeFile], out_dir: Path, *,
+                  tensor_parallel_size: int, cpu: bool, boot_timeout_s: float,
+                  drop_flags: tuple[str, ...] = (), log: Callable[[str], None] = print
+                  ) -> Iterator[Container]:
+    """A multi-node cell served for the release gates and the bench, the way its smoke
+    runs it: the same NodeRun starts and watches the workers (same hosts, same
+    placement), then the head comes up detached from its per-node file on a free
+    loopback port; yields it once /health answers. A lost worker ends the boot (and
+    stops the head, so requests in flight fail rather than hang); everything is taken
+    down after, whatever ended the run."""
+    from imagebuild.smoke.boot import Container
+    from imagebuild.smoke.nodes import (
+        PROJECT_LABEL,
+        UP_TIMEOUT_S,
+        LogWatcher,
+        NodeFile,
+        NodeRun,
+        _Worker,
+        lost_message,
+        node_hosts,
+        placement,
+        without_flags,
+    )
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [NodeFile(f.name, f.rank, without_flags(f.text, drop_flags))
+             for f in sorted(files, key=lambda f: f.rank)]
+    hosts, master, local = node_hosts(len(files) - 1, cpu=cpu)
+    env = placement(len(files), sorted(os.sched_getaffinity(0))) if cpu and local else []
+    run = NodeRun(image_ref, files, out_dir, new_project(), master, env, hosts,
+                  tensor_parallel_size // len(files))
+    port = free_port()
+    head_file = out_dir / f"{files[0].name}.compose.yaml"
+    head_env = {**run.compose_env(), PORT_VAR: str(port)}
+    try:
+        run.start_workers()
+        run.watch()
+        head_file.write_text(run.head_text())
+        head = _Worker(files[0], None, run.head_project, head_file,
+                       out_dir / f"{files[0].name}.log", engine())
+        proc = run._compose(head, "up", "--detach", "--no-build", timeout=UP_TIMEOUT_S,
+                            extra_env={PORT_VAR: str(port)})
+        if proc.returncode != 0:
+            raise OperationFailed(f"the head did not start: {proc.stderr.strip()[-800:]}",
+                                  fix=f"run the file by hand: {head_file}")
+        names = engine().container_names(label=f"{PROJECT_LABEL}={run.head_project}")
+        c = Container(names[0] if names else "", port)
+        head.watcher = LogWatcher(c.name, head.log).start()
+        try:
+            _wait_healthy(run, c, image_ref, boot_timeout_s, log)
+            yield c
+        finally:
+            head.watcher.stop(timeout=2)
+        if run.lost is not None:
+            raise OperationFailed(lost_message(run.lost),
+                                  fix=f"see the node's log: {out_dir}")
+    finally:
+        run.stop_watching()
+        take_down(run.head_project, head_file, head_env)
+        run.take_down()
+
+
+def _wait_healthy(run: NodeRun, c: Container, image_ref: str, timeout_s: float,
+                  log: Callable[[str], None]) -> None:
+    import requests
+
+    from imagebuild import progress
+    from imagebuild.smoke.nodes import lost_message
+
+    t0 = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - t0
+        progress.wait("boot", f"{len(run.files)} nodes, waiting for the head's /health "
+                      f"({elapsed:.0f}s)")
+        if run.lost is not None:
+            raise OperationFailed(lost_message(run.lost), fix=f"see {run.out_dir}")
+        try:
+            if requests.get(c.base_url + "/health", timeout=2).status_code == 200:
+                log(f"{len(run.files)} nodes up in {elapsed:.1f} s, head on {c.base_url}")
+                return
+        except requests.RequestException:
+            pass
+        if not c.running():
+            raise OperationFailed(f"{image_ref}: the head exited while booting; its log: "
+                                  f"{run.out_dir / (run.files[0].name + '.log')}",
+                                  fix="run `build.py smoke --tag T` for a diagnosis")
+        if elapsed > timeout_s:
+            raise OperationFailed(f"{image_ref}: the head was not healthy after "
+                                  f"{timeout_s:.0f} s", fix="run `build.py smoke --tag T` "
+                                  "for a diagnosis")
+        time.sleep(1)

@@ -3,9 +3,12 @@ tensor parallelism 2 across two containers (head and headless worker, vLLM's `mp
 executor over loopback), from render's per-node compose files, with the serve image the
 suite already built (the parallel layout is in the compose files, not in the image).
 
-One run passes every check through the head and shows each node's rank; one loses its
-worker mid-run and must fail fast, naming the node. docs/multi-node-cpu.md has the
-figures.
+One run passes every check through the head and shows each node's rank (and records the
+release gates' requests, as the whole job's smoke does); one loses its worker mid-run and
+must fail fast, naming the node. Then the release gates of the cell run as the whole job
+runs them (gate_jobs): the plain server is both nodes again, booted as smoke boots them,
+--speculative-config dropped on each (one extra two-node boot). docs/multi-node-cpu.md
+has the figures.
 """
 
 from __future__ import annotations
@@ -18,14 +21,19 @@ from pathlib import Path
 
 import pytest
 
+from imagebuild.gates.run import GATES_FILE, gate_jobs
+from imagebuild.gates.runrecord import SPEC_FLAG
+from imagebuild.plan import load_plan
 from imagebuild.smoke.expect import expectations_from_labels
 from imagebuild.smoke.nodes import cell_node_files
+from imagebuild.smoke.paths import cell_dir
 from imagebuild.smoke.runner import smoke_nodes
-from tests.support.multinode import cpu_two_node_cell
+from tests.support.multinode import CPU_IMAGE, cpu_two_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 PROJECT_LABEL = "com.docker.compose.project"
+CPU_TAG = "2026-06-18-dflashfix"  # the session's cpu serve image's tag
 # from the worker's exit to the verdict: the head is stopped within WATCH_S, the check
 # running fails on a refused connection, pytest's compose teardown takes ~10 s
 LOST_BOUND_S = 30
@@ -41,11 +49,16 @@ def _leftovers(docker: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def nodes(cpu_serve_image, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The session's cpu serve image, its expectations, the cell's per-node files."""
-    cell = cpu_two_node_cell(tmp_path_factory.mktemp("two-nodes"))
+    """The session's cpu serve image, its expectations, the cell's per-node files, and
+    its job (the session image is the job's release_ref: same matrix, same tag) with the
+    build dir smoke and the gates share."""
+    matrix = cpu_two_nodes(tmp_path_factory.mktemp("two-nodes"))
+    job = next(j for j in load_plan(matrix, CPU_TAG, "cpu").jobs if j.cell.image == CPU_IMAGE)
     ref = cpu_serve_image.ref
+    assert job.release_ref == ref
     return {"ref": ref, "expect": expectations_from_labels(ref),
-            "files": cell_node_files(cell, ref)}
+            "files": cell_node_files(job.cell, ref), "job": job,
+            "build": tmp_path_factory.mktemp("build")}
 
 
 @pytest.fixture(autouse=True)
@@ -55,13 +68,16 @@ def no_container_left(docker_engine: str):
 
 
 def test_tp2_across_two_containers_passes_every_check_through_the_head(
-        nodes: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+        nodes: dict, monkeypatch: pytest.MonkeyPatch):
     # the worker through the partner path (compose and the SDK at a Docker host, the
     # image-ID check), at this machine's own socket: a pair runner's, minus SSH
     monkeypatch.setenv("IMAGEBUILD_PARTNERS", "unix:///var/run/docker.sock")
+    job = nodes["job"]
+    tmp_path = cell_dir(nodes["build"], job.cell)  # where the whole job's smoke writes
     t0 = time.monotonic()
     v = smoke_nodes(nodes["ref"], nodes["expect"], tmp_path, nodes["files"],
-                    tensor_parallel_size=2, cpu=True)
+                    tensor_parallel_size=2, cpu=True,
+                    gates=job.cell.target.gates.model_dump())
     wall = time.monotonic() - t0
     assert v["passed"], json.dumps({k: v[k] for k in ("outcome", "message", "checks")},
                                    indent=1)[:5000]
@@ -114,3 +130,26 @@ def test_a_worker_lost_mid_run_fails_the_verdict_within_seconds(
     assert after < LOST_BOUND_S, f"{after:.1f}s from the worker's loss to the verdict"
     print(f"\nFIGURE worker lost: verdict {after:.1f}s after `docker kill` "
           f"(lost_to_verdict_s {v['timings']['lost_to_verdict_s']}), bound {LOST_BOUND_S}s")
+
+
+def test_the_release_gates_of_a_two_node_cell_serve_both_nodes_without_the_drafter(
+        nodes: dict):
+    """The whole job's gates stage: the speculative run is the one smoke recorded (above;
+    booted again if this test runs alone), the plain one both nodes booted as smoke boots
+    them, --speculative-config dropped on each; token for token equal."""
+    job = nodes["job"]
+    t0 = time.monotonic()
+    doc = gate_jobs((job,), nodes["build"], log=print)[job.id]
+    wall = time.monotonic() - t0
+    assert doc["passed"], json.dumps(doc["summary"], indent=1)
+    assert doc["summary"]["lossless"]["status"] == "pass"
+    runs = {r["what"]: r for r in doc["runs"]}
+    assert set(runs) == {"speculative", "plain"}
+    assert not runs["plain"].get("untrusted"), runs["plain"]
+    plain = cell_dir(nodes["build"], job.cell) / "nodes-gates"
+    for node in ("head", "worker1"):
+        assert SPEC_FLAG not in (plain / f"{node}.compose.yaml").read_text(), node
+    assert "headless multiproc executor" in (plain / "worker1.log").read_text()
+    assert (cell_dir(nodes["build"], job.cell) / GATES_FILE).exists()
+    print(f"\nFIGURE two-node gates stage: {wall:.1f}s (plain boot "
+          f"{runs['plain'].get('boot_s')}s)")

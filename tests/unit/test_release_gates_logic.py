@@ -386,7 +386,8 @@ def test_gate_image_uses_smokes_record_and_boots_only_the_plain_server(
     save_capture(tmp_path / CAPTURE_FILE, "sha256:abc", st, Run("speculative", gens=gens))
     booted = []
 
-    def fake_boot(image, info, expect, reqs, *, seed, what, drop_flags=(), log=print):
+    def fake_boot(image, info, expect, reqs, *, seed, what, drop_flags=(), log=print,
+                  serve=None):
         booted.append((what, drop_flags))
         return Run(what, gens=[gen(g.name, g.tokens) for g in gens])
 
