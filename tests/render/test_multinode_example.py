@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from imagebuild.nodefiles import read_node_file
 from imagebuild.render import render_node_composes
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.nodecmd import node_commands, node_differences
-from tests.support.matrices import check, lock_matrix
+from tests.support.matrices import check, locked_copy
 from tests.support.paths import GOLDEN_EXAMPLES
 
 EXAMPLE = REPO_ROOT / "examples" / "two-spark-tp2"
@@ -26,10 +25,7 @@ GOLDEN = GOLDEN_EXAMPLES / "two-spark-tp2" / "check.json"
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pair") / "two-spark-tp2"
-    shutil.copytree(EXAMPLE, root)
-    lock_matrix(root)
-    return root
+    return locked_copy(EXAMPLE, tmp_path_factory.mktemp("pair"))
 
 
 def test_check_findings_are_the_golden_ones(pair: Path) -> None:

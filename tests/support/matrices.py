@@ -18,6 +18,14 @@ def lock_matrix(root: Path, hub: FakeHub | None = None) -> None:
     write_lock(lm, build_lock(lm, hub or FakeHub(), log=lambda _: None))
 
 
+def locked_copy(example: Path, parent: Path) -> Path:
+    """A copy of an example's folder under parent, locked from the recordings."""
+    root = parent / example.name
+    shutil.copytree(example, root)
+    lock_matrix(root)
+    return root
+
+
 # --- what the preflight tests share ------------------------------------------------------
 
 # The files tests/conftest.py's matrix_dir copies: matrix.yaml and what it refers to.

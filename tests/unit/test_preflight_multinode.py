@@ -14,7 +14,7 @@ from imagebuild.preflight.multinode import head_problems
 from imagebuild.preflight.serve_args import load_cli
 from imagebuild.render import render_node_composes
 from imagebuild.spec import matrix as mx
-from tests.support.matrices import blocking_rules, check, edit, lock_matrix
+from tests.support.matrices import blocking_rules, check, edit, locked_copy
 
 EXAMPLE = REPO_ROOT / "examples" / "two-spark-tp2"
 # Qwen3.6-35B-A3B text_config (docs/domain.md)
@@ -24,10 +24,7 @@ QWEN36 = {"num_attention_heads": 16, "num_key_value_heads": 2, "num_experts": 25
 
 @pytest.fixture(scope="module")
 def example_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pair") / "two-spark-tp2"
-    shutil.copytree(EXAMPLE, root)
-    lock_matrix(root)
-    return root
+    return locked_copy(EXAMPLE, tmp_path_factory.mktemp("pair"))
 
 
 @pytest.fixture
