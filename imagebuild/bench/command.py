@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imagebuild import progress
-from imagebuild.bench import client, placement, prompts, results
+from imagebuild.bench import apart, client, placement, prompts, results
 from imagebuild.bench.placement import Placement
 from imagebuild.errors import UserError
 from imagebuild.plan import ImageRef, Job
@@ -39,7 +39,8 @@ def measure(base_url: str, *, prompt_set: list[prompts.Prompt], levels: list[int
             progress.wait(f"bench c={c}", f"{done[0]}{of} requests")
 
         progress.wait(f"bench c={c}", "warm-up request")
-        level = asyncio.run(client.run_level(base_url, prompt_set, c, load, tick=tick))
+        # in a process of its own: nothing else this process runs delays its reads
+        level = apart.run_level(base_url, prompt_set, c, load, tick=tick)
         out.append(results.summarize(level))
         lv = out[-1]
         flags = "; ".join(f["code"] for f in lv["flags"])
