@@ -54,6 +54,14 @@ def test_the_cell_job_checks_the_partners_before_smoke():
     assert names.index(check["name"]) < names.index("Smoke")
     assert check["run"] == "make partners-check"
     assert "matrix.nodes > 1" in check["if"] and "self-hosted" in check["if"]
+    # whenever a step serving the cell on every node runs, the partners were checked: a
+    # resumed cell (tested, not benched) serves them in its bench
+    serving = [s for s in steps if s.get("name") in (
+        "Smoke", "Release gates (lossless speculative decoding, long generation)")
+        or str(s.get("name", "")).startswith("Bench")]
+    assert len(serving) == 3
+    for step in serving:
+        assert step["if"] in check["if"], (step["name"], step["if"])
 
 
 def test_a_pair_runner_without_partners_is_told_what_to_set():
