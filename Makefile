@@ -104,9 +104,10 @@ promote:  ## move latest to the release ($$RELEASE_TAG of $$RELEASE_TARGET), pas
 	$(PY) build.py table --store --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" > build/compat.md || rc=$$(( rc ? rc : $$? )); \
 	exit $$rc
 
-bootstrap-deps:  ## debootstrap where it is missing (a hosted runner building a bootstrapped base)
-	command -v debootstrap >/dev/null || { sudo apt-get update -qq && \
-	  sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; }
+bootstrap-deps:  ## mmdebstrap where no bootstrapper is installed (a hosted runner building a bootstrapped base)
+	command -v mmdebstrap >/dev/null || command -v debootstrap >/dev/null || { \
+	  sudo apt-get update -qq && \
+	  sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap; }
 
 # `cell` steps skip what the tag already holds: published=, tested=, benched=, done= of
 # $$CELL (a cell job) or of every cell of $$ENGINE_TARGET (its engine job), read-only

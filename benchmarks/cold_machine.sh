@@ -3,7 +3,7 @@
 # machine back as it was. DESTRUCTIVE while it runs (needs root and --yes):
 #   - stops the Docker engine and the registry on 127.0.0.1:5000, moves Docker's data root
 #     (image store, BuildKit cache), the host pip cache and ~/.docker aside;
-#   - removes what scripts/setup.sh installs (docker.io, docker-registry, debootstrap,
+#   - removes what scripts/setup.sh installs (docker.io, docker-registry, mmdebstrap,
 #     apache2-utils, docker-compose, with the packages only they pulled in), so set-up
 #     installs them again from the package registry as on a fresh machine. Removed, never
 #     purged: purging docker.io deletes everything under /var/lib/docker, the moved-aside
@@ -68,7 +68,7 @@ find /var/lib/docker -mindepth 1 -maxdepth 1 ! -path "$warm" -exec mv {} "$warm"
 [ -d /root/.docker ] && mv /root/.docker "${aside}/dotdocker"
 log "removing what set-up installs"
 DEBIAN_FRONTEND=noninteractive apt-get remove --autoremove -y -qq docker.io docker-registry \
-  debootstrap apache2-utils docker-compose >/dev/null
+  debootstrap mmdebstrap apache2-utils docker-compose >/dev/null
 
 log "timing the README's main command from a fresh clone"
 work=$(mktemp -d /var/tmp/imagebuild-cold-XXXX)

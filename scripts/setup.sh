@@ -15,7 +15,9 @@ SUDO=""
 need_pkgs=()
 command -v dockerd >/dev/null || need_pkgs+=(docker.io)
 command -v docker-registry >/dev/null || need_pkgs+=(docker-registry)
-command -v debootstrap >/dev/null || need_pkgs+=(debootstrap)
+# the cpu base is bootstrapped from the Debian archive: mmdebstrap (faster than
+# debootstrap; imagebuild/builder/bootstrap.py uses debootstrap where only it exists)
+command -v mmdebstrap >/dev/null || need_pkgs+=(mmdebstrap)
 command -v htpasswd >/dev/null || need_pkgs+=(apache2-utils)
 # smoke brings each image up from its compose file (pytest-docker); compose v2 where the
 # docker plugin exists, else Debian's docker-compose

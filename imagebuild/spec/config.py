@@ -180,7 +180,7 @@ class Bootstrap(Strict):
     mirror (else IMAGEBUILD_DEBIAN_MIRROR, else the host's apt sources)."""
 
     suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,30}$")]
-    """Debian suite to debootstrap, e.g. trixie."""
+    """Debian suite to bootstrap (mmdebstrap or debootstrap), e.g. trixie."""
     mirror: Annotated[str, AfterValidator(mirror_url)] | None = None
     """Debian mirror URL (else IMAGEBUILD_DEBIAN_MIRROR, else the host's apt sources)."""
 
@@ -248,8 +248,8 @@ class Target(Strict):
     """Image the base stage starts from."""
     runtime_image: ImageRef | None = None
     """Source builds: the slim image the engine is installed into."""
-    bootstrap: Bootstrap | None = None  # cpu: debootstrap the base when no pull works
-    """cpu: debootstrap the base image when no pull works."""
+    bootstrap: Bootstrap | None = None  # cpu: bootstrap the base when no pull works
+    """cpu: bootstrap the base image from the Debian archive when no pull works."""
     engine_from: Literal["source", "wheel"]
     """source: compile vLLM (cuda targets); wheel: install vLLM's CPU wheel."""
     build_args: dict[BuildArgName, str] = Field(default_factory=dict)

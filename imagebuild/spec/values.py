@@ -116,7 +116,7 @@ MIRROR = re.compile(r"(?:https?|file)://[A-Za-z0-9._~:/%@+-]+")
 
 
 def mirror_url(text: str) -> str:
-    """A Debian mirror as apt and debootstrap take it (written into the base's sources)."""
+    """A Debian mirror as apt and the bootstrapper take it (written into the base's sources)."""
     if not MIRROR.fullmatch(text):
         raise BadValue(f"{text!r} is not a mirror URL",
                        "give the URL apt uses for Debian, e.g. http://HOST/debian (no "

@@ -17,10 +17,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 @pytest.fixture(scope="module")
 def docker(docker_engine: str) -> str:
-    if not shutil.which("debootstrap"):
+    if not (shutil.which("mmdebstrap") or shutil.which("debootstrap")):
         if os.environ.get("CI"):
-            pytest.fail("debootstrap is not installed, and CI is set")
-        pytest.skip("debootstrap not installed")
+            pytest.fail("neither mmdebstrap nor debootstrap is installed, and CI is set")
+        pytest.skip("no bootstrapper installed")
     return docker_engine
 
 
@@ -57,6 +57,12 @@ def test_bootstrap_makes_a_python_image_and_reuses_it(
               "python3 -m venv /tmp/v && /tmp/v/bin/pip --version && patch --version"
               " && test -s /etc/ssl/certs/ca-certificates.crt && echo ok")
     assert out.strip().endswith("ok")
+    # exactly the packages asked for and what they need, /usr merged: with mmdebstrap
+    # that takes its merged-usr hook (else apt picks usrmerge, which pulls perl in)
+    out = run(docker, fresh_ref, "sh", "-c",
+              "for p in perl usrmerge; do [ \"$(dpkg-query -W -f '${db:Status-Status}' $p"
+              " 2>/dev/null)\" = installed ] && echo has-$p; done; readlink /bin")
+    assert out.split() == ["usr/bin"]
     # Apt lists and logs are scrubbed, so they do not bloat or perturb the layer.
     assert run(docker, fresh_ref, "sh", "-c", "ls -A /var/lib/apt/lists /var/log").split() \
         == ["/var/lib/apt/lists:", "partial", "/var/log:"]
