@@ -16,7 +16,7 @@ SUDO=""
 # the engine start (downloads of both overlap: ~15 s less on a fresh machine). The
 # run-time requirements only, as a release runner has them (`make venv`); --no-compile:
 # a .pyc is written at first import for the modules the job uses instead of for all of
-# them at install (12-19 s less here, benchmarks/README.md).
+# them at install (12-19 s less on this 2-core machine).
 venv_log=$(mktemp)
 set -m  # a process group of its own: stopped as a whole below
 (
