@@ -21,6 +21,9 @@ speculative acceptance falls below latest's beyond the target's threshold stays 
 latest unless `--accept-acceptance-drop REASON` (recorded on its results like an
 accepted regression); acceptance figures that cannot be compared (none, a restarted
 server, too few drafts) are "could not tell", passed only with --accept-untrusted-bench.
+Client-timing flags concern tok/s and latency only: a flagged level's acceptance is still
+judged from the server's counters, and every gate judges before one refusal names what
+each of them needs.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from imagebuild.registry.records import read_release, resolve_tag
 UNMEASURED_FIX = ('measure it first (`build.py bench --tag T --store`; for latest, the '
                   'release it points at), or move latest without a measurement: '
                   '--accept-unmeasured "why"')
+REGRESSION_FIX = 'promote anyway with --accept-regression "why it is acceptable"'
 DROP_FIX = 'promote anyway with --accept-acceptance-drop "why it is acceptable"'
 DEFAULT_ACCEPTANCE_THRESHOLD = 0.10  # publish.acceptance_threshold's default
 UNTRUSTED_FIX = ('re-run the bench where nothing else competes for the CPUs (`build.py bench '
@@ -162,39 +166,48 @@ def judge(cand: dict, base: dict, *, what: str, threshold: float,
               & {int(lv["concurrency"]) for lv in base.get("levels", [])})
     flagged = _flagged(cand, base, shared)
     recorded: dict[str, str] = {}
+    # every gate judges before any refuses: the flags are about client timing (tok/s,
+    # latency), while acceptance comes from the server's counters, so a flagged level
+    # neither hides an acceptance drop nor skips its comparison; one refusal names all
+    refusals: list[tuple[str, str]] = []  # (why, fix)
     if flagged:
         why = "; ".join(f"c={c}: {' / '.join(r)}" for c, r in flagged.items())
         if not accept_untrusted:
-            raise UserError(f"{what} vs latest: the bench figures cannot be trusted at "
-                            f"{len(flagged)} of {len(shared)} shared level(s), so the "
-                            f"regression gate cannot compare them: {why}", fix=UNTRUSTED_FIX)
-        log(f"{what}: not comparing untrusted levels ({accept_untrusted}): {why}")
-        recorded[store.A_UNTRUSTED] = accept_untrusted
+            refusals.append((f"{what} vs latest: the bench figures cannot be trusted at "
+                             f"{len(flagged)} of {len(shared)} shared level(s), so the "
+                             f"regression gate cannot compare them: {why}", UNTRUSTED_FIX))
+        else:
+            log(f"{what}: not comparing untrusted levels ({accept_untrusted}): {why}")
+            recorded[store.A_UNTRUSTED] = accept_untrusted
     found = regressions(_without(cand, set(flagged)), _without(base, set(flagged)), threshold)
     if found:
         lines = "; ".join(r.line() for r in found)
         if not accept_regression:
-            raise UserError(
-                f"{what} is slower than latest by more than {threshold:.0%}: {lines}",
-                fix='promote anyway with --accept-regression "why it is acceptable"')
-        log(f"{what}: regression accepted ({accept_regression}): {lines}")
-        recorded[store.A_ACCEPTED] = accept_regression
+            refusals.append((f"{what} is slower than latest by more than {threshold:.0%}: "
+                             f"{lines}", REGRESSION_FIX))
+        else:
+            log(f"{what}: regression accepted ({accept_regression}): {lines}")
+            recorded[store.A_ACCEPTED] = accept_regression
     acc = acceptance.compare(cand, base, acceptance_threshold, drafter=drafter)
     untold = "; ".join(f"c={c}: {' / '.join(r)}" for c, r in acc.problems.items())
     if untold and not accept_untrusted:
-        raise UserError(f"{what} vs latest: speculative acceptance cannot be compared at "
-                        f"{len(acc.problems)} level(s), so the acceptance gate cannot pass "
-                        f"it: {untold}", fix=UNTRUSTED_FIX)
-    if untold:
+        refusals.append((f"{what} vs latest: speculative acceptance cannot be compared at "
+                         f"{len(acc.problems)} level(s), so the acceptance gate cannot pass "
+                         f"it: {untold}", UNTRUSTED_FIX))
+    elif untold:
         log(f"{what}: not comparing acceptance ({accept_untrusted}): {untold}")
         recorded[store.A_UNTRUSTED] = str(accept_untrusted)
     if acc.drops:
         lines = "; ".join(d.line() for d in acc.drops)
         if not accept_acceptance_drop:
-            raise UserError(f"{what} accepts fewer drafted tokens than latest, by more "
-                            f"than {acceptance_threshold:.0%}: {lines}", fix=DROP_FIX)
-        log(f"{what}: acceptance drop accepted ({accept_acceptance_drop}): {lines}")
-        recorded[store.A_ACCEPTED_DROP] = accept_acceptance_drop
+            refusals.append((f"{what} accepts fewer drafted tokens than latest, by more "
+                             f"than {acceptance_threshold:.0%}: {lines}", DROP_FIX))
+        else:
+            log(f"{what}: acceptance drop accepted ({accept_acceptance_drop}): {lines}")
+            recorded[store.A_ACCEPTED_DROP] = accept_acceptance_drop
+    if refusals:
+        fixes = list(dict.fromkeys(fix for _, fix in refusals))
+        raise UserError("\n".join(why for why, _ in refusals), fix="; and ".join(fixes))
     note = "no trusted level to compare" if flagged and set(flagged) == shared else ""
     return GateResult(found, accept_regression if found else None, note=note,
                       untrusted=flagged,

@@ -61,17 +61,24 @@ def _spec(accepted: float, drafted: float = 293.0, drafts: float = 105.0) -> dic
             "mean_accepted_length": 1 + accepted / drafts if drafts else None}
 
 
+STARVED = {"code": "client-starved",
+           "reason": "the load generator waited for a CPU 1% of the time (event-loop lag "
+                     "p90 5.0 ms): chunks were read late"}  # a CI run's c=4 (commit 7699312)
+
+
 def _bench(reg: MemRegistry, tag: str, tok_s: float,
-           spec: dict[int, dict | None] | None = None) -> None:
+           spec: dict[int, dict | None] | None = None, flagged: tuple[int, ...] = ()) -> None:
     """Results for `tag`; `spec`: the speculative counters per level (default: the cpu
-    image's 183 of 293 drafted tokens accepted at every level)."""
+    image's 183 of 293 drafted tokens accepted at every level); `flagged`: levels whose
+    client timing is flagged client-starved."""
     client = reg.client()
     image_id = read_release(client, REPO, tag).image_id
     stats = {"median": 10.0, "p90": 12.0, "mean": 10.5}
     spec = {1: _spec(183.0), 4: _spec(183.0)} if spec is None else spec
     doc = {"image": {"id": image_id, "tag": tag}, "hardware": {"model": "a test CPU"},
            "settings": {"prompts": "structured", "max_tokens": 64}, "levels": [
-               {"concurrency": c, "output_tok_s": tok_s * c, "flags": [], "errors": 0,
+               {"concurrency": c, "output_tok_s": tok_s * c,
+                "flags": [STARVED] if c in flagged else [], "errors": 0,
                 "requests": 16, "request_rate": 1.0, "ttft_ms": stats, "tpot_ms": stats,
                 "itl_ms": stats, "e2e_ms": stats, "client_cpu_ms_per_request": 5.0,
                 "spec_decode": spec.get(c)}
@@ -170,6 +177,50 @@ def test_higher_or_equal_acceptance_passes_freely(reg, job):
     _promote(reg, job)
     assert _latest(reg) == reg.tags[REPO][NEW]
     assert store.A_ACCEPTED_DROP not in store.stored(reg.client(), REPO, NEW).annotations
+
+
+def test_a_client_timing_flag_neither_hides_nor_skips_the_acceptance_gate(reg, job):
+    """A flag on client timing (tok/s, latency) leaves vLLM's own counters as they are:
+    the acceptance drop at the flagged level is judged, and one refusal names both."""
+    _bench(reg, OLD, 100.0, flagged=(4,))  # latest's c=4 load generator was starved
+    _bench(reg, NEW, 100.0, {1: _spec(183.0), 4: _spec(160.0)})
+    before = _latest(reg)
+    with pytest.raises(UserError) as info:
+        _promote(reg, job)
+    msg, fix = info.value.message, info.value.fix or ""
+    assert "cannot be trusted at 1 of 2 shared level(s)" in msg
+    assert "c=4: latest: the load generator waited" in msg
+    assert "accepts fewer drafted tokens than latest, by more than 5%" in msg
+    assert "c=4: acceptance 0.55 vs 0.62 (-12.6%)" in msg
+    assert "--accept-untrusted-bench" in fix and "--accept-acceptance-drop" in fix
+    # "we could not tell" the tok/s is no answer to the drop the counters show
+    with pytest.raises(UserError) as info:
+        _promote(reg, job, accept_untrusted="shared runner")
+    assert "c=4: acceptance 0.55 vs 0.62" in info.value.message
+    assert "cannot be trusted" not in info.value.message
+    # and the other way round: the drop accepted, the flag still asks its own reason
+    with pytest.raises(UserError) as info:
+        _promote(reg, job, accept_acceptance_drop="longer drafts on purpose")
+    assert "cannot be trusted" in info.value.message
+    assert "accepts fewer" not in info.value.message
+    assert _latest(reg) == before
+    _promote(reg, job, accept_untrusted="shared runner",
+             accept_acceptance_drop="longer drafts on purpose")
+    assert _latest(reg) == reg.tags[REPO][NEW]
+    ann = store.stored(reg.client(), REPO, NEW).annotations
+    assert ann[store.A_UNTRUSTED] == "shared runner"
+    assert ann[store.A_ACCEPTED_DROP] == "longer drafts on purpose"
+
+
+def test_a_slower_release_with_lower_acceptance_is_told_both_at_once(reg, job):
+    _bench(reg, OLD, 100.0)
+    _bench(reg, NEW, 40.0, {1: _spec(183.0), 4: _spec(160.0)})
+    with pytest.raises(UserError) as info:
+        _promote(reg, job)
+    assert "slower than latest" in info.value.message
+    assert "accepts fewer drafted tokens" in info.value.message
+    assert "--accept-regression" in info.value.fix and "--accept-acceptance-drop" in \
+        info.value.fix
 
 
 @pytest.mark.parametrize("spec,words", [
