@@ -65,7 +65,7 @@ if ! /usr/bin/docker info >/dev/null 2>&1; then
   /usr/bin/docker info >/dev/null 2>&1 || { tail -20 "$REPO/.cache/dockerd.log"; exit 1; }
 fi
 
-# the project venv, installed meanwhile (below): waited for here
+# the project venv, installing in the background since the start: waited for here
 venv_rc=0
 wait "$venv_pid" || venv_rc=$?
 sed 's/^/  /' "$venv_log"
