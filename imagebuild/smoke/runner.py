@@ -398,6 +398,7 @@ def _wait_healthy(run: NodeRun, c: Container, image_ref: str, timeout_s: float,
     import requests
 
     from imagebuild import progress
+    from imagebuild.smoke.boot import POLL_S
     from imagebuild.smoke.nodes import lost_message
 
     t0 = time.monotonic()
@@ -421,4 +422,4 @@ def _wait_healthy(run: NodeRun, c: Container, image_ref: str, timeout_s: float,
             raise OperationFailed(f"{image_ref}: the head was not healthy after "
                                   f"{timeout_s:.0f} s", fix="run `build.py smoke --tag T` "
                                   "for a diagnosis")
-        time.sleep(1)
+        time.sleep(POLL_S)  # as a single node's boot (boot.py)
