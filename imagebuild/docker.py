@@ -307,6 +307,20 @@ class Engine:
         with held_interrupts():
             self._remove(name)
 
+    def labelled_leftovers(self, label: str) -> list[str]:
+        """Containers, volumes and networks carrying `label` (key=value), by kind and name:
+        what compose made for a project and has not removed."""
+        try:
+            found = [f"container {n}" for n in self.container_names(label=label)]
+            found += [f"volume {v['Name']}" for v in
+                      self.api.volumes(filters={"label": label}).get("Volumes") or []]
+            found += [f"network {n['Name']}" for n in
+                      self.api.networks(filters={"label": label})]
+            return found
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot list what is labelled {label}: {exc}",
+                                  fix=ENGINE_FIX) from None
+
     def remove_labelled(self, label: str) -> list[str]:
         """Remove every container carrying `label` (key=value): the sweep after a run."""
         with held_interrupts():

@@ -144,3 +144,33 @@ def test_silence_after_weights_load_is_not_a_hang():
     out = wait_ready(FakeContainer(cpu=0.0), FakeWatcher([(0.0, line) for line in BOOT[:4]]),  # type: ignore[arg-type]
                      timeout_s=2.0, stall_s=0.5)
     assert out.kind == "timeout" and "loading weights" in out.message
+
+
+def test_health_is_asked_as_soon_as_the_log_says_ready():
+    """/health answers from the moment the ready line is printed (1.3 s in, between two of
+    the 1 s probes of a booting engine): the wait ends within a poll of it, not at the next
+    1 s probe."""
+    import http.server
+
+    ready = threading.Event()
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if ready.is_set() else 503)
+            self.end_headers()
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    container = FakeContainer()
+    container.base_url = f"http://127.0.0.1:{server.server_address[1]}"
+    watcher = FakeWatcher([(0.0, line) for line in BOOT[:-1]] + [(1.3, BOOT[-1])])
+    threading.Timer(1.3, ready.set).start()
+    try:
+        out = wait_ready(container, watcher, timeout_s=30, stall_s=60)  # type: ignore[arg-type]
+    finally:
+        server.shutdown()
+    assert out.kind == "ready", out.message
+    assert out.seconds < 1.3 + 0.5, out.seconds  # the old 1 s probe: 2.0 s

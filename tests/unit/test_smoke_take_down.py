@@ -1,0 +1,53 @@
+"""The smoke runner's backstop clean-up (runner.take_down): after a suite that ended by
+itself and whose own `compose down` left nothing, it costs no compose process and no
+settle; anything left, or a suite cut short, gets the whole backstop as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from imagebuild.smoke import runner
+
+
+class Engine:
+    def __init__(self, left: list[str]):
+        self.left, self.removed = left, []
+
+    def labelled_leftovers(self, label: str) -> list[str]:
+        return list(self.left)
+
+    def remove_labelled(self, label: str) -> list[str]:
+        self.removed.append(label)
+        return []
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    monkeypatch.setattr(runner.subprocess, "run", lambda argv, **kw: seen.append(" ".join(argv)))
+    monkeypatch.setattr(runner.time, "sleep", lambda s: seen.append(f"sleep {s}"))
+    monkeypatch.setattr("imagebuild.smoke.suite.conftest.compose_command",
+                        lambda: "docker-compose")
+    return seen
+
+
+@pytest.mark.parametrize("finished, left, backstop", [
+    (True, [], False),  # the suite's own down removed everything
+    (True, ["volume imagebuild-smoke-x_cache"], True),  # it left something
+    (False, [], True),  # cut short (Ctrl-C, a crash): compose may still be creating
+])
+def test_backstop_runs_unless_a_finished_suite_left_nothing(
+        monkeypatch: pytest.MonkeyPatch, calls: list[str], finished: bool, left: list[str],
+        backstop: bool) -> None:
+    eng = Engine(left)
+    monkeypatch.setattr(runner, "engine", lambda: eng)
+    runner.take_down("imagebuild-smoke-x", Path("compose.yaml"), suite_finished=finished)
+    label = f"{runner.PROJECT_LABEL}=imagebuild-smoke-x"
+    if backstop:
+        assert eng.removed == [label, label]
+        assert calls == ["docker-compose -f compose.yaml -p imagebuild-smoke-x down --volumes "
+                         "--timeout 5", f"sleep {runner.SWEEP_SETTLE_S}"]
+    else:
+        assert eng.removed == [] and calls == []
