@@ -17,7 +17,7 @@ from imagebuild import REPO_ROOT, progress, work_root
 from imagebuild.docker import engine, image_user
 from imagebuild.errors import OperationFailed
 from imagebuild.runspec import RunSpec, sdk_run_kwargs, without_flag
-from imagebuild.smoke.boot import Container
+from imagebuild.smoke.boot import POLL_S, Container
 from imagebuild.smoke.runner import free_port
 
 LABEL = "io.imagebuild.bench"
@@ -25,9 +25,6 @@ LABEL = "io.imagebuild.bench"
 # a bench server carries this workspace under it, so a job cancelled mid-bench leaves no
 # container behind, and the sweep still never touches another workspace's.
 WORKSPACE_LABEL = "com.docker.compose.project.working_dir"
-# how often /health is asked while the server boots: a boot is ~30 s on the cpu target, a
-# 1 s step cost half a second per boot on average (the gates' and every bench's boot)
-HEALTH_POLL_S = 0.25
 
 
 def workspace_labels() -> dict[str, str]:
@@ -79,7 +76,8 @@ def serving(image: str, info: dict[str, Any], expect: dict[str, Any], *,
             if time.monotonic() - t0 > timeout:
                 raise OperationFailed(f"{image} not healthy after {timeout:.0f} s",
                                       fix=f"run `build.py smoke {image}` for a diagnosis")
-            time.sleep(HEALTH_POLL_S)
+            # smoke's poll step (boot.py): a 1 s step cost half a second per boot on average
+            time.sleep(POLL_S)
         log(f"server up in {time.monotonic() - t0:.1f} s on {c.base_url}")
         yield c
     finally:  # whatever ended the run: failure, Ctrl-C, SIGTERM
