@@ -267,7 +267,7 @@ def target_matrix(plan: Plan) -> dict[str, Any]:
         out.append({"target": name, "platform": t.platform, "accelerator": t.accelerator,
                     "compute_capability": t.compute_capability,
                     "unified_memory": t.unified_memory, "runner": runner(t),
-                    # its base is bootstrapped on the runner (mmdebstrap) (which then needs it)
+                    # its base is bootstrapped on the runner, which then needs mmdebstrap
                     "bootstrap": t.bootstrap is not None,
                     "traits": sorted(hardware.traits(t)), "cells": count})
     return {"include": out}

@@ -176,7 +176,7 @@ class SharedCompileCache(Strict):
 
 
 class Bootstrap(Strict):
-    """Debootstrap the base image (no registry to pull from): the Debian suite, and the
+    """Bootstrap the base image (no registry to pull from): the Debian suite, and the
     mirror (else IMAGEBUILD_DEBIAN_MIRROR, else the host's apt sources)."""
 
     suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,30}$")]

@@ -4,9 +4,11 @@ from whatever else the calling process runs."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -97,8 +99,6 @@ def test_a_child_that_dies_is_an_error_naming_the_level(monkeypatch) -> None:
 
 
 def test_an_interrupted_level_leaves_no_child_behind() -> None:
-    seen: list[int] = []
-
     def interrupted() -> None:
         raise KeyboardInterrupt
 
@@ -106,12 +106,11 @@ def test_an_interrupted_level_leaves_no_child_behind() -> None:
     with _server_thread() as url, pytest.raises(KeyboardInterrupt):
         apart.run_level(url, prompts.BUILTIN["structured"], 2,
                         client.Load("tiny", requests=50), tick=interrupted)
-    assert _children() == before, seen
+    assert _children() == before
 
 
 def _children() -> set[int]:
-    import os
-    from pathlib import Path
+    """Live child processes of this one (from /proc: no process library here)."""
     me = str(os.getpid())
     out = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
