@@ -298,9 +298,10 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str,
     real = engine.realize[target_name]
     files = [(f"patches/{p}", f"patches/{p}") for p in real.patches]
     files.append(("files/apply-patches.sh", str(TOOL_FILES / "engine/files/apply-patches.sh")))
+    for name in ("vllm-serve.py", "bake-modelinfos.py"):  # the launcher, on every engine
+        files.append((f"files/{name}", str(TOOL_FILES / "engine/files" / name)))
     if real.wheel:
         files.append(("files/requirements.txt", real.wheel.requirements))
-        files.append(("files/vllm-serve.py", str(TOOL_FILES / "engine/files/vllm-serve.py")))
         files.append(("files/slim-torch-cuda.py",
                       str(TOOL_FILES / "engine/files/slim-torch-cuda.py")))
     if target.expect_cuda_arch:
