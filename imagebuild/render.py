@@ -304,6 +304,8 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str,
         files.append(("files/requirements.txt", real.wheel.requirements))
         files.append(("files/slim-torch-cuda.py",
                       str(TOOL_FILES / "engine/files/slim-torch-cuda.py")))
+        files.append(("files/download-wheels.py",
+                      str(TOOL_FILES / "engine/files/download-wheels.py")))
     if target.expect_cuda_arch:
         files.append(("files/check-cuda-arch.py",
                       str(TOOL_FILES / "engine/files/check-cuda-arch.py")))

