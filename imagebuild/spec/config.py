@@ -22,12 +22,31 @@ from pydantic import (
 )
 
 from imagebuild.errors import UserError
-from imagebuild.spec.dockerref import check_path, check_reference, check_registry
+from imagebuild.spec import schemahint as sh
+from imagebuild.spec.dockerref import (
+    NAME_MAX,
+    PATH_JSON,
+    REFERENCE_JSON,
+    REGISTRY_JSON,
+    check_path,
+    check_reference,
+    check_registry,
+)
 from imagebuild.spec.gates import GateSettings
 from imagebuild.spec.profiles import resolve_extends
 from imagebuild.spec.renames import renamed
-from imagebuild.spec.repopaths import check_relative
+from imagebuild.spec.repopaths import RELATIVE_JSON, check_relative
+from imagebuild.spec.schemahint import Schema
 from imagebuild.spec.values import (
+    BRANCH_JSON,
+    BUILD_PY_ARGS,
+    ENV_NAME_JSON,
+    GIT_URL_JSON,
+    HUB_REPO_JSON,
+    MEMORY_JSON,
+    MIRROR_JSON,
+    PACKAGE_JSON,
+    PEP440_JSON,
     BadValue,
     branch_name,
     build_arg_name,
@@ -43,6 +62,9 @@ from imagebuild.spec.yamlpos import TAG, Located, explain, load_located, quote_f
 
 HEX_PIN = re.compile(r"^[0-9a-f]{7,40}\Z")
 FULL_SHA = re.compile(r"^[0-9a-f]{40}\Z")
+CAPABILITY = re.compile(r"^[0-9]{1,2}\.[0-9]\Z")
+CUDA_ARCH = re.compile(r"^sm_([0-9]{1,2})([0-9])[af]?\Z")
+CUDA_ARCH_JSON = r"^sm_[0-9]{2,3}[af]?$"
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")  # pydantic (Rust regex): $ is the very end
 
 Name = Annotated[str, StringConstraints(pattern=NAME.pattern, max_length=63)]
@@ -50,20 +72,29 @@ Name = Annotated[str, StringConstraints(pattern=NAME.pattern, max_length=63)]
 # Values users get wrong, checked where they are written (the BadValue's fix is shown).
 # Ranges are sanity bounds: far outside them a value is a typo, not a setting.
 Concurrency = Annotated[int, Field(ge=1, le=4096)]
-ImageRef = Annotated[str, AfterValidator(lambda v: check_reference(v, "image"))]
-RegistryHost = Annotated[str, AfterValidator(check_registry)]
-Namespace = Annotated[str, AfterValidator(check_path)]
-MemorySize = Annotated[str, AfterValidator(lambda v: memory_bytes(v) and v)]
-PEP440 = Annotated[str, AfterValidator(pep440)]
-EnvName = Annotated[str, AfterValidator(env_name)]
-BuildArgName = Annotated[str, AfterValidator(build_arg_name)]
-HubRepository = Annotated[str, AfterValidator(hub_repository)]
+# (Schema: the same grammar in the JSON Schema, for editors; the function is the rule)
+ImageRef = Annotated[str, AfterValidator(lambda v: check_reference(v, "image")),
+                     Schema(pattern=REFERENCE_JSON)]
+RegistryHost = Annotated[str, AfterValidator(check_registry),
+                         Schema(pattern=REGISTRY_JSON, maxLength=NAME_MAX)]
+Namespace = Annotated[str, AfterValidator(check_path), Schema(pattern=PATH_JSON,
+                                                              maxLength=NAME_MAX)]
+MemorySize = Annotated[str, AfterValidator(lambda v: memory_bytes(v) and v),
+                       Schema(pattern=MEMORY_JSON)]
+PEP440 = Annotated[str, AfterValidator(pep440), Schema(pattern=PEP440_JSON)]
+EnvName = Annotated[str, AfterValidator(env_name), Schema(pattern=ENV_NAME_JSON)]
+BuildArgName = Annotated[str, AfterValidator(build_arg_name),
+                         Schema(pattern=ENV_NAME_JSON, **{"not": {"enum": list(BUILD_PY_ARGS)}})]
+HubRepository = Annotated[str, AfterValidator(hub_repository), Schema(pattern=HUB_REPO_JSON)]
 # one word of printable ASCII, no quotes: endpoints, buckets, prefixes
 Word = Annotated[str, StringConstraints(pattern=r"^[!#-&(-~]+$", max_length=500)]
 
 
 def _repo_file(what: str) -> Any:
     return AfterValidator(lambda v: check_relative(v, what))
+
+
+RepoFile = Schema(pattern=RELATIVE_JSON)
 
 
 def _full_sha(value: str) -> str:
@@ -122,17 +153,25 @@ def _capability(value: str | float) -> str:
     """A CUDA compute capability as nvidia-smi prints it ("12.1"); an unquoted 12.1 is
     read the same (no capability has a two-digit minor, so the float is unambiguous)."""
     text = f"{value:.1f}" if isinstance(value, float) else str(value)
-    if isinstance(value, bool) or not re.fullmatch(r"\d{1,2}\.\d", text):
+    if isinstance(value, bool) or not CAPABILITY.match(text):
         raise BadValue(f"compute capability {value!r} is not MAJOR.MINOR",
                        "write it as nvidia-smi --query-gpu=compute_cap shows it, e.g. "
                        "\"12.1\" (GB10), \"12.0\" (RTX 5090), \"9.0\" (H100)")
     return text
 
 
-ComputeCapability = Annotated[str | float, AfterValidator(_capability)]
+# a float is printed with one decimal, so only its range is said (12.1, not 121.0)
+ComputeCapability = Annotated[
+    Annotated[str, Schema(pattern=CAPABILITY.pattern.replace("\\Z", "$"))]
+    | Annotated[float, Schema(exclusiveMinimum=0, maximum=99.94)],
+    AfterValidator(_capability)]
 
 
 SIZE = re.compile(r"^[1-9][0-9]*[KMGT]$")  # ccache / sccache size syntax: 40G
+
+
+# user:password@ in an endpoint's host part
+CREDENTIALS_JSON = r"^(?:(?:(?!://).)*://)?[^/]*@"
 
 
 class SharedCompileCache(Strict):
@@ -151,6 +190,16 @@ class SharedCompileCache(Strict):
     """s3 only: the bucket's region."""
     key_prefix: Word = "imagebuild"  # one cache can serve several targets or projects
     """Prefix of every cache key, so one cache can serve several targets or projects."""
+
+    # _endpoint_of_backend and _complete, for the JSON Schema
+    model_config = ConfigDict(json_schema_extra=sh.rules(
+        {"if": sh.equals("backend", "redis"),
+         "then": {"allOf": [sh.given("endpoint"),
+                            {"properties": {"endpoint": {"pattern": "^rediss?://"}}},
+                            sh.absent("bucket"), sh.absent("region")]}},
+        {"if": sh.equals("backend", "s3"), "then": sh.given("bucket")},
+        {"not": {"properties": {"endpoint": {"type": "string", "pattern": CREDENTIALS_JSON}},
+                 "required": ["endpoint"]}}))
 
     @field_validator("endpoint")
     @classmethod
@@ -181,7 +230,7 @@ class Bootstrap(Strict):
 
     suite: Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9-]{0,30}$")]
     """Debian suite to bootstrap (mmdebstrap or debootstrap), e.g. trixie."""
-    mirror: Annotated[str, AfterValidator(mirror_url)] | None = None
+    mirror: Annotated[str, AfterValidator(mirror_url), Schema(pattern=MIRROR_JSON)] | None = None
     """Debian mirror URL (else IMAGEBUILD_DEBIAN_MIRROR, else the host's apt sources)."""
 
     def settings(self) -> dict[str, str]:
@@ -211,7 +260,8 @@ class Interconnect(Strict):
     interfaces: list[IfName] = Field(default_factory=list)
     """Network interface names every node uses for the collective traffic, e.g. the
     ConnectX port's enp1s0f1np1 (they become NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME)."""
-    env: dict[EnvName, str] = Field(default_factory=dict)
+    env: dict[EnvName, str] = Field(default_factory=dict, json_schema_extra={
+        "not": {"anyOf": [{"required": [k]} for k in SOCKET_IFNAME_ENV]}})
     """NCCL/IB settings of every node, e.g. NCCL_IB_HCA: rocep1s0f1,roceP2p1s0f1 (the
     ConnectX ports), NCCL_IB_DISABLE: "0"."""
     hosts_network: Literal["host"] = "host"
@@ -265,7 +315,8 @@ class Target(Strict):
     with the way to do it now."""
     compile_cache: CompileCache = Field(default_factory=CompileCache)
     """Compiler cache of source builds."""
-    expect_cuda_arch: str | None = None  # checked against compute_capability (declared first)
+    # checked against compute_capability (declared first)
+    expect_cuda_arch: Annotated[str, Schema(pattern=CUDA_ARCH_JSON)] | None = None
     """Source builds: the CUDA arch the built engine must contain, e.g. sm_121a (checked
     against compute_capability)."""
     runner: list[str] | None = Field(default=None, min_length=1)  # None: from the properties
@@ -285,6 +336,18 @@ class Target(Strict):
     interconnect: Interconnect | None = None
     """How this target's machines reach each other when a cell spans several (multi-node
     tensor parallelism); none: single-node cells only (preflight refuses a multi-node one)."""
+
+    # _fields_of_its_kind, for the JSON Schema (accelerator defaults to cpu)
+    model_config = ConfigDict(json_schema_extra=sh.rules(
+        {"if": sh.equals("accelerator", "cuda"), "then": sh.given("compute_capability"),
+         "else": {"allOf": [sh.absent("compute_capability"),
+                            {"not": sh.equals("unified_memory", True)}]}},
+        {"if": sh.equals("engine_from", "source"),
+         "then": {"allOf": [sh.equals("accelerator", "cuda"), sh.given("runtime_image"),
+                            sh.given("expect_cuda_arch")]}},
+        {"if": sh.equals("engine_from", "wheel"),
+         "then": {"allOf": [{"not": sh.equals("accelerator", "cuda")},
+                            sh.absent("expect_cuda_arch")]}}))
 
     @property
     def gpu(self) -> bool:
@@ -336,7 +399,6 @@ class Target(Strict):
 # would say `FROM None AS runtime`. No index: torch for CUDA 13.0 is on the default index
 # for linux/arm64, and package indexes come from the runner's pip configuration.
 SOURCE_NEEDS = ("runtime_image", "expect_cuda_arch")
-CUDA_ARCH = re.compile(r"^sm_(\d{1,2})(\d)[af]?\Z")
 
 
 def _arch_matches(arch: str, capability: str | None) -> None:
@@ -361,21 +423,23 @@ def _no_torch_index(value: Any) -> None:
 
 
 class SourcePin(Strict):
-    repository: Annotated[str, AfterValidator(git_url)]
+    repository: Annotated[str, AfterValidator(git_url), Schema(pattern=GIT_URL_JSON)]
     """Git URL of the vLLM source."""
-    commit: Annotated[str, AfterValidator(_full_sha)]  # exactly 40 hex: nothing expands it
+    # exactly 40 hex: nothing expands it
+    commit: Annotated[str, AfterValidator(_full_sha),
+                      Schema(pattern=FULL_SHA.pattern.replace("\\Z", "$"))]
     """The full 40-character commit SHA built."""
 
 
 class WheelPin(Strict):
-    package: Annotated[str, AfterValidator(package_name)]
+    package: Annotated[str, AfterValidator(package_name), Schema(pattern=PACKAGE_JSON)]
     """Distribution name of the wheel (e.g. vllm)."""
     version: PEP440
     """Its version (PEP 440)."""
     sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]  # --require-hashes
     """SHA-256 of the wheel file; pip installs it with --require-hashes."""
     # pinned requirement set installed before the wheel (--no-deps)
-    requirements: Annotated[str, _repo_file("requirements file")]
+    requirements: Annotated[str, _repo_file("requirements file"), RepoFile]
     """Repository path of the pinned requirement set installed before the wheel (--no-deps)."""
 
 
@@ -384,8 +448,11 @@ class EngineRealization(Strict):
     """Build vLLM from this git commit (give this or `wheel`)."""
     wheel: WheelPin | None = None
     """Install this vLLM wheel (give this or `source`)."""
-    patches: list[Annotated[str, _repo_file("patch")]] = Field(default_factory=list)
+    patches: list[Annotated[str, _repo_file("patch"), RepoFile]] = Field(default_factory=list)
     """Repository paths of patches applied to the vLLM source, in order."""
+
+    model_config = ConfigDict(json_schema_extra=sh.rules(
+        sh.one_of(sh.given("source"), sh.given("wheel"))))
 
     @model_validator(mode="after")
     def _one_origin(self) -> EngineRealization:
@@ -410,15 +477,25 @@ class Engine(Strict):
     """How the engine is obtained per target: target name -> source or wheel."""
 
 
+# HubPin._revision_or_track, for the JSON Schema
+HUB_PIN_RULES = (
+    {"if": sh.given("repository"), "then": sh.one_of(sh.given("revision"), sh.given("track")),
+     "else": sh.none_of([sh.given("revision"), sh.given("track"),
+                         {"properties": {"exclude": {"minItems": 1}}, "required": ["exclude"]}])},
+)
+# drafter methods that load a drafter model (Drafter._model_when_needed)
+DRAFTER_MODEL_METHODS = ("dflash", "eagle", "eagle3")
+
+
 class HubPin(Strict):
     """A Hub repository at a commit (`revision`) or a branch that `lock` resolves (`track`)."""
 
     repository: HubRepository | None = None
     """Hub repository (owner/name)."""
-    revision: str | None = None
+    revision: Annotated[str, Schema(pattern=HEX_PIN.pattern.replace("\\Z", "$"))] | None = None
     """Commit SHA of the repository (7-40 hex; `lock` expands short ones). Give this or
     `track`."""
-    track: Annotated[str, AfterValidator(branch_name)] | None = None
+    track: Annotated[str, AfterValidator(branch_name), Schema(pattern=BRANCH_JSON)] | None = None
     """A branch `build.py lock` resolves to a commit in matrix.lock.json. Give this or
     `revision`."""
     # repository files the image leaves out (fnmatch globs on their paths, e.g.
@@ -426,6 +503,8 @@ class HubPin(Strict):
     exclude: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
         default_factory=list)
     """Repository files the image leaves out (fnmatch globs, e.g. "original/*")."""
+
+    model_config = ConfigDict(json_schema_extra=sh.rules(*HUB_PIN_RULES))
 
     @field_validator("revision")
     @classmethod
@@ -442,7 +521,7 @@ class HubPin(Strict):
 
 
 class Generated(Strict):
-    script: Annotated[str, _repo_file("generator script")]
+    script: Annotated[str, _repo_file("generator script"), RepoFile]
     """Repository path of the script that generates the model."""
     seed: int = Field(default=0, ge=0, le=2**32 - 1)  # numpy's seed range
     """Seed passed to the script."""
@@ -463,6 +542,9 @@ class Model(HubPin):
     targets: list[Name] = Field(min_length=1)
     """Targets this model is built for."""
 
+    model_config = ConfigDict(json_schema_extra=sh.rules(
+        *HUB_PIN_RULES, sh.one_of(sh.given("repository"), sh.given("generate"))))
+
     @model_validator(mode="after")
     def _hub_or_generated(self) -> Model:
         if (self.repository is None) == (self.generate is None):
@@ -482,9 +564,14 @@ class Drafter(HubPin):
     targets: list[Name] = Field(min_length=1)
     """Targets this drafter is built for."""
 
+    model_config = ConfigDict(json_schema_extra=sh.rules(
+        *HUB_PIN_RULES,
+        {"if": {"properties": {"method": {"enum": list(DRAFTER_MODEL_METHODS)}}},
+         "then": sh.given("repository"), "else": sh.absent("repository")}))
+
     @model_validator(mode="after")
     def _model_when_needed(self) -> Drafter:
-        needs_model = self.method in ("dflash", "eagle", "eagle3")
+        needs_model = self.method in DRAFTER_MODEL_METHODS
         if needs_model and not self.repository:
             raise ValueError(f"method {self.method} needs a drafter `repository`")
         if not needs_model and self.repository:
@@ -591,6 +678,14 @@ class Profile(Strict):
     parallel: Parallel | None = None
     """Tensor parallelism and the nodes it spans; none: one GPU (or CPU engine) on one host.
     Derives --tensor-parallel-size and the multi-node flags, which `args` must not repeat."""
+
+    # _floor_for_speculation, for the JSON Schema: a profile that extends another is
+    # checked once resolved (the CLI's part alone)
+    model_config = ConfigDict(json_schema_extra=sh.rules(
+        {"if": {"not": {"required": ["extends"]},
+                "properties": {"methods": {"contains": {"not": {"const": NO_SPECULATION}}}},
+                "required": ["methods"]},
+         "then": sh.given("acceptance_floor")}))
 
     @model_validator(mode="after")
     def _floor_for_speculation(self) -> Profile:

@@ -16,9 +16,21 @@ DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 HOST = rf"(?:{DOMAIN_COMPONENT}(?:\.{DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
 DOMAIN = re.compile(rf"^{HOST}(?::(\d+))?\Z")
 PATH = re.compile(rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*\Z")
-TAG = re.compile(r"^[\w][\w.-]{0,127}\Z")
-DIGEST = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}\Z")
+TAG_CHARS = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"  # Docker's [\w][\w.-]{0,127}, ASCII \w
+TAG = re.compile(rf"^{TAG_CHARS}\Z")
+DIGEST_CHARS = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+DIGEST = re.compile(rf"^{DIGEST_CHARS}\Z")
 NAME_MAX = 255
+
+# The same grammars for the JSON Schema (spec/schemahint.py). A registry needs a '.' or
+# ':' or is localhost (else Docker reads it as a Hub namespace), and its port is 1..65535;
+# a reference's first component is a registry only when it looks like one.
+PORT_JSON = (r"0*(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}"
+             r"|655[0-2][0-9]|6553[0-5])")
+REGISTRY_JSON = rf"^(?:localhost|(?=.*[.:]){HOST}(?::{PORT_JSON})?)$"
+PATH_JSON = rf"^{PATH_COMPONENT}(?:/{PATH_COMPONENT})*$"
+REFERENCE_JSON = (rf"^(?:(?:localhost|(?=[^/]*[.:]){HOST})(?::[0-9]+)?/)?"
+                  rf"{PATH_COMPONENT}(?:/{PATH_COMPONENT})*(?::{TAG_CHARS})?(?:@{DIGEST_CHARS})?$")
 
 
 def check_registry(value: str) -> str:

@@ -13,6 +13,7 @@ import yaml
 from pydantic import BaseModel
 
 from imagebuild.spec.schemafile import REPO_COPY, build_schema
+from imagebuild.spec.values import ENV_NAME_JSON
 
 HEADER = """# matrix.yaml reference
 
@@ -44,6 +45,8 @@ def _nonnull(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def _type(node: dict[str, Any]) -> str:
+    from imagebuild.spec.config import NAME
+
     node = _nonnull(node)
     ref = _ref(node)
     if ref:
@@ -60,7 +63,8 @@ def _type(node: dict[str, Any]) -> str:
     if kind == "object":
         value = node.get("additionalProperties")
         if isinstance(value, dict):
-            key = "NAME" if "pattern" in node.get("propertyNames", {}) else "string"
+            key = {NAME.pattern: "NAME", ENV_NAME_JSON: "variable name"}.get(
+                node.get("propertyNames", {}).get("pattern"), "string")
             return f"map {key} → {_type(value) if value else 'any'}"
         return "mapping"
     bounds = [f"≥ {node['minimum']}" if "minimum" in node else "",

@@ -11,6 +11,10 @@ from pathlib import Path, PurePosixPath
 from imagebuild.spec.values import BadValue
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# check_relative for the JSON Schema: not blank, not absolute (/, ~, C:), no '..' step,
+# no control character or backslash
+RELATIVE_JSON = (r"^(?!\s*$)(?![/~])(?![A-Za-z]:)(?!(?:.*/)?\.\.(?:/|$))"
+                 r"[^\x00-\x1f\x7f\\]+$")
 
 
 def check_relative(value: str, what: str) -> str:

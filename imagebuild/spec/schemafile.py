@@ -77,6 +77,11 @@ def build_schema() -> dict[str, Any]:
         del profile["required"]
     profile["if"] = {"not": {"required": ["extends"]}}
     profile["then"] = {"required": ["description"]}
+    # `extends: null` is refused (spec/profiles.py): leaving it out is how to say none
+    extends = profile["properties"]["extends"]
+    profile["properties"]["extends"] = {
+        **next(o for o in extends.pop("anyOf") if o.get("type") != "null"),
+        **{k: v for k, v in extends.items() if k != "default"}}
     old = defs["Target"]["properties"]["torch_index"]
     defs["Target"]["properties"]["torch_index"] = {
         "description": old.get("description", ""), "deprecated": True, "type": "null"}

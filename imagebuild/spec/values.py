@@ -8,6 +8,8 @@ import re
 
 from packaging.version import InvalidVersion, Version
 
+from imagebuild.spec.schemahint import anycase
+
 
 class BadValue(ValueError):
     """A value that fails a check; `fix` tells the user what to write instead."""
@@ -22,6 +24,8 @@ MEMORY = re.compile(r"^(\d+(?:\.\d+)?) ?([kmgtp])?i?b?\Z", re.IGNORECASE)
 UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 MIN_MEMORY = 1 << 30  # below 1 GiB not even the CPU engine starts
 MAX_MEMORY = 16 << 40  # far above any single machine these images run on
+# the same grammar for the JSON Schema (no flags there; the 1g..16t bounds stay the CLI's)
+MEMORY_JSON = r"^\s*[0-9]+(?:\.[0-9]+)? ?[kKmMgGtTpP]?[iI]?[bB]?\s*$"
 
 
 def memory_bytes(text: str) -> int:
@@ -36,6 +40,16 @@ def memory_bytes(text: str) -> int:
         raise BadValue(f"memory size {text} is outside 1g..16t",
                        "give the container's memory limit, e.g. 8g (cpu) or 120g (gb10)")
     return value
+
+
+# PEP 440 as packaging reads it (case-insensitive, surrounding spaces allowed), for the
+# JSON Schema; tests/unit/test_matrix_schema.py compares it with packaging on many strings
+PEP440_JSON = "^\\s*" + anycase(
+    r"v?(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*"
+    r"(?:[-_.]?(?:alpha|a|beta|b|preview|pre|c|rc)[-_.]?[0-9]*)?"
+    r"(?:-[0-9]+|[-_.]?(?:post|rev|r)[-_.]?[0-9]*)?"
+    r"(?:[-_.]?dev[-_.]?[0-9]*)?"
+    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?") + "\\s*$"
 
 
 def pep440(text: str) -> str:
@@ -58,6 +72,12 @@ HUB_REPO = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 GIT_URL = re.compile(r"https://[A-Za-z0-9.-]+(?::\d{1,5})?(?:/[A-Za-z0-9._~-]+)+")
 PACKAGE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")  # PEP 508 names
 BRANCH = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._/-]{0,254}")
+# the same grammars for the JSON Schema (the CLI's extra conditions as lookaheads)
+ENV_NAME_JSON = f"^{ENV_NAME.pattern}$"
+HUB_REPO_JSON = rf"^(?!.*\.\.)(?!.*--){HUB_REPO.pattern}$"
+GIT_URL_JSON = rf"^(?!.*/\.\.?(?:/|$)){GIT_URL.pattern}$"
+PACKAGE_JSON = f"^{PACKAGE.pattern}$"
+BRANCH_JSON = rf"^(?!.*\.\.)(?!.*(?:\.lock|/|\.)$){BRANCH.pattern}$"
 # ARG names build.py passes itself (--build-arg): a matrix may not redefine them
 BUILD_PY_ARGS = ("BASE_IMAGE", "ENGINE_IMAGE", "MAX_JOBS", "NVCC_THREADS")
 
@@ -113,6 +133,7 @@ def branch_name(text: str) -> str:
 
 
 MIRROR = re.compile(r"(?:https?|file)://[A-Za-z0-9._~:/%@+-]+")
+MIRROR_JSON = f"^{MIRROR.pattern}$"
 
 
 def mirror_url(text: str) -> str:

@@ -1,0 +1,225 @@
+"""The JSON Schema refuses what the CLI refuses, at the same file:line:column, for the
+mistakes people make everywhere in a matrix: every field of every matrix in the
+repository is given a value of the wrong type, a blank, a null, one of a list of
+plausible wrong strings, or is left out, and each mapping gets an unknown key. What the
+schema cannot say (one field naming another section's key, numeric bounds of a memory
+size) is listed in CLI_ONLY with the reason."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from test_matrix_schema import MATRICES, _schema_paths
+
+from imagebuild.errors import UserError
+from imagebuild.spec.config import load_matrix
+from imagebuild.spec.dockerref import REFERENCE_JSON, REGISTRY_JSON, check_reference, check_registry
+from imagebuild.spec.reference import schema_text
+from imagebuild.spec.repopaths import RELATIVE_JSON, check_relative
+from imagebuild.spec.values import (
+    BRANCH_JSON,
+    GIT_URL_JSON,
+    HUB_REPO_JSON,
+    MEMORY_JSON,
+    PEP440_JSON,
+    BadValue,
+    branch_name,
+    git_url,
+    hub_repository,
+    memory_bytes,
+    pep440,
+)
+from imagebuild.spec.yamlpos import load_located
+
+# libyaml when present (as the loader uses it): thousands of files are written
+DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# strings that are wrong for most fields with a grammar, and right for some
+WRONG_STRINGS = (" ", "main", "Has Space", "UPPER/Case", "a/../b", "https://x.io/a", "-x",
+                 "x-", "..", "sm_12", "12.10", "ünï", "/abs/path", "a@b", "0.23.0",
+                 "deadbeef", "redis://u:p@h:1", "http://127.0.0.1:5000", "x:99999",
+                 "NCCL_SOCKET_IFNAME", "a.lock", "1g", "100000t")
+# refusals JSON Schema cannot express, by what the CLI says
+CLI_ONLY = {
+    "which is not a profile": "`extends` names another profile of the file",
+    "is for compute capability": "expect_cuda_arch must agree with compute_capability",
+    "is outside 1g..16t": "a memory size's bounds are numeric, its grammar is a pattern",
+    "has no acceptance_floor": "a profile that extends another is checked once resolved",
+    "cannot be split evenly over": "tensor_parallel_size must be a multiple of nodes",
+}
+
+
+def _generic(path: tuple[Any, ...], data: dict[str, Any]) -> tuple[str, ...]:
+    """The path with names of name-keyed maps and list indexes made generic, so each
+    field of the schema is mutated once, not once per model or profile."""
+    out, node = [], data
+    for part in path:
+        parent = node
+        node = node[part]
+        if isinstance(part, int):
+            out.append("[]")
+        elif len(out) in (1, 3) and out[0] in ("targets", "engines", "models", "drafters",
+                                              "profiles", "images", "realize"):
+            out.append("*")
+        elif isinstance(parent, dict) and out and out[-1] in ("args", "env", "build_args",
+                                                            "multimodal", "options"):
+            out.append("*")
+        else:
+            out.append(str(part))
+    return tuple(out)
+
+
+def _fields(node: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    yield path, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _fields(value, (*path, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _fields(value, (*path, i))
+
+
+def _mutations(value: Any) -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        yield "unknown key", {**value, "zz_unknown": 1}
+        for key in value:
+            yield f"{key} left out", {k: v for k, v in value.items() if k != key}
+    elif isinstance(value, bool):
+        yield "a string for a boolean", "maybe"
+        yield "a number for a boolean", 2
+    elif isinstance(value, int):
+        yield from (("a string for a number", "abc"), ("negative", -5), ("a fraction", 1.5),
+                    ("a list for a number", [1]))
+    elif isinstance(value, float):
+        yield from (("a string for a number", "abc"), ("negative", -5.0))
+    elif isinstance(value, str):
+        yield from (("a number for a string", 12345), ("a list for a string", ["x"]),
+                    ("blank", ""), ("null", None))
+        for wrong in WRONG_STRINGS:
+            yield repr(wrong), wrong
+    elif value is None:
+        yield "a list for null", [1, 2]
+
+
+def _set(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    node = data
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    return data
+
+
+def _cases() -> list[tuple[Path, tuple[Any, ...], str, Any]]:
+    seen: set[tuple[tuple[str, ...], str]] = set()
+    cases = []
+    for matrix in MATRICES:
+        data = yaml.load(matrix.read_text(), Loader=LOADER)
+        for path, value in _fields(data):
+            if not path:
+                continue
+            generic = _generic(path, data)
+            for what, wrong in _mutations(value):
+                if (generic, what) not in seen:
+                    seen.add((generic, what))
+                    cases.append((matrix, path, what, wrong))
+    return cases
+
+
+def test_schema_and_cli_refuse_the_same_mutations_at_the_same_place(tmp_path: Path) -> None:
+    validator = jsonschema.Draft202012Validator(json.loads(schema_text()))
+    cases = _cases()
+    assert len(cases) > 800, len(cases)  # every field of the schema, not a handful
+    disagree: list[str] = []
+    excuses_used: set[str] = set()
+    target = tmp_path / "matrix.yaml"
+    sources = {m: (m.read_text().splitlines(keepends=True)[0],
+                   yaml.load(m.read_text(), Loader=LOADER)) for m in MATRICES}
+    for matrix, path, what, wrong in cases:
+        modeline, data = sources[matrix]
+        target.write_text(modeline + yaml.dump(_set(data, path, wrong), Dumper=DUMPER,
+                                               sort_keys=False, allow_unicode=True))
+        try:
+            load_matrix(target)
+            cli = None
+        except UserError as exc:
+            cli = exc
+        located = load_located(target)
+        errors = list(validator.iter_errors(located.data))
+        label = f"{matrix.relative_to(MATRICES[0].parent)} {'.'.join(map(str, path))}: {what}"
+        if cli is not None and not errors:
+            excused = [said for said in CLI_ONLY if said in cli.message]
+            excuses_used.update(excused)
+            if not excused:
+                disagree.append(f"{label}: schema accepts, CLI says {cli.message[:100]}")
+        elif errors and cli is None:
+            disagree.append(f"{label}: CLI accepts, schema says {errors[0].message[:100]}")
+        elif cli is not None:
+            places = {located.where(p) for e in errors for p in _schema_paths(e)}
+            if cli.where not in places:
+                disagree.append(f"{label}: CLI at {cli.where}, schema at {sorted(places)}")
+    assert not disagree, "\n".join(disagree)
+    # an excuse no mutation needs any more is stale (the schema learnt it, or the CLI
+    # stopped refusing): drop it
+    assert excuses_used == set(CLI_ONLY), set(CLI_ONLY) - excuses_used
+
+
+def _accepts(check: Any, value: str) -> bool:
+    try:
+        check(value)
+    except ValueError:
+        return False
+    return True
+
+
+VERSIONS = ("0.23.0", "v1.0", "1!2.0", "1.0a1", "1.0.post1", "1.0-1", "1.0.dev0",
+            "1.0+local.7", "1.0RC1", " 1.0 ", "1.0b2.post3.dev4", "1.0-r", "01.02", "1.0.",
+            "1..0", "1.0+", "1.0+a..b", "v", "1.0-dev", "1.0_c_3", "1.0preview2", "1e3",
+            "1.0 rc1", "1.0\n", "latest")
+
+
+@pytest.mark.parametrize(("name", "pattern", "check", "corpus"), [
+    ("pep440", PEP440_JSON, pep440, VERSIONS),
+    ("registry", REGISTRY_JSON, check_registry,
+     ("127.0.0.1:5000", "localhost", "localhost:5000", "ghcr.io", "[::1]:5000", "reg:0",
+      "reg:65536", "reg:00080", "myregistry", "https://ghcr.io", "-a.io", "a-.io", "a_b.io")),
+    ("reference", REFERENCE_JSON, check_reference,
+     ("nvcr.io/nvidia/cuda:13.0.1-devel-ubuntu24.04", "debian:trixie", "localhost/x",
+      "localhostx/y", "Foo/bar", "foo.io/Bar", "a:b/c", "host:5000/a:b:c", "x@sha256:" + "a" * 64,
+      "x@sha256:abc", "a__b", "a___b", "a--b", "x:ünï", "x:-tag")),
+    ("branch", BRANCH_JSON, branch_name, ("main", "release/1.0", "a..b", "x.lock", "x/",
+                                          "x.", "-x", ".x", "a b")),
+    ("hub repository", HUB_REPO_JSON, hub_repository,
+     ("nvidia/Qwen3.6-35B-A3B-NVFP4", "a/b", "a", "a/b/c", "a--b/c", "a/b..c", "-a/b", "a/b-")),
+    ("git url", GIT_URL_JSON, git_url, ("https://github.com/vllm-project/vllm",
+                                        "https://h:8443/a/b", "http://h/a", "https://h/a/../b",
+                                        "https://h/a/.", "https://u@h/a", "https://h/a?x=1")),
+    ("repository file", RELATIVE_JSON, lambda v: check_relative(v, "patch"),
+     ("patches/x.patch", "", " ", "/x", "~/x", "C:x", "../x", "a/../b", "a/..", "a\\b",
+      "a..b", "..a", "a\x01")),
+    ("memory size", MEMORY_JSON, memory_bytes,
+     ("8g", "120G", "120GiB", "512m", "8gb", "1.5t", " 8g ", "8 g", "8gg", "g", "8x", "-8g")),
+])
+def test_value_grammars_of_the_schema_are_the_cli_checks(name: str, pattern: str, check: Any,
+                                                         corpus: tuple[str, ...]) -> None:
+    """Each value grammar the schema states as a pattern accepts exactly what the CLI's
+    check accepts (a memory size's numeric bounds aside: the CLI's alone)."""
+    differ = []
+    for value in (*corpus, *WRONG_STRINGS):
+        said = _accepts(check, value)
+        if name == "memory size" and not said:
+            try:
+                check(value)
+            except BadValue as exc:
+                said = "outside" in str(exc)  # a grammatical size out of bounds
+        if bool(re.search(pattern, value)) != said:
+            differ.append(f"{value!r}: CLI {'accepts' if said else 'refuses'}")
+    assert not differ, differ
