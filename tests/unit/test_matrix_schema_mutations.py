@@ -235,3 +235,29 @@ def test_value_grammars_of_the_schema_are_the_cli_checks(name: str, pattern: str
         if bool(re.search(pattern, value)) != said:
             differ.append(f"{value!r}: CLI {'accepts' if said else 'refuses'}")
     assert not differ, differ
+
+
+def _patterns(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str):
+                yield value
+            else:
+                yield from _patterns(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _patterns(value)
+
+
+def test_every_pattern_is_one_editors_read() -> None:
+    """Editors evaluate patterns as ECMA-262 (with the u flag), jsonschema as Python re:
+    none of Python's own constructs (\\Z, \\A, named groups, inline flags), no escape the
+    u flag refuses, and each compiles in Python."""
+    patterns = set(_patterns(json.loads(schema_text())))
+    assert len(patterns) > 20
+    python_only = re.compile(r"\\[AZ]|\(\?P|\(\?[aiLmsux]+[):]|\(\?#"  # \Z, groups, flags
+                             r"|\\[^\\\[\]{}()*+?.^$|/dDsSwWbBnrtfvx0-9-]")  # other escapes
+    bad = {p: python_only.search(p).group(0) for p in patterns if python_only.search(p)}
+    assert not bad, bad
+    for p in patterns:
+        re.compile(p)
