@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import Any
 
 # The program's name as the user invoked it, for usage lines and every fix hint: `python
 # build.py` in a checkout, `python -m imagebuild`, or the installed `imagebuild`. Messages
@@ -64,3 +65,12 @@ class OperationFailed(ImagebuildError):
     """A build, test or publish step failed: exit 1."""
 
     exit_code = 1
+
+
+def validation_text(err: Any) -> str:
+    """What one pydantic error says, in our words: a check that raised ValueError is shown
+    by its own text, without pydantic's 'Value error, ' prefix."""
+    cause = (err.get("ctx") or {}).get("error")
+    if err.get("type") in ("value_error", "assertion_error") and cause is not None:
+        return str(cause)
+    return str(err.get("msg", ""))

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from imagebuild.errors import UserError
+from imagebuild.errors import UserError, validation_text
 from imagebuild.spec.config import ImageRef, Name
 from imagebuild.spec.repopaths import check_relative
 from imagebuild.spec.values import BadValue, hub_repository
@@ -184,7 +184,7 @@ def _refuse(exc: ValidationError, prefix: tuple[str | int, ...], marks_of: Marks
         return UserError(f"{file}: {shown}: {cause}", fix=cause.fix,
                          where=_where(marks, loc, file))
     found = "" if err["type"] == "missing" else f"; found {shorten(err.get('input'))}"
-    return UserError(f"{file}: {shown}: {err['msg']}{found}", fix=FIX,
+    return UserError(f"{file}: {shown}: {validation_text(err)}{found}", fix=FIX,
                      where=_where(marks, loc, file))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
+from imagebuild.errors import validation_text
 from imagebuild.registry.errors import RegistryFault
 from imagebuild.safetext import safe
 
@@ -158,7 +159,7 @@ def _describe(exc: ValidationError) -> str:
     if err["type"] == "json_invalid":
         return "a body that is not JSON"
     loc = ".".join(str(p) for p in err["loc"]) or "the document"
-    return f"a document whose {safe(loc, 80)} is invalid ({safe(err['msg'], 120)})"
+    return f"a document whose {safe(loc, 80)} is invalid ({safe(validation_text(err), 120)})"
 
 
 def _check_size(body: bytes, cap: int, host: str, kind: str, what: str) -> None:

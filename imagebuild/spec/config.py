@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from imagebuild.errors import UserError
+from imagebuild.errors import UserError, validation_text
 from imagebuild.spec import schemahint as sh
 from imagebuild.spec.dockerref import (
     NAME_MAX,
@@ -115,10 +115,10 @@ class Strict(BaseModel):
 def _check_pin(value: str, what: str) -> str:
     """A pin is a commit SHA (>= 7 hex; lock expands short ones), never a branch or tag."""
     if not HEX_PIN.match(value):
-        raise ValueError(
+        raise BadValue(
             f"{what} {value!r} is not a commit SHA (7-40 lowercase hex); branch or tag names "
-            "move. Put the branch under `track:` instead and run `build.py lock --update NAME`"
-        )
+            "move", "write the commit SHA, or put the branch under `track:` instead and run "
+            "`build.py lock --update NAME`")
     return value
 
 
@@ -213,14 +213,18 @@ class SharedCompileCache(Strict):
     @model_validator(mode="after")
     def _complete(self) -> SharedCompileCache:
         if self.backend == "redis" and not self.endpoint:
-            raise ValueError("a redis backend needs `endpoint: redis://host:port[/db]`")
+            raise BadValue("a redis backend needs an endpoint",
+                           "add `endpoint: redis://host:port[/db]`")
         if self.backend == "redis" and (self.bucket or self.region):
-            raise ValueError("`bucket`/`region` belong to an s3 backend")
+            raise BadValue("`bucket`/`region` belong to an s3 backend",
+                           "remove them, or set `backend: s3`")
         if self.backend == "s3" and not self.bucket:
-            raise ValueError("an s3 backend needs `bucket`")
+            raise BadValue("an s3 backend needs `bucket`", "add `bucket: NAME` (and `region`, "
+                           "and `endpoint` for a store other than AWS)")
         if self.endpoint and "@" in self.endpoint.split("://", 1)[-1].split("/", 1)[0]:
-            raise ValueError("credentials do not belong in `endpoint`: pass them as the "
-                             "sccache_env build secret (README: compile cache)")
+            raise BadValue("credentials do not belong in `endpoint`",
+                           "remove user:password@ and pass them as the sccache_env build "
+                           "secret (README: compile cache)")
         return self
 
 
@@ -457,7 +461,9 @@ class EngineRealization(Strict):
     @model_validator(mode="after")
     def _one_origin(self) -> EngineRealization:
         if (self.source is None) == (self.wheel is None):
-            raise ValueError("give exactly one of `source` (git pin) or `wheel`")
+            raise BadValue("a realization needs exactly one of `source` (a git pin) or "
+                           "`wheel`", "keep `source` for a target that compiles vLLM, `wheel` "
+                           "for one that installs its CPU wheel")
         return self
 
 
@@ -514,9 +520,12 @@ class HubPin(Strict):
     @model_validator(mode="after")
     def _revision_or_track(self) -> HubPin:
         if self.repository and (self.revision is None) == (self.track is None):
-            raise ValueError("give exactly one of `revision` (a commit SHA) or `track` (a branch)")
+            raise BadValue("a Hub repository needs exactly one of `revision` (a commit SHA) or "
+                           "`track` (a branch)", "keep `revision: SHA`, or `track: BRANCH` "
+                           "and run `build.py lock --update NAME`")
         if not self.repository and (self.revision or self.track or self.exclude):
-            raise ValueError("`revision`/`track`/`exclude` need a `repository`")
+            raise BadValue("`revision`/`track`/`exclude` need a `repository`",
+                           "add `repository: owner/name`, or remove them")
         return self
 
 
@@ -548,7 +557,8 @@ class Model(HubPin):
     @model_validator(mode="after")
     def _hub_or_generated(self) -> Model:
         if (self.repository is None) == (self.generate is None):
-            raise ValueError("give exactly one of `repository` (a Hub model) or `generate`")
+            raise BadValue("a model needs exactly one of `repository` (a Hub model) or "
+                           "`generate` (a script)", "keep one of them")
         return self
 
 
@@ -573,9 +583,12 @@ class Drafter(HubPin):
     def _model_when_needed(self) -> Drafter:
         needs_model = self.method in DRAFTER_MODEL_METHODS
         if needs_model and not self.repository:
-            raise ValueError(f"method {self.method} needs a drafter `repository`")
+            raise BadValue(f"method {self.method} needs a drafter `repository`",
+                           "add `repository: owner/name` of the drafter model and its "
+                           "`revision`")
         if not needs_model and self.repository:
-            raise ValueError(f"method {self.method} uses no drafter model; remove `repository`")
+            raise BadValue(f"method {self.method} uses no drafter model",
+                           "remove `repository` (and its revision or track)")
         return self
 
 
@@ -856,10 +869,10 @@ def _describe(err: Any, located: Located) -> str:
     found = err.get("input")
     surprise = _surprise(located, err)
     if surprise is not None:
-        return f"{loc}: {err['msg']}, but {explain(surprise)}"
+        return f"{loc}: {validation_text(err)}, but {explain(surprise)}"
     shown = ("" if err["type"] == "missing" or isinstance(found, dict)
              else f"; found {shorten(found)}")
-    return f"{loc}: {err['msg']}{shown}"
+    return f"{loc}: {validation_text(err)}{shown}"
 
 
 def _check_version(located: Located) -> None:
