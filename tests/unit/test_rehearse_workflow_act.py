@@ -59,3 +59,14 @@ def test_the_rehearsal_without_a_cell_for_this_host_is_bad_input(monkeypatch, tm
     err = capsys.readouterr().err
     assert "no cell for this host" in err and "fix: pass --target" in err
     assert not work.exists()  # nothing written
+
+
+def test_act_limits_are_said_in_words_and_nothing_else_is_excused():
+    from imagebuild.rehearse_workflow.__main__ import act_limits
+
+    log = ('time="2026-12-03T06:26:42Z" level=error msg="Failed to parse \'max-parallel\' '
+           'option: strconv.Atoi: parsing \\"${{ fromJSON(vars.IMAGEBUILD_MAX_PARALLEL) }}\\": '
+           'invalid syntax"\n')
+    notes = act_limits(log)
+    assert len(notes) == 1 and "legs ran one at a time" in notes[0]
+    assert act_limits("[release/cell] Job failed\nError: Job 'cell' failed\n") == []
