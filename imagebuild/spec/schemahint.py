@@ -5,8 +5,9 @@ rule the CLI applies (with its message and fix); the keywords here let an editor
 underline the same mistakes at the same place: a `pattern` for a value with a grammar, and
 `if`/`then` for a section whose fields depend on each other. Patterns are written for
 both regex dialects a schema meets (ECMA-262 in editors, Python's `re` in jsonschema): no
-inline flags, no named groups, explicit ASCII classes. tests/unit/test_matrix_schema.py
-mutates every value of the repository's matrices and fails where the two disagree.
+inline flags, no named groups, explicit ASCII classes.
+tests/unit/test_matrix_schema_mutations.py mutates every value of the repository's
+matrices and fails where the two disagree.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def memory_bytes(text: str) -> int:
 
 
 # PEP 440 as packaging reads it (case-insensitive, surrounding spaces allowed), for the
-# JSON Schema; tests/unit/test_matrix_schema.py compares it with packaging on many strings
+# JSON Schema; tests/unit/test_matrix_schema_mutations.py compares it with packaging
 PEP440_JSON = "^\\s*" + anycase(
     r"v?(?:[0-9]+!)?[0-9]+(?:\.[0-9]+)*"
     r"(?:[-_.]?(?:alpha|a|beta|b|preview|pre|c|rc)[-_.]?[0-9]*)?"
