@@ -133,7 +133,9 @@ def _set(data: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, A
 def _cases() -> list[tuple[Path, tuple[Any, ...], str, Any, tuple[str, ...]]]:
     seen: set[tuple[tuple[str, ...], str]] = set()
     cases = []
-    for matrix in MATRICES:
+    # the smallest matrix holding a field is the one mutated: each case costs a write, a
+    # load and a validation of the whole file
+    for matrix in sorted(MATRICES, key=lambda m: m.stat().st_size):
         data = yaml.load(matrix.read_text(), Loader=LOADER)
         for path, value in _fields(data):
             if not path:
