@@ -64,7 +64,6 @@ HEX_PIN = re.compile(r"^[0-9a-f]{7,40}\Z")
 FULL_SHA = re.compile(r"^[0-9a-f]{40}\Z")
 CAPABILITY = re.compile(r"^[0-9]{1,2}\.[0-9]\Z")
 CUDA_ARCH = re.compile(r"^sm_([0-9]{1,2})([0-9])[af]?\Z")
-CUDA_ARCH_JSON = r"^sm_[0-9]{2,3}[af]?$"
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")  # pydantic (Rust regex): $ is the very end
 
 Name = Annotated[str, StringConstraints(pattern=NAME.pattern, max_length=63)]
@@ -162,7 +161,7 @@ def _capability(value: str | float) -> str:
 
 # a float is printed with one decimal, so only its range is said (12.1, not 121.0)
 ComputeCapability = Annotated[
-    Annotated[str, Schema(pattern=CAPABILITY.pattern.replace("\\Z", "$"))]
+    Annotated[str, Schema(pattern=sh.pattern_of(CAPABILITY))]
     | Annotated[float, Schema(exclusiveMinimum=0, maximum=99.94)],
     AfterValidator(_capability)]
 
@@ -320,7 +319,7 @@ class Target(Strict):
     compile_cache: CompileCache = Field(default_factory=CompileCache)
     """Compiler cache of source builds."""
     # checked against compute_capability (declared first)
-    expect_cuda_arch: Annotated[str, Schema(pattern=CUDA_ARCH_JSON)] | None = None
+    expect_cuda_arch: Annotated[str, Schema(pattern=sh.pattern_of(CUDA_ARCH))] | None = None
     """Source builds: the CUDA arch the built engine must contain, e.g. sm_121a (checked
     against compute_capability)."""
     runner: list[str] | None = Field(default=None, min_length=1)  # None: from the properties
@@ -431,7 +430,7 @@ class SourcePin(Strict):
     """Git URL of the vLLM source."""
     # exactly 40 hex: nothing expands it
     commit: Annotated[str, AfterValidator(_full_sha),
-                      Schema(pattern=FULL_SHA.pattern.replace("\\Z", "$"))]
+                      Schema(pattern=sh.pattern_of(FULL_SHA))]
     """The full 40-character commit SHA built."""
 
 
@@ -498,7 +497,7 @@ class HubPin(Strict):
 
     repository: HubRepository | None = None
     """Hub repository (owner/name)."""
-    revision: Annotated[str, Schema(pattern=HEX_PIN.pattern.replace("\\Z", "$"))] | None = None
+    revision: Annotated[str, Schema(pattern=sh.pattern_of(HEX_PIN))] | None = None
     """Commit SHA of the repository (7-40 hex; `lock` expands short ones). Give this or
     `track`."""
     track: Annotated[str, AfterValidator(branch_name), Schema(pattern=BRANCH_JSON)] | None = None

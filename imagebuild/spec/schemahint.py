@@ -12,6 +12,7 @@ matrices and fails where the two disagree.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,6 +32,12 @@ class Schema:
         schema = handler(core_schema)
         schema.update(self.keywords)
         return schema
+
+
+def pattern_of(regex: re.Pattern[str]) -> str:
+    """A Python check's anchored regex as a schema pattern: its `\\Z` (the very end) is
+    `$` there (ECMA-262 has no `\\Z`)."""
+    return regex.pattern.replace("\\Z", "$")
 
 
 def anycase(pattern: str) -> str:

@@ -205,6 +205,15 @@ def _accepts(check: Any, value: str) -> bool:
     return True
 
 
+def _memory_grammar(value: str) -> None:
+    """memory_bytes without its 1g..16t bounds (numeric: the CLI's alone, not a pattern's)."""
+    try:
+        memory_bytes(value)
+    except BadValue as exc:
+        if "outside" not in str(exc):
+            raise
+
+
 VERSIONS = ("0.23.0", "v1.0", "1!2.0", "1.0a1", "1.0.post1", "1.0-1", "1.0.dev0",
             "1.0+local.7", "1.0RC1", " 1.0 ", "1.0b2.post3.dev4", "1.0-r", "01.02", "1.0.",
             "1..0", "1.0+", "1.0+a..b", "v", "1.0-dev", "1.0_c_3", "1.0preview2", "1e3",
@@ -230,7 +239,7 @@ VERSIONS = ("0.23.0", "v1.0", "1!2.0", "1.0a1", "1.0.post1", "1.0-1", "1.0.dev0"
     ("repository file", RELATIVE_JSON, lambda v: check_relative(v, "patch"),
      ("patches/x.patch", "", " ", "/x", "~/x", "C:x", "../x", "a/../b", "a/..", "a\\b",
       "a..b", "..a", "a\x01")),
-    ("memory size", MEMORY_JSON, memory_bytes,
+    ("memory size", MEMORY_JSON, _memory_grammar,
      ("8g", "120G", "120GiB", "512m", "8gb", "1.5t", " 8g ", "8 g", "8gg", "g", "8x", "-8g")),
 ])
 def test_value_grammars_of_the_schema_are_the_cli_checks(name: str, pattern: str, check: Any,
@@ -240,11 +249,6 @@ def test_value_grammars_of_the_schema_are_the_cli_checks(name: str, pattern: str
     differ = []
     for value in (*corpus, *WRONG_STRINGS):
         said = _accepts(check, value)
-        if name == "memory size" and not said:
-            try:
-                check(value)
-            except BadValue as exc:
-                said = "outside" in str(exc)  # a grammatical size out of bounds
         if bool(re.search(pattern, value)) != said:
             differ.append(f"{value!r}: CLI {'accepts' if said else 'refuses'}")
     assert not differ, differ
