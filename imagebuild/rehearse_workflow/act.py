@@ -188,6 +188,8 @@ class Rehearsal:
                 matrix: Iterable[str] = (), plan_runners: Iterable[list[str]] = ()) -> list[str]:
         wfs = sorted(WORKFLOWS.glob("*.yml"))
         source = self.work / ".github/workflows" / workflow
+        if not source.exists():  # no clone yet (a test of the command alone)
+            source = WORKFLOWS / workflow
         runs = self.root / "act-workflows" / workflow
         runs.parent.mkdir(parents=True, exist_ok=True)
         runs.write_text(for_act(source.read_text()))
