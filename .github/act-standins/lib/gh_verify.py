@@ -32,9 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import requests
-
 import github_api
+import requests
 from oci_attach import ALL_MANIFESTS, OCI_INDEX
 
 BUNDLE_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -70,8 +69,8 @@ def check_flags(a: argparse.Namespace) -> None:
     ids = [f for f in ("cert_identity", "cert_identity_regex", "signer_repo",
                        "signer_workflow") if getattr(a, f)]
     if len(ids) > 1:
-        raise VerifyError(f"if any flags in the group [cert-identity cert-identity-regex "
-                          f"signer-repo signer-workflow] are set none of the others can be")
+        raise VerifyError("if any flags in the group [cert-identity cert-identity-regex "
+                          "signer-repo signer-workflow] are set none of the others can be")
     if a.repo and len(a.repo.split("/")) != 2:
         raise VerifyError(f"invalid value provided for repo: {a.repo}")
     if a.bundle_from_oci and not a.artifact.startswith("oci://"):
@@ -116,7 +115,8 @@ class Registry:
                 tok = self.session.request("GET", params["realm"] + "?" + urlencode(
                     {"service": params.get("service", ""), "scope": params.get("scope", "")}),
                     headers={"Authorization": f"Basic {basic}"}, timeout=30).json()
-                self.auth = {"Authorization": f"Bearer {tok.get('token') or tok.get('access_token')}"}
+                token = tok.get("token") or tok.get("access_token")
+                self.auth = {"Authorization": f"Bearer {token}"}
             else:
                 self.auth = {"Authorization": f"Basic {basic}"}
             return self.get(path, accept)

@@ -27,7 +27,6 @@ from typing import Any
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import requests
-
 from oci_credentials import Credentials
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -66,7 +65,10 @@ def _challenge(header: str) -> dict[str, str]:
     scheme, _, params = header.partition(" ")
     if scheme not in ("Basic", "Bearer"):
         raise ValueError(f"Invalid challenge: {header}")
-    get = (lambda k: (re.search(rf'{k}="(.+?)"', params) or [None, ""])[1])
+    def get(key: str) -> str:
+        m = re.search(rf'{key}="(.+?)"', params)
+        return m.group(1) if m else ""
+
     return {"scheme": scheme.lower(), "realm": get("realm"), "service": get("service"),
             "scope": get("scope")}
 
