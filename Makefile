@@ -42,7 +42,7 @@ venv:  ## what the release jobs run: the run-time requirements only (no linters,
 venv-gpu: venv  ## jobs that build for a GPU target: cuobjdump for the GPU-code table on top
 	if [ -L .venv ] && ! cmp -s requirements-gpu.txt .venv/.gpu-requirements.txt; then \
 	  echo "venv-gpu: the shared venv has no GPU tools: this job makes its own" >&2; \
-	  rm .venv && $(MAKE) --no-print-directory venv IMAGEBUILD_VENV=; fi
+	  rm .venv && $(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) venv IMAGEBUILD_VENV=; fi
 	[ -L .venv ] || cmp -s requirements-gpu.txt .venv/.gpu-requirements.txt || { \
 	  $(PY) -m pip install -q -r requirements-gpu.txt && cp requirements-gpu.txt .venv/.gpu-requirements.txt; }
 

@@ -16,8 +16,8 @@ git remote add origin "$origin"
 if [ "${DEPTH:-1}" = 0 ]; then
   git fetch -q --tags origin '+refs/heads/*:refs/remotes/origin/*'
 else
-  depth=(--depth "$DEPTH")
-  [ "${FETCH_TAGS:-false}" = true ] && depth+=(--tags)
+  depth=(--depth "${DEPTH:-1}")
+  if [ "${FETCH_TAGS:-false}" = true ]; then depth+=(--tags); fi
   case $ref in
     refs/tags/*) git fetch -q "${depth[@]}" origin "+$ref:$ref" ;;
     refs/heads/*) git fetch -q "${depth[@]}" origin "+$ref:refs/remotes/origin/${ref#refs/heads/}" ;;

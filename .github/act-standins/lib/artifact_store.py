@@ -63,7 +63,10 @@ def create(name: str, files: list[tuple[Path, str]]) -> dict[str, Any]:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, target)
-    ident = 1 + max((m["id"] for m in listed()), default=0)
+    counter = store() / ".meta" / ".last-id"  # ids only grow, deleted ones too
+    counter.parent.mkdir(parents=True, exist_ok=True)
+    ident = 1 + (int(counter.read_text()) if counter.exists() else 0)
+    counter.write_text(str(ident))
     rec = {"id": ident, "name": name, "size": sum(s.stat().st_size for s, _ in files),
            "attempt": os.environ.get("GITHUB_RUN_ATTEMPT", "1")}
     meta.parent.mkdir(parents=True, exist_ok=True)
