@@ -38,8 +38,10 @@ ACT_LIMITS = {
     "GitHub applies it (docs/release-workflow.md)",
 }
 # what the rehearsal changes in the copy of the workflow act runs, said every time
-ADAPTED = ("act 0.2.89's schema has no `concurrency.queue`: the copy act runs drops "
-           "`queue: max` (act runs one job at a time anyway); GitHub keeps every waiting run")
+ADAPTED = ("act 0.2.89's schema has no `concurrency.queue` and no `artifact-metadata` "
+           "permission: the copy act runs drops those lines (act runs one job at a time and "
+           "grants no token scopes; the stand-ins read the job's permissions from the real "
+           "file); GitHub keeps every waiting run")
 
 
 def act_limits(log: str) -> list[str]:

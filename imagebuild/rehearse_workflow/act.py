@@ -43,9 +43,12 @@ STANDIN_OF = {"actions/checkout": "08c6903cd8c0fde910a37f88322edcfb5dd907a8",  #
               "actions/upload-artifact": "330a01c490aca151604b8cf639adc76d48f6c5d4",  # v5.0.0
               "actions/download-artifact": "018cc2cf5baa6db3ef3c5f8a56943fffe632ef53",  # v6.0.0
               "actions/attest": "1e69f48acb82d1966a394da916b4c1698aa569d6"}  # v4.2.2
-# workflow syntax GitHub has and act 0.2.89's schema refuses ("Unknown Property queue"):
-# the copy act runs goes without it; act runs one job at a time anyway (--concurrent-jobs 1)
-ACT_UNKNOWN = re.compile(r"^\s+queue:\s*max\s*(#.*)?\n", re.M)
+# workflow syntax GitHub has and act 0.2.89's schema refuses ("Unknown Property ..."):
+# concurrency's `queue` (act runs one job at a time anyway: --concurrent-jobs 1) and the
+# `artifact-metadata` permission (act grants no token scopes). The copy act runs goes
+# without those lines; the stand-ins read the job's permissions from the real file
+# (IMAGEBUILD_REHEARSAL_WORKFLOW).
+ACT_UNKNOWN = re.compile(r"^\s+(queue:\s*max|artifact-metadata:\s*\w+)\s*(#.*)?\n", re.M)
 USES = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w.-]+)@([0-9a-f]{40})", re.M)
 OWNER = "ActRehearsal"  # capitals on purpose: the workflows must lowercase the namespace
 
