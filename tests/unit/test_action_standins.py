@@ -178,3 +178,27 @@ def test_the_rehearsal_command_gives_what_githubs_runner_gives(tmp_path):
         return [drop_queue(v) for v in node] if isinstance(node, list) else node
 
     assert yaml.safe_load(for_act(source)) == drop_queue(yaml.safe_load(source))
+
+
+def test_each_stand_in_runs_from_a_copy_of_its_folder_alone(tmp_path):
+    """act copies an action's folder into its cache and runs it there: a stand-in finds
+    the shared lib/ through IMAGEBUILD_REHEARSAL_STANDINS, not beside itself."""
+    import shutil
+
+    for folder in ("upload-artifact", "download-artifact", "attest", "setup-python"):
+        shutil.copytree(STANDINS / folder, tmp_path / "cache" / folder)
+    _ws(tmp_path)
+    copy = tmp_path / "cache"
+    base = {"PATH": os.environ["PATH"], "GITHUB_WORKSPACE": str(tmp_path / "ws"),
+            "IMAGEBUILD_REHEARSAL_ARTIFACTS": str(tmp_path / "store"),
+            "IMAGEBUILD_REHEARSAL_STANDINS": str(STANDINS), "GITHUB_OUTPUT": os.devnull}
+    for script, env in (("upload-artifact/upload.py", {"NAME": "a", "PATHS": "build/logs/"}),
+                        ("download-artifact/download.py", {"NAME": "a", "DEST": "d"}),
+                        ("attest/attest.py", {"INPUT_PUSH-TO-REGISTRY": "false",
+                                              "INPUT_CREATE-STORAGE-RECORD": "true",
+                                              "INPUT_SHOW-SUMMARY": "true"})):
+        proc = subprocess.run([sys.executable, str(copy / script)], env={**base, **env},
+                              cwd=tmp_path / "ws", capture_output=True, text=True, timeout=60)
+        assert "ModuleNotFoundError" not in proc.stderr, (script, proc.stderr)
+        if not script.startswith("attest"):
+            assert proc.returncode == 0, (script, proc.stdout, proc.stderr)

@@ -23,7 +23,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "lib"))
+# act runs a copy of this action's folder alone: lib/ is found through the
+# rehearsal's IMAGEBUILD_REHEARSAL_STANDINS (beside this file in a checkout)
+sys.path.insert(0, str(Path(os.environ.get("IMAGEBUILD_REHEARSAL_STANDINS")
+                             or Path(__file__).resolve().parent.parent) / "lib"))
 
 import github_api  # noqa: E402
 import runner_context  # noqa: E402

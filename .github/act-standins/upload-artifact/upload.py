@@ -6,7 +6,10 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "lib"))
+# act runs a copy of this action's folder alone: lib/ is found through the
+# rehearsal's IMAGEBUILD_REHEARSAL_STANDINS (beside this file in a checkout)
+sys.path.insert(0, str(Path(os.environ.get("IMAGEBUILD_REHEARSAL_STANDINS")
+                             or Path(__file__).resolve().parent.parent) / "lib"))
 import artifact_store  # noqa: E402
 
 
