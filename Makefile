@@ -55,8 +55,12 @@ shared-venv:  ## a runner's venv for every job (IMAGEBUILD_VENV=DIR; GPU=1 adds 
 	[ -z "$${GPU:-}" ] || { "$$IMAGEBUILD_VENV/bin/python" -m pip install -q -r requirements-gpu.txt && \
 	  cp requirements-gpu.txt "$$IMAGEBUILD_VENV/.gpu-requirements.txt"; }
 
-venv-dev: venv  ## lint and test jobs: requirements-dev.txt on top
-	$(PY) -m pip install -q -r requirements-dev.txt
+venv-dev: venv  ## lint and test jobs: requirements-dev.txt on top (a shared venv without them: a venv of this job's own)
+	if [ -L .venv ] && ! cmp -s requirements-dev.txt .venv/.dev-requirements.txt; then \
+	  echo "venv-dev: the shared venv has no dev tools: this job makes its own" >&2; \
+	  rm .venv && $(MAKE) --no-print-directory -f $(firstword $(MAKEFILE_LIST)) venv IMAGEBUILD_VENV=; fi
+	[ -L .venv ] || cmp -s requirements-dev.txt .venv/.dev-requirements.txt || { \
+	  $(PY) -m pip install -q -r requirements-dev.txt && cp requirements-dev.txt .venv/.dev-requirements.txt; }
 
 # A release job's environment, for $$GITHUB_ENV: the registry namespace
 # (vars.IMAGEBUILD_NAMESPACE as set, a capital in it refused by build.py naming the

@@ -273,6 +273,7 @@ def test_a_job_venv_never_installs_into_the_shared_one_nor_takes_a_wrong_python(
     req = "requests==2.0\n"
     (tmp_path / "requirements.txt").write_text(req)
     (tmp_path / "requirements-gpu.txt").write_text("cuda-tool==1\n")
+    (tmp_path / "requirements-dev.txt").write_text("ruff==1\n")
     bin_ = tmp_path / "bin"
     bin_.mkdir()
     # python3 -m venv DIR makes a fake venv of Python 3.11
@@ -285,7 +286,7 @@ def test_a_job_venv_never_installs_into_the_shared_one_nor_takes_a_wrong_python(
     env = {"PATH": f"{bin_}:{os.environ['PATH']}"}
 
     def make(target: str, ws: Path, **extra: str) -> subprocess.CompletedProcess[str]:
-        for f in ("requirements.txt", "requirements-gpu.txt"):
+        for f in ("requirements.txt", "requirements-gpu.txt", "requirements-dev.txt"):
             (ws / f).write_text((tmp_path / f).read_text())
         return subprocess.run(["make", "-s", "-f", str(MAKEFILE), target], cwd=ws,
                               env={**os.environ, **env, **extra}, capture_output=True,
@@ -303,6 +304,12 @@ def test_a_job_venv_never_installs_into_the_shared_one_nor_takes_a_wrong_python(
     assert proc.returncode == 0, proc.stderr
     assert not (ws / ".venv").is_symlink()
     assert not (shared / ".gpu-requirements.txt").exists()
+    ws = tmp_path / "ws-dev"  # nor the linters (venv-dev)
+    ws.mkdir()
+    proc = make("venv-dev", ws, IMAGEBUILD_VENV=str(shared))
+    assert proc.returncode == 0, proc.stderr
+    assert not (ws / ".venv").is_symlink() and not (shared / ".dev-requirements.txt").exists()
+    assert "requirements-dev.txt" in (tmp_path / "pip.log").read_text()
     # stamped for other requirements, or another Python: not linked
     for name, version, stamp in (("other-reqs", "3.11", "requests==1.0\n"),
                                  ("other-python", "3.12", req), ("no-stamp", "3.11", None)):
