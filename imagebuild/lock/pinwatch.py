@@ -246,8 +246,11 @@ def slug(report: PinReport) -> str:
 
 def write_issue_files(reports: list[PinReport], out: Path) -> list[Path]:
     """`<kind>-<name>.md` (issue body) and `.title` for each pin whose head moved: what the
-    workflow turns into one open-or-updated issue per pin."""
+    workflow turns into one open-or-updated issue per pin; and `watched.tsv`, the verdict
+    and title of every pin watched, written last: the workflow closes a pin's issue only
+    when this run saw that pin `current` (an unreachable Hub is no reason to close)."""
     out.mkdir(parents=True, exist_ok=True)
+    (out / "watched.tsv").unlink(missing_ok=True)
     written = []
     for r in reports:
         if not r.moved:
@@ -256,6 +259,7 @@ def write_issue_files(reports: list[PinReport], out: Path) -> list[Path]:
         body.write_text(r.markdown())
         (out / f"{slug(r)}.title").write_text(r.title + "\n")
         written.append(body)
+    (out / "watched.tsv").write_text("".join(f"{r.verdict}\t{r.title}\n" for r in reports))
     return written
 
 

@@ -37,6 +37,11 @@ ACT_LIMITS = {
     "the cap (vars.IMAGEBUILD_MAX_PARALLEL) was not applied here: legs ran one at a time; "
     "GitHub applies it (docs/release-workflow.md)",
 }
+# what the rehearsal changes in the copy of the workflow act runs, said every time
+ADAPTED = ("act 0.2.89's schema has no `concurrency.queue` and no `artifact-metadata` "
+           "permission: the copy act runs drops those lines (act runs one job at a time and "
+           "grants no token scopes; the stand-ins read the job's permissions from the real "
+           "file); GitHub keeps every waiting run")
 
 
 def act_limits(log: str) -> list[str]:
@@ -65,7 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     reh = Rehearsal(args.workdir.resolve(), registry=args.registry,
                     user=os.environ.get("IMAGEBUILD_REGISTRY_USER", "imagebuild"),
                     password=os.environ.get("IMAGEBUILD_REGISTRY_PASSWORD", "imagebuild-local"))
-    (reh.root / "home").mkdir(parents=True, exist_ok=True)
     sha = reh.prepare()
     reh.tag(args.tag)
     runners = [c["runner"] for c in plan(args.tag, "all")]
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                   echo=True)
     for note in act_limits(res.log):
         print(f"note: {note}")
+    print(f"note: {ADAPTED}")
     rel = reh.gh / "releases" / args.tag
     print(f"\nrehearsal: act exited {res.returncode} after {res.seconds:.0f} s; GitHub release "
           f"files: {rel if rel.exists() else 'none'}")

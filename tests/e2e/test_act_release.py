@@ -27,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -80,6 +81,11 @@ class Runs:
         rels = list_releases(client, f"{NAMESPACE}/{IMAGE}")
         return next((r.tag for r in rels if r.is_latest), None)
 
+    def badge(self) -> str | None:
+        """The GitHub release marked Latest (the gh stand-in's latest-release)."""
+        f = self.reh.gh / "latest-release"
+        return f.read_text() if f.exists() else None
+
 
 def _commit(reh: Rehearsal, old: str, new: str, message: str) -> str:
     """A commit on the rehearsal's main changing matrix.yaml (as a maintainer would)."""
@@ -100,7 +106,6 @@ def runs(docker_engine, registry, cpu_serve_image, tmp_path_factory) -> Runs:
     # looks for) makes the cpu base and engine; the engine job here finds that engine by
     # its inputs and pushes it, as a runner that built it before would
     root = tmp_path_factory.mktemp("act")
-    (root / "home").mkdir()
     reh = Rehearsal(root, registry=registry.host, user=registry.user,
                     password=registry.password,
                     extra_env={"IMAGEBUILD_LOCK_DIR": os.environ["IMAGEBUILD_LOCK_DIR"]})
@@ -123,17 +128,20 @@ def runs(docker_engine, registry, cpu_serve_image, tmp_path_factory) -> Runs:
     # tests/e2e/test_bench_store.py); passed as a user would
     r.release("new", NEW, **UNTRUSTED)
     r.seen["latest after new"] = r.latest()
+    r.seen["badge after new"] = r.badge()
     # 3. the same tag again, nothing changed
     r.release("rerun", NEW)
     # 4. the fix: the older tag moved to it and dispatched again while the newer is latest
     reh.tag(OLD)
     r.runs["older again"] = r.release("fixed", OLD)
     r.seen["latest after older again"] = r.latest()
+    r.seen["badge after older again"] = r.badge()
     # 5. rollback.yml
     r.runs["rollback"] = reh.run("rollback.yml", "workflow_dispatch", "refs/heads/main",
                                  run="rollback", inputs={"to": OLD, "image": ""},
                                  plan_runners=r.runners)
     r.seen["latest after rollback"] = r.latest()
+    r.seen["badge after rollback"] = r.badge()
     # 6. a promote-only dispatch of the newer tag: nothing built, the rollback stays
     # (inputs travel as strings in the event, as GitHub sends them; act types them)
     r.runs["promote only"] = reh.run("release.yml", "workflow_dispatch", "refs/heads/main",
@@ -149,6 +157,7 @@ def runs(docker_engine, registry, cpu_serve_image, tmp_path_factory) -> Runs:
                 "accept_reason": "the rollback was a drill; a shared CI host's figures"},
         plan_runners=r.runners)
     r.seen["latest after promote on purpose"] = r.latest()
+    r.seen["badge after promote on purpose"] = r.badge()
     # pins.yml twice, in a network namespace with only loopback: act clones and pulls
     # nothing
     for name in ("pins", "pins again"):
@@ -219,28 +228,39 @@ def test_release_end_to_end_with_every_linked_asset(runs):
     # the notes cover every target of the release, not only the one this dispatch built
     assert "spark-heretic-zlab" in notes
     assert runs.seen["latest after new"] == NEW_FULL  # the first release to pass
+    assert runs.seen["badge after new"] == NEW  # GitHub's Latest is the registry's
     _signed_under_act(runs, run)
 
 
 def _signed_under_act(runs: Runs, run: ActRun) -> None:
-    """The attestation steps ran (.github/act-standins): an unsigned Sigstore bundle of
-    each predicate beside the release's digest, as GitHub's actions push them, and the
-    verify step's gh found both agreeing with the image its tag holds."""
+    """The sign job ran on its own (hosted) runner with a runner HOME that held no login
+    of this host: actions/attest's stand-in found the login where @sigstore/oci reads it
+    (the job's home, `make registry-login`), recorded both attestations with GitHub's API
+    stand-in, pushed both bundles beside the release's digest, and gh's verify (by repo,
+    signer workflow, hosted runner) passed; the job's home is gone afterwards."""
     from imagebuild.bench import store
     from imagebuild.registry.client import RegistryClient
     from imagebuild.registry.records import read_release
 
+    assert run.job_result(f"sign cpu/{IMAGE}") == "succeeded", _fail(run)
     for step in ("Sign the build provenance", "Sign the SBOM", "Verify both attestations"):
         assert re.search(rf"Success - Main {step}", run.log), _fail(run)
-    agreed = re.findall(r"gh attestation verify \(stand-in\): .*:" + re.escape(NEW_FULL)
-                        + r": (\S+) attestation for owner ActRehearsal agrees", run.log)
-    assert sorted(agreed) == ["https://cyclonedx.org/bom", "https://slsa.dev/provenance/v1"]
+    agreed = re.findall(r"✓ Verification succeeded! \(stand-in[^)]*\) oci://\S+:"
+                        + re.escape(NEW_FULL) + r" (any predicate|\S+) for "
+                        r"ActRehearsal/imagebuild", run.log)
+    assert sorted(agreed) == ["any predicate", "https://cyclonedx.org/bom"], _fail(run)
     reg = runs.registry
     client = RegistryClient(reg.host, username=reg.user, password=reg.password)
     rel = read_release(client, f"{NAMESPACE}/{IMAGE}", NEW_FULL)
     assert rel is not None
     found = store.listed(client, rel.repo, rel.digest, store.SIGSTORE_BUNDLE_TYPE)
-    assert sorted(d["annotations"][store.A_BUNDLE_PREDICATE] for d in found) == sorted(agreed)
+    assert sorted(d["annotations"][store.A_BUNDLE_PREDICATE] for d in found) == [
+        "https://cyclonedx.org/bom", "https://slsa.dev/provenance/v1"]
+    recorded = runs.reh.gh / "attestations" / rel.digest.replace(":", "-")
+    assert len(list(recorded.glob("*.json"))) == 2  # once each: no failed attempt before
+    for home in runs.reh.homes:  # every run's runner HOME: no login was ever put there
+        assert not (home / ".docker" / "config.json").exists(), home
+    assert not list(runs.reh.root.rglob("imagebuild-job-*/home/.docker/config.json"))
 
 
 def test_a_rerun_that_changes_nothing_builds_smokes_and_benches_nothing(runs):
@@ -261,12 +281,14 @@ def test_two_tags_in_flight_end_with_latest_at_the_newer(runs):
     assert re.search(r"latest stays: .*older than latest", run.log), _fail(run)
     assert runs.seen["latest after older again"] == NEW_FULL
     assert (runs.reh.gh / "releases" / OLD / "notes.md").exists()
+    assert runs.seen["badge after older again"] == NEW  # the older release never takes it
 
 
 def test_rollback_dispatch_moves_latest_back(runs):
     run = runs.runs["rollback"]
     assert run.returncode == 0, _fail(run)
     assert runs.seen["latest after rollback"] == OLD_FULL
+    assert runs.seen["badge after rollback"] == OLD  # the badge follows the rollback
 
 
 def test_promote_only_dispatch_builds_nothing_and_respects_the_rollback(runs):
@@ -283,6 +305,7 @@ def test_promote_on_purpose_moves_latest_past_the_rollback(runs):
     assert run.returncode == 0, _fail(run)
     assert run.job_result("cpu/cpu-tiny-ngram") is None
     assert runs.seen["latest after promote on purpose"] == NEW_FULL
+    assert runs.seen["badge after promote on purpose"] == NEW
 
 
 def test_pins_workflow_runs_offline_and_opens_no_issue_for_an_unreachable_hub(runs):
@@ -303,11 +326,14 @@ def test_pins_workflow_runs_offline_and_opens_no_issue_for_an_unreachable_hub(ru
 
 
 def test_the_verify_step_fails_when_the_attestations_name_another_digest(registry, tmp_path):
-    """The cell job's attest steps (the stand-ins act runs) and its verify step (`make
-    attest-verify` verbatim, the gh stand-in) outside act, on two releases stored here: a
-    subject.txt naming the wrong digest gets its bundles attached to that digest, and
-    the verify of the release tag fails; the right digest verifies. (~3 s, no act run)"""
+    """The sign job's attest steps (actions/attest's stand-in, as act runs it) and its
+    verify step (`make attest-verify` verbatim, the gh stand-in) outside act, on two
+    releases stored here: a subject naming the wrong digest gets its attestations for
+    that digest, and the verify of the release tag fails; the right digest verifies.
+    (~3 s, no act run)"""
     import base64
+
+    import yaml
 
     from imagebuild.registry.client import RegistryClient
     from imagebuild.rehearse_workflow.act import STANDINS
@@ -317,35 +343,52 @@ def test_the_verify_step_fails_when_the_attestations_name_another_digest(registr
     repo = f"{NAMESPACE}-wrong-subject/{IMAGE}"
     image, other = (add_release(client, repo, tag, config=tag.encode())
                     for tag in (NEW_FULL, OLD_FULL))
-    docker = tmp_path / "docker"
-    docker.mkdir()
+    home = tmp_path / "job-home"
+    (home / ".docker").mkdir(parents=True)
     auth = base64.b64encode(f"{registry.user}:{registry.password}".encode()).decode()
-    (docker / "config.json").write_text(json.dumps({"auths": {registry.host: {"auth": auth}}}))
-    (tmp_path / "bom.json").write_text('{"bomFormat": "CycloneDX", "specVersion": "1.6"}')
+    (home / ".docker/config.json").write_text(
+        json.dumps({"auths": {registry.host: {"auth": auth}}}))
+    (tmp_path / "bom.json").write_text(json.dumps({
+        "bomFormat": "CycloneDX", "specVersion": "1.6",
+        "serialNumber": "urn:uuid:3e671687-395b-41f5-a30f-a58921a69b79"}))
     subject = tmp_path / "build/supply-chain/cpu" / IMAGE / "subject.txt"
     subject.parent.mkdir(parents=True)
-    env = {**os.environ, "DOCKER_CONFIG": str(docker), "RUNNER_TEMP": str(tmp_path),
+    release = yaml.safe_load((REPO_ROOT / ".github/workflows/release.yml").read_text())
+    (tmp_path / "event.json").write_text(json.dumps({"repository": {
+        "visibility": "public", "owner": {"login": "ActRehearsal", "type": "Organization"}}}))
+    (tmp_path / "temp").mkdir()
+    env = {**os.environ, "HOME": str(home), "DOCKER_CONFIG": str(home / ".docker"),
+           "RUNNER_TEMP": str(tmp_path / "temp"), "GITHUB_WORKSPACE": str(tmp_path),
            "GITHUB_REPOSITORY": "ActRehearsal/imagebuild", "CELL": f"cpu/{IMAGE}",
-           "OWNER": "ActRehearsal", "PUSH": "true", "SBOM_PATH": str(tmp_path / "bom.json"),
+           "REPOSITORY": "ActRehearsal/imagebuild", "GITHUB_JOB": "sign",
+           "GITHUB_EVENT_PATH": str(tmp_path / "event.json"),
+           "GITHUB_WORKFLOW_REF": "ActRehearsal/imagebuild/.github/workflows/release.yml"
+                                  "@refs/heads/main",
+           "IMAGEBUILD_REHEARSAL_WORKFLOW": str(REPO_ROOT / ".github/workflows/release.yml"),
            "IMAGEBUILD_REHEARSAL_GH": str(tmp_path / "gh"),
            "PATH": f"{STANDINS / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    step = next(s for s in release["jobs"]["sign"]["steps"] if s.get("name", "").startswith(
+        "Sign the SBOM"))
+    assert step["with"]["push-to-registry"] is True
 
     def sign_and_verify(digest: str) -> subprocess.CompletedProcess[str]:
         name = f"{registry.host}/{repo}"
         subject.write_text(f"name={name}\ndigest={digest}\nsbom=bom.json\ntag={NEW_FULL}\n")
-        for kind in ("provenance", "sbom"):
-            subprocess.run([sys.executable, str(STANDINS / "attestations/attest.py"), kind],
-                           env={**env, "SUBJECT_NAME": name, "SUBJECT_DIGEST": digest},
-                           check=True, capture_output=True, text=True)
+        for sbom in ("", "bom.json"):
+            inputs = {"INPUT_SUBJECT-NAME": name, "INPUT_SUBJECT-DIGEST": digest,
+                      "INPUT_SBOM-PATH": sbom, "INPUT_PUSH-TO-REGISTRY": "true",
+                      "INPUT_CREATE-STORAGE-RECORD": "true", "INPUT_SHOW-SUMMARY": "true"}
+            subprocess.run([sys.executable, str(STANDINS / "attest/attest.py")],
+                           env={**env, **inputs}, check=True, capture_output=True, text=True)
         return subprocess.run(["make", "-s", "-f", str(REPO_ROOT / "Makefile"), "attest-verify"],
                               cwd=tmp_path, env=env, capture_output=True, text=True)
 
     wrong = sign_and_verify(other)
     assert wrong.returncode != 0, wrong.stdout
-    assert f"no attestations found for {image}" in wrong.stderr, wrong.stderr
+    assert f"No attestations found for subject {image}" in wrong.stderr, wrong.stderr
     right = sign_and_verify(image)
     assert right.returncode == 0, right.stdout + right.stderr
-    assert right.stdout.count("agrees with the image") == 2, right.stdout
+    assert right.stdout.count("Verification succeeded") == 2, right.stdout
 
 
 CANCELLED = "2026-06-19-dflashfix"
@@ -372,8 +415,9 @@ def test_a_cancelled_cell_leaves_no_container(runs):
                       inputs={"tag": CANCELLED, "target": "cpu"}, plan_runners=runs.runners)
     log = reh.root / "cancel.log"
     with log.open("w") as fh:
+        home = Path(tempfile.mkdtemp(prefix="runner-home-", dir=reh.root))
         proc = subprocess.Popen(cmd, cwd=reh.work, stdout=fh, stderr=subprocess.STDOUT,
-                                env={**os.environ, "HOME": str(reh.root / "home")})
+                                env={**os.environ, "HOME": str(home)})
         deadline = time.monotonic() + 1200
         while not _containers_under(reh.root) and proc.poll() is None:
             assert time.monotonic() < deadline, log.read_text()[-4000:]

@@ -152,7 +152,7 @@ def test_every_environment_variable_the_code_reads_is_in_the_table():
         read |= set(re.findall(r"\"(IMAGEBUILD_[A-Z0-9_]+)\"", path.read_text()))
     internal = {"IMAGEBUILD_SMOKE_CONFIG",  # set by smoke for its own check suite
                 "IMAGEBUILD_REHEARSAL_ARTIFACTS", "IMAGEBUILD_REHEARSAL_GH",
-                "IMAGEBUILD_REHEARSAL_ORIGIN",
+                "IMAGEBUILD_REHEARSAL_ORIGIN", "IMAGEBUILD_REHEARSAL_WORKFLOW",
                 "IMAGEBUILD_REHEARSAL_STANDINS"}  # set by the act rehearsal for its stand-ins
     assert read - internal - listed == set()
 

@@ -257,21 +257,24 @@ def test_only_the_release_workflow_on_github_signs():
     assert attach.signing({**wf, "ACT": "true"}) == attach.UNSIGNED  # the act rehearsal
     assert attach.signing({"GITHUB_ACTIONS": "true"}) == attach.UNSIGNED  # CI's tests
     assert attach.signing({}) == attach.UNSIGNED
-    # the cell job says so (its publish and resume-state read it), and its attestation
-    # steps follow publish; they run under act too (stand-ins: test_act_release.py)
+    # the cell job's publish says so; the sign job (a hosted runner) signs what publish
+    # stored, counting a cell done only once both bundles are attached
     import yaml
 
-    cell = yaml.safe_load((REPO_ROOT / ".github/workflows/release.yml").read_text())[
-        "jobs"]["cell"]
-    steps = cell["steps"]
-    names = [s.get("name", "") for s in steps]
-    publish = names.index("Push by digest (latest stays; promote moves it)")
-    assert cell["env"]["IMAGEBUILD_ATTESTATIONS"] == "github"
-    after = steps[publish + 1:publish + 6]
+    jobs = yaml.safe_load((REPO_ROOT / ".github/workflows/release.yml").read_text())["jobs"]
+    cell, sign = jobs["cell"]["steps"], jobs["sign"]["steps"]
+    publish = next(s for s in cell if s.get("name") == "Push by digest (latest stays; "
+                                                      "promote moves it)")
+    assert publish["env"]["IMAGEBUILD_ATTESTATIONS"] == "github"
+    assert "IMAGEBUILD_ATTESTATIONS" not in jobs["cell"].get("env", {})  # done: stored
+    state = next(s for s in sign if s.get("id") == "state")
+    assert state["env"]["IMAGEBUILD_ATTESTATIONS"] == "github"
+    names = [s.get("name", "") for s in sign]
+    after = sign[names.index(state["name"]) + 1:names.index(state["name"]) + 6]
     assert [s.get("uses", s.get("run", "")).split("@")[0] for s in after] == [
-        "make registry-login", 'make -s attest-subject >> "$GITHUB_OUTPUT"',
-        "actions/attest-build-provenance", "actions/attest-sbom", "make attest-verify"]
-    for step in [steps[publish], *after]:
+        'make -s attest-subject >> "$GITHUB_OUTPUT"', "make registry-login",
+        "actions/attest", "actions/attest", "make attest-verify"]
+    for step in after:
         assert step["if"] == "steps.state.outputs.done != 'true'"
         assert step.get("with", {}).get("push-to-registry", True) is True
 

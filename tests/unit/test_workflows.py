@@ -31,9 +31,17 @@ WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 MAKEFILE = REPO_ROOT / "Makefile"
 TAG = "2026-06-18-dflashfix"
 FULL_SHA_PIN = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
-# the one step that may run before anything is checked out (so no make, no build.py)
+# the steps that run before anything is checked out (so no make, no build.py), and the
+# approval job's one line: the only inline scripts
 TAG_GUARD = "Release tag is DATE-NAME"
+CAN_GUARD = "This repository can sign and gate a release"
+APPROVED = "Approved"
+INLINE = {TAG_GUARD, CAN_GUARD, APPROVED}
 LATEST_GROUP = "imagebuild-latest"
+LATEST_CONCURRENCY = {"group": LATEST_GROUP, "cancel-in-progress": False, "queue": "max"}
+# the job token goes to the registry only when it is GitHub's: this exact expression
+REGISTRY_PASSWORD = ("${{ secrets.IMAGEBUILD_REGISTRY_PASSWORD || ((vars.IMAGEBUILD_REGISTRY "
+                     "|| 'ghcr.io') == 'ghcr.io' && github.token || '') }}")
 
 
 def load(name: str) -> dict[str, Any]:
@@ -98,7 +106,7 @@ def violations(wf: dict[str, Any]) -> list[str]:
             run = step.get("run", "")
             if "${{" in run:
                 out.append(f"{jname}: expression inside run: {run!r}")
-            if (run and step.get("name") != TAG_GUARD
+            if (run and step.get("name") not in INLINE
                     and not re.match(r"(make |\.venv/bin/python build\.py )", run.strip())):
                 out.append(f"{jname}: step is not thin: {run!r}")
             if "secrets." in json.dumps(step.get("with", {})):
@@ -144,19 +152,25 @@ def test_least_privilege_per_job():
             if perms:
                 writes[(name, jname)] = perms
             runs = " ".join(s.get("run", "") for s in job.get("steps", []))
+            pushes = any("actions/attest@" in s.get("uses", "")
+                         and s.get("with", {}).get("push-to-registry") is True
+                         for s in job.get("steps", []))
             if perms.get("packages"):  # only jobs that write to the registry
-                assert re.search(r"build\.py publish|make promote|make rollback|"
-                                 r"build\.py build .*--engine-only --push", runs)
-            if perms.get("contents"):  # only the job that creates the GitHub release
-                assert "make github-release" in runs
+                assert pushes or re.search(r"build\.py publish|make promote|make rollback|"
+                                           r"build\.py build .*--engine-only --push", runs)
+            if perms.get("contents"):  # the GitHub release and its Latest badge only
+                assert re.search(r"make (github-release|release-badge)", runs)
+            if perms.get("id-token"):  # signing, on GitHub's runners only
+                assert pushes and job["runs-on"] == "ubuntu-24.04", (name, jname)
     assert writes == {
         ("release.yml", "engine"): {"packages": "write"},
-        # the cell job signs its pushed digest (GitHub artifact attestations): only it
-        ("release.yml", "cell"): {"packages": "write", "id-token": "write",
-                                  "attestations": "write"},
+        ("release.yml", "cell"): {"packages": "write"},  # runs the model's code: no signing
+        # the one signing job: a hosted runner that only gets digests
+        ("release.yml", "sign"): {"packages": "write", "id-token": "write",
+                                  "attestations": "write", "artifact-metadata": "write"},
         ("release.yml", "promote"): {"contents": "write", "packages": "write"},
-        ("rollback.yml", "rollback"): {"packages": "write"},
-        ("pins.yml", "watch"): {"issues": "write"},
+        ("rollback.yml", "rollback"): {"contents": "write", "packages": "write"},
+        ("pins.yml", "watch"): {"issues": "write", "actions": "write"},
     }
 
 
@@ -205,7 +219,7 @@ def test_the_tag_is_checked_before_any_checkout():
     assert wf["env"]["RELEASE_TAG"] == "${{ inputs.tag || github.ref_name }}"
     plan = wf["jobs"]["plan"]
     guard = step_index(plan, lambda s: s.get("name") == TAG_GUARD)
-    assert guard == 0 and guard < step_index(plan, lambda s: "actions/checkout" in
+    assert guard == 1 and guard < step_index(plan, lambda s: "actions/checkout" in
                                              s.get("uses", ""))
     script = plan["steps"][guard]["run"]
     assert "${{" not in script and "$RELEASE_TAG" in script
@@ -235,9 +249,13 @@ def test_only_the_tag_is_checked_out_and_its_commit_must_be_on_main():
         plan, lambda s: s.get("run", "").startswith("make venv"))
     assert plan["outputs"]["commit"] == "${{ steps.commit.outputs.commit }}"
     # every later job checks out exactly that commit: a tag moved since plan is not built
+    # (approve checks out nothing: it only waits for the reviewers)
     for name, job in jobs.items():
-        if name != "plan":
+        if name == "approve":
+            assert not any("uses" in st for st in job["steps"]) and job["permissions"] == {}
+        elif name != "plan":
             assert checkout_of(job)["with"]["ref"] == "${{ needs.plan.outputs.commit }}", name
+        if name != "plan":
             assert "plan" in needs(job), name
     refs = [s["with"]["ref"] for wf_ in all_workflows().values() for j in wf_["jobs"].values()
             for s in j.get("steps", []) if "actions/checkout" in s.get("uses", "")
@@ -291,7 +309,7 @@ def test_moves_of_latest_share_one_group_across_every_tag():
     promote = load("release.yml")["jobs"]["promote"]
     rollback = load("rollback.yml")["jobs"]["rollback"]
     for job in (promote, rollback):
-        assert job["concurrency"] == {"group": LATEST_GROUP, "cancel-in-progress": False}
+        assert job["concurrency"] == LATEST_CONCURRENCY
     # the only jobs that move latest are these two (cells push with --no-latest)
     movers = [(n, j) for wf in all_workflows().values() for n, j in wf["jobs"].items()
               if re.search(r"make promote|make rollback|build\.py (promote|rollback)",
@@ -416,7 +434,7 @@ def test_cells_targets_and_runners_are_the_plan_of_the_tag(capsys):
 def test_each_engine_is_built_once_and_handed_over_by_digest():
     jobs = load("release.yml")["jobs"]
     engine, cell = jobs["engine"], jobs["cell"]
-    assert needs(engine) == {"plan"} and needs(cell) == {"plan", "engine"}
+    assert needs(engine) == {"plan", "approve"} and needs(cell) == {"plan", "approve", "engine"}
     builds = [s["run"] for s in engine["steps"] if "build.py build" in s.get("run", "")]
     assert builds == ['.venv/bin/python build.py build --tag "$RELEASE_TAG" '
                       '--target "$ENGINE_TARGET" --engine-only --push']
@@ -425,6 +443,9 @@ def test_each_engine_is_built_once_and_handed_over_by_digest():
     assert upload["with"]["name"] == "engine-${{ matrix.target }}"
     assert upload["with"]["path"] == "build/engines/${{ matrix.target }}.ref"
     assert upload["with"]["if-no-files-found"] == "error"
+    # a re-run's upload replaces its own: names are the run's, across attempts (a second
+    # upload of a name is refused with 409 unless overwrite; the stand-in does the same)
+    assert upload["with"]["overwrite"] is True
     # a cell never builds an engine: it downloads its target's digest and builds on it
     assert not any("build.py build" in s.get("run", "") for s in cell["steps"])
     download = step_index(cell, lambda s: "download-artifact" in s.get("uses", ""))
@@ -452,11 +473,12 @@ def test_make_cell_build_passes_the_engine_digest(tmp_path):
 def test_promote_runs_only_when_every_cell_passed():
     wf = load("release.yml")
     promote, cell = wf["jobs"]["promote"], wf["jobs"]["cell"]
-    assert set(promote["needs"]) == {"plan", "cell"}
+    assert set(promote["needs"]) == {"plan", "approve", "cell", "sign"}
     # every cell succeeded, or (a promote-only dispatch) none ran; never after a failed,
     # cancelled or half-skipped cell matrix (the act rehearsal runs the failing case)
     cond = promote["if"]
-    assert "needs.cell.result == 'success'" in cond and "!cancelled()" in cond
+    assert "(needs.cell.result == 'success' && needs.sign.result == 'success')" in cond
+    assert "!cancelled()" in cond and "needs.approve.result == 'success'" in cond
     assert "(inputs.promote_only && needs.cell.result == 'skipped')" in cond
     assert "failure" not in cond and "always()" not in cond
     assert not cell.get("continue-on-error")
@@ -468,10 +490,14 @@ def test_promote_runs_only_when_every_cell_passed():
     moves = next(i for i, r in enumerate(order) if r == "make promote")
     release = next(i for i, r in enumerate(order) if "github-release" in r)
     assert moves < release
-    # artifacts are kept for failed cells too (the only `always()` in the workflow)
+    # artifacts are kept for failed cells too; else `always()` only removes a job's own
+    # registry login and containers
     upload = next(s for s in cell["steps"] if "upload-artifact" in s.get("uses", ""))
     assert upload["if"] == "always()"
-    assert "always()" not in json.dumps({k: v for k, v in wf["jobs"].items() if k != "cell"})
+    for job in wf["jobs"].values():
+        for st in job["steps"]:
+            if "always()" in json.dumps(st):
+                assert st is upload or st.get("run") in ("make job-clean", "make teardown")
 
 
 def test_a_failed_cell_gets_a_not_promoted_summary_and_nothing_else():
@@ -480,9 +506,10 @@ def test_a_failed_cell_gets_a_not_promoted_summary_and_nothing_else():
     it in the run's summary (make not-promoted) and can move or release nothing."""
     wf = load("release.yml")
     job = wf["jobs"]["not-promoted"]
-    assert set(job["needs"]) == {"plan", "cell"}
+    assert set(job["needs"]) == {"plan", "cell", "sign"}  # no approval: read-only
     cond = job["if"]
-    assert "needs.cell.result == 'failure'" in cond and "!cancelled()" in cond
+    assert "(needs.cell.result == 'failure' || needs.sign.result == 'failure')" in cond
+    assert "!cancelled()" in cond
     assert "needs.plan.result == 'success'" in cond
     assert job["permissions"] == {"contents": "read", "packages": "read"}
     runs = [s.get("run", "") for s in job["steps"]]
@@ -589,28 +616,123 @@ def test_namespace_is_the_owner_lowercased_unless_set(tmp_path):
     from imagebuild.rehearse_workflow.outputs import parse
     env = parse(proc.stdout)
     assert env["IMAGEBUILD_NAMESPACE"] == "myorg"
-    # a Docker config of this job only: no leftover `docker login` is used, while the
-    # runner's CLI plugins (buildx) and its builders stay reachable
+    # a home and Docker config of this job only, under RUNNER_TEMP: no leftover `docker
+    # login` is used, while the runner's CLI plugins (buildx) and builders stay reachable;
+    # DOCKER_CONFIG is that home's .docker, where @sigstore/oci looks ($HOME/.docker)
+    home = Path(env["IMAGEBUILD_JOB_HOME"])
+    assert home == tmp_path / "imagebuild-job-7-cell" / "home"
     job = Path(env["DOCKER_CONFIG"])
-    assert job == tmp_path / "docker-config-7-cell"
+    assert job == home / ".docker"
     assert sorted(p.name for p in job.iterdir()) == ["buildx", "cli-plugins"]
     assert all((job / n).resolve() == runner / n for n in ("buildx", "cli-plugins"))
+    # job-clean removes it (credentials included) when the job ends
+    (job / "config.json").write_text("{}")
+    proc = _make("job-clean", tmp_path, RUNNER_TEMP=str(tmp_path), GITHUB_RUN_ID="7",
+                 GITHUB_JOB="cell")
+    assert proc.returncode == 0 and not home.parent.exists()
     proc = _make("job-env", tmp_path, GITHUB_REPOSITORY_OWNER="MyOrg", NAMESPACE_VAR="Team/x")
     assert parse(proc.stdout)["IMAGEBUILD_NAMESPACE"] == "Team/x"  # as set: build.py judges it
 
 
 def test_steps_that_reach_the_registry_carry_the_credentials():
     """runner-clean reads latest (and its rollback target) from the registry: its step has
-    the credentials, and every job's Docker config is its own (job-env)."""
+    the password, the user is the workflow's (or job's), and every job's Docker config is
+    its own (job-env)."""
     for name in ("release.yml", "rollback.yml"):
-        for job_name, job in load(name)["jobs"].items():
+        wf = load(name)
+        for job_name, job in wf["jobs"].items():
+            user = {**wf.get("env", {}), **job.get("env", {})}.get("IMAGEBUILD_REGISTRY_USER")
             for s in job["steps"]:
                 run = s.get("run", "")
                 if re.search(r"runner-clean|resume-state|make promote|make rollback|"
-                             r"release-notes|cell-build|build\.py (build|publish|bench)", run):
+                             r"release-notes|cell-build|attest-subject|registry-login|"
+                             r"release-badge|not-promoted|resume-pull|"
+                             r"build\.py (build|publish|bench)", run):
                     env = s.get("env") or {}
-                    assert {"IMAGEBUILD_REGISTRY_USER", "IMAGEBUILD_REGISTRY_PASSWORD"} <= set(
-                        env), (name, job_name, s.get("name"))
+                    assert env.get("IMAGEBUILD_REGISTRY_PASSWORD") == REGISTRY_PASSWORD, (
+                        name, job_name, s.get("name"))
+                    assert user == "${{ vars.IMAGEBUILD_REGISTRY_USER || github.actor }}"
+
+
+def evaluate(expr: str, ctx: dict[str, str]) -> str:
+    """A GitHub expression of names, 'strings', ==, && and || (parenthesised), evaluated
+    as GitHub does: && and || return an operand (the first falsy / truthy one), == on
+    strings is case-insensitive, a missing name is ''."""
+    toks = re.findall(r"'[^']*'|\|\||&&|==|[()]|[\w.-]+", expr.strip().removeprefix("${{")
+                      .removesuffix("}}"))
+    pos = 0
+
+    def peek() -> str:
+        return toks[pos] if pos < len(toks) else ""
+
+    def take() -> str:
+        nonlocal pos
+        pos += 1
+        return toks[pos - 1]
+
+    def atom() -> str:
+        t = take()
+        if t == "(":
+            v = orx()
+            assert take() == ")"
+            return v
+        return t[1:-1] if t.startswith("'") else ctx.get(t, "")
+
+    def eq() -> str:
+        v = atom()
+        while peek() == "==":
+            take()
+            v = "true" if v.lower() == atom().lower() else ""
+        return v
+
+    def andx() -> str:
+        v = eq()
+        while peek() == "&&":
+            take()
+            rhs = eq()
+            v = rhs if v else v
+        return v
+
+    def orx() -> str:
+        v = andx()
+        while peek() == "||":
+            take()
+            rhs = andx()
+            v = v or rhs
+        return v
+
+    out = orx()
+    assert pos == len(toks), toks
+    return out
+
+
+def test_the_job_token_goes_to_no_registry_but_ghcr(tmp_path):
+    """Issue 32 (7): `secrets.X || github.token` sent the job's token (contents: write in
+    promote) to whatever vars.IMAGEBUILD_REGISTRY names, over http for a plain one. Every
+    password expression of the workflows, evaluated as GitHub does, gives the token to
+    ghcr.io alone (the default registry), a set secret to any."""
+    exprs = set()
+    for name in ("release.yml", "rollback.yml"):
+        for job in load(name)["jobs"].values():
+            for st in job["steps"]:
+                if "IMAGEBUILD_REGISTRY_PASSWORD" in (st.get("env") or {}):
+                    exprs.add(st["env"]["IMAGEBUILD_REGISTRY_PASSWORD"])
+    assert exprs  # the steps that log in are there
+    for expr in exprs:
+        for registry, secret, sent in (("", "", "TOKEN"), ("ghcr.io", "", "TOKEN"),
+                                       ("GHCR.io", "", "TOKEN"),
+                                       ("mirror-ghcr.io.example.net", "", ""),
+                                       ("127.0.0.1:5000", "", ""), ("127.0.0.1:5000", "pw", "pw"),
+                                       ("ghcr.io", "pw", "pw")):
+            ctx = {"secrets.IMAGEBUILD_REGISTRY_PASSWORD": secret,
+                   "vars.IMAGEBUILD_REGISTRY": registry, "github.token": "TOKEN"}
+            assert evaluate(expr, ctx) == sent, (expr, registry, secret)
+    # and registry-login refuses an empty password (no login made of nothing)
+    proc = _make("registry-login", tmp_path, IMAGEBUILD_JOB_HOME=str(tmp_path / "h"),
+                 IMAGEBUILD_REGISTRY="127.0.0.1:5000", IMAGEBUILD_REGISTRY_USER="u",
+                 IMAGEBUILD_REGISTRY_PASSWORD="")
+    assert proc.returncode == 2 and "only ghcr.io is sent the job's own token" in proc.stderr
+    assert not (tmp_path / "h").exists()
 
 
 def test_a_rerun_skips_what_the_tag_already_holds():
@@ -667,8 +789,8 @@ def test_one_targets_failed_engine_does_not_skip_other_targets_cells():
 
 def test_teardown_runs_on_cancel_and_touches_only_this_workspace(tmp_path):
     cell = load("release.yml")["jobs"]["cell"]
-    last = cell["steps"][-1]
-    assert last["run"] == "make teardown" and last["if"] == "always()"
+    last = next(s for s in cell["steps"] if s.get("run") == "make teardown")
+    assert last["if"] == "always()" and cell["steps"].index(last) >= len(cell["steps"]) - 2
     fake = tmp_path / "bin"
     fake.mkdir()
     log = tmp_path / "docker.log"
@@ -723,33 +845,66 @@ def test_release_notes_always_cover_every_target():
     assert "--target all" in recipe and "RELEASE_TARGET" not in recipe.split("\n", 1)[1]
 
 
-def test_pin_issues_closes_the_issue_of_a_relocked_pin(tmp_path):
+def _pin_issues(tmp_path: Path, pins: Path) -> dict[str, dict[str, Any]]:
+    proc = subprocess.run(["make", "-f", str(MAKEFILE), "pin-issues", f"PINS_DIR={pins}"],
+                          cwd=tmp_path, env={**os.environ, **_gh_env(tmp_path)},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return {json.loads(p.read_text())["title"]: json.loads(p.read_text())
+            for p in (tmp_path / "gh" / "issues").glob("*.json")}
+
+
+def test_pin_issues_closes_only_its_own_issue_of_a_pin_seen_current(tmp_path):
+    """Issue 32 (11): an unreachable Hub wrote no title file and closed every open pin
+    issue, and any issue a person labelled pin-watch. Now an issue is closed only when it
+    carries the watch's marker and this run's watch saw its pin at the locked commit."""
+    from imagebuild.lock.pinwatch import MARKER
+
     pins = tmp_path / "pins"
     pins.mkdir()
-    (pins / "a.md").write_text("body a")
-    (pins / "a.title").write_text("pin a moved")
-    (pins / "b.md").write_text("body b")
-    (pins / "b.title").write_text("pin b moved")
-    env = {**_gh_env(tmp_path), "PINS_DIR": str(pins)}
-    proc = subprocess.run(["make", "-f", str(MAKEFILE), "pin-issues", f"PINS_DIR={pins}"],
-                          cwd=tmp_path, env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    issues = {json.loads(p.read_text())["title"]: json.loads(p.read_text())
-              for p in (tmp_path / "gh" / "issues").glob("*.json")}
-    assert {t: i["state"] for t, i in issues.items()} == {"pin a moved": "open",
-                                                          "pin b moved": "open"}
-    (pins / "b.md").unlink()  # b re-locked: the watch no longer reports it
-    (pins / "b.title").unlink()
-    proc = subprocess.run(["make", "-f", str(MAKEFILE), "pin-issues", f"PINS_DIR={pins}"],
-                          cwd=tmp_path, env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    issues = {json.loads(p.read_text())["title"]: json.loads(p.read_text())
-              for p in (tmp_path / "gh" / "issues").glob("*.json")}
+    for name in ("a", "b", "c"):
+        (pins / f"{name}.md").write_text(f"{MARKER}\nbody {name}")
+        (pins / f"{name}.title").write_text(f"pin {name} moved")
+    (pins / "watched.tsv").write_text("passes\tpin a moved\npasses\tpin b moved\n"
+                                      "fails\tpin c moved\n")
+    issues = _pin_issues(tmp_path, pins)
+    assert {t: i["state"] for t, i in issues.items()} == {
+        "pin a moved": "open", "pin b moved": "open", "pin c moved": "open"}
+    # a person's own issue under the same label (no marker), named like a pin's
+    rec = {"number": 9, "title": "pin d moved", "labels": ["pin-watch"], "state": "open",
+           "body": "please look at d", "comments": []}
+    (tmp_path / "gh" / "issues" / "9.json").write_text(json.dumps(rec))
+    for name in ("a", "b", "c"):  # nothing moved this time
+        (pins / f"{name}.md").unlink()
+        (pins / f"{name}.title").unlink()
+    # b re-locked (current); the Hub did not answer for a; c was not watched this run
+    (pins / "watched.tsv").write_text("unreachable\tpin a moved\ncurrent\tpin b moved\n"
+                                      "current\tpin d moved\n")
+    issues = _pin_issues(tmp_path, pins)
     assert issues["pin b moved"]["state"] == "closed" and issues["pin b moved"]["comments"]
+    assert issues["pin a moved"]["state"] == "open"  # unreachable is no reason to close
+    assert issues["pin c moved"]["state"] == "open"
+    assert issues["pin d moved"]["state"] == "open"  # not the watch's issue
+    assert len(issues) == 4  # updated in place, never a second issue
+    (pins / "watched.tsv").write_text("current\tpin a moved\n")
+    (pins / "watched.tsv").unlink()  # the watch died before its end: nothing closed
+    issues = _pin_issues(tmp_path, pins)
     assert issues["pin a moved"]["state"] == "open"
-    assert len(issues) == 2  # updated in place, never a second issue
+
+
+def test_pins_watch_writes_every_verdict_unreachable_ones_too(tmp_path):
+    from imagebuild.lock.pinwatch import PinReport, write_issue_files
+
+    def report(name: str, verdict: str) -> PinReport:
+        return PinReport(kind="models", name=name, repository=f"org/{name}", branch="main",
+                         locked="a" * 40, head=None if verdict == "unreachable" else "b" * 40,
+                         verdict=verdict)
+
+    reports = [report("x", "unreachable"), report("y", "current"), report("z", "passes")]
+    write_issue_files(reports, tmp_path)
+    assert (tmp_path / "watched.tsv").read_text().splitlines() == [
+        f"{r.verdict}\t{r.title}" for r in reports]
+    assert sorted(p.name for p in tmp_path.glob("*.title")) == ["models-z.title"]
 
 
 def test_pins_watch_summary_has_no_make_echo(tmp_path):
