@@ -357,6 +357,20 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_unlock(args: argparse.Namespace) -> int:
+    from imagebuild.release.lease import clear_lease, local_lock
+
+    _writes_releases()
+    client, repos = _repositories(args)
+    removed = 0
+    for repo in repos:
+        with local_lock(client.host, repo):  # never under a run of this machine
+            removed += clear_lease(client, repo, force=args.force, dry_run=args.dry_run)
+    print(f"unlock: {removed} lease(s) {'would be ' if args.dry_run else ''}removed "
+          f"of {len(repos)} image(s)")
+    return 0
+
+
 def cmd_runner_clean(args: argparse.Namespace) -> int:
     from imagebuild.builder.hygiene import (
         base_repo,
@@ -538,6 +552,7 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "check": cmd_check, "smoke": cmd_smoke, "gates": cmd_gates, "release": cmd_release,
             "publish": cmd_publish, "promote": cmd_promote,
             "rollback": cmd_rollback, "releases": cmd_releases, "prune": cmd_prune,
+            "unlock": cmd_unlock,
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
             "history": cmd_history, "verify": cmd_verify, "launch": cmd_launch, "table": cmd_table,
             "rehearse": cmd_rehearse,

@@ -268,6 +268,7 @@ EXAMPLES = {
     "launch": "%(prog)s 127.0.0.1:5000/spark-pair/pair-nvfp4-tp2@sha256:<digest> --hosts "
               "spark1,spark2 rendered/gb10/spark/pair-nvfp4-tp2.*.compose.yaml",
     "prune": "%(prog)s --keep 5 --dry-run",
+    "unlock": "%(prog)s --image cpu-tiny-ngram --dry-run",
     "resume": "%(prog)s --tag 2026-07-01-stock",
     "notes": "%(prog)s --tag 2026-07-01-stock > notes.md",
     "pins": "%(prog)s watch --format markdown",
@@ -459,6 +460,14 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _registry_args(p)
     p.add_argument("--keep", type=_positive_int, required=True,
                    help="newest N releases to keep")
+
+    p = sub.add_parser("unlock", help="remove a registry lease that a gone run left "
+                                      "behind (an unreadable or expired expiry; a live one "
+                                      "only with --force)")
+    _registry_args(p)
+    p.add_argument("--force", action="store_true",
+                   help="remove a lease that has not expired (only when you know its run "
+                        "is gone: another run may be writing)")
 
     p = sub.add_parser("resume", help="read-only: is each cell already published under "
                                       "the tag, smoke-passed and benched? (name=value "

@@ -94,6 +94,16 @@ _TRANSIENT_ERRORS = (
     requests.exceptions.ChunkedEncodingError,
     requests.exceptions.ContentDecodingError,
 )
+# what requests refuses to send: a header value with CR/LF or leading space (a token the
+# registry gave us), a URL it cannot parse or no adapter for its scheme (an upload
+# `Location`, a `Link: next`, a redirect the registry sent). Our own values are checked at
+# the edge, so at this point the registry wrote it: a fault of the registry, not a crash
+_UNSENDABLE = (
+    requests.exceptions.InvalidHeader,
+    requests.exceptions.InvalidURL,
+    requests.exceptions.InvalidSchema,
+    requests.exceptions.MissingSchema,
+)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -130,14 +140,32 @@ class ByteCounter:
         )
 
 
-def parse_link_next(header: str | None, base_url: str) -> str | None:
+def followed_url(base_url: str, ref: str, host: str, what: str) -> str:
+    """A URL the registry gave us (a redirect, an upload `Location`, a `Link: next`) made
+    absolute, or a RegistryFault when it is none we could send a request to: not http(s),
+    no host, a port out of range, whitespace or a control character in it."""
+    try:
+        url = urljoin(base_url, ref)
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+    except ValueError as exc:
+        raise RegistryFault(host, f"a URL that is not one ({safe(ref, 120)}: {exc})",
+                            what) from None
+    if (parts.scheme not in ("http", "https") or not parts.hostname
+            or re.search(r"[\x00-\x20\x7f]", url)):
+        raise RegistryFault(host, f"a URL that HTTP cannot follow: {safe(ref, 120)}", what)
+    return url
+
+
+def parse_link_next(header: str | None, base_url: str, host: str = "",
+                    what: str = "a Link header") -> str | None:
     """The absolute URL of the rel="next" entry of a Link header, if any."""
     if not header:
         return None
     for m in re.finditer(r"<([^>]*)>\s*((?:;\s*[^;,]+)*)", header):
         rels = re.findall(r';\s*rel\s*=\s*"?([^";,]+)"?', m.group(2))
         if any("next" in r.split() for r in rels):
-            return urljoin(base_url, m.group(1))
+            return followed_url(base_url, m.group(1), host or urlsplit(base_url).netloc, what)
     return None
 
 
@@ -416,16 +444,22 @@ class RegistryClient:
         hdrs = dict(headers)
         for _ in range(MAX_REDIRECTS + 1):
             wait = self._read_timeout(what)
-            resp, received = self._within_deadline(
-                functools.partial(self._exchange, method, url, hdrs, data, wait, kind, what),
-                what)
+            try:
+                resp, received = self._within_deadline(
+                    functools.partial(self._exchange, method, url, hdrs, data, wait, kind,
+                                      what), what)
+            except _UNSENDABLE as exc:
+                raise RegistryFault(
+                    self.host, "a value that HTTP cannot carry in the next request "
+                    f"({type(exc).__name__}: {safe(self._mask(str(exc)), 160)})",
+                    what) from None
             resp.url = url
             location = resp.headers.get("Location")
             if resp.status_code not in _REDIRECTS or not location:
                 self.bytes.add(kind, len(data or b""), received)
                 return resp
             self.bytes.add(kind, len(data or b""), received)
-            url = urljoin(url, location)
+            url = followed_url(url, location, self.host, what)
             if not self.own_origin(url):
                 hdrs.pop("Authorization", None)
             if resp.status_code == 303:
@@ -625,7 +659,7 @@ class RegistryClient:
             if resp.status_code != 200:
                 self._fail(resp, what)
             items.extend(parse(resp.content, self.host, what))
-            url = parse_link_next(resp.headers.get("Link"), url)
+            url = parse_link_next(resp.headers.get("Link"), url, self.host, what)
         return items
 
     def tags(self, repo: str, *, page_size: int | None = None) -> list[str]:
@@ -854,7 +888,8 @@ class RegistryClient:
         resp = self._request("POST", f"/v2/{repo}/blobs/uploads/")
         if resp.status_code != 202 or not resp.headers.get("Location"):
             self._fail(resp, f"blob upload to {repo}", f"repository:{repo}:pull,push")
-        url = urljoin(self.base_url + "/", resp.headers["Location"])
+        url = followed_url(self.base_url + "/", resp.headers["Location"], self.host,
+                           f"blob upload to {repo}")
         url += ("&" if "?" in url else "?") + urlencode({"digest": digest})
         resp = self._request("PUT", "", url=url, data=data,
                              headers={"Content-Type": "application/octet-stream"})

@@ -39,6 +39,9 @@ DIGEST_RE = re.compile(r"^[a-z0-9]+(?:[+._-][a-z0-9]+)*:[a-zA-Z0-9=_-]+$")
 JSON_OBJECT_ANNOTATIONS = ("io.imagebuild.release.pins", "io.imagebuild.release.checks",
                            "io.imagebuild.release.gates")
 LEASE_PREFIX = "io.imagebuild.lease."
+# RFC 6750 section 2.1: a bearer token is b64token (it goes into our Authorization header,
+# so anything else, a CR or LF above all, would be a header a registry wrote for us)
+BEARER_TOKEN_RE = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
 _PRINTABLE_SHORT = re.compile(r"^[\x20-\x7e]{0,200}$")  # what a lease's owner/host/purpose is
 
 
@@ -244,6 +247,9 @@ def token(body: bytes, host: str, what: str) -> tuple[str, float]:
     tok = doc.token or doc.access_token
     if not tok:
         raise RegistryFault(host, "a token answer without a token", what)
+    if len(tok) > MAX_SMALL or not BEARER_TOKEN_RE.match(tok):
+        raise RegistryFault(host, f"a token that is not a bearer token (RFC 6750 b64token: "
+                            f"letters, digits and -._~+/ then '='): {safe(tok, 60)}", what)
     return tok, float(doc.expires_in or 60)
 
 

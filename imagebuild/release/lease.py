@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from imagebuild.errors import OperationFailed, UserError
+from imagebuild.errors import OperationFailed, UserError, prog
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient, Unsupported
 from imagebuild.registry.records import OCI_CONFIG, Log, compact, read_release
 from imagebuild.safetext import safe
@@ -175,8 +175,15 @@ class Lease:
                     and not _other_live_pid(held)):
                 self.log(f"{self.repo}: taking over a stale lease of this host ({owner})")
             elif expires is None:
-                self.log(f"{self.repo}: taking over a lease of {owner} whose expiry "
-                         f"{held.get(f'{LEASE}.expires', '')[:40]!r} is malformed")
+                # a lease we cannot read may still be live: holding off is the only safe
+                # answer; a person who knows its run is gone clears it
+                raise OperationFailed(
+                    f"{self.repo}: a registry lease of {safe(owner, 100)} "
+                    f"({safe(held.get(f'{LEASE}.purpose', '?'), 60)}) has an expiry this "
+                    f"run cannot read ({safe(held.get(f'{LEASE}.expires', ''), 40)!r}): it "
+                    "may belong to a live run, so this run writes nothing",
+                    fix=f"if no run is writing {self.repo}, clear the lease: "
+                    f"{unlock_command(self.repo)}")
             elif expires > now:
                 raise OperationFailed(
                     f"{self.repo}: another run ({owner}, {held.get(f'{LEASE}.purpose')}) "
@@ -244,6 +251,46 @@ class Lease:
                 doc["annotations"][f"{LEASE}.state"] = "released"
                 self.client.put_manifest(self.repo, LEASE_TAG, compact(doc).encode(),
                                          OCI_MANIFEST)
+
+
+def unlock_command(repo: str) -> str:
+    return f"{prog()} unlock --image {repo.rsplit('/', 1)[-1]}"
+
+
+def clear_lease(client: RegistryClient, repo: str, *, force: bool = False,
+                dry_run: bool = False, log: Log = print) -> bool:
+    """`build.py unlock`: remove the lease of `repo` that a gone run left behind. A lease
+    that is readable and not expired is refused unless `force` (another run may be
+    writing); one whose expiry is unreadable or past is removed. True when one was (or,
+    dry, would be) removed."""
+    head = client.head_manifest(repo, LEASE_TAG)
+    held = read_release(client, repo, LEASE_TAG) if head else None
+    if not head or held is None or held.annotations.get(f"{LEASE}.state") == "released":
+        log(f"{repo}: no registry lease is held")
+        return False
+    note = held.annotations
+    owner = safe(note.get(f"{LEASE}.owner", "?"), 100)
+    now = registry_time(client)
+    expires = _expiry(note, now)
+    if expires is not None and expires > now and not force:
+        raise OperationFailed(
+            f"{repo}: the registry lease of {owner} "
+            f"({safe(note.get(f'{LEASE}.purpose', '?'), 60)}) is live for "
+            f"{expires - now:.0f} s more: another run may be writing",
+            fix="wait for it to expire, or, if you know that run is gone, add --force")
+    state = ("unreadable expiry" if expires is None
+             else "expired" if expires <= now else "live, forced")
+    if dry_run:
+        log(f"{repo}: would remove the registry lease of {owner} ({state})")
+        return True
+    try:
+        client.delete_manifest(repo, head[0])
+    except Unsupported:  # deletes disabled: mark it released, as a holder does
+        doc = json.loads(client.get_manifest(repo, head[0])[0])
+        doc["annotations"][f"{LEASE}.state"] = "released"
+        client.put_manifest(repo, LEASE_TAG, compact(doc).encode(), OCI_MANIFEST)
+    log(f"{repo}: removed the registry lease of {owner} ({state})")
+    return True
 
 
 def _expiry(held: dict[str, str], now: float) -> float | None:

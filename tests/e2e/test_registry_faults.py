@@ -179,6 +179,58 @@ def test_a_malformed_lease_stops_prune_before_any_delete(tmp_path, bad):
     assert set(TAGS) <= set(mem.tags[REPO])
 
 
+@pytest.mark.parametrize("expires", ["tomorrow", "nan", "inf", ""])
+def test_an_unreadable_lease_of_another_host_holds_prune_off_and_unlock_clears_it(
+        tmp_path, expires):
+    """Issue 39: a lease of another host whose expiry cannot be read may be live: prune
+    (a writer) is held off, exit 1, nothing written, the error names the clearing
+    command; `unlock` clears it, and the writer then runs."""
+    mem = seeded()
+    client = mem.client()
+    config = json.loads(client.get_manifest(REPO, TAGS[0])[0])["config"]
+    lease = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+             "config": {**config, "mediaType": "application/vnd.oci.image.config.v1+json"},
+             "layers": [], "annotations": {"io.imagebuild.lease.owner": "elsewhere:1:x",
+                                           "io.imagebuild.lease.host": "elsewhere",
+                                           "io.imagebuild.lease.expires": expires}}
+    client.put_manifest(REPO, "imagebuild-lease", json.dumps(lease).encode(),
+                        "application/vnd.oci.image.manifest.v1+json")
+    mem.calls.clear()
+    with FaultyRegistry(mem) as reg:
+        r = run(reg, "prune", "--keep", "1", tmp=tmp_path)
+        r.assert_clean_failure()
+        assert "cannot read" in r.err and f"unlock --image {IMAGE}" in r.err, r.err
+        assert not [c for c in mem.calls if c[0] in ("DELETE", "PUT")]
+        assert set(TAGS) <= set(mem.tags[REPO])
+        u = run(reg, "unlock", tmp=tmp_path)
+        assert u.code == 0 and "removed the registry lease of elsewhere:1:x" in u.out, u
+        r = run(reg, "prune", "--keep", "1", tmp=tmp_path)
+        assert r.code == 0, r
+
+
+@pytest.mark.parametrize("token", ["tok\r\nX-Injected: yes", " tok", "tok\nX: y"])
+def test_a_token_with_a_header_break_ends_in_a_registry_fault(tmp_path, token):
+    """Issue 39: a token server answering a token that cannot go into an Authorization
+    header ends the command with an error naming it, exit 1, no traceback."""
+    with FaultyRegistry() as realm:
+        realm.fault = lambda req, ans: Answer(200, {"Content-Type": "application/json"},
+                                              json.dumps({"token": token}).encode())
+
+        def fault(req: Request, ans: Answer) -> Answer:
+            if req.headers.get("Authorization", "").startswith("Bearer"):
+                return ans
+            return Answer(401, {"WWW-Authenticate": f'Bearer realm="{realm.url}/token",'
+                                'service="reg"'})
+
+        with FaultyRegistry(seeded(), fault) as reg:
+            r = run(reg, "releases", tmp=tmp_path,
+                    env={"IMAGEBUILD_REGISTRY_USER": "u",
+                         "IMAGEBUILD_REGISTRY_PASSWORD": "p"})
+    r.assert_clean_failure()
+    assert "not a bearer token" in r.err and realm.host in r.err, r.err
+    assert not [q for q in reg.requests if "Bearer" in q.headers.get("Authorization", "")]
+
+
 def _bench_blob(mem: MemRegistry) -> str:
     """The digest of the newest release's bench results document (a blob)."""
     found = store.stored(mem.client(), REPO, TAGS[-1])

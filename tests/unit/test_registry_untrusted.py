@@ -383,3 +383,56 @@ def test_credentials_go_only_to_the_realm_the_first_challenge_named():
                 client.get_manifest(REPO, TAG)
         assert realm_a.authorizations()  # basic credentials for the first realm
         assert realm_b.requests == []
+
+
+# ------------------------------------------------ values HTTP cannot carry (issue 39)
+
+
+@pytest.mark.parametrize("tok", ["tok\r\nX-Injected: yes", "tok\nX-Injected: yes", " tok",
+                                 "tok en", "t\u00f6k", "tok\x00"])
+def test_a_token_that_no_header_can_carry_is_a_fault_naming_the_registry(tok):
+    """A token server's token goes into our Authorization header: one that requests would
+    refuse (CR/LF, a leading space) or that no bearer token can be is the registry's
+    fault, exit 1, never a traceback; and no request carries it."""
+    with FaultyRegistry() as realm:
+        realm.fault = lambda req, ans: Answer(200, {"Content-Type": "application/json"},
+                                              json.dumps({"token": tok}).encode())
+
+        def fault(req: Request, ans: Answer) -> Answer:
+            if req.headers.get("Authorization", "").startswith("Bearer"):
+                return ans
+            return Answer(401, {"WWW-Authenticate": f'Bearer realm="{realm.url}/token",'
+                                f'service="reg",scope="repository:{REPO}:pull"'})
+
+        with FaultyRegistry(_seeded(), fault) as reg:
+            client, _ = _client(reg)
+            with pytest.raises(RegistryFault) as exc:
+                client.tags(REPO)
+        assert exc.value.exit_code == 1
+        assert "not a bearer token" in exc.value.message
+        assert realm.url.split("//", 1)[1] in exc.value.message  # the token server, named
+        assert not [q for q in reg.requests if "Bearer" in q.headers.get("Authorization", "")]
+
+
+@pytest.mark.parametrize("location", ["ftp://127.0.0.1:1/upload", "http://127.0.0.1:99999/u", "http://[::1/x",
+                                      "file:///etc/passwd"])
+def test_an_upload_location_http_cannot_follow_is_a_fault_naming_the_registry(location):
+    def fault(req: Request, ans: Answer) -> Answer:
+        if req.method == "POST" and "/blobs/uploads/" in req.path and ans.status == 202:
+            return Answer(202, {"Location": location})
+        return ans
+
+    with FaultyRegistry(_seeded(), fault) as reg:
+        client, _ = _client(reg)
+        with pytest.raises(RegistryFault) as exc:
+            client.put_blob(REPO, b"a new blob")
+    assert exc.value.exit_code == 1
+    assert exc.value.message.startswith(f"the registry at {reg.url.split('//', 1)[1]} answered")
+
+
+def test_a_redirect_http_cannot_follow_is_a_fault_naming_the_registry():
+    with FaultyRegistry(_seeded(), _on_tags(lambda req, ans: Answer(
+            307, {"Location": "gopher://127.0.0.1:1/x"}))) as reg:
+        client, _ = _client(reg)
+        with pytest.raises(RegistryFault, match="HTTP cannot follow"):
+            client.tags(REPO)

@@ -17,7 +17,7 @@ moves it forward, publish and promote never move it to a release dated in the fu
 failed command leaves latest of every image it moved where it was (a writer that ignores
 the lease moves another image's latest mid-command), a lease is honoured until it expires
 by the registry's clock (each host's own clock is an hour off) and then taken over, a
-container's lease on the same host is honoured, a malformed expiry is taken over, a
+container's lease on the same host and one whose expiry cannot be read are honoured, a
 prune whose DELETE answers get lost still finishes, a rollback target was measured in
 every image unless accepted with a reason, a tag list that disagrees with a direct read
 of latest (the registry loses the page that holds latest) stops the prune, and a client
@@ -613,10 +613,10 @@ class ReleaseState(RuleBasedStateMachine):
     @rule(who=st.integers(0, 1))
     def lease_takeover(self, who):
         """A lease left in the registry is taken over exactly when it is of this host's
-        own killed run, expired by the registry's clock (the hosts' clocks are an hour
-        off), or its expiry is malformed; a live one of another host or of a container on
-        this host (own pid namespace) is honoured. Every kind of holder and expiry, each
-        time (cheap: no search needed to reach one)."""
+        own killed run or expired by the registry's clock (the hosts' clocks are an hour
+        off); a live one of another host or of a container on this host (own pid
+        namespace), or one whose expiry cannot be read, is honoured. Every kind of holder
+        and expiry, each time (cheap: no search needed to reach one)."""
         for holder in ("other host", "container", "itself, killed"):
             for expiry in ("live", "expired", "nan", "inf", "soon", "far"):
                 self._lease_left_by(holder, expiry, who)
@@ -647,7 +647,8 @@ class ReleaseState(RuleBasedStateMachine):
                 taken = True
             except ImagebuildError:
                 taken = False
-        expected = holder == "itself, killed" or expiry != "live"
+        # an unreadable expiry of another holder may be live: held (issue 39)
+        expected = holder == "itself, killed" or expiry == "expired"
         assert taken == expected, f"a lease of {holder}, expiry {expiry}: taken {taken}"
 
     @precondition(lambda self: self.mem and len(self.published) >= 2)

@@ -258,8 +258,11 @@ def test_a_live_lease_of_a_container_on_this_host_is_not_taken(reg, monkeypatch)
 # minor ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("expires", ["inf", "garbage", "1e300"])
-def test_a_malformed_or_endless_lease_expiry_is_taken_over(reg, expires):
+@pytest.mark.parametrize("expires", ["inf", "garbage", "1e300", "tomorrow", "nan", ""])
+def test_a_lease_of_another_host_whose_expiry_is_unreadable_holds_the_run_off(reg, expires):
+    """Issue 39: a lease this run cannot read may be live; it is held, not taken (exit 1,
+    nothing written), and the error names the command that clears it; `unlock` then
+    clears it and the next run takes the lease."""
     _releases(reg, REPO, [A])
     rel = read_release(reg.client(), REPO, A)
     doc = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "layers": [],
@@ -267,10 +270,31 @@ def test_a_malformed_or_endless_lease_expiry_is_taken_over(reg, expires):
            "annotations": {f"{LEASE}.owner": "elsewhere:1:x", f"{LEASE}.host": "elsewhere",
                            f"{LEASE}.expires": expires}}
     reg.client().put_manifest(REPO, LEASE_TAG, json.dumps(doc).encode(), OCI_MANIFEST)
-    out: list[str] = []
-    Lease(reg.client(), REPO, rel.config_descriptor, purpose="t", settle=0,
-          log=out.append).acquire()
-    assert "malformed" in out[0]
+    before = reg.client().head_manifest(REPO, LEASE_TAG)
+    with pytest.raises(OperationFailed) as exc:
+        Lease(reg.client(), REPO, rel.config_descriptor, purpose="t", settle=0,
+              log=lambda _: None).acquire()
+    assert exc.value.exit_code == 1
+    assert "cannot read" in exc.value.message and "writes nothing" in exc.value.message
+    assert f"unlock --image {REPO.rsplit('/', 1)[-1]}" in exc.value.fix
+    assert reg.client().head_manifest(REPO, LEASE_TAG) == before  # not written over
+    said: list[str] = []
+    assert lease.clear_lease(reg.client(), REPO, log=said.append)
+    assert "unreadable expiry" in said[0]
+    Lease(reg.client(), REPO, rel.config_descriptor, purpose="t", settle=0).acquire()
+
+
+def test_unlock_refuses_a_live_lease_unless_forced_and_a_dry_run_writes_nothing(reg):
+    _releases(reg, REPO, [A])
+    rel = read_release(reg.client(), REPO, A)
+    held = Lease(reg.client(), REPO, rel.config_descriptor, purpose="t", settle=0).acquire()
+    with pytest.raises(OperationFailed, match="is live for"):
+        lease.clear_lease(reg.client(), REPO, log=lambda _: None)
+    assert lease.clear_lease(reg.client(), REPO, force=True, dry_run=True, log=lambda _: None)
+    assert reg.client().head_manifest(REPO, LEASE_TAG)[0] == held.digest
+    assert lease.clear_lease(reg.client(), REPO, force=True, log=lambda _: None)
+    assert reg.client().head_manifest(REPO, LEASE_TAG) is None
+    assert not lease.clear_lease(reg.client(), REPO, log=lambda _: None)  # nothing left
 
 
 def test_a_retried_delete_whose_first_attempt_succeeded_is_fine(reg):
