@@ -66,12 +66,22 @@ class Facts:
     # --- switches ---------------------------------------------------------------------
     def parse_env(self, name: str, raw: str | None) -> Any:
         """What vLLM reads from the environment variable (envs.py), or raises what it
-        raises; None for a spelling the generator did not record."""
-        table = self.doc["switches"].get(name)
-        if table is None:
+        raises: a recorded spelling; any value of a choice variable (the recorded invalid
+        one's error, reworded); any value of a list variable, split as vLLM splits it."""
+        entry = self.doc["switches"].get(name)
+        if entry is None:
             raise NotRecorded(f"switch {name} is not recorded")
+        table = entry["read"]
         sample = "" if raw is None else raw
         if sample not in table:
+            if "choices" in entry:
+                if sample in entry["choices"]:
+                    return sample
+                bad = table[entry["invalid"]]
+                raise VllmRaises(bad["raises"], bad["message"].replace(
+                    f"'{entry['invalid']}'", f"'{sample}'"))
+            if "split" in entry:
+                return sample.split(entry["split"])
             raise NotRecorded(f"{name}={raw!r}: vLLM's reading of this spelling is not "
                               f"recorded (recorded: {sorted(table)})")
         value = table[sample]

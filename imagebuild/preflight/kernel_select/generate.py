@@ -315,32 +315,58 @@ def _moe_layer(moe_config: Any) -> dict[str, Any]:
             "batched": pc.use_batched_activation_format, "lora": moe_config.is_lora_enabled}
 
 
-def _modules(model: Any) -> dict[str, Any]:
-    """The quantizable layers vLLM built, by name (its own prefixes), the model class's
-    weight-name mapper (applied to a quantization config's layer names) and its fused
-    layer shards (packed_modules_mapping)."""
-    from vllm.model_executor.layers.attention import Attention
-    from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-    from vllm.model_executor.layers.linear import LinearBase
+# a compressed-tensors NVFP4 config quantizing every Linear: which layers consult it
+_EVERY_LINEAR = {
+    "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+    "config_groups": {"group_0": {
+        "targets": ["Linear"], "format": "nvfp4-pack-quantized",
+        "weights": {"num_bits": 4, "type": "float", "symmetric": True, "group_size": 16,
+                    "strategy": "tensor_group", "dynamic": False},
+        "input_activations": {"num_bits": 4, "type": "float", "symmetric": True,
+                              "group_size": 16, "strategy": "tensor_group",
+                              "dynamic": "local"}}},
+    "ignore": [],
+}
 
-    layers = []
-    for _, module in model.named_modules():
-        # the prefix the layer was built with: what its quantization config matched
-        name = getattr(module, "prefix", None) or getattr(module, "layer_name", None) or ""
-        if "visual" in name:
-            continue  # the vision tower: its own attention path, never a quantized GEMM here
-        if isinstance(module, FusedMoE):
-            kind = "moe"
-        elif isinstance(module, LinearBase):
-            kind = "linear"
-        elif isinstance(module, Attention):
-            kind = "attention"
-        else:
-            continue
-        layers.append([name, type(module).__name__, kind])
+
+class QuantConsults:
+    """The layers that ask a quantization config for their method while vLLM builds a
+    model (layers built with quant_config=None, such as routers, never ask), in build
+    order, with the prefix they ask with."""
+
+    def __enter__(self) -> list[list[str]]:
+        from vllm.model_executor.layers.attention import Attention
+        from vllm.model_executor.layers.fused_moe.layer import FusedMoE
+        from vllm.model_executor.layers.linear import LinearBase
+        from vllm.model_executor.layers.quantization.compressed_tensors import (
+            compressed_tensors as ct,
+        )
+
+        self.seen: list[list[str]] = []
+        self._cls = ct.CompressedTensorsConfig
+        self._original = self._cls.get_quant_method
+        seen, original = self.seen, self._original
+
+        def traced(config: Any, layer: Any, prefix: str) -> Any:
+            kind = ("moe" if isinstance(layer, FusedMoE) else "linear"
+                    if isinstance(layer, LinearBase) else "attention"
+                    if isinstance(layer, Attention) else None)
+            if kind is not None and "visual" not in prefix:
+                seen.append([prefix, type(layer).__name__, kind])
+            return original(config, layer, prefix)
+
+        self._cls.get_quant_method = traced
+        return self.seen
+
+    def __exit__(self, *exc: Any) -> None:
+        self._cls.get_quant_method = self._original
+
+
+def _model_class_facts(model: Any) -> dict[str, Any]:
+    """The model class's weight-name mapper (vLLM applies it to a quantization config's
+    layer names) and its fused layer shards (packed_modules_mapping)."""
     mapper = getattr(type(model), "hf_to_vllm_mapper", None)
     return {
-        "layers": layers,
         "mapper": None if mapper is None else {
             "prefix": dict(mapper.orig_to_new_prefix), "substr": dict(mapper.orig_to_new_substr),
             "suffix": dict(mapper.orig_to_new_suffix),
@@ -360,35 +386,42 @@ def _attn_args(args: dict[str, Any]) -> dict[str, Any]:
 
 def archetypes() -> tuple[dict[str, Any], dict[str, Any]]:
     """Layer shapes of each archetype (target and drafter), and the FusedMoEConfig objects
-    the gates are evaluated on, by variant name."""
+    the gates are evaluated on, by architecture."""
     facts: dict[str, Any] = {}
     moe_configs: dict[str, Any] = {}
     for target, method, drafter in ARCHETYPES:
         spec: dict[str, Any] = {"method": method, "num_speculative_tokens": 2}
         if drafter is not None:
             spec.update(model="<drafter>", config=copy.deepcopy(drafter))
-        vc = engine_config(copy.deepcopy(target), speculative_config=spec)
-        distributed(vc)
-        arch = vc.model_config.architecture
-        with Harvest() as h:
-            model = build(vc)
-        entry = facts.setdefault(arch, {})
-        entry.update(_modules(model))
-        entry["attention"] = _attn_args(h.attention[-1]) if h.attention else None
-        if h.moe:
-            entry["moe"] = _moe_layer(h.moe[0])
-            moe_configs.setdefault(arch, h.moe[0])
-        dvc = draft_config(vc)
-        darch = vc.speculative_config.draft_model_config.architecture
-        with Harvest() as h:
-            dmodel = build(dvc, vc.speculative_config.draft_model_config)
-        dentry = facts.setdefault(darch, {})
-        dentry.update(_modules(dmodel))
-        dentry["attention"] = _attn_args(h.attention[-1]) if h.attention else None
-        dentry["non_causal"] = bool(dvc.attention_config.use_non_causal)
-        if h.moe:
-            dentry["moe"] = _moe_layer(h.moe[0])
-            moe_configs.setdefault(darch, h.moe[0])
+        for quantized in (False, True):
+            config = copy.deepcopy(target)
+            if quantized:
+                config["quantization_config"] = copy.deepcopy(_EVERY_LINEAR)
+            vc = engine_config(config, speculative_config=copy.deepcopy(spec))
+            distributed(vc)
+            dvc = draft_config(vc)
+            dmc = vc.speculative_config.draft_model_config
+            for arch, vcfg, mcfg in ((vc.model_config.architecture, vc, None),
+                                     (dmc.architecture, dvc, dmc)):
+                entry = facts.setdefault(arch, {})
+                if quantized:
+                    if mcfg is not None and drafter is not None:
+                        continue  # a separate drafter checkpoint: its own (none) quantization
+                    vp.refresh()
+                    with QuantConsults() as seen:
+                        build(vcfg, mcfg)
+                    entry["layers"] = seen
+                    continue
+                vp.refresh()
+                with Harvest() as h:
+                    model = build(vcfg, mcfg)
+                entry.update(_model_class_facts(model))
+                entry["attention"] = _attn_args(h.attention[-1]) if h.attention else None
+                if mcfg is not None:
+                    entry["non_causal"] = bool(vcfg.attention_config.use_non_causal)
+                if h.moe:
+                    entry["moe"] = _moe_layer(h.moe[0])
+                    moe_configs.setdefault(arch, h.moe[0])
     return facts, moe_configs
 
 
@@ -412,18 +445,48 @@ def moe_variants(moe_configs: dict[str, Any]) -> dict[str, Any]:
 
 # --- the decisions --------------------------------------------------------------------------
 
+def _choices(getter: Any) -> list[str] | None:
+    """The choices of an env_with_choices getter (envs.py), through deprecated_env."""
+    seen = [getter]
+    while seen:
+        fn = seen.pop()
+        cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
+        if "choices" in cells:
+            found = cells["choices"].cell_contents
+            return list(found() if callable(found) else found)
+        seen += [c.cell_contents for c in cells.values() if callable(c.cell_contents)
+                 and hasattr(c.cell_contents, "__code__")]
+    return None
+
+
+INVALID = "not-a-choice"
+
+
 def switches() -> dict[str, Any]:
-    """How vLLM reads each switch (envs.py), for the spellings in ENV_SAMPLES."""
+    """How vLLM reads each switch (envs.py): the spellings of ENV_SAMPLES, a choice
+    variable's choices and one invalid value, a list variable's one- and two-item values."""
     import vllm.envs as envs
 
     out = {}
     for name in SWITCHES:
+        choices = _choices(envs.environment_variables[name])
+        samples = list(ENV_SAMPLES)
+        if choices is not None:
+            samples += [*choices, INVALID]
+        samples += ["KernelA", "KernelA,KernelB"]
         parsed = {}
-        for sample in ENV_SAMPLES:
+        for sample in samples:
             with vp.environment({name: sample} if sample else {}):
                 value = _outcome(lambda: getattr(envs, name))
             parsed[sample] = value if isinstance(value, dict) else repr(value)
-        out[name] = parsed
+        entry: dict[str, Any] = {"read": parsed}
+        if choices is not None:
+            entry["choices"] = choices
+            entry["invalid"] = INVALID
+        if parsed["KernelA,KernelB"] == repr(["KernelA", "KernelB"]) and \
+                parsed["KernelA"] == repr(["KernelA"]):
+            entry["split"] = ","
+        out[name] = entry
     return out
 
 

@@ -70,6 +70,8 @@ class Layers:
     moe: str | None = "none"  # "nvfp4_w4a4", "nvfp4_w4a16", "unquantized" or "none"
     kv_cache_dtype: str = "auto"  # the attention layers' resolved kv_cache_dtype
     per_head_quant_scales: bool = False
+    # the decisions in the order vLLM's build meets them (the first that raises ends the boot)
+    order: tuple[str, ...] = ("nvfp4_gemm", "moe", "fp8_gemm", "attention")
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,16 @@ def gemm_name(kernel: str) -> str:
 
     stem = kernel.replace("NvFp4LinearKernel", "").replace("FlashInfer", "FlashInfer_")
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", stem).upper().replace("__", "_")
+
+
+def _selector_repr(sel: Mapping[str, Any]) -> str:
+    """AttentionSelectorConfig.__repr__ (v1/attention/selector.py)."""
+    names = ("head_size", "dtype", "kv_cache_dtype", "block_size", "use_mla", "has_sink",
+             "use_sparse", "use_mm_prefix", "use_per_head_quant_scales", "attn_type",
+             "use_non_causal", "use_batch_invariant", "use_kv_connector")
+    shown = {**sel, "dtype": f"torch.{sel['dtype']}",
+             "attn_type": f"AttentionType.{str(sel['attn_type']).upper()}"}
+    return "AttentionSelectorConfig(" + ", ".join(f"{n}={shown[n]}" for n in names) + ")"
 
 
 class Predictor:
@@ -554,7 +566,7 @@ class Predictor:
         if not valid:
             text = ", ".join(f"{b}: [{', '.join(r)}]" for b, r in invalid.items())
             raise _Raise("ValueError", "No valid attention backend found for cuda with "
-                                       f"AttentionSelectorConfig(...). Reasons: {{{text}}}.")
+                                       f"{_selector_repr(sel)}. Reasons: {{{text}}}.")
         chosen = valid[0]
         lines = [f"Using {chosen} attention backend out of potential backends: "
                  f"[{', '.join(repr(b) for b in valid)}]."]
