@@ -88,10 +88,11 @@ def deployment(facts: Facts, *, cc: str, probes: Mapping[str, bool], config: dic
         else:
             if drafter_config is None:
                 raise NotRecorded(f"the {method} drafter's config.json is not locked")
-            dkv, dper = _kv(drafter_config, None, str(engine.get("kv_cache_dtype") or "auto"))
-            layers = replace(model_layers(facts, _arch(drafter_config), drafter_config, None,
-                                          spec.get("quantization"), dkv),
-                             per_head_quant_scales=dper)
+            # one cache config for every layer: the target's resolved KV dtype (a
+            # compressed-tensors kv_cache_scheme rewrites cache_config.cache_dtype while the
+            # target's attention layers are built, attention.py 237-241)
+            layers = model_layers(facts, _arch(drafter_config), drafter_config, None,
+                                  spec.get("quantization"), kv)
         dback = spec.get("attention_backend")
         dmoe = spec.get("moe_backend")
         drafter = Drafter(method=method, layers=layers,

@@ -697,7 +697,8 @@ def attention(archs: dict[str, Any]) -> dict[str, Any]:
                                                                             "bfloat16"],
                                                    "kv": kv_dtypes, "block": [None],
                                                    "sink": [False, True]}),
-            "kv_layout": _outcome(lambda cls=cls: str(cls.get_required_kv_cache_layout())),
+            "kv_layout": tabulate(lambda cls=cls: _outcome(
+                lambda: str(cls.get_required_kv_cache_layout()))),
         }
     return {"priorities": priorities, "backends": backends, "kv_cache_dtypes": kv_dtypes}
 

@@ -536,7 +536,8 @@ class Predictor:
         layout_lines: tuple[str, ...] = ()
 
         def layout(backend: str) -> tuple[str, ...]:
-            found = facts["backends"][backend].get("kv_layout")
+            """selector.py _cached_get_attn_backend: a backend's required KV layout."""
+            found = self.gate(facts["backends"][backend]["kv_layout"])
             return (f"Using {found} KV cache layout for {backend} backend.",) if found not in (
                 None, "None") else ()
 

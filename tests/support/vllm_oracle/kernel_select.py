@@ -84,6 +84,18 @@ def classify(lines: list[str], prefix: str) -> dict[str, list[str]]:
     return out
 
 
+def _exception(exc: BaseException) -> dict:
+    """The exception vLLM raised; a config class's pydantic ValidationError is reported
+    as the error its validator raised (what vLLM's own code raised, wrapped)."""
+    errors = getattr(exc, "errors", None)
+    if type(exc).__name__ == "ValidationError" and callable(errors):
+        inner = (errors()[0].get("ctx") or {}).get("error") if errors() else None
+        if isinstance(inner, BaseException):
+            return {"class": type(inner).__name__, "message": str(inner),
+                    "wrapped_in": "ValidationError"}
+    return {"class": type(exc).__name__, "message": str(exc)}
+
+
 def raised_by(exc: BaseException) -> str | None:
     found = None
     for frame in traceback.extract_tb(exc.__traceback__):
@@ -112,7 +124,7 @@ def run_case(case: dict, gen) -> dict:
 
                 TopKTopPSampler(logprobs_mode=vc.model_config.logprobs_mode)
             except Exception as exc:  # the sampler is built before the model
-                result["sampler_error"] = {"class": type(exc).__name__, "message": str(exc)}
+                result["sampler_error"] = _exception(exc)
             gen.build(vc)
             if vc.speculative_config is not None and vc.speculative_config.method in (
                     "mtp", "dflash", "eagle", "eagle3"):
@@ -129,8 +141,7 @@ def run_case(case: dict, gen) -> dict:
     except Exception as exc:
         kind = raised_by(exc)
         result["error"] = {"kind": None if kind is None else kind_prefix + (
-            "nvfp4_gemm" if kind == "gemm" else kind), "class": type(exc).__name__,
-            "message": str(exc)}
+            "nvfp4_gemm" if kind == "gemm" else kind), **_exception(exc)}
     finally:
         logger.removeHandler(capture)
     result["lines"].update(classify(capture.lines, kind_prefix))
