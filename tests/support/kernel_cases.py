@@ -155,26 +155,35 @@ def make_case(cid: str, checkpoint: str, cc: str = "12.1", probes: dict | None =
 
 
 def table(seed: int = 20260904) -> list[dict]:
-    """The cases: every checkpoint x capability on auto; each switch on and off and each
-    moe_backend value on the W4A4 and W4A16 checkpoints; attention backends with both KV
-    dtypes and both drafters; FlashInfer absent; then seeded combinations of them."""
+    """The cases: every checkpoint on every capability on auto, with and without FlashInfer;
+    each switch value and each --moe-backend and --linear-backend value on the W4A4 and
+    W4A16 checkpoints of both formats; the attention backends with both KV dtypes and both
+    drafters; the drafter's own moe_backend and attention_backend; then seeded
+    combinations of all of these."""
     cases: list[dict] = []
     names = list(checkpoints())
     for cp, cc in itertools.product(names, CCS):
         cases.append(make_case(f"{cp}@{cc}", cp, cc))
         cases.append(make_case(f"{cp}@{cc}/no-flashinfer", cp, cc, {"flashinfer": False}))
-    for cp in ("ct-w4a4", "ct-w4a16", "modelopt-nvfp4", "modelopt-w4a16"):
-        for cc in CCS:
-            for name, values in SWITCHES.items():
-                for value in values:
-                    cases.append(make_case(f"{cp}@{cc}/{name}={value}", cp, cc,
-                                           env={name: value}))
-            for mb in MOE_BACKENDS[1:]:
-                cases.append(make_case(f"{cp}@{cc}/moe={mb}", cp, cc, moe_backend=mb))
-            for lb in ("cutlass", "marlin", "flashinfer_cutlass", "emulation"):
-                cases.append(make_case(f"{cp}@{cc}/linear={lb}", cp, cc, linear_backend=lb))
-    for cp in ("ct-w4a4", "ct-w4a4-fp8kv", "modelopt-nvfp4-fp8kv"):
-        for cc in CCS:
+    for cc in CCS:  # an image whose CUTLASS FP4 kernels were not built for this GPU
+        cases.append(make_case(f"ct-w4a4@{cc}/no-cutlass-fp4", "ct-w4a4", cc,
+                               {"cutlass_fp4": False}))
+    per_switch = [(cp, "12.1") for cp in ("ct-w4a4", "ct-w4a16", "modelopt-nvfp4",
+                                          "modelopt-w4a16")] + [("ct-w4a4", "10.0"),
+                                                                ("ct-w4a4", "12.0")]
+    for cp, cc in per_switch:
+        for name, values in SWITCHES.items():
+            for value in values:
+                cases.append(make_case(f"{cp}@{cc}/{name}={value}", cp, cc, env={name: value}))
+    for cp, cc in (("ct-w4a4", "12.1"), ("ct-w4a16", "12.1"), ("modelopt-w4a16", "12.1"),
+                   ("ct-w4a4", "10.0")):
+        for mb in MOE_BACKENDS[1:]:
+            cases.append(make_case(f"{cp}@{cc}/moe={mb}", cp, cc, moe_backend=mb))
+    for cp, cc in (("ct-w4a4", "12.1"), ("ct-w4a16", "12.1"), ("modelopt-nvfp4", "10.0")):
+        for lb in ("cutlass", "marlin", "flashinfer_cutlass", "emulation"):
+            cases.append(make_case(f"{cp}@{cc}/linear={lb}", cp, cc, linear_backend=lb))
+    for cp in ("ct-w4a4", "modelopt-nvfp4-fp8kv"):
+        for cc in ("10.0", "12.1"):
             for backend in ("flash_attn", "flashinfer", "triton_attn", "flex_attention"):
                 for kv in ("auto", "fp8"):
                     for method in ("mtp", "dflash"):
@@ -200,11 +209,13 @@ def table(seed: int = 20260904) -> list[dict]:
         if rng.random() < 0.3:
             engine["attention_backend"] = rng.choice(["flash_attn", "flashinfer", "triton_attn"])
         if rng.random() < 0.3:
+            engine["kv_cache_dtype"] = rng.choice(["auto", "fp8", "bfloat16"])
+        if rng.random() < 0.3:
             engine["spec_moe_backend"] = rng.choice(["triton", "flashinfer_cutlass", "marlin"])
-        probes = {"flashinfer": False} if rng.random() < 0.15 else {}
+        probes = rng.choice([{}, {}, {}, {"flashinfer": False}, {"cutlass_fp4": False}])
         method = rng.choice(["mtp", "mtp", "dflash", None])
-        cases.append(make_case(f"mix{i}:{cp}@{cc}:{sorted(env.items())}:{engine}:{method}",
-                               cp, cc, probes, env, method, **engine))
+        cases.append(make_case(f"mix{i}:{cp}@{cc}:{sorted(env.items())}:{engine}:{probes}:"
+                               f"{method}", cp, cc, probes, env, method, **engine))
     return cases
 
 

@@ -477,7 +477,7 @@ def switches() -> dict[str, Any]:
         parsed = {}
         for sample in samples:
             with vp.environment({name: sample} if sample else {}):
-                value = _outcome(lambda: getattr(envs, name))
+                value = _outcome(lambda name=name: getattr(envs, name))
             parsed[sample] = value if isinstance(value, dict) else repr(value)
         entry: dict[str, Any] = {"read": parsed}
         if choices is not None:
@@ -632,14 +632,14 @@ def unquantized_moe(variants: dict[str, Any]) -> dict[str, Any]:
 
 
 def attention(archs: dict[str, Any]) -> dict[str, Any]:
+    from typing import get_args
+
     import torch
+    from vllm.config.cache import CacheDType
     from vllm.platforms import cuda
     from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.backend import AttentionType
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
-    from typing import get_args
-
-    from vllm.config.cache import CacheDType
 
     priorities = {}
     for cc in GRID_CC:
@@ -647,7 +647,8 @@ def attention(archs: dict[str, Any]) -> dict[str, Any]:
         priorities[cc] = [b.name for b in cuda._get_backend_priorities(
             False, DeviceCapability(major, minor))]
     head_sizes = sorted({32, 48, 64, 80, 96, 112, 128, 160, 192, 256, 320, 512, 576}
-                        | {a["attention"]["head_size"] for a in archs.values() if a.get("attention")})
+                        | {a["attention"]["head_size"] for a in archs.values()
+                           if a.get("attention")})
     dtypes = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
     kv_dtypes = list(get_args(CacheDType))
     blocks = [None, 16, 32, 64, 128]

@@ -38,7 +38,8 @@ QUANT_ALGOS = ["FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_
                "MXFP8", "MIXED_PRECISION"]  # modelopt.py QUANT_ALGOS
 
 
-def method_of(config: dict, hf_quant: dict | None, flag: str | None) -> tuple[str | None, dict | None]:
+def method_of(config: dict, hf_quant: dict | None,
+              flag: str | None) -> tuple[str | None, dict | None]:
     """(vLLM's quantization method name, the quantization config dict it reads)."""
     q = quant_config(config, hf_quant)
     if q is None:

