@@ -617,6 +617,11 @@ class ExpectBackends(Strict):
     """Top-p/top-k sampler (FLASHINFER, NATIVE)."""
     speculative: BackendName | None = None
     """Speculative method (ngram, dflash, mtp, none)."""
+    drafter_moe: BackendName | None = None
+    """The drafter's MoE backend (an MTP head's experts: TRITON, VLLM_CUTLASS...), read
+    from the log lines after vLLM's "Loading drafter model..."."""
+    drafter_attention: BackendName | None = None
+    """The drafter's attention backend (FLASH_ATTN for a DFlash drafter...)."""
 
 
 # serve flags a `parallel:` block derives (spec/nodecmd.py); never written in `args` too

@@ -23,9 +23,6 @@ ENGINE_FIELDS = ("quantization", "moe_backend", "linear_backend", "attention_bac
                  "speculative_config")
 # speculative methods whose drafter vLLM builds as a model (the others draft without one)
 MODEL_DRAFTERS = {"mtp": None, "dflash": "drafter", "eagle": "drafter", "eagle3": "drafter"}
-# the draft model class vLLM resolves for an MTP head of these target classes
-MTP_CLASS = {"Qwen3_5MoeForConditionalGeneration": "Qwen3_5MoeMTP",
-             "Qwen3_5MoeForCausalLM": "Qwen3_5MoeMTP"}
 
 
 def _arch(config: Mapping[str, Any]) -> str:
@@ -79,8 +76,8 @@ def deployment(facts: Facts, *, cc: str, probes: Mapping[str, bool], config: dic
     spec = engine.get("speculative_config") or None
     if spec and spec.get("method") in MODEL_DRAFTERS:
         method = spec["method"]
-        if method == "mtp":
-            darch = MTP_CLASS.get(arch)
+        if method == "mtp":  # the head's class, as vLLM resolved it for the archetype
+            darch = (facts["archetypes"].get(arch) or {}).get("drafters", {}).get("mtp")
             if darch is None:
                 raise NotRecorded(f"the MTP head class of {arch} is not recorded")
             layers = replace(model_layers(facts, darch, config, hf_quant, flag, kv),

@@ -401,6 +401,8 @@ def archetypes() -> tuple[dict[str, Any], dict[str, Any]]:
             distributed(vc)
             dvc = draft_config(vc)
             dmc = vc.speculative_config.draft_model_config
+            facts.setdefault(vc.model_config.architecture, {}).setdefault(
+                "drafters", {})[method] = dmc.architecture
             for arch, vcfg, mcfg in ((vc.model_config.architecture, vc, None),
                                      (dmc.architecture, dvc, dmc)):
                 entry = facts.setdefault(arch, {})

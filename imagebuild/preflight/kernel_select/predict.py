@@ -112,6 +112,7 @@ class Decision:
     error: tuple[str, str] | None = None  # (exception class, message) when vLLM raises
     unknown: str | None = None  # why the facts cannot predict it
     candidates: tuple[str, ...] = ()  # what was tried, in order
+    scheme: str | None = None  # the layers' quantization scheme (Layers.nvfp4_linear, .moe)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, (), [])}
@@ -128,8 +129,9 @@ def gemm_name(kernel: str) -> str:
     FLASHINFER_CUTLASS (VLLM_NVFP4_GEMM_BACKEND's spelling, upper case)."""
     import re
 
-    stem = kernel.replace("NvFp4LinearKernel", "").replace("FlashInfer", "FlashInfer_")
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", stem).upper().replace("__", "_")
+    stem = kernel.replace("NvFp4LinearKernel", "")
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", stem.replace("FlashInfer", "Flashinfer"))
+    return words.upper()
 
 
 def _selector_repr(sel: Mapping[str, Any]) -> str:
@@ -607,6 +609,16 @@ class Predictor:
 
     # --- all ----------------------------------------------------------------------------
     def run(self, kind: str) -> Decision:
+        decision = self._run(kind)
+        layers = self.dep.target if not kind.startswith("drafter_") else (
+            self.dep.drafter.layers if self.dep.drafter else None)
+        if layers is not None and kind.endswith("nvfp4_gemm"):
+            return dataclasses.replace(decision, scheme=layers.nvfp4_linear)
+        if layers is not None and kind.endswith("moe"):
+            return dataclasses.replace(decision, scheme=layers.moe)
+        return decision
+
+    def _run(self, kind: str) -> Decision:
         dep = self.dep
         try:
             if kind == "nvfp4_gemm":
