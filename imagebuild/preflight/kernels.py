@@ -81,6 +81,10 @@ RULES = (
          hardware=("cuda",)),
     Rule("kernels-predicted", "info", "the kernels vLLM will pick, printed for review", "",
          hardware=("cuda",)),
+    Rule("architecture-matches-checkpoint", "error",
+         "a model's declared architecture is what its kernels were predicted for before the "
+         "lock had its config.json; a different one means the prediction was for another "
+         "model", "set `architecture` to the locked config.json's architectures[0]"),
     Rule("flashinfer-moe-sm121", "error",
          "FlashInfer's fused MoE builds its sm_120 module on sm_121 (0.6.12 fused_moe/"
          "core.py 237-248) and gives garbage on 12.1a (flashinfer#3294)",
@@ -161,7 +165,9 @@ def _assumed_drafter(facts: Facts, arch: str, method: str) -> tuple[dict | None,
 
 
 def layouts(facts: Facts, model: Checkpoint | None, drafter: Checkpoint | None,
-            quantization: str | None, method: str) -> list[Layout]:
+            quantization: str | None, method: str, declared: str | None) -> list[Layout]:
+    """The locked checkpoint, or while it is not locked every layout of its declared
+    `quantization` on its declared `architecture` ([] without one: nothing to assume)."""
     dconf = drafter.config if drafter is not None else None
     model_drafter = method in ("dflash", "eagle", "eagle3")
     if model is not None and model.config is not None:
@@ -172,24 +178,22 @@ def layouts(facts: Facts, model: Checkpoint | None, drafter: Checkpoint | None,
             dconf, note = _assumed_drafter(facts, arch, method)
             label += note
         return [Layout(label, model.config, files, dconf)]
-    out = []
-    for arch, entry in sorted(facts["archetypes"].items()):
-        if not entry.get("drafters"):
-            continue  # drafter archetypes are not targets
-        head = (entry.get("attention") or {}).get("head_size")
-        base = {"architectures": [arch], "text_config": {"head_dim": head}}
-        dc, note = (dconf, "") if dconf is not None or not model_drafter else \
-            _assumed_drafter(facts, arch, method)
-        for name, layout in assumed.layouts(quantization).items():
-            out.append(Layout(f"assumed {arch}, {name}{note}",
-                              assumed.with_layout(base, layout), {}, dc))
-    return out
+    entry = facts["archetypes"].get(declared or "")
+    if declared is None or entry is None:
+        return []
+    head = (entry.get("attention") or {}).get("head_size")
+    base = {"architectures": [declared], "text_config": {"head_dim": head}}
+    dc, note = (dconf, "") if dconf is not None or not model_drafter else \
+        _assumed_drafter(facts, declared, method)
+    return [Layout(f"assumed {name}{note}", assumed.with_layout(base, layout), {}, dc)
+            for name, layout in assumed.layouts(quantization).items()]
 
 
 # how much each kind of problem weighs when switches are compared (fixes.search): a
 # layout served wrong outweighs everything, a boot that fails outweighs wrong output,
 # which outweighs an unmet expectation
-WEIGHT = {"layout": 1000, "raises": 100, "trap": 50, "expected": 1, "refused": 100}
+WEIGHT = {"layout": 1000, "raises": 100, "refused": 100, "trap": 50, "weak": 50,
+          "expected": 1}
 
 
 def weak_gemm(d: Decision) -> bool:
@@ -238,7 +242,8 @@ class CellPrediction:
         if v.method in ("none",):
             self.expect = {k: val for k, val in self.expect.items()
                            if not k.startswith("drafter_")}
-        self.layouts = layouts(facts, model, drafter, v.cell.model.quantization, v.method)
+        self.layouts = layouts(facts, model, drafter, v.cell.model.quantization, v.method,
+                               v.cell.model.architecture)
 
     def run(self, switches: tuple[Switch, ...] = ()) -> list[Outcome]:
         env = dict(self.v.env)
@@ -310,6 +315,8 @@ def _shown(d: Decision) -> str:
         return f"raises {d.error[0]}"
     if d.unknown:
         return "?"
+    if d.name and not d.log and d.kind.endswith("nvfp4_gemm"):
+        return f"{d.name} (pinned, not logged)"
     return d.name or "-"
 
 
@@ -342,6 +349,16 @@ def predicted(v: CellView, model: Checkpoint | None,
             v.label, f"no kernel-selection facts for vLLM {version}")]
     cell = CellPrediction(v, facts, model, drafter)
     where_eb = v.lm.located.where(("profiles", v.cell.profile_name))
+    declared = v.cell.model.architecture
+    if not cell.layouts:
+        why = (f"its architecture {declared} has no recorded layers in vLLM {version}'s "
+               "facts" if declared else "its checkpoint is not locked and the model declares "
+               "no `architecture`")
+        return [BY_ID["kernels-unpredictable"].finding(
+            v.label, f"vLLM {version}'s kernel choices are not predicted: {why}",
+            fix=("declare the model's `architecture` (config.json architectures[0]) or lock "
+                 "its metadata" if not declared else BY_ID["kernels-unpredictable"].fix),
+            where=v.lm.located.where(("models", v.cell.model_name)))]
     outcomes = cell.run()
     known = [o for o in outcomes if not o.unknown]
     if not known:
@@ -395,18 +412,56 @@ def predicted(v: CellView, model: Checkpoint | None,
                 msg = (f"vLLM {version} would run FlashInfer's fused MoE ({d.name}) for {whose} "
                        f"on sm_121{_line(d)}")
                 grouped.setdefault(("flashinfer-moe-sm121", msg), []).append(where)
+    better = _better_profiles(v, facts, model, drafter, [o for o in known if o.failed])
     for (rule, msg), wheres in grouped.items():
         r = BY_ID[rule]
+        elsewhere = sorted({p for w in wheres for p in better.get(w, [])})
         sev = "error" if rule == "flashinfer-moe-sm121" else severity
         scope = "" if locked and not any("assumed" in w for w in wheres) else (
             " (checkpoint not locked: " + "; ".join(wheres) + ")" if not locked
             else " (" + "; ".join(wheres) + ")")
-        out.append(r.finding(v.label, msg + scope, fix=fix or r.fix, where=where_eb,
-                             severity=sev))
+        hint = fix or r.fix
+        if elsewhere and rule == "kernels-expected":
+            hint = (f"serve it with profile {' or '.join(elsewhere)} (what vLLM picks there "
+                    "is what it expects)" + (f"; or {fix}" if fix else ""))
+        out.append(r.finding(v.label, msg + scope, fix=hint, where=where_eb, severity=sev))
     unknown = [o for o in outcomes if o.unknown]
     if unknown:
         out.append(BY_ID["kernels-unpredictable"].finding(
             v.label, "; ".join(sorted({f"{o.layout.label}: {o.unknown}" for o in unknown}))))
+    return out
+
+
+def _better_profiles(v: CellView, facts: Facts, model: Checkpoint | None,
+                     drafter: Checkpoint | None, failed: list[Outcome]) -> dict[str, list[str]]:
+    """For each failing layout, the other profiles of the matrix (same target, serving the
+    cell's method) under which vLLM's choices meet every expectation."""
+    from dataclasses import replace as dc_replace
+
+    from imagebuild.spec.servecmd import serve_command
+
+    if not failed:
+        return {}
+    cell = v.cell
+    out: dict[str, list[str]] = {}
+    for name, prof in v.lm.matrix.profiles.items():
+        if name == cell.profile_name or prof.target not in (None, cell.target_name):
+            continue
+        if prof.methods is not None and cell.method not in prof.methods:
+            continue
+        try:
+            other = dc_replace(cell, profile=prof, profile_name=name)
+            ov = CellView(lm=v.lm, cell=other, cmd=serve_command(other), family=v.family,
+                          label=v.label)
+            trial = CellPrediction(ov, facts, model, drafter)
+        except Exception:  # a profile this cell cannot take (its own checks say why)
+            continue
+        if not trial.expect:
+            continue
+        for o in trial.run():
+            if not o.failed and not o.unknown and any(
+                    f.layout.label == o.layout.label for f in failed):
+                out.setdefault(o.layout.label.removeprefix("assumed "), []).append(name)
     return out
 
 
@@ -476,9 +531,23 @@ def _gemm_asserted(v: CellView, outcomes_of: Callable[[], list[Outcome]]) -> lis
     return []
 
 
+def _declared(v: CellView, model: Checkpoint | None) -> list[Finding]:
+    """The declared architecture against the locked config.json's."""
+    declared = v.cell.model.architecture
+    if declared is None or model is None or model.config is None:
+        return []
+    real = (model.config.get("architectures") or [None])[0]
+    if real == declared:
+        return []
+    return [BY_ID["architecture-matches-checkpoint"].finding(
+        v.label, f"the model declares architecture {declared}, its locked config.json "
+                 f"names {real}", where=v.lm.located.where(
+                     ("models", v.cell.model_name, "architecture")))]
+
+
 def check_cell(v: CellView, model: Checkpoint | None,
                drafter: Checkpoint | None = None) -> list[Finding]:
-    out: list[Finding] = []
+    out: list[Finding] = _declared(v, model)
     if "cuda" in v.hardware and v.cell.target.compute_capability:
         out += _static(v, model)
         out += predicted(v, model, drafter)

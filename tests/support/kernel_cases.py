@@ -127,6 +127,18 @@ def checkpoints() -> dict[str, tuple[dict, dict, str]]:
             "kv_cache_quant_algo": None, "producer": {"name": "modelopt", "version": "0.39.0"},
             "ignore": MODELOPT_EXCLUDE, "quantized_layers": _mixed_layers(experts)}, {},
             "modelopt")
+    # config.json names MIXED_PRECISION, the per-layer map lives in hf_quant_config.json
+    # (the layout of tests/data/hub/nvidia/Qwen3.6-35B-A3B-NVFP4)
+    for experts in ("NVFP4", "W4A16_NVFP4"):
+        slug = experts.lower().replace("_nvfp4", "")
+        out[f"modelopt-mixed-{slug}-split"] = ({
+            "quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+            "kv_cache_quant_algo": None, "producer": {"name": "modelopt", "version": "0.39.0"},
+            "exclude_modules": MODELOPT_EXCLUDE}, {"hf_quant_config.json": {
+                "producer": {"name": "modelopt", "version": "0.39.0"},
+                "quantization": {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None,
+                                 "exclude_modules": MODELOPT_EXCLUDE,
+                                 "quantized_layers": _mixed_layers(experts)}}}, "modelopt")
     out["modelopt-nvfp4-fp8kv"] = ({"quant_method": "modelopt", "quant_algo": "NVFP4",
                                     "group_size": 16, "kv_cache_quant_algo": "FP8",
                                     "kv_cache_scheme": {"type": "float", "num_bits": 8,

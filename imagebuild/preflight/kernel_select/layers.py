@@ -342,6 +342,12 @@ def model_layers(facts: Facts, arch: str, config: dict, hf_quant: dict | None,
                        else ("attention",))
     if archetype.get("layers") is None:
         raise NotRecorded(f"no recorded quantized layers of {arch}")
+    if method == "modelopt_mixed" and "quantized_layers" not in (q or {}):
+        # model_loader/weight_utils.py get_quant_config 308-318: config.json's
+        # quantization_config without the per-layer map: hf_quant_config.json is read
+        if hf_quant is None:
+            raise VllmRaises("ValueError", "Cannot find the config file for modelopt_mixed")
+        q = hf_quant
     if method == "compressed-tensors":
         reader: Any = _CT(q or {}, archetype)
     elif method in ("modelopt_fp4", "modelopt_mixed", "modelopt"):
