@@ -50,7 +50,10 @@ ENV HOME=/home/vllm \
     CUDA_CACHE_PATH=/home/vllm/.cache/nv/ComputeCache \
     DO_NOT_TRACK="1" \
     HF_HUB_OFFLINE="1" \
-    VLLM_NO_USAGE_STATS="1"
+    VLLM_DISABLED_KERNELS="FlashInferCutlassNvFp4LinearKernel" \
+    VLLM_NO_USAGE_STATS="1" \
+    VLLM_USE_FLASHINFER_MOE_FP16="0" \
+    VLLM_USE_FLASHINFER_MOE_FP4="0"
 USER 1000:1000
 EXPOSE 8000
 HEALTHCHECK --interval=5s --timeout=4s --start-period=1200s --retries=3 \
