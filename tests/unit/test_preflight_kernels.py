@@ -146,11 +146,8 @@ def test_the_gemm_must_be_asserted_for_a_selecting_nvfp4_checkpoint(locked: Path
 
 
 def test_a_declared_architecture_the_lock_contradicts_is_refused(locked: Path) -> None:
-    edit(locked, "    multimodal: {image: 4, video: 2}\n"
-                 "    architecture: Qwen3_5MoeForConditionalGeneration  # config.json "
-                 "architectures[0]\n    targets: [gb10]\n  nvfp4:",
-         "    multimodal: {image: 4, video: 2}\n    architecture: Qwen3NextForCausalLM\n"
-         "    targets: [gb10]\n  nvfp4:")
+    edit(locked, "(~22 GB)\n    architecture: Qwen3_5MoeForConditionalGeneration",
+         "(~22 GB)\n    architecture: Qwen3NextForCausalLM")
     (f, *_) = of(check(locked, target="gb10", engine="dflashfix"),
                  "architecture-matches-checkpoint")
     assert f.blocking and "names Qwen3_5MoeForConditionalGeneration" in f.message
@@ -182,3 +179,18 @@ def test_an_engine_runtime_stage_without_the_toolkit_ptxas_is_refused(locked: Pa
     monkeypatch.setattr(render, "render_engine", without_triton_env)
     (f, *_) = of(check(locked, target="gb10", engine="dflashfix"), "triton-ptxas-sm121a")
     assert "sets no TRITON_PTXAS_PATH, TRITON_PTXAS_BLACKWELL_PATH" in f.message
+
+
+def test_forcing_flash_attn_for_the_dflash_target_is_what_vllm_picks_anyway(locked: Path) -> None:
+    """spark-dflash names flash_attn for the target as well as the drafter (docs/domain.md
+    trap 9): on sm_121 vLLM 0.23.0 picks FLASH_ATTN for the target by itself (FA2, the only
+    FlashAttention vllm-flash-attn builds for 12.x: 8.0+PTX, JIT-compiled by the driver),
+    and the DFlash drafter's non-causal attention has no other backend. The flag costs
+    nothing on this GPU; what it adds is a boot failure where FA2 refuses the KV cache
+    (test_fp8_kv_cache_with_flash_attn_fails_the_boot_on_gb10)."""
+    forced = _predicted(check(locked, target="gb10", engine="dflashfix"),
+                        "gb10/spark-heretic-zlab")
+    edit(locked, "    args:\n      attention-backend: flash_attn\n", "")
+    auto = _predicted(check(locked, target="gb10", engine="dflashfix"), "gb10/spark-heretic-zlab")
+    assert forced == auto and "attention FLASH_ATTN" in auto
+    assert "drafter_attention FLASH_ATTN" in auto

@@ -106,6 +106,11 @@ RUN mkdir -p /tmp/wheel && python3 -m zipfile -e /wheels/vllm-*.whl /tmp/wheel \
 #   (CUDA 13.0 knows sm_120a). Triton's bundled ptxas (CUDA 12.8) rejects it, and
 #   for sm_100 and up Triton 3.6 uses its bundled ptxas-blackwell (CUDA 12.9) unless
 #   TRITON_PTXAS_BLACKWELL_PATH says otherwise; DGX Spark recipes set the first variable.
+# - RDMA: libibverbs1 and ibverbs-providers (the verbs library and its mlx5 provider), the
+#   runtime half of vLLM's libibverbs-dev: NCCL's RoCE/InfiniBand transport dlopens
+#   libibverbs.so.1 and, without it, falls back to TCP sockets without an error (two Sparks
+#   over their ConnectX-7 ports, examples/two-spark-tp2: NCCL_IB_HCA names devices it then
+#   cannot open). The headers (-dev) are only for building DeepEP, not installed.
 # - Not installed: EP kernels (DeepEP) and gdrcopy (multi-node expert parallelism,
 #   built for 9.0a/10.0a), the OpenAI-server extras (bitsandbytes, timm, modelscope,
 #   runai-model-streamer: loaders these models do not use), and `flashinfer
@@ -129,7 +134,7 @@ RUN --mount=type=secret,id=ca_bundle \
        python3 python3-dev python3-venv gcc g++ \
        "cuda-nvcc-$cuda" "cuda-cudart-$cuda" "cuda-cudart-dev-$cuda" "cuda-nvrtc-$cuda" \
        "cuda-cuobjdump-$cuda" "libcurand-dev-$cuda" "libcublas-dev-$cuda" \
-       libnuma-dev numactl ffmpeg libsm6 libxext6 libgl1 \
+       libnuma-dev numactl ffmpeg libsm6 libxext6 libgl1 libibverbs1 ibverbs-providers \
     && nccl=$(apt-cache madison libnccl-dev | awk -F'|' -v cu="+cuda${CUDA_VERSION%.*}" 'index($2, cu) && !n++ {gsub(/ /, "", $2); print $2}') \
     && { [ -n "$nccl" ] || { echo "no libnccl-dev built for CUDA ${CUDA_VERSION%.*} in this image's apt sources" >&2; exit 1; }; } \
     && apt-get install -y --no-install-recommends "libnccl-dev=$nccl" "libnccl2=$nccl" \
