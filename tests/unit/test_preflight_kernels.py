@@ -194,3 +194,18 @@ def test_forcing_flash_attn_for_the_dflash_target_is_what_vllm_picks_anyway(lock
     auto = _predicted(check(locked, target="gb10", engine="dflashfix"), "gb10/spark-heretic-zlab")
     assert forced == auto and "attention FLASH_ATTN" in auto
     assert "drafter_attention FLASH_ATTN" in auto
+
+
+def test_the_53014_rule_says_what_0_23_0_has() -> None:
+    """vllm#53014's weight-only CuTe-DSL kernel landed after 0.23.0 (merged 2026-08-31,
+    in no release up to v0.28.1rc0): 0.23.0's recorded NVFP4 GEMM list has none, and the
+    rule claims no version bound it cannot read from the facts."""
+    from imagebuild.preflight import kernels
+    from imagebuild.preflight.kernel_select.facts import load
+
+    candidates = load("0.23.0")["nvfp4_linear"]["candidates"]
+    assert candidates[0] == "FlashInferCutlassNvFp4LinearKernel"
+    assert not any("CuteDsl" in k or "W4A16" in k for k in candidates)
+    why = kernels.BY_ID["nvfp4-gemm-asserted"].why
+    assert "vllm#53014, after 0.23.0" in why and "up to v0.29" not in why
+    assert not hasattr(kernels, "WEIGHT_ONLY_UNTIL")
