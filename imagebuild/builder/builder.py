@@ -1,7 +1,9 @@
 """Build images with BuildKit: base -> engine -> serve per cell.
 
-The only module that drives `docker build`. `docker buildx build --load` where the buildx
-plugin exists, else `DOCKER_BUILDKIT=1 docker build` (the Debian 20.10 client). Each image
+The only module that drives `docker build`. `docker buildx build --builder <context> --load`
+where the buildx plugin exists (the docker-driver builder of the active Docker context,
+named: see buildx_builder), else `DOCKER_BUILDKIT=1 docker build` (the Debian 20.10
+client). Each image
 carries its inputs digest as a label; an image with that digest present locally is not
 rebuilt (`no_cache`: every image is rebuilt, BuildKit's layer cache unused: a check that a
 build reproduces, docs/reproducibility.md). Secrets (CA bundle, HF token, pip
@@ -125,6 +127,25 @@ def stop_process(proc: subprocess.Popen[str], grace: float = 10.0) -> None:
 def uses_run_network(dockerfile: str) -> bool:
     """A `RUN --network=...` step (the source engine's offline compile)."""
     return re.search(r"^RUN\s+(?:--\S+\s+)*--network=", dockerfile, re.M) is not None
+
+
+def buildx_builder() -> str:
+    """The builder every buildx build names: the docker-driver builder buildx keeps for
+    the active Docker context, named after it (`docker context show`: `default` unless a
+    context is selected). Its builds read and write the daemon's own image store, so a
+    FROM of an image built here (the bootstrapped base, the engine) resolves; a runner
+    whose current builder is another (`docker buildx create --use`, a docker-container
+    driver) would build in its own store, look those FROMs up in a registry, and `--load`
+    through a tarball export."""
+    from imagebuild.docker import DOCKER_CLI
+
+    try:
+        proc = subprocess.run([DOCKER_CLI, "context", "show"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return "default"
+    name = proc.stdout.strip() if proc.returncode == 0 else ""
+    return name or "default"
 
 
 def preflight_engine(run_network: bool = False) -> tuple[str, str]:
@@ -420,7 +441,8 @@ class Builder:
                    + (f" ({weights / 1e9:.1f} GB of locked weights)" if weights else ""))
         with tempfile.TemporaryDirectory(prefix="imagebuild-secrets-") as tmp:
             iid = Path(tmp) / "iid"
-            cmd = ["buildx", "build", "--load"] if self.flavour == "buildx" else ["build"]
+            cmd = (["buildx", "build", "--builder", buildx_builder(), "--load"]
+                   if self.flavour == "buildx" else ["build"])
             cmd += ["--network", "host", "--progress", "plain", "--iidfile", str(iid),
                     "-t", ref, "-t", f"{INPUTS_REPO}:{digest}",
                     "--label", f"{INPUTS_LABEL}={digest}"]

@@ -71,8 +71,7 @@ BY_ID = {r.id: r for r in RULES}
 SKIPPED = {
     "models": ("quantization-matches-checkpoint", "vision-weights-nested",
                "max-model-len-supported", "kv-page-unify", "keep-vision-on",
-               "multimodal-modalities", "no-mamba-block-size", "flashinfer-moe-sm121",
-               "nvfp4-gemm-asserted"),
+               "multimodal-modalities", "no-mamba-block-size"),
     "drafters": ("dflash-target-layers", "drafter-fits-target", "kv-page-unify"),
 }
 

@@ -216,7 +216,7 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
         findings += flags.check_cell(v)
         refused = serve_args.check_cell(v)
         findings += refused + checkpoint.check_cell(v, model, drafter)
-        findings += kernels.check_cell(v, model)
+        findings += kernels.check_cell(v, model, drafter)
         # the KV layout of a command line vLLM would refuse anyway is not worth predicting
         # (it would only repeat the refusal with a vaguer fix)
         split = multinode.check_cell(v, model, drafter, kv_prediction(v, model, drafter)

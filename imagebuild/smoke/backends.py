@@ -2,18 +2,24 @@
 compare with what the profile expects (`expect_backends:` in matrix.yaml).
 
 A release can pass every request-level check and still run the slow or wrong kernel (the
-weight-only NVFP4 GEMM vLLM picks on SM12x up to v0.29, vllm#53014; FlashInfer's fused MoE,
-sm_120 code only and wrong on 12.1a, flashinfer#3294): the kernel choice is only visible in
-the boot log. Patterns are vLLM 0.23's own messages:
+FlashInfer NVFP4 GEMM and fused MoE vLLM 0.23.0 picks on sm_121 by itself, the latter
+sm_120 code and wrong on 12.1a, flashinfer#3294; preflight/kernels.py predicts them): the
+kernel choice is only visible in the boot log. Patterns are vLLM 0.23's own messages:
 - attention: platforms/cuda.py "Using X attention backend out of potential backends" (auto)
   or "Using AttentionBackendEnum.X backend." (named); v1/attention/selector.py "Using HND
   KV cache layout for X backend." (every platform whose backend needs a layout: CPU_ATTN);
 - NVFP4 GEMM: model_executor/kernels/linear "Using <Kernel>NvFp4LinearKernel for NVFP4 GEMM";
 - MoE: fused_moe/oracle "Using 'X' NvFp4 MoE backend out of potential backends" (quoted
-  for NvFp4/Mxfp4/MxFp8/WNA16, bare for Fp8/Int8/W4A8/"W4A8 Int8"/Unquantized). One line per
-  quantization a model's MoE layers use: an NVFP4 checkpoint whose MTP layer is unquantized
-  logs an Unquantized line beside the NvFp4 one, so `moe` is the quantized experts' backend
-  and the Unquantized line counts only for a model with no quantized MoE;
+  for NvFp4/Mxfp4/MxFp8/WNA16), bare for Fp8/Int8/W4A8/"W4A8 Int8", and the Unquantized
+  oracle's labels (unquantized.py 32-41: "FlashInfer CUTLASS", "FlashInfer TRTLLM", "ROCm
+  AITER", TRITON...), named here as its enum does (FLASHINFER_CUTLASS...). `moe` is the
+  target's quantized experts' backend; its Unquantized line counts only for a model with no
+  quantized MoE;
+- the drafter: gpu_model_runner.py load_model logs "Loading drafter model..." between the
+  target's model and the drafter's; a process's MoE and attention lines after it are the
+  drafter's (`drafter_moe`, `drafter_attention`). vLLM logs each choice once per process
+  (logger.info_once), so a drafter choice identical to the target's prints nothing: then
+  the target's line stands for it;
 - sampler: v1/sample/ops/topk_topp_sampler.py "Using FlashInfer for top-p & top-k sampling"
   or its "disabled"/"unavailable" lines (the PyTorch sampler: NATIVE); the CPU platform logs
   nothing here, so the sampler is not known there;
@@ -29,7 +35,8 @@ from dataclasses import dataclass, field
 
 from imagebuild.smoke.probes import SPEC_DRAFT, metric_sum
 
-KINDS = ("attention", "nvfp4_gemm", "moe", "sampler", "speculative")
+KINDS = ("attention", "nvfp4_gemm", "moe", "sampler", "speculative", "drafter_moe",
+         "drafter_attention")
 
 _ATTENTION = (
     re.compile(r"Using (\w+) attention backend out of potential backends"),
@@ -37,8 +44,17 @@ _ATTENTION = (
     re.compile(r"Using \w+ KV cache layout for (\w+) backend\."),
 )
 _GEMM = re.compile(r"Using (\w+?)NvFp4LinearKernel for NVFP4 GEMM")
-_MOE = re.compile(r"Using '?(\w+?)'? ((?:\w+ )*?)MoE backend")
+# "Using 'VLLM_CUTLASS' NvFp4 MoE backend", "Using FlashInfer CUTLASS Unquantized MoE
+# backend", "Using CUTLASS W4A8 Int8 MoE backend"
+_MOE = re.compile(r"Using (?:'(?P<quoted>[^']+)' (?P<qkind>[\w ]+?)|(?P<bare>.+?) "
+                  r"(?P<kind>Unquantized|Fp8|Int8|W4A8 Int8|W4A8|WNA16)) MoE backend")
+# the Unquantized oracle's labels that are not its enum names (unquantized.py 32-41)
+UNQUANTIZED_LABELS = {"FlashInfer TRTLLM": "FLASHINFER_TRTLLM",
+                      "FlashInfer CUTLASS": "FLASHINFER_CUTLASS", "ROCm AITER": "AITER"}
 UNQUANTIZED_MOE = "moe_unquantized"  # not a KIND: what `moe` falls back to
+DRAFTER_STARTS = "Loading drafter model..."
+# vLLM's process prefix: "(Worker_TP0 pid=123) INFO ..." (none in a single process)
+_PROCESS = re.compile(r"^\((?P<proc>[^)]*pid=\d+)\)")
 _SAMPLER = (
     (re.compile(r"Using FlashInfer for top-p & top-k sampling"), "FLASHINFER"),
     (re.compile(r"FlashInfer top-p/top-k sampling (?:disabled|unavailable)"), "NATIVE"),
@@ -77,20 +93,37 @@ class Chosen:
         return {k: list(v) for k, v in self.seen.items()}
 
 
+def _moe(m: re.Match[str]) -> tuple[str, bool]:
+    """(backend name, unquantized?) of a MoE oracle's line."""
+    if m.group("quoted"):
+        return normal(m.group("quoted")), False
+    label, kind = m.group("bare").strip(), m.group("kind")
+    return normal(UNQUANTIZED_LABELS.get(label, label).replace(" ", "_")), kind == "Unquantized"
+
+
 def read_log(lines: Iterable[str]) -> Chosen:
     out = Chosen()
+    drafting: set[str] = set()  # processes past their "Loading drafter model..."
     for line in lines:
+        pm = _PROCESS.match(line)
+        proc = pm.group("proc") if pm else ""
+        if DRAFTER_STARTS in line:
+            drafting.add(proc)
+            continue
+        drafter = proc in drafting
         for pattern in _ATTENTION:
             if m := pattern.search(line):
-                out.add("attention", normal(m.group(1)), line, m)
+                out.add("drafter_attention" if drafter else "attention", normal(m.group(1)),
+                        line, m)
         if m := _GEMM.search(line):
             out.add("nvfp4_gemm", _gemm_name(m.group(1)), line, m)
         elif "MoE backend" in line and (m := _MOE.search(line)):
-            unquantized = m.group(2).strip().lower() == "unquantized"
-            out.add(UNQUANTIZED_MOE if unquantized else "moe", normal(m.group(1)), line, m)
-        for pattern, name in _SAMPLER:
+            name, unquantized = _moe(m)
+            kind = "drafter_moe" if drafter else (UNQUANTIZED_MOE if unquantized else "moe")
+            out.add(kind, name, line, m)
+        for pattern, sname in _SAMPLER:
             if sm := pattern.search(line):
-                out.add("sampler", name, line, sm)
+                out.add("sampler", sname, line, sm)
         if m := _SPEC.search(line):
             out.add("speculative", (m.group(1) or "none").lower(), line, m)
     return out
@@ -110,6 +143,14 @@ def mismatches(expected: Mapping[str, str | None], chosen: Chosen,
         if kind == "moe" and not got:  # no quantized MoE layer: the unquantized experts'
             got = chosen.seen.get(UNQUANTIZED_MOE, [])
             evidence = chosen.evidence.get(UNQUANTIZED_MOE, "")
+        if kind.startswith("drafter_") and not got:
+            # logged once per process: a drafter choice equal to the target's prints nothing
+            base = kind.removeprefix("drafter_")
+            got = chosen.seen.get(base, []) or (chosen.seen.get(UNQUANTIZED_MOE, [])
+                                               if base == "moe" else [])
+            evidence = chosen.evidence.get(base, "") or chosen.evidence.get(UNQUANTIZED_MOE, "")
+            if got:
+                evidence = f"no line of the drafter's own; the target's: {evidence}"
         if kind == "speculative":
             ok = [g.lower() for g in got] == [want.lower()]
             if (ok and want.lower() != "none" and metrics is not None

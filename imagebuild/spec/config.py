@@ -542,6 +542,12 @@ class Model(HubPin):
     """Generate the model with a script instead of a Hub repository."""
     quantization: str | None = None  # --quantization; must match config quant_method
     """vLLM --quantization; must match the checkpoint's quant_method."""
+    # config.json architectures[0]: until `lock` has the checkpoint's metadata, what `check`
+    # predicts vLLM's kernels for; the locked config.json must then agree
+    architecture: Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                                                   max_length=128)] | None = None
+    """The checkpoint's model class (config.json architectures[0]), declared for `check`'s
+    kernel prediction while the lock has no metadata; the locked config.json must agree."""
     served_names: list[Name] = Field(min_length=1)
     """Names the server answers to (--served-model-name)."""
     # --limit-mm-per-prompt; None = text only
@@ -617,6 +623,11 @@ class ExpectBackends(Strict):
     """Top-p/top-k sampler (FLASHINFER, NATIVE)."""
     speculative: BackendName | None = None
     """Speculative method (ngram, dflash, mtp, none)."""
+    drafter_moe: BackendName | None = None
+    """The drafter's MoE backend (an MTP head's experts: TRITON, VLLM_CUTLASS...), read
+    from the log lines after vLLM's "Loading drafter model..."."""
+    drafter_attention: BackendName | None = None
+    """The drafter's attention backend (FLASH_ATTN for a DFlash drafter...)."""
 
 
 # serve flags a `parallel:` block derives (spec/nodecmd.py); never written in `args` too

@@ -41,7 +41,8 @@ DELIBERATE_APT = {
     "software-properties-common": "adds the deadsnakes PPA; Ubuntu 24.04 has Python 3.12",
     "curl": "fetches get-pip.py and PPA keys; we install nothing with curl",
     "sudo": "their image's non-root helpers; ours runs as its serve user",
-    "libibverbs-dev": "RDMA for DeepEP / EP kernels (multi-node), not installed here",
+    "libibverbs-dev": "RDMA headers for building DeepEP / EP kernels; the runtime libraries "
+                      "NCCL's RoCE transport loads (libibverbs1, ibverbs-providers) are",
 }
 DELIBERATE_PIP = {
     "uv": "installer; this recipe installs with pip",

@@ -306,3 +306,30 @@ def test_no_cache_with_push_exits_2_before_anything(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--no-cache rebuilds here" in err and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("context", ["default", "spark-local"])
+def test_buildx_builds_name_the_contexts_docker_driver_builder(tmp_path, monkeypatch, context):
+    """A runner whose current buildx builder is a docker-container one (`buildx create
+    --use`) cannot see the base built into the daemon: every build names the active
+    context's docker-driver builder (issue 33, point 5)."""
+    import subprocess
+
+    built = _built_engine(tmp_path)
+    built.has_buildx = lambda self: True
+    monkeypatch.setattr(builder, "docker_engine", built)
+    monkeypatch.setattr(builder, "check_disk", lambda *a: None)
+    real_run = subprocess.run
+
+    def run(cmd, *a, **kw):
+        if cmd[1:] == ["context", "show"]:
+            return subprocess.CompletedProcess(cmd, 0, stdout=f"{context}\n", stderr="")
+        return real_run(cmd, *a, **kw)
+
+    monkeypatch.setattr(builder.subprocess, "run", run)
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    pending = builder.Pending("base", Rendered("base", "b", "FROM x\n", ()), ctx,
+                              "imagebuild/base-cpu:abc", {}, None, [], "d" * 64)
+    _cpu_builder(tmp_path, no_cache=True)._build_one(pending)
+    assert built.builds[-1][:5] == ["buildx", "build", "--builder", context, "--load"]

@@ -109,6 +109,15 @@ def test_runtime_stage_has_the_run_time_toolchain(matrix_dir):
     assert len(order) == 3 and order == sorted(order)
 
 
+def test_runtime_stage_has_the_rdma_libraries_nccl_loads(matrix_dir):
+    """NCCL's RoCE transport dlopens libibverbs.so.1 (and its mlx5 provider); without them
+    a TP=2 pair of Sparks falls back to TCP sockets silently (issue 33, point 4)."""
+    for engine in ("dflashfix", "pr41703"):
+        runtime = stages(_engine(matrix_dir, engine))["runtime"]
+        apt = set().union(*(line.split() for line in runtime if "apt-get install" in line))
+        assert {"libibverbs1", "ibverbs-providers"} <= apt, engine
+
+
 # --- 3: the serve user -----------------------------------------------------------------
 
 def test_serve_user_is_ensured_not_blindly_added(matrix_dir):
@@ -381,3 +390,33 @@ def test_the_ptx_cache_is_in_the_serve_containers_writable_cache(matrix_dir):
     env = next(line for line in logical_lines(text) if line.startswith("ENV HOME="))
     path = dict(w.split("=", 1) for w in env.split()[1:])["CUDA_CACHE_PATH"]
     assert path.startswith(CACHE_DIR + "/")  # the tmpfs (or cache volume) over ~/.cache
+
+
+# --- issue 33, point 5: what the first boot compiles, and what a build resolved ----------
+
+def test_every_first_boot_compile_lands_in_the_cache_that_can_persist(locked):
+    """Triton, vLLM's compile cache, FlashInfer's JIT (~/.cache/flashinfer: HOME-based, no
+    FLASHINFER_WORKSPACE_BASE) and the driver's PTX JIT cache (FA2 is 8.0+PTX on sm_121)
+    all live under the cache tmpfs or volume, and a GPU image keeps 2 GiB of PTX JIT output
+    instead of the driver's 256 MiB."""
+    from imagebuild.runspec import CACHE_DIR
+
+    lm = mx.load(locked / "matrix.yaml")
+    cells = {c.target_name: c for c in mx.expand(lm)}
+    for target, cell in cells.items():
+        text = render_serve(lm, cell, read_lock(lm.root)).text
+        env_line = next(line for line in logical_lines(text) if line.startswith("ENV HOME="))
+        env = dict(w.split("=", 1) for w in env_line.split()[1:])
+        assert env["HOME"] + "/.cache" == CACHE_DIR and "FLASHINFER_WORKSPACE_BASE" not in env
+        for key in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                    "CUDA_CACHE_PATH"):
+            assert env[key].startswith(CACHE_DIR + "/"), key
+        assert (env.get("CUDA_CACHE_MAXSIZE") == "2147483648") is (target == "gb10")
+
+
+def test_the_engine_keeps_the_python_packages_pip_resolved(matrix_dir):
+    """vLLM's cuda.txt leaves transitive versions open: the image records what it got."""
+    runtime = stages(_engine(matrix_dir))["runtime"]
+    last = next(line for line in runtime if "--phase installed" in line)
+    assert last.rstrip().endswith("pip list --format=freeze | LC_ALL=C sort > "
+                                  "/opt/imagebuild/python-packages.txt")

@@ -27,7 +27,8 @@ from imagebuild.spec.tags import parse_tag
 from tests.support.matrices import check, edit, of
 
 TAG = "2026-06-18-dflashfix"
-# a family of the real matrix's plain `spark` profile: the drafter axis left out is [none]
+# a family of the real matrix's plain `spark` profile (and a plain one for the weight-only
+# ModelOpt checkpoint): the drafter axis left out is [none]
 PLAIN_FAMILY = """
   spark-plain:
     description: the Qwen3.6 checkpoints served plainly
@@ -36,8 +37,14 @@ PLAIN_FAMILY = """
     matrix:
       engine: [dflashfix]
       model: [heretic, nvfp4]
-      profile: [spark]
+      profile: [spark, spark-w4a16]
+      exclude:
+        - {model: heretic, profile: spark-w4a16}
+        - {model: nvfp4, profile: spark}
 """
+W4A16_PLAIN = ("\n  cpu-ngram:\n", "\n  spark-w4a16:\n    description: plain, weight-only "
+               "NVFP4\n    extends: spark\n    expect_backends: {moe: MARLIN}\n"
+               "  cpu-ngram:\n")
 CPU_PLAIN = ("      drafter: [ngram]\n      profile: [cpu-ngram]\n",
              "      drafter: [none, ngram]\n      profile: [cpu-plain, cpu-ngram]\n"
              "      exclude:\n        - {drafter: none, profile: cpu-ngram}\n"
@@ -49,6 +56,7 @@ CPU_PLAIN_PROFILE = ("\nimages:\n", "\n  cpu-plain:\n    description: the tiny m
 def _plain(root: Path) -> None:
     path = root / "matrix.yaml"
     path.write_text(path.read_text() + PLAIN_FAMILY)
+    edit(root, *W4A16_PLAIN)
     edit(root, *CPU_PLAIN)
     edit(root, *CPU_PLAIN_PROFILE)
 

@@ -56,8 +56,13 @@ def test_env_is_merged_and_the_child_wins(matrix_dir: Path) -> None:
          "    args:\n      attention-backend: flash_attn\n"
          "    env:\n      VLLM_LOGGING_LEVEL: INFO\n      OMP_NUM_THREADS: \"4\"\n")
     p = mx.load(matrix_dir / "matrix.yaml").matrix.profiles
-    assert p["spark-dflash-aeon"].env == {"VLLM_LOGGING_LEVEL": "DEBUG", "OMP_NUM_THREADS": "4"}
-    assert p["spark-dflash"].env == {"VLLM_LOGGING_LEVEL": "INFO", "OMP_NUM_THREADS": "4"}
+    spark = p["spark"].env  # the kernel switches every Spark profile inherits
+    assert spark and all(k.startswith("VLLM_") for k in spark)
+    assert p["spark-dflash-aeon"].env == {**spark, "VLLM_LOGGING_LEVEL": "DEBUG",
+                                          "OMP_NUM_THREADS": "4"}
+    assert p["spark-dflash"].env == {**spark, "VLLM_LOGGING_LEVEL": "INFO",
+                                     "OMP_NUM_THREADS": "4"}
+    assert list(p["spark-dflash"].env)[:len(spark)] == list(spark)  # the parent's order
 
 
 def test_an_unknown_parent_is_an_error_at_its_extends(matrix_dir: Path, capsys) -> None:

@@ -53,10 +53,35 @@ def test_absent_flashinfer_fails_unless_the_caller_may_skip_it(selfcheck, capsys
     assert outcomes(text)["flashinfer-jit-cache"][0] == "skip"
 
 
-def test_matching_jit_cache_passes(selfcheck, capsys):
+def test_matching_jit_cache_passes(selfcheck, capsys, monkeypatch):
+    monkeypatch.setenv("CUDA_VERSION", "13.0.1")
     selfcheck.installed(**{"flashinfer-python": "0.6.1", "flashinfer-jit-cache": "0.6.1+cu130"})
     code, text = _run(selfcheck, capsys)
     assert code == 0 and "ok   flashinfer-jit-cache" in text
+
+
+@pytest.mark.parametrize("wheel", ["0.6.1+cu128", "0.6.1+cu129", "0.6.1", "0.6.1+cu130.post1"])
+def test_a_jit_cache_for_another_cuda_fails(selfcheck, capsys, monkeypatch, wheel):
+    """The local part counts: a +cu128/+cu129 wheel from the wrong index is not this CUDA's."""
+    monkeypatch.setenv("CUDA_VERSION", "13.0.1")
+    selfcheck.installed(**{"flashinfer-python": "0.6.1", "flashinfer-jit-cache": wheel})
+    code, text = _run(selfcheck, capsys)
+    assert code == 1
+    assert f"FAIL flashinfer-jit-cache: flashinfer-jit-cache is {wheel}" in text
+    assert "it must be 0.6.1+cu130" in text and "flashinfer-jit-cache==0.6.1+cu130" in text
+
+
+def test_the_cuda_comes_from_the_image_or_its_nvcc(selfcheck, monkeypatch):
+    monkeypatch.setenv("CUDA_VERSION", "12.9.1")
+    assert selfcheck.cuda_tag() == "cu129"
+    monkeypatch.delenv("CUDA_VERSION")
+    monkeypatch.setattr(selfcheck.shutil, "which", lambda name: "/bin/echo")
+
+    class Proc:
+        stdout = "Cuda compilation tools, release 13.0, V13.0.88"
+
+    monkeypatch.setattr(selfcheck, "run", lambda cmd, cwd=None: Proc())
+    assert selfcheck.cuda_tag() == "cu130"
 
 
 def test_an_unknown_may_skip_is_bad_usage(selfcheck, capsys):

@@ -163,3 +163,60 @@ def test_a_plain_cell_of_a_speculative_profile_expects_no_speculation(matrix_dir
     assert expectations_for(plain, read_lock(lm.root))["expect_backends"] == {
         "attention": "CPU_ATTN", "speculative": "none"}
     assert expectations_for(spec, read_lock(lm.root))["expect_backends"]["speculative"] == "ngram"
+
+
+# A spark-mtp boot on vLLM 0.23.0 with FlashInfer's MoE left on for the MTP head: the
+# worker's lines, as vLLM's format strings print them (the predictor's test checks these
+# strings against vLLM's own log; gpu_model_runner.py logs "Loading drafter model..."
+# between the target and the drafter)
+SPARK_MTP_BOOT = [
+    "(EngineCore pid=7) INFO 12-01 10:00:00 [core.py:113] Initializing a V1 LLM engine "
+    "(v0.23.0) with config: speculative_config=SpeculativeConfig(method='mtp', model=None)",
+    "(Worker pid=9) INFO 12-01 10:00:05 [topk_topp_sampler.py:55] Using FlashInfer for "
+    "top-p & top-k sampling.",
+    "(Worker pid=9) INFO 12-01 10:00:09 [__init__.py:962] Using CutlassNvFp4LinearKernel "
+    "for NVFP4 GEMM",
+    "(Worker pid=9) INFO 12-01 10:00:09 [nvfp4.py:326] Using 'VLLM_CUTLASS' NvFp4 MoE backend "
+    "out of potential backends: ['VLLM_CUTLASS', 'MARLIN', 'EMULATION'].",
+    "(Worker pid=9) INFO 12-01 10:00:09 [cuda.py:378] Using FLASH_ATTN attention backend out "
+    "of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].",
+    "(Worker pid=9) INFO 12-01 10:01:40 [gpu_model_runner.py:5116] Loading drafter model...",
+    "(Worker pid=9) INFO 12-01 10:01:41 [unquantized.py:218] Using FlashInfer CUTLASS "
+    "Unquantized MoE backend out of potential backends: ['FlashInfer TRTLLM', "
+    "'FlashInfer CUTLASS', 'TRITON', 'BATCHED_TRITON'].",
+]
+
+
+def test_the_drafters_moe_line_is_the_drafters_not_the_targets():
+    chosen = read_log(SPARK_MTP_BOOT)
+    assert chosen.seen["moe"] == ["VLLM_CUTLASS"]  # not [VLLM_CUTLASS, FLASHINFER]
+    assert chosen.seen["drafter_moe"] == ["FLASHINFER_CUTLASS"]
+    assert mismatches({"moe": "VLLM_CUTLASS", "nvfp4_gemm": "CUTLASS"}, chosen) == []
+    (bad,) = mismatches({"drafter_moe": "TRITON"}, chosen)
+    assert bad.startswith("drafter_moe: expected TRITON, vLLM chose FLASHINFER_CUTLASS")
+    assert "Unquantized MoE backend" in bad
+
+
+def test_a_drafter_choice_equal_to_the_targets_is_logged_once():
+    """The drafter's attention (FLASH_ATTN, same candidates) prints no line of its own."""
+    chosen = read_log(SPARK_MTP_BOOT)
+    assert "drafter_attention" not in chosen.seen
+    assert mismatches({"drafter_attention": "FLASH_ATTN"}, chosen) == []
+    (bad,) = mismatches({"drafter_attention": "TRITON_ATTN"}, chosen)
+    assert "no line of the drafter's own; the target's" in bad
+
+
+def test_lines_of_another_process_stay_the_targets():
+    other = [line.replace("(Worker pid=9)", "(Worker_TP1 pid=10)") for line in SPARK_MTP_BOOT[:5]]
+    chosen = read_log(SPARK_MTP_BOOT[:6] + other)
+    assert "drafter_moe" not in chosen.seen and chosen.seen["moe"] == ["VLLM_CUTLASS"]
+
+
+def test_the_unquantized_labels_are_vllms():
+    """UNQUANTIZED_LABELS names each label as vLLM's enum does (the recorded facts)."""
+    from imagebuild.preflight.kernel_select.facts import load
+    from imagebuild.smoke.backends import UNQUANTIZED_LABELS, normal
+
+    labels = load("0.23.0")["unquantized_moe"]["labels"]
+    assert labels and all(normal(UNQUANTIZED_LABELS.get(label, label).replace(" ", "_")) == name
+                          for name, label in labels.items())

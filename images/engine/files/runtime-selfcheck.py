@@ -29,7 +29,10 @@ Phases and checks (NAME):
                     DeepGEMM's NVRTC path)
   installed (after vLLM and its requirements are installed):
     ninja           `ninja` is on PATH (FlashInfer's JIT builds with it)
-    flashinfer-jit-cache  flashinfer-jit-cache is installed at flashinfer-python's version
+    flashinfer-jit-cache  flashinfer-jit-cache is installed at flashinfer-python's version,
+                    built for this image's CUDA: the whole version, its local part too
+                    (0.6.12+cu130 on CUDA 13.0; a +cu128/+cu129 wheel from another index
+                    carries kernels and JIT state for another toolkit)
     triton-ptxas    the ptxas Triton itself picks for --arch (triton.backends.nvidia
                     .compiler.get_ptxas) accepts PTX at the ISA version Triton emits
 
@@ -297,16 +300,34 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def cuda_tag() -> str | None:
+    """`cuXY0` of this image's CUDA: $CUDA_VERSION (NVIDIA's CUDA images set it), else the
+    toolkit's nvcc --version; FlashInfer's per-CUDA wheels carry it as their local version."""
+    text = os.environ.get("CUDA_VERSION", "")
+    m = re.match(r"^(\d+)\.(\d+)", text)
+    if not m:
+        home = cuda_home()
+        nvcc = shutil.which("nvcc") or (str(home / "bin" / "nvcc") if home else None)
+        proc = run([nvcc, "--version"]) if nvcc and Path(nvcc).exists() else None
+        m = re.search(r"release (\d+)\.(\d+)", proc.stdout if proc else "")
+    return f"cu{m.group(1)}{m.group(2)}" if m else None
+
+
 def check_flashinfer_jit_cache(arch: str, tmp: str) -> str:
     want = _version("flashinfer-python")
     if not want:
         raise Absent("flashinfer-python is not installed", "install vLLM's requirements/cuda.txt")
     got = _version("flashinfer-jit-cache")
-    if not got or got.split("+")[0] != want:
+    tag = cuda_tag()
+    if tag is None:
+        raise Failed("cannot tell this image's CUDA version (no CUDA_VERSION, no nvcc)",
+                     "run it in the CUDA image, or set CUDA_VERSION")
+    if got != f"{want}+{tag}":
         raise Failed(f"flashinfer-jit-cache is {got or 'not installed'}, flashinfer-python is "
-                     f"{want}", f"install flashinfer-jit-cache=={want} for this CUDA (vLLM's own "
-                     "runtime stage does, from FlashInfer's per-CUDA wheel index: give the build "
-                     "that index through the runner's pip configuration)")
+                     f"{want} and this image's CUDA is {tag}: it must be {want}+{tag}",
+                     f"install flashinfer-jit-cache=={want}+{tag} (vLLM's own runtime stage "
+                     "does, from FlashInfer's per-CUDA wheel index: give the build that "
+                     "CUDA's index through the runner's pip configuration)")
     cubin = _version("flashinfer-cubin")
     if cubin and cubin != want:
         raise Failed(f"flashinfer-cubin is {cubin}, flashinfer-python is {want}",

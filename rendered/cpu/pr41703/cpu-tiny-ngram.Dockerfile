@@ -14,8 +14,11 @@ RUN sh /opt/imagebuild/ensure-serve-user.sh 1000 vllm /home/vllm
 COPY model/ /model/
 
 # Every cache under ~/.cache: the one writable place of the read-only container (a tmpfs,
-# or the cache volume). CUDA_CACHE_PATH: the driver's PTX JIT cache (kernels shipped only
-# as PTX, like vllm-flash-attn's FA2 8.0+PTX, are compiled once, not at every load).
+# or the cache volume); FlashInfer's JIT modules go to ~/.cache/flashinfer by itself.
+# CUDA_CACHE_PATH: the driver's PTX JIT cache (kernels shipped only as PTX, like
+# vllm-flash-attn's FA2, built 8.0+PTX for a 12.x target, are compiled once, not at every
+# load); a GPU image raises its cap from the driver's 256 MiB default so FA2's compiled
+# kernels are not evicted between boots (docs/gb10.md "First boot").
 ENV HOME=/home/vllm \
     VLLM_CACHE_ROOT=/home/vllm/.cache/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \

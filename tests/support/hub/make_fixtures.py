@@ -181,16 +181,18 @@ def modelopt_quant() -> dict:
 
 
 def hf_quant_config() -> dict:
-    """NVFP4 weights (W4A16) for MoE/MLP, FP8 for the full-attention projections."""
+    """NVFP4 weights only (W4A16_NVFP4) for MoE/MLP, FP8 for the full-attention projections
+    (docs/domain.md); vLLM reads a plain "NVFP4" entry as W4A4."""
     layers: dict[str, dict] = {}
     for i, kind in enumerate(LAYER_TYPES):
         base = f"model.language_model.layers.{i}"
         if kind == "full_attention":
             for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
                 layers[f"{base}.self_attn.{p}"] = {"quant_algo": "FP8"}
-        layers[f"{base}.mlp.experts"] = {"quant_algo": "NVFP4", "group_size": 16}
+        layers[f"{base}.mlp.experts"] = {"quant_algo": "W4A16_NVFP4", "group_size": 16}
         for p in ("gate_proj", "up_proj", "down_proj"):
-            layers[f"{base}.mlp.shared_expert.{p}"] = {"quant_algo": "NVFP4", "group_size": 16}
+            layers[f"{base}.mlp.shared_expert.{p}"] = {"quant_algo": "W4A16_NVFP4",
+                                                       "group_size": 16}
     return {
         "producer": {"name": "modelopt", "version": "0.39.0"},
         "quantization": {

@@ -30,17 +30,24 @@ RUN --mount=type=secret,id=hf_token --mount=type=secret,id=ca_bundle \
       --dest /model model-00005-of-00005.safetensors
 
 # Every cache under ~/.cache: the one writable place of the read-only container (a tmpfs,
-# or the cache volume). CUDA_CACHE_PATH: the driver's PTX JIT cache (kernels shipped only
-# as PTX, like vllm-flash-attn's FA2 8.0+PTX, are compiled once, not at every load).
+# or the cache volume); FlashInfer's JIT modules go to ~/.cache/flashinfer by itself.
+# CUDA_CACHE_PATH: the driver's PTX JIT cache (kernels shipped only as PTX, like
+# vllm-flash-attn's FA2, built 8.0+PTX for a 12.x target, are compiled once, not at every
+# load); a GPU image raises its cap from the driver's 256 MiB default so FA2's compiled
+# kernels are not evicted between boots (docs/gb10.md "First boot").
 ENV HOME=/home/vllm \
     VLLM_CACHE_ROOT=/home/vllm/.cache/vllm \
     HF_HOME=/home/vllm/.cache/huggingface \
     TORCHINDUCTOR_CACHE_DIR=/home/vllm/.cache/inductor \
     TRITON_CACHE_DIR=/home/vllm/.cache/triton \
     CUDA_CACHE_PATH=/home/vllm/.cache/nv/ComputeCache \
+    CUDA_CACHE_MAXSIZE=2147483648 \
     DO_NOT_TRACK="1" \
     HF_HUB_OFFLINE="1" \
-    VLLM_NO_USAGE_STATS="1"
+    VLLM_DISABLED_KERNELS="FlashInferCutlassNvFp4LinearKernel" \
+    VLLM_NO_USAGE_STATS="1" \
+    VLLM_USE_FLASHINFER_MOE_FP16="0" \
+    VLLM_USE_FLASHINFER_MOE_FP4="0"
 USER 1000:1000
 EXPOSE 8000
 HEALTHCHECK --interval=5s --timeout=4s --start-period=1200s --retries=3 \

