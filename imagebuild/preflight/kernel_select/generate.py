@@ -28,6 +28,7 @@ import argparse
 import ast
 import copy
 import dataclasses
+import functools
 import inspect
 import itertools
 import json
@@ -102,6 +103,14 @@ def _cc(text: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def _member_value(mapper: Callable[[str], Any], value: str) -> Any:
+    return mapper(value).value
+
+
+def _member_name(mapper: Callable[[str], Any], value: str) -> Any:
+    return mapper(value).name
+
+
 def _outcome(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
@@ -134,7 +143,7 @@ def tabulate(evaluate: Callable[..., Any], axes: dict[str, Iterable[Any]] | None
                         kw = dict(zip(axes, point, strict=True))
                         with vp.environment(env):
                             vp.reset_reads()
-                            result = _outcome(lambda kw=kw: evaluate(**kw))
+                            result = _outcome(functools.partial(evaluate, **kw))
                             seen_p |= vp.READS - {"cc"}
                             seen_e |= vp.ENV_READS
                         key = "|".join([f"cc={cc}"]
@@ -479,7 +488,7 @@ def switches() -> dict[str, Any]:
         parsed = {}
         for sample in samples:
             with vp.environment({name: sample} if sample else {}):
-                value = _outcome(lambda name=name: getattr(envs, name))
+                value = _outcome(functools.partial(getattr, envs, name))
             parsed[sample] = value if isinstance(value, dict) else repr(value)
         entry: dict[str, Any] = {"read": parsed}
         if choices is not None:
@@ -586,7 +595,7 @@ def nvfp4_moe(variants: dict[str, Any]) -> dict[str, Any]:
     mapping = {}
     for value in _moe_backend_values():
         if value != "auto":
-            result = _outcome(lambda value=value: o.map_nvfp4_backend(value).value)
+            result = _outcome(functools.partial(_member_value, o.map_nvfp4_backend, value))
             mapping[value] = result
     def fi(value: str) -> Any:
         with vp.environment({"VLLM_FLASHINFER_MOE_BACKEND": value}):
@@ -614,13 +623,14 @@ def unquantized_moe(variants: dict[str, Any]) -> dict[str, Any]:
     mapping = {}
     for value in _moe_backend_values():
         if value != "auto":
-            mapping[value] = _outcome(lambda value=value: o.map_unquantized_backend(value).name)
+            mapping[value] = _outcome(
+                functools.partial(_member_name, o.map_unquantized_backend, value))
     cuda_order = local_list(o._get_priority_backends, "_AVAILABLE_BACKENDS",
                             within="current_platform.is_cuda()")
     classes = {}
     for member in cuda_order + ["AITER"]:
         b = o.UnquantizedMoeBackend[member]
-        cls = _outcome(lambda b=b: o.backend_to_kernel_cls(b))
+        cls = _outcome(functools.partial(o.backend_to_kernel_cls, b))
         if not isinstance(cls, dict):
             classes[member] = cls
     return {
