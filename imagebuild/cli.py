@@ -37,9 +37,9 @@ def _writes_releases() -> None:
 
 
 def _build_dir(plan) -> Path:
-    from imagebuild import work_root
+    from imagebuild import buildfolder
 
-    return work_root(plan.lm.root) / "build"
+    return buildfolder.default(plan.lm.root)
 
 
 def _out(args: argparse.Namespace, plan) -> Path:
@@ -333,13 +333,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from imagebuild import REPO_ROOT, work_root
+    from imagebuild import REPO_ROOT, buildfolder
     from imagebuild.bench import history
 
     client, repos = _repositories(args)
     for repo in repos:
         h = history.gather(client, repo)
-        paths = history.write(h, args.out or work_root(REPO_ROOT) / "build" / "bench")
+        paths = history.write(h, args.out or buildfolder.bench_dir(buildfolder.default(REPO_ROOT)))
         print(safe_lines(paths["md"].read_text()) + f"png: {paths['png']}\nmd: {paths['md']}\n")
     return 0
 

@@ -7,12 +7,11 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagebuild import progress
+from imagebuild import buildfolder, progress
 from imagebuild.bench import apart, client, placement, prompts, results
 from imagebuild.bench.placement import Placement
 from imagebuild.errors import UserError
@@ -66,13 +65,13 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
     """JSON + markdown of the run; the plot has one line per run (this one, then `others`,
     e.g. the baseline release)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", doc["started"])
-    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
+    files = buildfolder.bench_files(out_dir, doc["started"])
+    paths = {"json": files["json"], "md": files["md"]}
     paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     paths["md"].write_text(markdown)
     try:
         from imagebuild.bench.plot import plot
-        paths["png"] = plot([doc, *(others or [])], out_dir / f"{stem}.png")
+        paths["png"] = plot([doc, *(others or [])], files["png"])
     except ImportError:  # matplotlib missing: the numbers still stand
         pass
     return paths
@@ -135,7 +134,7 @@ def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | No
 
 def run(args: argparse.Namespace, plan: Plan | None) -> int:
     """`plan`: the jobs of --tag (None for IMAGE_REF or --url)."""
-    from imagebuild import REPO_ROOT, work_root
+    from imagebuild import REPO_ROOT
     from imagebuild.docker import inspect_image
 
     if sum(bool(x) for x in (args.image, args.tag, args.url)) != 1:
@@ -168,7 +167,8 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
     prompt_set, load_kw, settings = load_settings(
         concurrency, prompt_arg, requests=requests, duration=args.duration,
         max_tokens=max_tokens)
-    out_root = args.out or work_root(plan.lm.root if plan else REPO_ROOT) / "build" / "bench"
+    out_root = args.out or buildfolder.bench_dir(
+        buildfolder.default(plan.lm.root if plan else REPO_ROOT))
     if args.url:
         started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
         # a server we did not start: only the client can be placed

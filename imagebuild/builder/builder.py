@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from imagebuild import buildfolder
 from imagebuild.builder import hygiene, timestamps
 from imagebuild.builder.buildjobs import choose_parallelism, host_resources
 from imagebuild.builder.hygiene import PARENT_LABEL, base_repo, engine_repo
@@ -667,11 +668,10 @@ class Builder:
         return archtable.as_json(rows)
 
     def _write_records(self, cell: Cell, records: list[BuildRecord]) -> None:
-        folder = self.out_dir / "records" / cell.target_name / cell.engine_name
-        folder.mkdir(parents=True, exist_ok=True)
+        buildfolder.records_dir(self.out_dir, cell).mkdir(parents=True, exist_ok=True)
         for rec in records:
-            name = cell.image if rec.kind == "serve" else rec.kind
-            (folder / f"{name}.json").write_text(json.dumps(asdict(rec), indent=2) + "\n")
+            buildfolder.record_path(self.out_dir, cell, rec.kind).write_text(
+                json.dumps(asdict(rec), indent=2) + "\n")
 
 
 def build_jobs(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,

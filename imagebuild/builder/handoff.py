@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from imagebuild import buildfolder
 from imagebuild.docker import engine as docker_engine
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient, resolve_credentials
@@ -119,10 +120,9 @@ def write_handoff(out_dir: Path, refs: dict[str, str],
                   environ: dict[str, str] | None = None) -> None:
     """<out>/engines/<target>.ref per engine, and `engine_image=REF` (one engine) or
     `engine_image_<target>=REF` lines in $GITHUB_OUTPUT when a workflow runs us."""
-    folder = out_dir / "engines"
-    folder.mkdir(parents=True, exist_ok=True)
+    buildfolder.engines_dir(out_dir).mkdir(parents=True, exist_ok=True)
     for target, ref in refs.items():
-        (folder / f"{target}.ref").write_text(ref + "\n")
+        buildfolder.engine_ref_path(out_dir, target).write_text(ref + "\n")
     env = os.environ if environ is None else environ
     if env.get("GITHUB_OUTPUT"):
         lines = ([f"engine_image={next(iter(refs.values()))}"] if len(refs) == 1 else

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imagebuild import progress
+from imagebuild.buildfolder import CAPTURE_FILE, GATES_FILE, cell_dir
 from imagebuild.errors import OperationFailed
 from imagebuild.gates.client import generate, served_model
 from imagebuild.gates.identity import changed, identity
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from imagebuild.plan import Job
     from imagebuild.smoke.boot import Container
 
-GATES_FILE = "gates.json"
 Log = Callable[[str], None]
 # a server for the image minus some flags (the plain run drops --speculative-config)
 Server = Callable[[tuple[str, ...]], AbstractContextManager["Container"]]
@@ -141,7 +141,7 @@ def gate_image(image: str, info: dict[str, Any], expect: dict[str, Any],
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     reqs = gate_requests(settings)
     seed = settings.lossless.seed
-    from imagebuild.gates.capture import CAPTURE_FILE, load_capture
+    from imagebuild.gates.capture import load_capture
 
     shipped = "speculative" if speculates(info) else "plain"  # the image as it ships
     recorded = load_capture(out_dir / CAPTURE_FILE, str(info.get("Id")), settings)
@@ -179,7 +179,6 @@ def gate_jobs(jobs: tuple[Job, ...], out_root: Path, *, log: Log = print
     """`build.py gates --tag T` and the whole job: each job's local image, one at a time;
     gates.json in its smoke cell dir."""
     from imagebuild.docker import inspect_image
-    from imagebuild.smoke.paths import cell_dir
 
     docs = {}
     for job in jobs:

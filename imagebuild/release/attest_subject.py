@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from imagebuild import buildfolder
 from imagebuild.bench import store
 from imagebuild.errors import ImagebuildError, OperationFailed
 from imagebuild.registry.records import read_release
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--only", required=True, help="the cell")
-    p.add_argument("--out", type=Path, default=Path("build/supply-chain"))
+    p.add_argument("--out", type=Path, default=Path(buildfolder.BUILD, buildfolder.SUPPLY_CHAIN))
     p.add_argument("--matrix", type=Path, default=None)
     args = p.parse_args(argv)
     try:

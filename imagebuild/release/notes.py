@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imagebuild.buildfolder import record_path, verdict_path
 from imagebuild.plan import UNRESOLVED
 from imagebuild.registry.documents import bench_table
 from imagebuild.runspec import RunSpec, docker_run_text, with_listen
@@ -313,7 +314,6 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
     from the smoke reports."""
     from imagebuild.bench.store import A_ACCEPTED, A_ACCEPTED_DROP, A_UNCOMPARED, A_UNTRUSTED
     from imagebuild.registry.records import list_releases
-    from imagebuild.smoke.paths import verdict_path
 
     facts = {}
     for job in jobs:
@@ -327,8 +327,7 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
         ann = {k: safe(v) for k, v in ann.items()}  # registry text, shown in the notes
         if bench:  # the table below indexes every figure: a bare document is a fault
             bench_table(bench, client.host, f"bench results of {repo}:{mine.tag if mine else ''}")
-        record = (smoke_dir / "records" / job.cell.target_name / job.cell.engine_name
-                  / f"{job.cell.image}.json")
+        record = record_path(smoke_dir, job.cell, "serve")
         gpu_code = json.loads(record.read_text()).get("gpu_code") if record.is_file() else None
         facts[job.id] = ImageFacts(
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
@@ -434,7 +433,6 @@ def gather_not_promoted(client: Any, jobs: tuple[Job, ...], smoke_dir: Path
                         ) -> tuple[dict[str, dict[str, Any] | None], dict[str, str | None]]:
     """Each job's verdict from the run's smoke reports and where its `latest` stays."""
     from imagebuild.registry.records import list_releases
-    from imagebuild.smoke.paths import verdict_path
 
     verdicts: dict[str, dict[str, Any] | None] = {}
     latest: dict[str, str | None] = {}

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from imagebuild.buildfolder import GATES_FILE, verdict_path
 from imagebuild.plan import Job
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.records import A_IMAGE, Release
@@ -35,9 +36,7 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
     check names and outcomes), where the notes read smoke reports, unless a report of this
     checkout is there already, and its release gates' summary as gates.json beside it.
     Says where it comes from: smoke and the gates were not run again."""
-    from imagebuild.gates.run import GATES_FILE
     from imagebuild.registry.records import A_CHECKS, A_GATES, read_release
-    from imagebuild.smoke.paths import verdict_path
 
     path = verdict_path(build_dir, job.cell)
     rel = read_release(client, job.image.repository, str(job.tag))

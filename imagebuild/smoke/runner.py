@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from imagebuild import PACKAGE_DIR, REPO_ROOT, work_root
+from imagebuild import PACKAGE_DIR, REPO_ROOT, buildfolder
+from imagebuild.buildfolder import CAPTURE_FILE, SMOKE_OUTPUTS, cell_dir, ref_dir
 from imagebuild.docker import engine, image_user, inspect_image
 from imagebuild.errors import OperationFailed
 from imagebuild.interrupts import held_interrupts, interrupts_as_keyboard_interrupt
 from imagebuild.runspec import PORT_VAR, RunSpec, compose_yaml
 from imagebuild.smoke.checks import missing_checks
 from imagebuild.smoke.expect import expectations_from_labels
-from imagebuild.smoke.paths import cell_dir, ref_dir
 from imagebuild.smoke.report import read_junit, write_junit, write_verdict
 
 if TYPE_CHECKING:
@@ -47,9 +47,6 @@ if TYPE_CHECKING:
 
 SUITE = Path(__file__).resolve().parent / "suite"
 CHECK_TIMEOUT_S = 900  # per check (pytest-timeout); a gb10 burst at c=32 is the longest
-OUTPUTS = ("junit.xml", "summary.md", "verdict.json", "container.log", "boot.json",
-           "container-attempt1.log", "checks.log", "config.json", "checks-junit.xml",
-           "compose.yaml", "gates-speculative.json", "gates.json")  # the gates' follow smoke
 PROJECT_LABEL = "com.docker.compose.project"
 INTERRUPT_GRACE_S = 5  # pytest's own teardown (compose down) gets this long after Ctrl-C
 SWEEP_SETTLE_S = 1.0  # a create the engine accepted before compose was stopped lands by then
@@ -224,7 +221,7 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
     t0 = time.time()
     info = inspect_image(image_ref)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in OUTPUTS:
+    for name in SMOKE_OUTPUTS:
         (out_dir / name).unlink(missing_ok=True)
     timeout_s = boot_timeout_s or expect["boot_timeout_s"]
     port = free_port()
@@ -237,7 +234,6 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
               "out_dir": str(out_dir), "boot_path": str(out_dir / "boot.json"),
               "boot_timeout_s": timeout_s, "stall_s": stall_s or default_stall_s(timeout_s)}
     if gates is not None:
-        from imagebuild.gates.capture import CAPTURE_FILE
         from imagebuild.gates.runrecord import speculates
 
         config["gates_capture"] = {"settings": gates, "path": str(out_dir / CAPTURE_FILE),
@@ -284,9 +280,8 @@ def new_project() -> str:
 def smoke_ref(image_ref: str, *, out_dir: Path | None = None, **kw: Any) -> dict[str, Any]:
     """`build.py smoke IMAGE_REF`: expectations from the image's labels (and its cell)."""
     expect = expectations_from_labels(image_ref)
-    return smoke_image(image_ref, expect, out_dir or ref_dir(work_root(REPO_ROOT) / "build",
-                                                        image_ref),
-                       **kw)
+    return smoke_image(image_ref, expect,
+                       out_dir or ref_dir(buildfolder.default(REPO_ROOT), image_ref), **kw)
 
 
 def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw: Any

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imagebuild import buildfolder
 from imagebuild.bench import store
 from imagebuild.errors import OperationFailed
 from imagebuild.registry.records import A_INPUTS, read_release
@@ -79,10 +80,9 @@ def probe_image(ref: str, weights: Mapping[str, str], runner: Any = None) -> dic
 
 
 def _records(build_dir: Path, job: Job) -> dict[str, dict[str, Any]]:
-    folder = build_dir / "records" / job.cell.target_name / job.cell.engine_name
     found = {}
-    for kind, name in (("base", "base"), ("engine", "engine"), ("serve", job.cell.image)):
-        path = folder / f"{name}.json"
+    for kind in ("base", "engine", "serve"):
+        path = buildfolder.record_path(build_dir, job.cell, kind)
         if path.is_file():
             try:
                 found[kind] = json.loads(path.read_text())
@@ -128,7 +128,7 @@ def attach(client: RegistryClient, job: Job, lock: Lock, *, root: Path, build_di
     subject = sbom.Subject(name=job.image.name, tag=tag, digest=rel.digest,
                            image_id=rel.image_id, inputs=rel.annotations.get(A_INPUTS))
     res = Attached(job.cell.id, subject)
-    out = build_dir / "supply-chain" / job.cell.target_name / job.cell.image
+    out = buildfolder.supply_chain_dir(build_dir, job.cell)
     have = {kind: _stored_for(client, repo, rel.digest, kind, rel.image_id)
             for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE)}
     if all(have.values()) and (out / SBOM_FILE).is_file():

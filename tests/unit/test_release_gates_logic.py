@@ -374,8 +374,9 @@ def test_smokes_record_serves_the_gates_only_for_the_same_image_and_settings(tmp
 
 def test_gate_image_uses_smokes_record_and_boots_only_the_plain_server(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from imagebuild.buildfolder import CAPTURE_FILE
     from imagebuild.gates import run as gates_run
-    from imagebuild.gates.capture import CAPTURE_FILE, save_capture
+    from imagebuild.gates.capture import save_capture
 
     st = GateSettings(lossless=LosslessGate(max_tokens=8, min_compared_tokens=8),
                       long_generation=LongGenerationGate(tokens=64))

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 from imagebuild.bench import store
+from imagebuild.buildfolder import verdict_path
 from imagebuild.plan import load_plan
 from imagebuild.rehearse_workflow.outputs import parse
 from imagebuild.release.resume import cell_state, github_output, write_recorded_verdict
-from imagebuild.smoke.paths import verdict_path
 from tests.support.memregistry import MemRegistry
 
 REPO = "vllm-spark/cpu-tiny-ngram"
