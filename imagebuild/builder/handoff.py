@@ -29,6 +29,7 @@ from imagebuild.docker import engine as docker_engine
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient, resolve_credentials
 from imagebuild.registry.credentials import docker_auth_config
+from imagebuild.registry.push import push_with_retries, verify_pushed
 
 if TYPE_CHECKING:
     from imagebuild.builder.builder import BuildRecord
@@ -107,8 +108,6 @@ def registry_engine(client: RegistryClient, image: ImageRef, digest: str) -> str
 def push_engine(client: RegistryClient, record: BuildRecord, image: ImageRef, *,
                 log: Log = print) -> str:
     """Push the built engine under its inputs tag, read it back, return REPO@digest."""
-    from imagebuild.release.publish import push_with_retries, verify_pushed
-
     tag = inputs_tag(record.inputs_digest)
     creds = resolve_credentials(client.host)
     pushed = push_with_retries(record.image_id, image.name, tag, creds, log=log)

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from imagebuild import buildfolder
-from imagebuild.bench import store
 from imagebuild.errors import ImagebuildError, OperationFailed
+from imagebuild.registry import referrers
 from imagebuild.registry.records import read_release
 from imagebuild.supplychain.attach import SBOM_FILE
 
@@ -25,8 +25,8 @@ def subject_files(client, job, out: Path) -> dict[str, str]:  # type: ignore[no-
     if rel is None:
         raise OperationFailed(f"{job.id}: {job.image.name}:{tag} is not in the registry",
                               fix="re-run the cell job: it publishes the release")
-    sboms = [d for d in store.listed(client, repo, rel.digest, store.SBOM_TYPE)
-             if (d.get("annotations") or {}).get(store.A_IMAGE_ID) == rel.image_id]
+    sboms = [d for d in referrers.listed(client, repo, rel.digest, referrers.SBOM_TYPE)
+             if (d.get("annotations") or {}).get(referrers.A_IMAGE_ID) == rel.image_id]
     if not sboms:
         raise OperationFailed(f"{job.id}: no SBOM of image {rel.image_id[:19]} is stored "
                               f"with {repo}:{tag}",

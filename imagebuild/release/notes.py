@@ -295,12 +295,12 @@ def _stored_bench(client: Any, repo: str, tag: str | None
 
 
 def _stored_documents(client: Any, repo: str, digest: str) -> dict[str, str]:
-    from imagebuild.bench import store
+    from imagebuild.registry import referrers
     from imagebuild.supplychain.attach import A_FINDINGS, A_SIGNING
 
     found: dict[str, str] = {}
-    for key, kind in (("sbom", store.SBOM_TYPE), ("provenance", store.PROVENANCE_TYPE)):
-        descs = store.listed(client, repo, digest, kind)
+    for key, kind in (("sbom", referrers.SBOM_TYPE), ("provenance", referrers.PROVENANCE_TYPE)):
+        descs = referrers.listed(client, repo, digest, kind)
         if descs:
             ann = descs[0].get("annotations") or {}
             found[key] = str(descs[0]["digest"])

@@ -46,6 +46,7 @@ from imagebuild.bench.server import serving
 from imagebuild.docker import inspect_image
 from imagebuild.errors import UserError
 from imagebuild.plan import load_plan
+from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.records import read_release
 from imagebuild.release import compat
@@ -183,7 +184,7 @@ def test_put_blob_and_stored_results_round_trip() -> None:
                        levels=[{"concurrency": 1, "output_tok_s": 10.0}], started="t")
         store.put_results(client, REPO, FAST, doc)
         assert store.release_results(client, REPO, FAST) == doc
-        assert store.referrers_tag(client.digest(REPO, FAST)) in client.tags(REPO)
+        assert referrers.referrers_tag(client.digest(REPO, FAST)) in client.tags(REPO)
         assert store.release_results(client, REPO, "latest") is None  # no latest yet
 
 
