@@ -326,7 +326,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     """0 when every node started; 2 for disagreeing files or hosts, 1 for a host without
     the image (or another one), or a node that did not start."""
-    from imagebuild.launch import launch, parse_hosts
+    from imagebuild.serving.launch import launch, parse_hosts
 
     return launch(args.image, args.files, parse_hosts(args.hosts),
                   master_addr=args.master_addr, dry_run=args.dry_run)

@@ -18,8 +18,8 @@ from imagebuild.errors import UserError
 from imagebuild.plan import ImageRef, Job
 
 if TYPE_CHECKING:
-    from imagebuild.gates.run import Server
     from imagebuild.plan import Plan
+    from imagebuild.serving.container import Server
 
 
 def measure(base_url: str, *, prompt_set: list[prompts.Prompt], levels: list[int],
@@ -84,21 +84,23 @@ def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prom
                 log: Callable[[str], None] = print) -> dict[str, Any]:
     """Start `ref` hardened on loopback, measure every level, remove it: one results doc.
     Server and client run on separate CPUs (`place`, by default split automatically).
-    `nodes`: a multi-node cell's server (gates/run.py server_for: its nodes as its smoke
-    runs them), which places each node on its own cores itself; the client is not pinned."""
-    from imagebuild.bench.server import serving
+    `nodes`: a multi-node cell's server (serving/container.py server_for: its nodes as its
+    smoke runs them), which places each node on its own cores itself; the client is not
+    pinned."""
+    from imagebuild.serving.container import serving
+    from imagebuild.serving.runspec import Limits
     from imagebuild.smoke.expect import expectations_from_labels
 
     if nodes is not None:
         place = placement.Placement(None, None, "not placed: the cell's nodes are placed "
-                                    "by their own run (smoke/nodes.py)")
+                                    "by their own run (serving/nodes.py)")
     place = place or placement.choose()
     log(f"placement: {place.why}")
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
     meta = _image_meta(ref, info)
     server = nodes(()) if nodes is not None else serving(
-        ref, info, expectations_from_labels(ref, info=info), cpuset=place.server_cpus,
-        log=log)
+        ref, info, Limits.of(expectations_from_labels(ref, info=info)),
+        cpuset=place.server_cpus, log=log)
     with server as c, place.client_pinned():
         measured, _model = measure(c.base_url, prompt_set=prompt_set, levels=levels,
                                    load_kw=load_kw, log=log)
@@ -109,12 +111,14 @@ def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prom
 
 def nodes_server(job: Job, info: dict[str, Any], out_dir: Path) -> Server | None:
     """A multi-node cell's server for the bench (all its nodes), None for one container."""
-    from imagebuild.gates.run import server_for
+    from imagebuild.serving.container import server_for
+    from imagebuild.serving.runspec import Limits
     from imagebuild.spec.nodecmd import multi_node
 
     if multi_node(job.cell) is None:
         return None
-    return server_for(job, info, out_dir / job.cell.image, what="bench")
+    return server_for(job.cell, job.release_ref, info, out_dir / job.cell.image,
+                      limits=Limits.of(job.expect), what="bench")
 
 
 def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | None,

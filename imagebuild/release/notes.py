@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 from imagebuild.buildfolder import record_path, verdict_path
 from imagebuild.plan import UNRESOLVED
 from imagebuild.registry.documents import bench_table
-from imagebuild.runspec import RunSpec, docker_run_text, with_listen
 from imagebuild.safetext import safe
+from imagebuild.serving.runspec import RunSpec, docker_run_argv, docker_run_text
 from imagebuild.spec.nodecmd import MASTER_ADDR_VAR, NodeCommand, multi_node, node_commands
+from imagebuild.spec.servecmd import with_listen
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
@@ -71,8 +72,6 @@ def compose_file(lm: LoadedMatrix, job: Job, ref: str) -> str:
 def _node_run(job: Job, node: NodeCommand, ref: str) -> str:
     """One node's `docker run`: hardened as every image, plus the interconnect settings,
     MASTER_ADDR from the user's shell and the node's own command."""
-    from imagebuild.runspec import docker_run_argv
-
     lines = docker_run_argv(run_spec(job, ref), name=f"{job.cell.image}-{node.name}")
     env = [["-e", f"{k}={v}"] for k, v in node.env] + [["-e", MASTER_ADDR_VAR]]
     text = " \\\n  ".join(shlex.join(line) for line in lines[:-1] + env + lines[-1:])
@@ -344,7 +343,7 @@ def write_compose_files(lm: LoadedMatrix, facts: dict[str, ImageFacts], jobs: tu
                         out_dir: Path) -> list[Path]:
     """The compose file of each image, by digest where it was pushed, and a multi-node
     cell's per-node files: release assets."""
-    from imagebuild.nodefiles import node_files
+    from imagebuild.serving.nodefiles import node_files
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

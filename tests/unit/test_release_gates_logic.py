@@ -16,11 +16,12 @@ from imagebuild.gates.client import Generation, parse_choice
 from imagebuild.gates.collapse import collapse_reason, entropy, tail_loop
 from imagebuild.gates.compare import MATCH, MISMATCH, TIE, compare
 from imagebuild.gates.identity import Identity, changed
-from imagebuild.gates.run import Run, judge, speculates
+from imagebuild.gates.run import Run, judge
 from imagebuild.gates.summary import failures, load_summary, passed, summary
 from imagebuild.gates.verdict import long_generation, lossless
 from imagebuild.registry.records import A_GATES, release_record
 from imagebuild.release.publish import gates_gate
+from imagebuild.serving.runspec import speculates
 from imagebuild.spec.gates import GateSettings, LongGenerationGate, LosslessGate
 from imagebuild.spec.tags import parse_release_tag
 
