@@ -125,7 +125,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from imagebuild.builder.builder import build_engines, build_jobs
-    from imagebuild.builder.handoff import parse_engine_ref, ship_engines
+    from imagebuild.builder.enginepull import parse_engine_ref
+    from imagebuild.builder.engineship import ship_engines
     from imagebuild.job import buildable
 
     if args.push and not args.engine_only:

@@ -1,6 +1,6 @@
 """Pushing an image through dockerd, retried, and reading back that the registry holds
 exactly the image pushed: publish pushes its releases this way, the engine handoff its
-engines (builder/handoff.py)."""
+engines (builder/engineship.py)."""
 
 from __future__ import annotations
 

@@ -40,12 +40,12 @@ from imagebuild.registry.records import (
     release_record,
 )
 from imagebuild.release.lease import holding_lease
+from imagebuild.spec.names import INPUTS_LABEL
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
 
-INPUTS_LABEL = "io.imagebuild.inputs"
 CELL_LABEL = "io.imagebuild.cell"
 
 
