@@ -129,7 +129,7 @@ MUTANTS = (
            (("        if client.head_manifest(repo, tag) is not None:\n            raise",
              "        raise"),),
            _races("test_a_retried_delete_whose_first_attempt_succeeded_is_fine")),
-    Mutant("m forget ignores the subject", "imagebuild/bench/store.py",
+    Mutant("m forget ignores the subject", "imagebuild/registry/referrers.py",
            (("        if _subject_of(client, repo, str(desc.get(\"digest\"))) != digest:\n"
              "            continue\n", ""),),
            _races("test_forget_leaves_artifacts_whose_subject_is_another_release")),

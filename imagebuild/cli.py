@@ -37,9 +37,9 @@ def _writes_releases() -> None:
 
 
 def _build_dir(plan) -> Path:
-    from imagebuild import work_root
+    from imagebuild import buildfolder
 
-    return work_root(plan.lm.root) / "build"
+    return buildfolder.default(plan.lm.root)
 
 
 def _out(args: argparse.Namespace, plan) -> Path:
@@ -125,7 +125,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from imagebuild.builder.builder import build_engines, build_jobs
-    from imagebuild.builder.handoff import parse_engine_ref, ship_engines
+    from imagebuild.builder.enginepull import parse_engine_ref
+    from imagebuild.builder.engineship import ship_engines
     from imagebuild.job import buildable
 
     if args.push and not args.engine_only:
@@ -326,20 +327,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     """0 when every node started; 2 for disagreeing files or hosts, 1 for a host without
     the image (or another one), or a node that did not start."""
-    from imagebuild.launch import launch, parse_hosts
+    from imagebuild.serving.launch import launch, parse_hosts
 
     return launch(args.image, args.files, parse_hosts(args.hosts),
                   master_addr=args.master_addr, dry_run=args.dry_run)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from imagebuild import REPO_ROOT, work_root
+    from imagebuild import REPO_ROOT, buildfolder
     from imagebuild.bench import history
 
     client, repos = _repositories(args)
     for repo in repos:
         h = history.gather(client, repo)
-        paths = history.write(h, args.out or work_root(REPO_ROOT) / "build" / "bench")
+        paths = history.write(h, args.out or buildfolder.bench_dir(buildfolder.default(REPO_ROOT)))
         print(safe_lines(paths["md"].read_text()) + f"png: {paths['png']}\nmd: {paths['md']}\n")
     return 0
 

@@ -85,7 +85,7 @@ def _run_dir(text: str) -> Path:
 
 
 def _image_ref(text: str) -> str:
-    from imagebuild.spec.dockerref import check_reference
+    from imagebuild.spec.names import check_reference
     from imagebuild.spec.values import BadValue
 
     try:

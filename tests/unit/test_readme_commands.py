@@ -136,7 +136,7 @@ def test_the_quickstart_covers_plan_check_render_and_lock():
 def test_the_docker_run_shown_is_the_one_release_notes_print():
     from imagebuild.plan import load_plan
     from imagebuild.release.notes import run_spec
-    from imagebuild.runspec import docker_run_text
+    from imagebuild.serving.runspec import docker_run_text
 
     (job,) = load_plan(None, TAG, "cpu").jobs
     text = docker_run_text(run_spec(job, job.latest_ref), name=job.cell.image)
