@@ -462,18 +462,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_pins(args: argparse.Namespace) -> int:
     """Exit 0 whenever the watch ran: a failing head is news for an issue, not a CI error."""
-    from imagebuild.lock.hub import HubClient
-    from imagebuild.lock.lockfile import read_lock
-    from imagebuild.lock.pinwatch import render, watch, write_issue_files
-    from imagebuild.spec import matrix as mx
+    from imagebuild.pinwatch import run_watch
 
-    lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    names = set(args.only)
-    reports = watch(lm, read_lock(lm.root), HubClient(),
-                    only=(lambda kind, name: name in names) if names else None)
-    if args.out:
-        write_issue_files(reports, args.out)
-    print(as_invoked(render(reports, args.format)))
+    print(as_invoked(run_watch(args.matrix, args.only, args.out, args.format)))
     return 0
 
 

@@ -858,7 +858,7 @@ def test_pin_issues_closes_only_its_own_issue_of_a_pin_seen_current(tmp_path):
     """Issue 32 (11): an unreachable Hub wrote no title file and closed every open pin
     issue, and any issue a person labelled pin-watch. Now an issue is closed only when it
     carries the watch's marker and this run's watch saw its pin at the locked commit."""
-    from imagebuild.lock.pinwatch import MARKER
+    from imagebuild.pinwatch import MARKER
 
     pins = tmp_path / "pins"
     pins.mkdir()
@@ -893,7 +893,7 @@ def test_pin_issues_closes_only_its_own_issue_of_a_pin_seen_current(tmp_path):
 
 
 def test_pins_watch_writes_every_verdict_unreachable_ones_too(tmp_path):
-    from imagebuild.lock.pinwatch import PinReport, write_issue_files
+    from imagebuild.pinwatch import PinReport, write_issue_files
 
     def report(name: str, verdict: str) -> PinReport:
         return PinReport(kind="models", name=name, repository=f"org/{name}", branch="main",
