@@ -26,7 +26,6 @@ from pydantic import BaseModel
 
 from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
-from imagebuild.lock.fetchcontent import source_dir_var
 from imagebuild.lock.lockfile import Lock, served_files
 from imagebuild.serving.nodefiles import node_files
 from imagebuild.serving.runspec import RunSpec, compose_yaml
@@ -34,6 +33,7 @@ from imagebuild.spec.config import CompileCache, EngineRealization
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
 from imagebuild.spec.yamlpos import unsafe_char
+from imagebuild.vllmsource.fetchcontent import source_dir_var
 
 LABEL_NS = "io.imagebuild"
 CAVEAT_LABEL = f"{LABEL_NS}.engine.caveat"  # what users must know about the patch set

@@ -406,7 +406,7 @@ class Builder:
                    "sccache_env": b""}
         target = self.lm.matrix.targets.get(self._target_name or "")
         if kind == "engine":
-            from imagebuild.builder.pipconfig import pip_indexes
+            from imagebuild.pipconfig import pip_indexes
 
             # the runner's package indexes (and any credentials in their URLs) as a secret:
             # every engine's pip installs from them, and no image keeps them

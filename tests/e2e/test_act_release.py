@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.rehearse_workflow.act import ActRun, Rehearsal
+from tools.rehearse_release.act import ActRun, Rehearsal
 
 pytestmark = pytest.mark.slow
 OLD, NEW = "2026-06-17-dflashfix", "2026-06-18-dflashfix"
@@ -336,8 +336,8 @@ def test_the_verify_step_fails_when_the_attestations_name_another_digest(registr
     import yaml
 
     from imagebuild.registry.client import RegistryClient
-    from imagebuild.rehearse_workflow.act import STANDINS
     from tests.support.memregistry import add_release
+    from tools.rehearse_release.act import STANDINS
 
     client = RegistryClient(registry.host, username=registry.user, password=registry.password)
     repo = f"{NAMESPACE}-wrong-subject/{IMAGE}"

@@ -309,8 +309,8 @@ def test_a_cell_is_done_only_once_its_documents_are_stored_and_signed(mods, monk
     stored for the image and, for the sign job (IMAGEBUILD_ATTESTATIONS=github), both
     bundles."""
     from imagebuild.plan import load_plan
-    from imagebuild.rehearse_workflow.outputs import parse
     from imagebuild.release.resume import cell_state, github_output
+    from tools.rehearse_release.outputs import parse
 
     tag = "2026-06-18-v0.23.0-dflashfix"
     (job,) = load_plan(matrix_dir / "matrix.yaml", tag, "cpu").jobs

@@ -298,7 +298,7 @@ def test_sccache_secret_comes_from_the_runner_environment(tmp_path):
 
 
 def test_engine_builds_get_the_runners_pip_configuration(matrix_dir, tmp_path, monkeypatch):
-    from imagebuild.builder import pipconfig
+    from imagebuild import pipconfig
 
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "http://127.0.0.1:9/extra")

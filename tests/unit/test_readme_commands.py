@@ -190,6 +190,15 @@ def test_benchmarks_readme_lists_every_script():
     assert listed - scripts == set(), "benchmarks/README.md lists scripts that are gone"
 
 
+def test_tools_readme_lists_every_tool():
+    table = (ROOT / "tools/README.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z_]+(?:\.py|/))` \|", table, re.M))
+    tools = {p.name for p in (ROOT / "tools").glob("*.py") if p.name != "__init__.py"}
+    tools |= {p.name + "/" for p in (ROOT / "tools").iterdir() if (p / "__init__.py").is_file()}
+    assert tools - listed == set(), "add a row for each to tools/README.md's table"
+    assert listed - tools == set(), "tools/README.md lists tools that are gone"
+
+
 def test_the_examples_page_plans_run_as_written(monkeypatch, capsys):
     """docs/examples.md's Docker-free commands (the README links it): a GPU example's plan
     names its target, since no target of that matrix fits a host without its GPU (exit 2)."""

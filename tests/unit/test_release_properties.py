@@ -837,7 +837,7 @@ class ReleaseState(RuleBasedStateMachine):
 ReleaseState.TestCase.settings = settings(
     max_examples=int(os.environ.get("RELEASE_PROPERTY_EXAMPLES", "150")),
     stateful_step_count=20, deadline=None, database=None, derandomize=True,
-    # benchmarks/mutate_release_state.py asks for no shrinking: it wants killed or not, fast
+    # tools/mutate_release_state.py asks for no shrinking: it wants killed or not, fast
     phases=[p for p in Phase if p is not Phase.shrink or not os.environ.get("NO_SHRINK")],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestReleaseState = ReleaseState.TestCase

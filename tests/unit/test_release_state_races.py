@@ -10,7 +10,6 @@ import time
 import pytest
 
 from imagebuild.bench import store
-from imagebuild.builder.hygiene import protected_releases
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry import referrers
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST
@@ -21,6 +20,7 @@ from imagebuild.release.latest import Accept, advance, set_latest, set_latest_ma
 from imagebuild.release.lease import LEASE, LEASE_TAG, Lease
 from imagebuild.release.prune import plan_prune, prune
 from imagebuild.release.rollbacks import rolled_back
+from imagebuild.release.runnerclean import protected_releases
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.memregistry import MemRegistry
 

@@ -10,9 +10,9 @@ from imagebuild.bench import store
 from imagebuild.buildfolder import verdict_path
 from imagebuild.plan import load_plan
 from imagebuild.registry import referrers
-from imagebuild.rehearse_workflow.outputs import parse
 from imagebuild.release.resume import cell_state, github_output, write_recorded_verdict
 from tests.support.memregistry import MemRegistry
+from tools.rehearse_release.outputs import parse
 
 REPO = "vllm-spark/cpu-tiny-ngram"
 TAG = "2026-06-18-v0.23.0-dflashfix"
