@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from imagebuild.lock.lockfile import Lock
 from imagebuild.preflight.checkpoint import Checkpoint, parse_len
 from imagebuild.preflight.findings import Finding, Rule
-from imagebuild.preflight.flags import CellView, as_float, as_int
+from imagebuild.preflight.flags import MAX_GPU_MEM_UTIL, CellView, as_float, as_int
 from imagebuild.preflight.kvcache import KVPrediction
 from imagebuild.preflight.multinode import ACT_COPIES, DTYPE_BYTES, kv_bytes_per_request
 from imagebuild.spec.values import memory_bytes
@@ -41,9 +41,9 @@ VLLM_DEFAULT_SEQS = 256
 MM_CACHE_GIB = 4.0  # config/multimodal.py mm_processor_cache_gb
 # Everything of the cpu serve image that is not KV, weights or activations: the API
 # server, engine core and worker processes, torch and vLLM, in the container's cgroup.
-# Calibrated by benchmarks/memory_calibration.py on the cpu image (docs/memory.md): 1.30
-# GiB at boot, 1.38 under the bench; the figure under load is the one that matters.
-CPU_RUNTIME_BYTES = int(1.40 * GIB)
+# Calibrated by benchmarks/memory_calibration.py on the cpu image (docs/memory.md): rss +
+# shmem under the bench minus the KV space, 1.30 GiB; rounded up to stay on the safe side.
+CPU_RUNTIME_BYTES = int(1.35 * GIB)
 CPU_ERROR = 0.03  # the stated error of the cpu prediction against the measured peak
 # cuda: the CUDA context, cuBLAS/NCCL workspaces and CUDA graphs inside vLLM's request,
 # and the API server + engine core outside it. Not measurable here: a Spark calibrates
@@ -134,9 +134,10 @@ def predict(v: CellView, lock: Lock | None, model: Checkpoint, drafter: Checkpoi
     one = kv_bytes_per_request(kv, max_len, spec) if kv is not None and kv.ok else None
     limit = memory_bytes(target.memory_limit)
     if not gpu:
-        space = as_int(v.env.get(CPU_KV_ENV))
+        # present and not empty: an explicit size, 0 included (platforms/cpu.py)
+        space = as_int(v.env.get(CPU_KV_ENV) or None)
         return MemoryPrediction(
-            weights=weights, drafter=drafter_w, kv=space * GIB if space else None,
+            weights=weights, drafter=drafter_w, kv=None if space is None else space * GIB,
             kv_one_request=one, activations=act, runtime=CPU_RUNTIME_BYTES, budget=limit,
             budget_text=f"memory_limit {target.memory_limit}")
     util = as_float(v.flag("gpu-memory-utilization")) or VLLM_DEFAULT_UTIL
@@ -148,6 +149,9 @@ def predict(v: CellView, lock: Lock | None, model: Checkpoint, drafter: Checkpoi
                                 runtime=CUDA_RUNTIME_BYTES, budget=0, budget_text="")
     machine = memory_bytes(size)
     requested = int(util * machine)
+    tp = as_int(v.flag("tensor-parallel-size")) or 1
+    if tp > 1 and weights is not None:  # one device holds its rank's share
+        weights, drafter_w = weights // tp, drafter_w // tp
     fixed = (weights or 0) + drafter_w + act + CUDA_RUNTIME_BYTES
     pool = requested - fixed if weights is not None else None
     mm = (1 + 1) * MM_CACHE_GIB * GIB if model_multimodal(v) else 0  # API server + core
@@ -174,6 +178,13 @@ def _cpu(v: CellView, p: MemoryPrediction) -> list[Finding]:
                      f"the container's {p.budget_text}",
             fix=f"set {CPU_KV_ENV} (GiB) in the profile's env", where=where,
             severity="warning")]
+    one = p.kv_one_request
+    if one is not None and one > p.kv:
+        # v1/core/kv_cache_utils.py check_enough_kv_cache_memory, after the model loaded
+        return [admit.finding(
+            v.label, f"vLLM {VLLM_VERSION} refuses to start: {CPU_KV_ENV} {_gib(p.kv)} "
+                     f"cannot hold one max-model-len request ({_gib(one)})",
+            fix=f"raise {CPU_KV_ENV} or lower --max-model-len", where=where)]
     if p.weights is None:
         return [info.finding(v.label, f"KV {_gib(p.kv)} + runtime {_gib(p.runtime)}; the "
                                       "model's weights are not locked yet", fix="")]
@@ -202,7 +213,9 @@ def _cuda(v: CellView, p: MemoryPrediction) -> list[Finding]:
     out: list[Finding] = []
     # the machine: vLLM's request plus what runs beside it must leave the host its reserve
     host = p.budget + p.host_side + p.host_reserve
-    if v.cell.target.unified_memory and host > p.machine:
+    # a utilization above docs/domain.md's ceiling is gpu-mem-util-unified's refusal
+    over = p.budget > MAX_GPU_MEM_UTIL * p.machine + 1
+    if v.cell.target.unified_memory and host > p.machine and not over:
         util = (p.machine - p.host_side - p.host_reserve) / p.machine
         out.append(admit.finding(
             v.label, f"unified memory overcommitted: {p.budget_text} = {_gib(p.budget)} + "
