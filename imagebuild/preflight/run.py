@@ -2,7 +2,8 @@
 
 Order of work per cell: its resolved serve command (servecmd), its model's and drafter's
 locked metadata (checkpoint.MetadataStore), then the flag, checkpoint and KV-cache rules;
-across cells: pins and served-name collisions; last, the families' waivers.
+then the memory rule (preflight/memory.py); across cells: pins and served-name
+collisions; last, the families' waivers.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from imagebuild.preflight import (
     checkpoint,
     flags,
     kernels,
+    memory,
     multinode,
     pins,
     serve_args,
@@ -61,7 +63,7 @@ WAIVER_RULES = (
 )
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
                                   WAIVER_RULES, serve_args.RULES, caveats.RULES, kernels.RULES,
-                                  multinode.RULES)
+                                  multinode.RULES, memory.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -224,6 +226,8 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
         # (nor the layout of heads the TP cannot split: the model would not even load)
         if not any(f.severity == "error" for f in refused + multinode.unsplittable(split)):
             findings += kv_findings(v, model, drafter)
+            findings += memory.check_cell(v, lock, model, drafter,
+                                          kv_prediction(v, model, drafter))
         findings += split
     findings += checkpoint.served_name_collisions(views)
     waivers, problems = _waivers(lm, cells, findings)

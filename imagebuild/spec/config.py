@@ -331,6 +331,13 @@ class Target(Strict):
     """Seconds a server may take to become ready in smoke and bench."""
     memory_limit: MemorySize
     """Memory limit of the serving container (docker --memory syntax, e.g. 100g)."""
+    memory: MemorySize | None = None
+    """The machine's memory as vLLM reads it (unified memory: the host's RAM the GPU
+    shares, e.g. 128g on GB10); the memory rule's budget is gpu-memory-utilization x this
+    (default: memory_limit)."""
+    host_reserve: MemorySize | None = None
+    """Unified memory: what the host's OS must keep beyond vLLM's share and its API
+    processes, or the machine wedges instead of killing the server (preflight/memory.py)."""
     bench: BenchSettings | None = None  # None: the whole job does not bench this target
     """How the whole job benchmarks this target's images; none: not benchmarked."""
     gates: GateSettings = Field(default_factory=GateSettings)
