@@ -164,6 +164,14 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def reap() -> None:
+    """What SIGKILLed runs on this host left on the engine goes before a run starts
+    servers (reaper.py); a live run's and other hosts' stay."""
+    from imagebuild.reaper import reap as reap_gone_runs
+
+    reap_gone_runs()
+
+
 def cmd_smoke(args: argparse.Namespace) -> int:
     """0 when every image passed, 1 when one failed (its verdict says why)."""
     from imagebuild.smoke.runner import smoke_jobs, smoke_ref
@@ -177,9 +185,11 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         raise UserError("--only and --target select cells of --tag; IMAGE_REF is one image",
                         fix="drop --only/--target, or use --tag T")
     if args.image:
+        reap()
         verdicts = [smoke_ref(args.image, out_dir=args.out, **kw)]
     else:
         plan = _plan(args)
+        reap()
         verdicts = list(smoke_jobs(plan.lm, plan.jobs, out_root=_out(args, plan),
                                    **kw).values())
     for v in verdicts:
@@ -196,6 +206,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     plan = _plan(args)
     if plan.tag is None:
         raise UserError("gates needs --tag", fix="pass the release's --tag")
+    reap()
     summaries = run_gates(plan.jobs, _out(args, plan))
     return 0 if all(passed(s) for s in summaries.values()) else 1
 

@@ -207,11 +207,13 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     from imagebuild.builder.builder import build_jobs
     from imagebuild.buildfolder import bench_dir, cell_dir
     from imagebuild.gates.summary import passed
+    from imagebuild.reaper import reap
     from imagebuild.smoke.runner import smoke_jobs
     from imagebuild.stagewatch import BuildWatch, SmokeWatch
 
     refuse_unmeasured(plan, opts)
     buildable(plan)
+    reap()  # what a SIGKILLed run on this host left: before this run starts its own
     print(format_table(plan.jobs, plan.header()))
     verdicts = {}
     for job in plan.jobs:  # one progress line per stage and cell (stagewatch.py)
