@@ -166,6 +166,7 @@ def job_run(matrix_dir, tmp_path, monkeypatch):
             out=tmp_path / "build", **opts)) == 0
         return ran
 
+    run.ran = ran  # type: ignore[attr-defined]  # what ran before an error
     return run
 
 
@@ -192,6 +193,7 @@ def test_a_record_without_gates_runs_the_gates_only(job_run):
 def test_a_release_of_another_image_stops_before_smoke(job_run):
     with pytest.raises(UserError, match="never overwritten"):
         job_run(_released(), image_id="sha256:" + "3" * 64)
+    assert job_run.ran == []  # not after smoke and the gates, as publish alone would
 
 
 def test_the_stored_bench_is_what_resume_reads(matrix_dir):
