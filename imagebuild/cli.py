@@ -53,7 +53,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
     plan = _plan(args)
     return run_release(plan, ReleaseOptions(out=_out(args, plan), dry_run=args.dry_run,
-                                            bench=not args.no_bench,
+                                            bench=not args.no_bench, resmoke=args.resmoke,
                                             accept_regression=args.accept_regression,
                                             accept_untrusted=args.accept_untrusted,
                                             accept_unmeasured=args.accept_unmeasured,
@@ -430,12 +430,16 @@ def cmd_notes(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from imagebuild.job import registry_client
-    from imagebuild.release.resume import cell_state, github_output, write_recorded_verdict
+    from imagebuild.release.resume import (
+        cell_state,
+        github_output,
+        signing,
+        write_recorded_verdict,
+    )
 
     plan = _plan(args)
     client = registry_client(plan)
-    # release.yml's cell job signs what publish stores: done only once signed
-    signed = os.environ.get("IMAGEBUILD_ATTESTATIONS") == "github"
+    signed = signing()  # release.yml's cell job signs what publish stores
     states = [cell_state(client, job, signed=signed) for job in plan.jobs]
     if args.verdict_dir:
         for job in plan.jobs:
@@ -449,8 +453,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
                     pull_tested_image(client, job):
                 print(f"{job.id}: pulled the tested image", file=sys.stderr)
     for s in states:
-        print(f"{s.cell}: published={s.published} tested={s.tested} attested={s.attested} "
-              f"benched={s.benched}", file=sys.stderr)
+        print(f"{s.cell}: published={s.published} tested={s.tested} gated={s.gated} "
+              f"attested={s.attested} benched={s.benched}", file=sys.stderr)
     print(github_output(states), end="")
     return 0
 

@@ -323,10 +323,14 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                                        "regression gate, latest")
     _release(p)
     p.add_argument("--out", type=_run_dir, default=None, help="build dir (default: build/)")
-    p.add_argument("--dry-run", action="store_true", help="no registry writes")
+    p.add_argument("--dry-run", action="store_true",
+                   help="no registry writes (every stage runs: nothing is resumed)")
     p.add_argument("--no-bench", action="store_true",
                    help="skip the benchmark; latest then moves only with "
                         "--accept-unmeasured REASON (the gate has nothing to compare)")
+    p.add_argument("--resmoke", action="store_true",
+                   help="run smoke and the release gates again although the release "
+                        "record says this very image passed them (a re-run skips them)")
     _gate_args(p)
 
     p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
