@@ -8,17 +8,15 @@ being in memory) run to exit 0; the rest (builds, boots, the Hub) are parsed and
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 
-from imagebuild import cli, job
+from imagebuild import cli
 from imagebuild.cliparser import parser
-from imagebuild.registry import client as registry_client
+from tests.support.cliregistry import cli_registry
 from tests.support.memregistry import MemRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,46 +74,9 @@ def test_examples_are_found_for_every_command() -> None:
     assert len(doc_examples()) >= 8
 
 
-def _bench_doc(tag: str, image_id: str) -> dict:
-    """Bench results as `bench --store` keeps them (bench/store.py's document)."""
-    return {"schema": "imagebuild.bench/v1", "started": "2026-07-01T10-00-00Z",
-            "image": {"tag": tag, "id": image_id},
-            "hardware": {"model": "cpu", "machine": "x86_64"},
-            "settings": {"prompts": "structured,prose", "max_tokens": 16},
-            "levels": [{"concurrency": 1, "requests": 8, "errors": 0, "output_tok_s": 40.0,
-                        "request_rate": 2.5, "ttft_ms": {"median": 80.0, "p90": 95.0},
-                        "tpot_ms": {"median": 9.0}, "itl_ms": {"median": 9.0},
-                        "e2e_ms": {"median": 400.0}, "client_cpu_ms_per_request": 4.2}]}
-
-
 @pytest.fixture
 def registry(monkeypatch, tmp_path) -> MemRegistry:
-    """The matrix's registry in memory, holding two benched releases of each cpu image
-    (the newer latest), as the examples name them."""
-    from imagebuild.bench import store
-    from imagebuild.spec import matrix as mx
-
-    monkeypatch.setenv("IMAGEBUILD_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.setenv("IMAGEBUILD_LEASE_SETTLE", "0")
-    monkeypatch.setenv("IMAGEBUILD_TARGET", "cpu")
-    monkeypatch.setattr("imagebuild.buildfolder.default", lambda root: tmp_path / "build")
-    reg = MemRegistry()
-    lm = mx.load(None)
-    for image in sorted({c.image for c in mx.expand(lm) if c.target_name == "cpu"}):
-        for tag in TAGS:
-            config = json.dumps({"tag": tag}).encode()
-            reg.add_release(f"vllm-spark/{image}", tag, config=config)
-            image_id = "sha256:" + hashlib.sha256(config).hexdigest()
-            store.put_results(reg.client(), f"vllm-spark/{image}", tag,
-                              _bench_doc(tag, image_id))
-        reg.point_latest(f"vllm-spark/{image}", TAGS[-1])
-
-    def client(*_a, **_kw):
-        return reg.client()
-
-    monkeypatch.setattr(registry_client, "RegistryClient", client)
-    monkeypatch.setattr(job, "RegistryClient", client)
-    return reg
+    return cli_registry(monkeypatch, tmp_path, TAGS)
 
 
 def _resolves(argv: list[str], tmp_path: Path) -> None:
