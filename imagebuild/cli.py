@@ -79,10 +79,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from imagebuild.preflight.findings import has_errors
+    from imagebuild.preflight.findings import MATRIX, Finding, has_errors
     from imagebuild.preflight.run import render, run_checks
 
-    plan = _plan(args)
+    try:
+        plan = _plan(args)
+    except ImagebuildError as exc:
+        if args.format != "json":
+            raise
+        # a script reading the JSON gets it on every exit path: the error as a finding
+        print(f"error: {exc.render()}", file=sys.stderr)
+        print(render([Finding(MATRIX, "matrix-invalid", "error", exc.message, exc.fix,
+                              exc.where)], "json",
+                     {"tag": args.tag, "target": args.target, "target_reason": None}))
+        return exc.exit_code
     # with a tag, the selected cells are what `build --tag` builds: unresolved pins are
     # errors; without one the matrix is reviewed, not released, and they are warnings
     findings = run_checks(plan.lm, list(plan.cells), plan.lock, building=plan.tag is not None)
