@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -113,7 +115,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         cells = mx.select(cells, target=args.target, only=args.only)
     out_dir = args.out or lm.root / "rendered"
     rendered, skipped = render_all(lm, cells, read_lock(lm.root))
-    if skipped:
+    if skipped and logging.getLogger("imagebuild").isEnabledFor(logging.WARNING):  # not -qq
         pins = sorted({exc.pin for exc in skipped})
         print(as_invoked(f"skipped {len(skipped)} serve Dockerfile(s) whose pins the lock "
                          f"has not resolved ({', '.join(pins)}): run `python build.py lock "
@@ -609,6 +611,8 @@ def _unknown_option(ap: argparse.ArgumentParser, argv: list[str]) -> None:
         if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
             continue
         opt = arg.split("=", 1)[0]
+        if re.fullmatch(r"-([a-zA-Z])\1+", opt) and f"-{opt[1]}" in known:
+            continue  # -qq, -vv: a counted flag given twice
         if opt in known or (opt.startswith("--") and sum(k.startswith(opt) for k in known) == 1):
             continue
         near = difflib.get_close_matches(opt, known, n=1)
