@@ -290,6 +290,13 @@ def _verbosity(p: argparse.ArgumentParser, default: object) -> None:
                    help="say less: no line per registry retry or wait (-qq: errors only)")
 
 
+def _version(p: argparse.ArgumentParser) -> None:
+    from imagebuild import __version__
+
+    p.add_argument("--version", action="version", version=f"imagebuild {__version__}",
+                   help="print the version and exit")
+
+
 def _subcommands(ap: argparse.ArgumentParser) -> Any:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -298,13 +305,13 @@ def _subcommands(ap: argparse.ArgumentParser) -> Any:
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            description=kw.get("help"), **kw)
         _verbosity(p, argparse.SUPPRESS)  # after the command as well as before it
+        _version(p)  # the README's "everywhere"
         return p
 
     return add
 
 
 def parser(prog: str | None = None) -> argparse.ArgumentParser:
-    from imagebuild import __version__
     from imagebuild.errors import prog as invoked
 
     ap = Parser(
@@ -315,7 +322,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                "environment variables: docs/environment.md; matrix.yaml: "
                "docs/matrix-reference.md",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--version", action="version", version=f"imagebuild {__version__}")
+    _version(ap)
     _verbosity(ap, 0)
     add = _subcommands(ap)
     sub = argparse.Namespace(add_parser=add)
@@ -505,6 +512,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                          epilog="example:\n  %(prog)s --format markdown --out issues/",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _verbosity(w, argparse.SUPPRESS)
+    _version(w)
     _matrix(w)
     w.add_argument("--format", choices=("text", "json", "markdown"), default="text",
                    help="markdown: the issue body per moved pin; json: the reports")

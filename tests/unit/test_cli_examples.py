@@ -114,3 +114,32 @@ def test_every_example_runs(example: str, registry: MemRegistry, monkeypatch, ca
             assert registry.writes()[before:] == [], f"{example} wrote to the registry"
     else:
         _resolves(argv, tmp_path)
+
+
+def _documented_commands() -> set[str]:
+    """The commands docs/commands.md's `## Every command` table has a row for."""
+    text = (ROOT / "docs/commands.md").read_text()
+    table = text.split("## Every command", 1)[1].split("\n## ", 1)[0]
+    found = set()
+    for row in table.splitlines():
+        if not row.startswith("| `"):
+            continue
+        for span in re.findall(r"`([^`]+)`", row.split(" | ")[0]):
+            word = span.removeprefix("build.py ").split()[0]
+            found.add("release" if word.startswith("--") else word)
+    return found
+
+
+def test_docs_have_a_row_for_every_command() -> None:
+    """Issue 38, item 10: "every command" means every command of the parser."""
+    commands = {n.split()[0] for n, _ in _commands(parser()) if n}
+    assert commands - _documented_commands() == set()
+    assert _documented_commands() - commands == set()
+
+
+def test_version_works_after_every_command(capsys) -> None:
+    from imagebuild import __version__
+
+    for name, _ in _commands(parser()):
+        assert cli.main([*name.split(), "--version"]) == 0, name
+        assert capsys.readouterr().out.strip() == f"imagebuild {__version__}", name
