@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import sys
 from pathlib import Path
 
 from imagebuild.cliparser import parser
-from imagebuild.errors import ImagebuildError, UserError, as_invoked
+from imagebuild.errors import ImagebuildError, OperationFailed, UserError, as_invoked
 from imagebuild.safetext import safe_lines
 
 # ---------------------------------------------------------------------------- commands
@@ -79,10 +81,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from imagebuild.preflight.findings import has_errors
+    from imagebuild.preflight.findings import MATRIX, Finding, has_errors
     from imagebuild.preflight.run import render, run_checks
 
-    plan = _plan(args)
+    try:
+        plan = _plan(args)
+    except ImagebuildError as exc:
+        if args.format != "json":
+            raise
+        # a script reading the JSON gets it on every exit path: the error as a finding
+        print(f"error: {exc.render()}", file=sys.stderr)
+        print(render([Finding(MATRIX, "matrix-invalid", "error", exc.message, exc.fix,
+                              exc.where)], "json",
+                     {"tag": args.tag, "target": args.target, "target_reason": None}))
+        return exc.exit_code
     # with a tag, the selected cells are what `build --tag` builds: unresolved pins are
     # errors; without one the matrix is reviewed, not released, and they are warnings
     findings = run_checks(plan.lm, list(plan.cells), plan.lock, building=plan.tag is not None)
@@ -103,7 +115,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         cells = mx.select(cells, target=args.target, only=args.only)
     out_dir = args.out or lm.root / "rendered"
     rendered, skipped = render_all(lm, cells, read_lock(lm.root))
-    if skipped:
+    if skipped and logging.getLogger("imagebuild").isEnabledFor(logging.WARNING):  # not -qq
         pins = sorted({exc.pin for exc in skipped})
         print(as_invoked(f"skipped {len(skipped)} serve Dockerfile(s) whose pins the lock "
                          f"has not resolved ({', '.join(pins)}): run `python build.py lock "
@@ -274,12 +286,29 @@ def _repositories(args: argparse.Namespace):
     return client, repositories(client, dest, [c.image for c in mx.expand(lm)], args.image)
 
 
+def _published(client, repos: list[str]) -> list[str]:
+    """The repositories holding a release (the matrix names images never published)."""
+    from imagebuild.registry.records import list_releases
+
+    return [r for r in repos if list_releases(client, r)]
+
+
+def _no_releases(args: argparse.Namespace, client) -> str:
+    """What an empty answer says: where nothing was found."""
+    return (f"no releases under {client.host}" + (f" matching {args.image}" if args.image
+                                                   else ""))
+
+
 def cmd_rollback(args: argparse.Namespace) -> int:
     from imagebuild.release.latest import Accept, set_latest_many
 
     _writes_releases()
 
     client, repos = _repositories(args)
+    if not _published(client, repos):  # a state, not bad input: nothing published
+        raise OperationFailed(f"rollback --to {args.to}: {_no_releases(args, client)}; "
+                              "nothing to roll back",
+                              fix="publish a release first (`build.py releases` lists them)")
     moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run,
                             accept=Accept(forward=args.accept_forward,
                                           unmeasured=args.accept_unmeasured))
@@ -293,7 +322,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
     from imagebuild.release.compat import stored_verdict
 
     client, repos = _repositories(args)
-    found = {r: list_releases(client, r) for r in repos}
+    found = {r: rels for r in repos if (rels := list_releases(client, r))}
     # the verdict of each release's stored compatibility table ("no table": none stored)
     verdicts = {r: {x.tag: stored_verdict(client, x) for x in rels} for r, rels in found.items()}
     if args.format == "json":
@@ -302,6 +331,8 @@ def cmd_releases(args: argparse.Namespace) -> int:
         return 0
     for repo, rels in found.items():
         print(safe_lines(format_releases(repo, rels, verdicts[repo])))
+    if not found:  # an empty namespace is an answer, not an error
+        print(safe_lines(_no_releases(args, client)))
     return 0
 
 
@@ -349,10 +380,16 @@ def cmd_history(args: argparse.Namespace) -> int:
     from imagebuild.bench import history
 
     client, repos = _repositories(args)
+    shown = 0
     for repo in repos:
         h = history.gather(client, repo)
+        if not h.points:
+            continue
+        shown += 1
         paths = history.write(h, args.out or buildfolder.bench_dir(buildfolder.default(REPO_ROOT)))
         print(safe_lines(paths["md"].read_text()) + f"png: {paths['png']}\nmd: {paths['md']}\n")
+    if not shown:
+        print(safe_lines(_no_releases(args, client)) + ": no history to show")
     return 0
 
 
@@ -364,8 +401,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.keep < 1:
         raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
     client, repos = _repositories(args)
+    repos = _published(client, repos)
     for repo in repos:
         prune(client, repo, args.keep, dry_run=args.dry_run)
+    if not repos:
+        print(safe_lines(_no_releases(args, client)) + ": nothing to prune")
     return 0
 
 
@@ -418,6 +458,12 @@ def cmd_notes(args: argparse.Namespace) -> int:
         print(safe_lines(not_promoted_notes(plan.jobs, verdicts, latest)), end="")
         return 0
     facts = gather(client, plan.jobs, args.smoke_dir or _build_dir(plan))
+    if not any(f.digest for f in facts.values()):  # nothing to write notes of
+        dest = plan.destination
+        raise UserError(f"release {plan.tag} is not in the registry: none of its "
+                        f"{len(plan.jobs)} image(s) under {dest.registry}/{dest.namespace} "
+                        "holds it", fix="notes describe a published release: list them with "
+                                        "`build.py releases`, or publish this one first")
     if args.asset_dir:
         write_compose_files(plan.lm, facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
@@ -580,6 +626,8 @@ def _unknown_option(ap: argparse.ArgumentParser, argv: list[str]) -> None:
         if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
             continue
         opt = arg.split("=", 1)[0]
+        if re.fullmatch(r"-([a-zA-Z])\1+", opt) and f"-{opt[1]}" in known:
+            continue  # -qq, -vv: a counted flag given twice
         if opt in known or (opt.startswith("--") and sum(k.startswith(opt) for k in known) == 1):
             continue
         near = difflib.get_close_matches(opt, known, n=1)

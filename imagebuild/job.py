@@ -15,6 +15,7 @@ stage it already holds for this very image is skipped with one line naming that 
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,10 @@ def preflight(plan: Plan, *, building: bool = False) -> None:
     from imagebuild.preflight.run import run_checks
 
     findings = run_checks(plan.lm, list(plan.cells), plan.lock, building=building)
-    shown = [f for f in findings if f.severity != "info"]
+    # -qq (our logger at errors only) leaves out the warnings: errors still block and print
+    quiet = not logging.getLogger("imagebuild").isEnabledFor(logging.WARNING)
+    shown = [f for f in findings if f.severity == "error" or
+             (f.severity != "info" and not quiet)]
     if shown:
         print(findings_table(shown, show_info=False), file=sys.stderr)
     if has_errors(findings):

@@ -145,6 +145,28 @@ def _argv_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":")) if isinstance(value, dict) else str(value)
 
 
+def _list_problem(flag: str, spec: dict[str, Any], values: list[Any], cli: dict[str, Any],
+                  args: dict[str, Any]) -> tuple[str, str] | None:
+    """A list: one argument per value, which only an option of several values (vLLM's
+    nargs "+" or "*", recorded in serve_args_<version>.json) takes; each value checked
+    as the option's own."""
+    nargs = spec.get("nargs")
+    if nargs not in ("+", "*"):
+        return (f"{flag} takes one value, not a list", f"write a single value: {flag}: "
+                                                       f"{shorten(values[0]) if values else '...'}")
+    if not values and nargs == "+":
+        return f"{flag} takes one or more values; the list is empty", "list its values"
+    single = {k: v for k, v in spec.items() if k != "nargs"}
+    for v in values:
+        if isinstance(v, (list, dict)):
+            return (f"{flag} takes a list of plain values, not {shorten(v)}",
+                    f"write {flag}: [1, 2, 4]")
+        problem = value_problem(flag, single, v, cli, args)
+        if problem is not None:
+            return problem
+    return None
+
+
 def value_problem(flag: str, spec: dict[str, Any], value: Any, cli: dict[str, Any],
                   args: dict[str, Any]) -> tuple[str, str] | None:
     """(what is wrong, fix) with `--flag value` as the serve command passes it, or None."""
@@ -160,6 +182,8 @@ def value_problem(flag: str, spec: dict[str, Any], value: Any, cli: dict[str, An
         said = "passes the bare flag" if value else "drops the flag"
         return (f"{flag} takes a {kind} value; `{str(value).lower()}` {said}",
                 f"write the {kind} value, e.g. {flag}: <value>")
+    if isinstance(value, list):
+        return _list_problem(flag, spec, value, cli, args)
     if isinstance(value, dict) and kind not in ("json", "json_or_str", "config"):
         return (f"{flag} takes a {kind}, not a mapping", f"write a single {kind} value")
     text = _argv_text(value)
@@ -187,8 +211,10 @@ def value_problem(flag: str, spec: dict[str, Any], value: Any, cli: dict[str, An
     except ValueError:
         return (f"{flag} takes {'an integer' if 'int' in kind else 'a number'} "
                 f"({kind.replace('_', ' ')}), not {shorten(text)}",
-                "write a plain number" + (" (vLLM also reads 16k or 16K)" if "human" in kind
-                                          else ""))
+                ("write a YAML list of numbers, e.g. " + f"{flag}: [1, 2, 4]"
+                 if spec.get("nargs") in ("+", "*") else
+                 "write a plain number" + (" (vLLM also reads 16k or 16K)" if "human" in kind
+                                           else "")))
     choices = spec.get("choices")
     if choices is not None:
         chosen = text.lower().replace("-", "_") if spec.get("normalize") else text

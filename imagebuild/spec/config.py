@@ -693,8 +693,10 @@ class Profile(Strict):
     """Speculative methods it serves; `none` is plain serving."""
     port: int = Field(default=8000, ge=1, le=65535)
     """Port the server listens on (loopback)."""
-    args: dict[str, str | int | float | bool | dict[str, Any]] = Field(default_factory=dict)
-    """vllm serve flags without the leading --, e.g. max-model-len: 4096."""
+    args: dict[str, str | int | float | bool | list[str | int | float] | dict[str, Any]] = \
+        Field(default_factory=dict)
+    """vllm serve flags without the leading --, e.g. max-model-len: 4096; a flag taking
+    several values as a list, e.g. cudagraph-capture-sizes: [1, 2, 4]."""
     env: dict[EnvName, str] = Field(default_factory=dict)
     """Environment variables of the server."""
     acceptance_floor: float | None = Field(default=None, ge=0, le=1)

@@ -18,6 +18,7 @@ import pytest
 
 from imagebuild.preflight.serve_args import CLI_DIR, args_problems, load_cli
 from imagebuild.spec import matrix as mx
+from imagebuild.spec.servecmd import args_argv
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PY = Path(os.environ.get("IMAGEBUILD_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
@@ -57,6 +58,10 @@ CASES = {
     "json-or-text": {"hf-overrides": "plain text"},
     "nargs-plus-int": {"cudagraph-capture-sizes": 8},
     "nargs-plus-one-token": {"cudagraph-capture-sizes": "1 2 4"},
+    "nargs-plus-list": {"cudagraph-capture-sizes": [1, 2, 4]},
+    "nargs-plus-list-bad": {"cudagraph-capture-sizes": [1, "two"]},
+    "nargs-plus-text-list": {"served-model-name": ["a", "b"]},
+    "list-for-one-value": {"max-num-seqs": [8, 16]},
     "tool-parser": {"tool-call-parser": "qwen3_coder"},
     "tool-parser-typo": {"tool-call-parser": "qwen3-coder"},
     "reasoning-parser-typo": {"reasoning-parser": "qwen-3"},
@@ -74,16 +79,8 @@ def _need(path: Path, what: str) -> None:
 
 
 def _argv(args: dict) -> list[str]:
-    """What servecmd writes for a profile's args (True: bare flag, False: nothing)."""
-    out: list[str] = []
-    for key, value in args.items():
-        if value is False:
-            continue
-        out.append(f"--{key}")
-        if value is not True:
-            out.append(json.dumps(value, separators=(",", ":")) if isinstance(value, dict)
-                       else str(value))
-    return out
+    """What the serve command carries for a profile's args (spec/servecmd.py)."""
+    return args_argv(args)
 
 
 def test_committed_serve_args_are_what_the_pinned_vllm_accepts(tmp_path: Path):
