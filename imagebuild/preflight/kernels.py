@@ -69,18 +69,19 @@ RULES = (
          "this GPU would not meet fails smoke at the first boot (or ships the kernel the "
          "profile was written to avoid)",
          "set the switch named here in the profile, or expect what vLLM picks",
-         hardware=("cuda",)),
+         hardware=("cuda",), facts=("kernel_select",)),
     Rule("kernels-boot-fails", "error",
          "a kernel choice vLLM refuses raises while the model is built: the boot ends "
          "there, minutes in",
-         "change the switch named here", hardware=("cuda",), waivable=False),
+         "change the switch named here", hardware=("cuda",), waivable=False,
+         facts=("kernel_select",)),
     Rule("kernels-unpredictable", "warning",
          "no recorded kernel-selection facts cover this cell, so what vLLM will pick is not "
          "checked before a boot",
          f"record them: <vllm venv>/bin/python {GENERATE} (with that vLLM installed)",
-         hardware=("cuda",)),
+         hardware=("cuda",), facts=("kernel_select",)),
     Rule("kernels-predicted", "info", "the kernels vLLM will pick, printed for review", "",
-         hardware=("cuda",)),
+         hardware=("cuda",), facts=("kernel_select",)),
     Rule("architecture-matches-checkpoint", "error",
          "a model's declared architecture is what its kernels were predicted for before the "
          "lock had its config.json; a different one means the prediction was for another "
@@ -90,14 +91,14 @@ RULES = (
          "core.py 237-248) and gives garbage on 12.1a (flashinfer#3294)",
          "keep FlashInfer's MoE off (env VLLM_USE_FLASHINFER_MOE_FP4: \"0\" and "
          "VLLM_USE_FLASHINFER_MOE_FP16: \"0\", or a --moe-backend that is not flashinfer_*) "
-         "and expect a non-FlashInfer moe", hardware=(SM121,)),
+         "and expect a non-FlashInfer moe", hardware=(SM121,), facts=("kernel_select",)),
     Rule("nvfp4-gemm-asserted", "error",
          "the NVFP4 GEMM kernel vLLM selects follows its version's candidate list and the "
          "image (vLLM 0.23.0 on SM12x: FlashInferCutlassNvFp4LinearKernel first; "
          "vllm#53014, after 0.23.0, added a slower weight-only CuTe-DSL kernel, "
          "vllm#55397): a release can serve on another kernel than the one benchmarked",
          "state expect_backends: {nvfp4_gemm: ...} in the profile so smoke fails when the "
-         "boot chooses another kernel", hardware=("native-fp4",)),
+         "boot chooses another kernel", hardware=("native-fp4",), facts=("kernel_select",)),
     Rule("triton-ptxas-sm121a", "error",
          "Triton's bundled ptxas rejects sm_121a (vllm#29469): every Triton kernel fails "
          "at its first launch unless TRITON_PTXAS_PATH names the CUDA toolkit's ptxas",

@@ -17,6 +17,7 @@ from imagebuild.preflight import (
     multinode,
     pins,
     serve_args,
+    vllmfacts,
 )
 from imagebuild.preflight.findings import (
     MATRIX,
@@ -28,7 +29,7 @@ from imagebuild.preflight.findings import (
     registry,
     waive,
 )
-from imagebuild.preflight.flags import CellView, as_int, flag_value, flag_values
+from imagebuild.preflight.flags import CellView, as_int, flag_values
 from imagebuild.preflight.kvcache import CannotPredict, KVFlags, KVPrediction, predict
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import serve_command
@@ -43,12 +44,14 @@ KV_RULES = (
          "unify_kv_cache_spec_page_size at engine start, ten minutes into a boot (and the "
          "block-size checks around it fail as late)",
          "pin a drafter revision whose KV bytes per token do not exceed the target's and "
-         "divide it, or build the dflashfix patch set"),
+         "divide it, or build the dflashfix patch set", facts=("kv",)),
     Rule("kv-page-padding", "warning",
          "the dflashfix patch set serves an oversized drafter page by padding every "
          "recurrent-state page to it, which costs cache memory per request",
-         "pin a drafter revision whose KV bytes per token do not exceed the target's"),
-    Rule("kv-layout", "info", "the KV page layout vLLM will choose, printed for review", ""),
+         "pin a drafter revision whose KV bytes per token do not exceed the target's",
+         facts=("kv",)),
+    Rule("kv-layout", "info", "the KV page layout vLLM will choose, printed for review", "",
+    facts=("kv",)),
 )
 WAIVER_RULES = (
     Rule("waiver-invalid", "error",
@@ -61,7 +64,7 @@ WAIVER_RULES = (
 )
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
                                   WAIVER_RULES, serve_args.RULES, caveats.RULES, kernels.RULES,
-                                  multinode.RULES)
+                                  multinode.RULES, vllmfacts.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -69,28 +72,29 @@ def kv_flags(v: CellView) -> KVFlags:
     argv = v.cmd.argv
 
     def text(name: str, default: str | None) -> str | None:
-        value = flag_value(argv, name)
+        value = v.flag(name)
         return value if isinstance(value, str) else default
 
     def switch(name: str) -> bool | None:
         """--name / --no-name; None when neither is given (vLLM decides)."""
-        if flag_value(argv, f"no-{name}") is not None:
+        if v.flag(f"no-{name}") is not None:
             return False
-        value = flag_value(argv, name)
+        value = v.flag(name)
         if value is None:
             return None
         return value is True or str(value).lower() not in ("false", "0")
 
     method = None if v.method == "none" else v.method
-    backend = text("attention-backend", v.env.get("VLLM_ATTENTION_BACKEND"))
-    tp = as_int(flag_value(argv, "tensor-parallel-size")) or 1
+    # the flag only: VLLM_ATTENTION_BACKEND is no variable of vLLM 0.23 or 0.32 (envs.py)
+    backend = text("attention-backend", None)
+    tp = as_int(v.flag("tensor-parallel-size")) or 1
     gpu = bool(v.cell.target.gpu)
     return KVFlags(
         tensor_parallel_size=tp,
         kv_cache_dtype=text("kv-cache-dtype", "auto") or "auto",
         mamba_cache_dtype=text("mamba-cache-dtype", "auto") or "auto",
         mamba_ssm_cache_dtype=text("mamba-ssm-cache-dtype", "auto") or "auto",
-        block_size=as_int(flag_value(argv, "block-size")),
+        block_size=as_int(v.flag("block-size")),
         num_speculative_tokens=int(v.spec.get("num_speculative_tokens") or 0) if method else 0,
         speculative_method=method,
         attention_backend=backend.lower() if backend else None,
@@ -101,10 +105,10 @@ def kv_flags(v: CellView) -> KVFlags:
         enable_prefix_caching=switch("enable-prefix-caching"),
         enable_chunked_prefill=switch("enable-chunked-prefill"),
         max_model_len=checkpoint.parse_len(text("max-model-len", "") or ""),
-        max_num_batched_tokens=as_int(flag_value(argv, "max-num-batched-tokens")),
+        max_num_batched_tokens=as_int(v.flag("max-num-batched-tokens")),
         # `vllm serve` defaults: 2048 per CPU rank; on CUDA 2048 or 8192 by GPU memory
         default_max_num_batched_tokens=None if gpu else 2048 * tp,
-        mamba_block_size=as_int(flag_value(argv, "mamba-block-size")),
+        mamba_block_size=as_int(v.flag("mamba-block-size")),
         mamba_cache_mode=text("mamba-cache-mode", "none") or "none",
         kv_cache_dtype_skip_layers=tuple(flag_values(argv, "kv-cache-dtype-skip-layers")),
         disable_hybrid_kv_cache_manager=bool(switch("disable-hybrid-kv-cache-manager")),
@@ -164,6 +168,23 @@ def kv_prediction(v: CellView, model: checkpoint.Checkpoint,
         return None
 
 
+def stamp_facts(findings: list[Finding], views: list[CellView]) -> list[Finding]:
+    """Each finding of a rule that reads vLLM facts names the facts it read: the cell's
+    version and where they were recorded (or that none were)."""
+    from dataclasses import replace
+
+    by_label = {v.label: v for v in views}
+    out = []
+    for f in findings:
+        rule, v = RULES.get(f.rule), by_label.get(f.cell)
+        if rule is not None and rule.facts and v is not None and f.facts is None:
+            said = (f"facts: vLLM {v.facts.version} ({v.facts.where})" if v.facts is not None
+                    else f"facts: none recorded for vLLM {v.version}")
+            f = replace(f, facts=said)
+        out.append(f)
+    return out
+
+
 def _waivers(lm: LoadedMatrix, cells: list[Cell], findings: list[Finding]
              ) -> tuple[dict[str, dict[str, str]], list[Finding]]:
     by_cell: dict[str, dict[str, str]] = {}
@@ -213,6 +234,7 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
         v = CellView(lm=lm, cell=cell, cmd=serve_command(cell),
                      family=checkpoint.model_family(model), label=label)
         views.append(v)
+        findings += vllmfacts.check_cell(v, building=building)
         findings += flags.check_cell(v)
         refused = serve_args.check_cell(v)
         findings += refused + checkpoint.check_cell(v, model, drafter)
@@ -226,6 +248,7 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
             findings += kv_findings(v, model, drafter)
         findings += split
     findings += checkpoint.served_name_collisions(views)
+    findings = stamp_facts(findings, views)
     waivers, problems = _waivers(lm, cells, findings)
     findings = waive(findings, waivers, RULES) + problems
     order = {label: i for i, label in enumerate(labels)}

@@ -1,10 +1,6 @@
-"""Write the kernel choices vLLM makes at model load, read from the installed vLLM's own code.
+"""The kernel choices vLLM makes at model load, read from the installed vLLM's own code.
 
-Run it with the Python of the vLLM it describes (stdlib and vllm only, no imagebuild):
-
-    .venv-vllm/bin/python imagebuild/preflight/kernel_select/generate.py [--out FILE]
-
-It writes facts_<vllm version>.json beside this file: for each decision vLLM makes while it
+For each decision vLLM makes while it
 builds a model (dense NVFP4 and FP8 GEMM kernel, quantized NVFP4 and unquantized MoE
 backend, attention backend, top-p/top-k sampler), the candidates in vLLM's order (its
 module-level lists, or the list literal inside the selecting function, read from the
@@ -24,7 +20,6 @@ their attention layers pass to the backend selector are recorded as they are.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import copy
 import dataclasses
@@ -42,6 +37,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import vllm_probes as vp  # noqa: E402
+from common import Context, header  # noqa: E402
+
+SOURCE = ("vLLM's own selection code, run with only the hardware and extension probes "
+          "patched (recorder/vllm_probes.py)")
 
 # compute capabilities the gates are evaluated on (every CUDA arch vLLM 0.23 builds for)
 GRID_CC = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
@@ -283,9 +282,10 @@ class Harvest:
                        (nvfp4, "select_nvfp4_moe_backend", nvfp4.select_nvfp4_moe_backend)]
         harvest = self
 
-        def attn(backend: Any, attn_selector_config: Any, num_heads: Any = None) -> Any:
+        def attn(backend: Any, attn_selector_config: Any, num_heads: Any = None,
+                 **more: Any) -> Any:  # 0.32 adds keyword-only _run_kv_cache_dtype
             harvest.attention.append({**attn_selector_config._asdict(), "num_heads": num_heads})
-            return harvest._saved[0][2](backend, attn_selector_config, num_heads)
+            return harvest._saved[0][2](backend, attn_selector_config, num_heads, **more)
 
         def unquantized(moe_config: Any) -> Any:
             harvest.moe.append(moe_config)
@@ -725,17 +725,13 @@ def _tree(table: dict[str, Any], names: list[str]) -> Any:
     return {"by": name, "values": subtrees}
 
 
-def generate() -> dict[str, Any]:
+def record(ctx: Context) -> dict[str, Any]:
     vp.install((12, 1))
-    import vllm
 
     archs, moe_configs = archetypes()
     variants = moe_variants(moe_configs)
     return {
-        "vllm_version": vllm.__version__.split("+")[0],
-        "source": "vLLM's own selection code, run by imagebuild/preflight/kernel_select/"
-                  "generate.py with only the hardware and extension probes patched "
-                  "(vllm_probes.py); do not edit by hand",
+        **header("kernel_select", SOURCE),
         "grid": {"cc": list(GRID_CC), "probes": list(vp.PROBES), "env": list(ENV_DOMAIN)},
         "switches": switches(),
         "archetypes": archs,
@@ -747,19 +743,3 @@ def generate() -> dict[str, Any]:
         "unquantized_moe": unquantized_moe(variants),
         "attention": attention(archs),
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None,
-                    help="file to write (default: facts_<vllm version>.json beside this)")
-    args = ap.parse_args(argv)
-    doc = generate()
-    out = args.out or HERE / f"facts_{doc['vllm_version']}.json"
-    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {out}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
