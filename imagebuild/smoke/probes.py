@@ -25,8 +25,9 @@ TOOL = {
 # parser a recorded vLLM version registers (the `serve_args` facts' start-up names; the
 # test tests/unit/test_smoke_tool_parsers.py runs every text through each recorded version's
 # own parser classes). Forcing it with structured outputs tests the parser and the chat
-# template, not the model (docs/cpu-engine.md). Markers such as <tool_call> must be tokens the model can emit
-# as text; a model that holds them as special tokens only cannot be forced this way.
+# template, not the model (docs/cpu-engine.md). Markers such as <tool_call> must be tokens
+# the model can emit as text; a model that holds them as special tokens only cannot be
+# forced this way.
 _CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 _CALL_PARAMETERS = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
 _XML_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
