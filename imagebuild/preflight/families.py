@@ -67,10 +67,11 @@ def modalities(fam: Family, facts: VllmFacts | None, vllm_version: str = ""
     """(the modalities vLLM takes for this architecture, how that is known); None when
     it cannot be told (no recorded facts for the version, or the answer depends on the
     config)."""
-    table = facts.modalities if facts is not None else None
+    if facts is None:
+        return None, f"no recorded facts for vLLM {vllm_version}"
+    table = facts.modalities
     if table is None:
-        return None, (facts.missing("modalities") if facts is not None
-                      else f"no recorded facts for vLLM {vllm_version}")
+        return None, facts.missing("modalities")
     vllm_version = facts.version
     if fam.architecture in table["modalities"]:
         return list(table["modalities"][fam.architecture]), (

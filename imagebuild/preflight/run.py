@@ -7,6 +7,8 @@ across cells: pins and served-name collisions; last, the families' waivers.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import Lock
 from imagebuild.preflight import (
@@ -30,24 +32,22 @@ from imagebuild.preflight.findings import (
     waive,
 )
 from imagebuild.preflight.flags import CellView, as_int, flag_values
-from imagebuild.preflight.kvcache import CannotPredict, KVFlags, KVPrediction, predict
+from imagebuild.preflight.kvcache import CannotPredict, KVFlags, KVModel, KVPrediction, predict
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import serve_command
 
-# The dflashfix patch that pads recurrent-state pages instead of asserting (patches/).
-PAD_MAMBA_PATCH = "kv-page-size-pad-mamba.patch"
-
 KV_RULES = (
     Rule("kv-page-unify", "error",
-         "vLLM 0.23 keeps every layer's cache in pages of one size; a drafter page larger "
-         "than a hybrid target's fixed recurrent-state page fails "
-         "unify_kv_cache_spec_page_size at engine start, ten minutes into a boot (and the "
-         "block-size checks around it fail as late)",
+         "vLLM keeps every layer's cache in pages of one size; a page its "
+         "unify_kv_cache_spec_page_size cannot bring to the largest (0.23: a drafter page "
+         "larger than a hybrid target's fixed recurrent-state page) fails at engine start, "
+         "ten minutes into a boot (and the block-size checks around it fail as late)",
          "pin a drafter revision whose KV bytes per token do not exceed the target's and "
-         "divide it, or build the dflashfix patch set", facts=("kv",)),
+         "divide it, or use a vLLM (or patch set) whose unification pads the state page",
+         facts=("kv",)),
     Rule("kv-page-padding", "warning",
-         "the dflashfix patch set serves an oversized drafter page by padding every "
-         "recurrent-state page to it, which costs cache memory per request",
+         "vLLM's unification (0.32 stock, the dflashfix patch on 0.23) serves an oversized "
+         "page by padding the smaller ones to it, which costs cache memory per request",
          "pin a drafter revision whose KV bytes per token do not exceed the target's",
          facts=("kv",)),
     Rule("kv-layout", "info", "the KV page layout vLLM will choose, printed for review", "",
@@ -90,6 +90,7 @@ def kv_flags(v: CellView) -> KVFlags:
     tp = as_int(v.flag("tensor-parallel-size")) or 1
     gpu = bool(v.cell.target.gpu)
     return KVFlags(
+        vllm_version=v.version,
         tensor_parallel_size=tp,
         kv_cache_dtype=text("kv-cache-dtype", "auto") or "auto",
         mamba_cache_dtype=text("mamba-cache-dtype", "auto") or "auto",
@@ -115,6 +116,16 @@ def kv_flags(v: CellView) -> KVFlags:
     )
 
 
+def patch_files(v: CellView) -> list[Path]:
+    return [v.lm.root / "patches" / name for name in v.cell.realization.patches]
+
+
+def kv_model(v: CellView) -> KVModel:
+    """The KV model of the cell's vLLM version with its engine's patches (CannotPredict:
+    no facts, or patches changing unification whose behaviour was not recorded)."""
+    return KVModel.of(v.facts, v.version, patch_files(v))
+
+
 def kv_findings(v: CellView, model: checkpoint.Checkpoint,
                 drafter: checkpoint.Checkpoint | None) -> list[Finding]:
     if model.config is None:
@@ -122,12 +133,13 @@ def kv_findings(v: CellView, model: checkpoint.Checkpoint,
     needs_drafter = v.method in ("dflash", "eagle", "eagle3")
     if needs_drafter and (drafter is None or drafter.config is None):
         return []  # metadata-missing already says the KV layout cannot be checked
-    pad = PAD_MAMBA_PATCH in v.cell.realization.patches
+    if v.facts is None:
+        return []  # vllm-facts-missing says the layout is unchecked, and why
     unify, padding, layout = (RULES[r] for r in ("kv-page-unify", "kv-page-padding",
                                                  "kv-layout"))
     try:
         p = predict(model.config, drafter.config if needs_drafter and drafter else None,
-                    kv_flags(v), pad_mamba=pad, hf_quant_config=model.hf_quant)
+                    kv_flags(v), model=kv_model(v), hf_quant_config=model.hf_quant)
     except CannotPredict as exc:
         # never a pass: the layout is unknown, so say so and why
         return [unify.finding(v.label, f"cannot predict the KV layout: {exc.reason}",
@@ -141,16 +153,17 @@ def kv_findings(v: CellView, model: checkpoint.Checkpoint,
     shape = (f"attention block size {p.attention_block_size}"
              + (f", {p.family} state page {p.mamba_page_bytes} B padded "
                 f"{p.mamba_padding_pct:.2f}%" if p.hybrid else ""))
+    said = f" ({p.unify_from}'s unification)"
     if not p.ok:
-        return [unify.finding(v.label, f"vLLM {v.cell.engine.vllm_version} will fail at "
-                                         f"engine start with {p.outcome}: {p.cause}",
+        return [unify.finding(v.label, f"vLLM {v.version} will fail at engine start with "
+                                       f"{p.outcome}: {p.cause}{said}",
                               fix=p.fix or unify.fix, where=where)]
-    if p.padded_by_dflashfix:
+    if p.padded_by_unify and p.extra_bytes_per_request:
         mib = p.extra_bytes_per_request / 2**20
         return [padding.finding(v.label, f"{shape}; {p.cause}; {mib:.0f} MiB extra cache "
-                                           "per request", fix=p.fix or padding.fix,
+                                         "per request", fix=p.fix or padding.fix,
                                 where=where)]
-    return [layout.finding(v.label, f"{shape}; unify ok", fix="")]
+    return [layout.finding(v.label, f"{shape}; unify ok{said}", fix="")]
 
 
 def kv_prediction(v: CellView, model: checkpoint.Checkpoint,
@@ -162,8 +175,7 @@ def kv_prediction(v: CellView, model: checkpoint.Checkpoint,
         return None
     try:
         return predict(model.config, drafter.config if needs_drafter and drafter else None,
-                       kv_flags(v), pad_mamba=PAD_MAMBA_PATCH in v.cell.realization.patches,
-                       hf_quant_config=model.hf_quant)
+                       kv_flags(v), model=kv_model(v), hf_quant_config=model.hf_quant)
     except (CannotPredict, UserError):
         return None
 

@@ -63,8 +63,9 @@ def check_cell(v: CellView, *, building: bool = False) -> list[Finding]:
 
 
 def _unknown_env(r: Rule, v: CellView) -> list[Finding]:
-    known = (v.facts.envs or {}).get("variables") if v.facts is not None else None
-    if known is None:
+    facts = v.facts
+    known = (facts.envs or {}).get("variables") if facts is not None else None
+    if facts is None or known is None:
         return []
     out = []
     for name in v.env:
@@ -72,7 +73,7 @@ def _unknown_env(r: Rule, v: CellView) -> list[Finding]:
             close = [k for k in known if _close(name, k)]
             hint = f"; did you mean {' or '.join(close[:3])}?" if close else ""
             out.append(r.finding(v.label, f"env {name}: vLLM {v.version} does not know this "
-                                          f"variable ({v.facts.said}: envs){hint}",
+                                          f"variable ({facts.said}: envs){hint}",
                                  where=v.where(env=name)))
     return out
 

@@ -315,6 +315,7 @@ def _probe_spec(kind: str, page_units: int) -> Any:
                   head_size_v=head, dtype=torch.bfloat16)
 
 
+LAYER = "<layer>"
 # (probe name, the layer that differs from the largest, its page units, the largest's)
 UNIFY_PROBES = (
     ("attention_divides", "full", 2, 4),
@@ -330,10 +331,12 @@ def unify_facts(unify: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, 
     size times the ratio), `pad` (page_size_padded up to the largest) or the exception."""
     out: dict[str, Any] = {}
     for name, kind, small, large in UNIFY_PROBES:
-        specs = {"large": _probe_spec("full", large), "small": _probe_spec(kind, small)}
+        # the differing layer is named LAYER, so a message vLLM words with the layer's name
+        # reads as a template (the predictor puts the real name in)
+        specs = {"largest": _probe_spec("full", large), LAYER: _probe_spec(kind, small)}
         entry: dict[str, Any] = {"layer": kind, "page": small * 1024, "largest": large * 1024}
         try:
-            got = unify(specs)["small"]
+            got = unify(specs)[LAYER]
         except Exception as exc:  # noqa: BLE001 - the exception is the behaviour
             entry.update(does="raise", raises=type(exc).__name__, message=str(exc))
         else:

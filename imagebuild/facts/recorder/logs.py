@@ -7,12 +7,15 @@ them. imagebuild/facts/logs.py finds the lines smoke reads in this catalogue; a 
 message of a version can produce is a check smoke cannot make on that version.
 
 Templates keep printf directives (`%s`) as written; an f-string's replacement fields are
-written as the unit separator U+001F.
+written as the unit separator U+001F; web addresses in messages (vLLM points at issues and
+package indexes) are written as <url>: no smoke pattern reads one, and the repository names
+no package index.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
 from common import Context, header, vllm_root
@@ -21,13 +24,15 @@ SOURCE = "every logger call (INFO and above) and __str__/__repr__ f-string in vL
 LEVELS = ("info", "warning", "warn", "error", "critical", "exception", "fatal")
 FIELD = "\x1f"
 LOGGER_NAMES = ("logger", "log", "_logger", "LOGGER")
+URL = re.compile(r"(?:[a-z][a-z0-9+.-]*\+)?[a-z][a-z0-9+.-]*://[^\s`'\")\]]+")
 
 
 def template(node: ast.AST) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(v.value if isinstance(v, ast.Constant) else FIELD for v in node.values)
+        return "".join(v.value if isinstance(v, ast.Constant) and isinstance(v.value, str)
+                       else FIELD for v in node.values)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = template(node.left), template(node.right)
         return None if left is None or right is None else left + right
@@ -81,7 +86,8 @@ def record(ctx: Context) -> dict[str, Any]:
                         "messages are not recorded")
             continue
         rel = str(path.relative_to(root.parent))
-        messages += [[f"{rel}:{line}", level, t] for line, level, t in sorted(set(found))]
+        messages += [[f"{rel}:{line}", level, URL.sub("<url>", t)]
+                     for line, level, t in sorted(set(found))]
     return {**header("logs", SOURCE), "field": FIELD, "messages": messages}
 
 
