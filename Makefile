@@ -108,7 +108,7 @@ lint:
 	.venv/bin/ruff check .
 
 typecheck:
-	.venv/bin/mypy imagebuild
+	.venv/bin/mypy imagebuild tools
 
 workflows:
 	bash scripts/lint-workflows.sh
@@ -146,7 +146,7 @@ release-matrix:  ## `cells=` (one entry per cell) and `targets=` (one per target
 	  printf 'cells=%s\ntargets=%s\n' "$$cells" "$$targets"
 
 accept-check:  ## the gates named in $$ACCEPT exist and $$ACCEPT_REASON says why (before anything is built)
-	$(PY) -m imagebuild.release.overrides >/dev/null
+	$(PY) -m tools.accept_overrides >/dev/null
 
 cell-build:  ## $$CELL's serve layers FROM the engine its target's engine job pushed (build/engines/$$CELL_TARGET.ref)
 	ref=$$(cat "build/engines/$$CELL_TARGET.ref") && \
@@ -155,7 +155,7 @@ cell-build:  ## $$CELL's serve layers FROM the engine its target's engine job pu
 
 promote:  ## move latest to the release ($$RELEASE_TAG of $$RELEASE_TARGET), passing the gates $$ACCEPT names with $$ACCEPT_REASON; then store its compatibility table (also when a gate refused it: the table says why)
 	mkdir -p build
-	$(PY) -m imagebuild.release.overrides > build/accept.args
+	$(PY) -m tools.accept_overrides > build/accept.args
 	mapfile -t accept < build/accept.args; rc=0; \
 	$(PY) build.py promote --forward-only --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" "$${accept[@]}" || rc=$$?; \
 	$(PY) build.py table --store --tag "$$RELEASE_TAG" --target "$${RELEASE_TARGET:-all}" > build/compat.md || rc=$$(( rc ? rc : $$? )); \
@@ -276,7 +276,7 @@ not-promoted:  ## which cells of $$RELEASE_TAG failed (their smoke reports under
 	tee -a "$${GITHUB_STEP_SUMMARY:-/dev/null}" < build/not-promoted.md
 
 rehearse-release:  ## before pushing a tag: release.yml run by act on this machine for $(TAG) made on HEAD (RELEASE_TARGET, default: the target fitting this host; the registry of IMAGEBUILD_REGISTRY)
-	$(PY) -m imagebuild.rehearse_workflow --tag "$(TAG)" $${RELEASE_TARGET:+--target "$$RELEASE_TARGET"}
+	$(PY) -m tools.rehearse_release --tag "$(TAG)" $${RELEASE_TARGET:+--target "$$RELEASE_TARGET"}
 
 rollback:
 	$(PY) build.py rollback --to "$$ROLLBACK_TO" $${ROLLBACK_IMAGE:+--image "$$ROLLBACK_IMAGE"}

@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 
 from imagebuild.bench import client, metrics, prompts  # noqa: E402
 from imagebuild.bench.results import cpu_model  # noqa: E402
-from imagebuild.bench.server import serving  # noqa: E402
 from imagebuild.docker import engine, inspect_image  # noqa: E402
+from imagebuild.serving.container import serving  # noqa: E402
+from imagebuild.serving.runspec import Limits  # noqa: E402
 from imagebuild.smoke.expect import expectations_from_labels  # noqa: E402
 
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
@@ -145,7 +146,7 @@ def main() -> int:
     info = inspect_image(args.image)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, serving(
-            args.image, info, expectations_from_labels(args.image, info=info),
+            args.image, info, Limits.of(expectations_from_labels(args.image, info=info)),
             cpuset=args.server_cpus or None) as c:
         tok = engine().copy_from(c.name, "/model", Path(tmp))
         model = asyncio.run(client.served_model(c.base_url))

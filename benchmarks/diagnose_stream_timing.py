@@ -42,8 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from imagebuild.bench import client, clientcpu, metrics, prompts  # noqa: E402
-from imagebuild.bench.server import serving  # noqa: E402
 from imagebuild.docker import engine, inspect_image  # noqa: E402
+from imagebuild.serving.container import serving  # noqa: E402
+from imagebuild.serving.runspec import Limits  # noqa: E402
 from imagebuild.smoke.expect import expectations_from_labels  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -239,7 +240,7 @@ def main() -> int:
     doc: dict[str, Any] = {"label": args.label, "image": args.image, "id": info["Id"],
                            "server_cpus": args.server_cpus, "client_cpus": args.client_cpus,
                            "env": env, "loadavg_before": os.getloadavg(), "levels": []}
-    with serving(args.image, info, expectations_from_labels(args.image, info=info),
+    with serving(args.image, info, Limits.of(expectations_from_labels(args.image, info=info)),
                  cpuset=args.server_cpus, environment=env or None) as c:
         logs = b"".join(engine().logs(c.name, follow=False)).decode(errors="replace")
         doc["omp_binding"] = [ln.split("]", 1)[-1].strip() for ln in logs.splitlines()

@@ -27,9 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imagebuild import REPO_ROOT  # noqa: E402
-from imagebuild.bench import store  # noqa: E402
 from imagebuild.lock.lockfile import read_lock  # noqa: E402
 from imagebuild.plan import load_plan  # noqa: E402
+from imagebuild.registry import referrers  # noqa: E402
 from imagebuild.registry.client import OCI_MANIFEST  # noqa: E402
 from imagebuild.registry.records import A_IMAGE, A_SMOKE, A_TAG, read_release  # noqa: E402
 from imagebuild.supplychain import provenance, sbom  # noqa: E402
@@ -80,11 +80,11 @@ def main() -> int:
                     commit=commit, dirty=dirty, repo_uri=f"git+file://{REPO_ROOT}",
                     env=os.environ)
                 t2 = time.monotonic()
-                store.put_artifact(client, repo, rel, text.encode(),
-                                   artifact_type=store.SBOM_TYPE, file_name="sbom.cdx.json")
-                store.put_artifact(client, repo, rel, stmt.encode(),
-                                   artifact_type=store.PROVENANCE_TYPE,
-                                   file_name="provenance.intoto.json")
+                referrers.put_artifact(client, repo, rel, text.encode(),
+                                       artifact_type=referrers.SBOM_TYPE, file_name="sbom.cdx.json")
+                referrers.put_artifact(client, repo, rel, stmt.encode(),
+                                       artifact_type=referrers.PROVENANCE_TYPE,
+                                       file_name="provenance.intoto.json")
                 t3 = time.monotonic()
                 for key, secs in (("probe", t1 - t0), ("documents", t2 - t1),
                                   ("store", t3 - t2)):

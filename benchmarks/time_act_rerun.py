@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from imagebuild import REPO_ROOT  # noqa: E402
-from imagebuild.rehearse_workflow.act import Rehearsal  # noqa: E402
+from tools.rehearse_release.act import Rehearsal  # noqa: E402
 
 # the cell and engine steps a no-op re-run must skip (act logs "Success - Main NAME [time]")
 REDONE = re.compile(r"Success - Main (Build the engine once[^\[]*|Build the serve layers[^\[]*|"

@@ -30,14 +30,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from imagebuild.builder.vllm_source import sdist_tree  # noqa: E402
-from imagebuild.rehearse import source  # noqa: E402
 from imagebuild.rehearse.arch_probe import configure, write_probe  # noqa: E402
 from imagebuild.rehearse.compile_cache import RedisServer, UnitStats, run_runner  # noqa: E402
 from imagebuild.rehearse.inputs import FP4_UNITS, GENERIC_UNITS, load_inputs  # noqa: E402
 from imagebuild.rehearse.step_compile import units_of  # noqa: E402
 from imagebuild.rehearse.toolchain import find_tools, nvcc_version  # noqa: E402
 from imagebuild.render import VLLM_PATHS  # noqa: E402
+from imagebuild.vllmsource import tree  # noqa: E402
+from imagebuild.vllmsource.sdist import sdist_tree  # noqa: E402
 
 HIT_TARGET, RATIO_TARGET = 0.95, 0.25
 
@@ -51,7 +51,7 @@ def prepare(workdir: Path, target: str):
     inputs = load_inputs(None, target, None)
     tools = find_tools()
     sdist = sdist_tree(inputs.vllm_version)
-    checkout = source.prepare(sdist, workdir, inputs.vllm_version, list(inputs.patches),
+    checkout = tree.prepare(sdist, workdir, inputs.vllm_version, list(inputs.patches),
                               sorted(VLLM_PATHS.values()))
     probe = write_probe(checkout.root, workdir / "probe", list(GENERIC_UNITS), list(FP4_UNITS))
     arch = configure(probe, tools, inputs.arch_list, inputs.nvcc_threads)

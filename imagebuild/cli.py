@@ -37,9 +37,9 @@ def _writes_releases() -> None:
 
 
 def _build_dir(plan) -> Path:
-    from imagebuild import work_root
+    from imagebuild import buildfolder
 
-    return work_root(plan.lm.root) / "build"
+    return buildfolder.default(plan.lm.root)
 
 
 def _out(args: argparse.Namespace, plan) -> Path:
@@ -125,7 +125,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from imagebuild.builder.builder import build_engines, build_jobs
-    from imagebuild.builder.handoff import parse_engine_ref, ship_engines
+    from imagebuild.builder.enginepull import parse_engine_ref
+    from imagebuild.builder.engineship import ship_engines
     from imagebuild.job import buildable
 
     if args.push and not args.engine_only:
@@ -326,20 +327,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     """0 when every node started; 2 for disagreeing files or hosts, 1 for a host without
     the image (or another one), or a node that did not start."""
-    from imagebuild.launch import launch, parse_hosts
+    from imagebuild.serving.launch import launch, parse_hosts
 
     return launch(args.image, args.files, parse_hosts(args.hosts),
                   master_addr=args.master_addr, dry_run=args.dry_run)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from imagebuild import REPO_ROOT, work_root
+    from imagebuild import REPO_ROOT, buildfolder
     from imagebuild.bench import history
 
     client, repos = _repositories(args)
     for repo in repos:
         h = history.gather(client, repo)
-        paths = history.write(h, args.out or work_root(REPO_ROOT) / "build" / "bench")
+        paths = history.write(h, args.out or buildfolder.bench_dir(buildfolder.default(REPO_ROOT)))
         print(safe_lines(paths["md"].read_text()) + f"png: {paths['png']}\nmd: {paths['md']}\n")
     return 0
 
@@ -372,30 +373,13 @@ def cmd_unlock(args: argparse.Namespace) -> int:
 
 
 def cmd_runner_clean(args: argparse.Namespace) -> int:
-    from imagebuild.builder.hygiene import (
-        base_repo,
-        docker_client,
-        engine_repo,
-        protected_releases,
-        runner_clean,
-    )
-    from imagebuild.plan import destination
-    from imagebuild.registry.client import RegistryClient
+    from imagebuild.release.runnerclean import clean_runner
     from imagebuild.spec import matrix as mx
 
     if args.keep < 1:
         raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    dest = destination(lm)
-    cells = mx.expand(lm)
-    serve = {f"{dest.registry}/{dest.namespace}/{c.image}": f"{dest.namespace}/{c.image}"
-             for c in cells}
-    chain = {base_repo(t) for t in lm.matrix.targets} | {
-        engine_repo(c.target_name, c.engine_name) for c in cells}
-    # latest and its rollback target come from the registry: never guessed
-    protected = protected_releases(RegistryClient(dest.registry), sorted(set(serve.values())))
-    runner_clean(docker_client(), serve_repos=serve, chain_repos=chain, keep=args.keep,
-                 protected=protected, dry_run=args.dry_run)
+    clean_runner(lm, args.keep, dry_run=args.dry_run)
     return 0
 
 
@@ -462,18 +446,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_pins(args: argparse.Namespace) -> int:
     """Exit 0 whenever the watch ran: a failing head is news for an issue, not a CI error."""
-    from imagebuild.lock.hub import HubClient
-    from imagebuild.lock.lockfile import read_lock
-    from imagebuild.lock.pinwatch import render, watch, write_issue_files
-    from imagebuild.spec import matrix as mx
+    from imagebuild.pinwatch import run_watch
 
-    lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    names = set(args.only)
-    reports = watch(lm, read_lock(lm.root), HubClient(),
-                    only=(lambda kind, name: name in names) if names else None)
-    if args.out:
-        write_issue_files(reports, args.out)
-    print(as_invoked(render(reports, args.format)))
+    print(as_invoked(run_watch(args.matrix, args.only, args.out, args.format)))
     return 0
 
 

@@ -85,7 +85,7 @@ def _run_dir(text: str) -> Path:
 
 
 def _image_ref(text: str) -> str:
-    from imagebuild.spec.dockerref import check_reference
+    from imagebuild.spec.names import check_reference
     from imagebuild.spec.values import BadValue
 
     try:
@@ -214,7 +214,7 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
 
 def _gate_args(p: argparse.ArgumentParser) -> None:
     """The gates on moving latest a user may pass with a reason (release, publish, promote
-    alike; release/overrides.py offers promote's to the release workflow)."""
+    alike; tools/accept_overrides.py offers promote's to the release workflow)."""
     p.add_argument("--accept-regression", default=None, metavar="REASON", type=_reason,
                    help="let a release slower than latest (beyond the threshold) become "
                         "latest; REASON is recorded with the release and in its notes")

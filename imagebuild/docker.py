@@ -93,7 +93,7 @@ class Engine:
 
     def send_image(self, ref: str, to: Engine) -> None:
         """`docker save REF | docker --host OTHER load`, streamed: the image as it is (its
-        ID unchanged) on another engine, a partner node's over SSH (smoke/nodes.py)."""
+        ID unchanged) on another engine, a partner node's over SSH (serving/nodes.py)."""
         try:
             to.api.load_image(self.api.get_image(ref))
         except ENGINE_ERRORS as exc:

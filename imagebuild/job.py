@@ -87,8 +87,8 @@ def registry_client(plan: Plan) -> RegistryClient:
 
 
 def load_verdicts(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
+    from imagebuild.buildfolder import verdict_path
     from imagebuild.release.publish import load_verdict
-    from imagebuild.smoke.paths import verdict_path
 
     return {j.id: load_verdict(verdict_path(out, j.cell)) for j in jobs}
 
@@ -96,12 +96,11 @@ def load_verdicts(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]
 def load_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
     """Each job's release-gates summary from its gates.json, for its local image exactly
     (a missing or stale one stops publish: exit 1, nothing pushed)."""
+    from imagebuild.buildfolder import gates_path
     from imagebuild.docker import inspect_image
-    from imagebuild.gates.run import GATES_FILE
     from imagebuild.gates.summary import load_summary
-    from imagebuild.smoke.paths import cell_dir
 
-    return {j.id: load_summary(cell_dir(out, j.cell) / GATES_FILE,
+    return {j.id: load_summary(gates_path(out, j.cell),
                                inspect_image(j.release_ref)["Id"]) for j in jobs}
 
 
@@ -206,8 +205,8 @@ def run_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
 
 def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     from imagebuild.builder.builder import build_jobs
+    from imagebuild.buildfolder import bench_dir, cell_dir
     from imagebuild.gates.summary import passed
-    from imagebuild.smoke.paths import cell_dir
     from imagebuild.smoke.runner import smoke_jobs
     from imagebuild.stagewatch import BuildWatch, SmokeWatch
 
@@ -243,7 +242,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     publish_jobs(client, plan.jobs, verdicts, dry_run=False, gates=gates)
     document_jobs(client, plan, opts.out)
     if opts.bench:
-        bench_jobs(client, plan.jobs, opts.out / "bench")
+        bench_jobs(client, plan.jobs, bench_dir(opts.out))
     try:
         promote(plan, client, accept_regression=opts.accept_regression,
                 accept_untrusted=opts.accept_untrusted,

@@ -26,12 +26,14 @@ from pydantic import BaseModel
 
 from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
-from imagebuild.lock.fetchcontent import source_dir_var
 from imagebuild.lock.lockfile import Lock, served_files
+from imagebuild.serving.nodefiles import node_files
+from imagebuild.serving.runspec import RunSpec, compose_yaml
 from imagebuild.spec.config import CompileCache, EngineRealization
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
 from imagebuild.spec.yamlpos import unsafe_char
+from imagebuild.vllmsource.fetchcontent import source_dir_var
 
 LABEL_NS = "io.imagebuild"
 CAVEAT_LABEL = f"{LABEL_NS}.engine.caveat"  # what users must know about the patch set
@@ -397,12 +399,10 @@ def render_serve(lm: LoadedMatrix, cell: Cell, lock: Lock | None) -> Rendered:
 
 
 def render_compose(lm: LoadedMatrix, cell: Cell, image: str | None = None) -> Rendered:
-    """The cell's compose file: how users run its image (runspec.py), the file smoke runs
+    """The cell's compose file: how users run its image (serving/runspec.py), the file smoke runs
     and every release ships (`image`: the release's digest there). The image defaults to
     the matrix's own `latest` reference; IMAGEBUILD_IMAGE picks another, IMAGEBUILD_PORT
     the port."""
-    from imagebuild.runspec import RunSpec, compose_yaml
-
     pub = lm.matrix.publish
     cmd = serve_command(cell)
     spec = RunSpec(image=image or f"{pub.registry}/{pub.namespace}/{cell.image}:latest",
@@ -418,10 +418,8 @@ def render_compose(lm: LoadedMatrix, cell: Cell, image: str | None = None) -> Re
 
 def render_node_composes(lm: LoadedMatrix, cell: Cell, image: str | None = None
                          ) -> list[Rendered]:
-    """A multi-node cell's compose files, one per node (nodefiles.py), in place of the
-    single one; empty for a single-node cell."""
-    from imagebuild.nodefiles import node_files
-
+    """A multi-node cell's compose files, one per node (serving/nodefiles.py), in place of
+    the single one; empty for a single-node cell."""
     pub = lm.matrix.publish
     ref = image or f"{pub.registry}/{pub.namespace}/{cell.image}:latest"
     return [Rendered("compose", path, text, (), cell=cell.id)

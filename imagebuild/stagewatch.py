@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from imagebuild import progress
-from imagebuild.smoke.logwatch import phase_after
+from imagebuild.serving.logwatch import phase_after
 
 _BUILDING = re.compile(r"^\[(\w+)\] building (\S+) .*; log: (.+)$")
 _UP_TO_DATE = re.compile(r"^\[(\w+)\] (\S+): up to date")

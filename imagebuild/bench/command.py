@@ -7,20 +7,19 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagebuild import progress
+from imagebuild import buildfolder, progress
 from imagebuild.bench import apart, client, placement, prompts, results
 from imagebuild.bench.placement import Placement
 from imagebuild.errors import UserError
 from imagebuild.plan import ImageRef, Job
 
 if TYPE_CHECKING:
-    from imagebuild.gates.run import Server
     from imagebuild.plan import Plan
+    from imagebuild.serving.container import Server
 
 
 def measure(base_url: str, *, prompt_set: list[prompts.Prompt], levels: list[int],
@@ -66,13 +65,13 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
     """JSON + markdown of the run; the plot has one line per run (this one, then `others`,
     e.g. the baseline release)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", doc["started"])
-    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md"}
+    files = buildfolder.bench_files(out_dir, doc["started"])
+    paths = {"json": files["json"], "md": files["md"]}
     paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     paths["md"].write_text(markdown)
     try:
         from imagebuild.bench.plot import plot
-        paths["png"] = plot([doc, *(others or [])], out_dir / f"{stem}.png")
+        paths["png"] = plot([doc, *(others or [])], files["png"])
     except ImportError:  # matplotlib missing: the numbers still stand
         pass
     return paths
@@ -85,21 +84,23 @@ def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prom
                 log: Callable[[str], None] = print) -> dict[str, Any]:
     """Start `ref` hardened on loopback, measure every level, remove it: one results doc.
     Server and client run on separate CPUs (`place`, by default split automatically).
-    `nodes`: a multi-node cell's server (gates/run.py server_for: its nodes as its smoke
-    runs them), which places each node on its own cores itself; the client is not pinned."""
-    from imagebuild.bench.server import serving
+    `nodes`: a multi-node cell's server (serving/container.py server_for: its nodes as its
+    smoke runs them), which places each node on its own cores itself; the client is not
+    pinned."""
+    from imagebuild.serving.container import serving
+    from imagebuild.serving.runspec import Limits
     from imagebuild.smoke.expect import expectations_from_labels
 
     if nodes is not None:
         place = placement.Placement(None, None, "not placed: the cell's nodes are placed "
-                                    "by their own run (smoke/nodes.py)")
+                                    "by their own run (serving/nodes.py)")
     place = place or placement.choose()
     log(f"placement: {place.why}")
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
     meta = _image_meta(ref, info)
     server = nodes(()) if nodes is not None else serving(
-        ref, info, expectations_from_labels(ref, info=info), cpuset=place.server_cpus,
-        log=log)
+        ref, info, Limits.of(expectations_from_labels(ref, info=info)),
+        cpuset=place.server_cpus, log=log)
     with server as c, place.client_pinned():
         measured, _model = measure(c.base_url, prompt_set=prompt_set, levels=levels,
                                    load_kw=load_kw, log=log)
@@ -110,12 +111,14 @@ def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prom
 
 def nodes_server(job: Job, info: dict[str, Any], out_dir: Path) -> Server | None:
     """A multi-node cell's server for the bench (all its nodes), None for one container."""
-    from imagebuild.gates.run import server_for
+    from imagebuild.serving.container import server_for
+    from imagebuild.serving.runspec import Limits
     from imagebuild.spec.nodecmd import multi_node
 
     if multi_node(job.cell) is None:
         return None
-    return server_for(job, info, out_dir / job.cell.image, what="bench")
+    return server_for(job.cell, job.release_ref, info, out_dir / job.cell.image,
+                      limits=Limits.of(job.expect), what="bench")
 
 
 def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | None,
@@ -135,7 +138,7 @@ def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | No
 
 def run(args: argparse.Namespace, plan: Plan | None) -> int:
     """`plan`: the jobs of --tag (None for IMAGE_REF or --url)."""
-    from imagebuild import REPO_ROOT, work_root
+    from imagebuild import REPO_ROOT
     from imagebuild.docker import inspect_image
 
     if sum(bool(x) for x in (args.image, args.tag, args.url)) != 1:
@@ -168,7 +171,8 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
     prompt_set, load_kw, settings = load_settings(
         concurrency, prompt_arg, requests=requests, duration=args.duration,
         max_tokens=max_tokens)
-    out_root = args.out or work_root(plan.lm.root if plan else REPO_ROOT) / "build" / "bench"
+    out_root = args.out or buildfolder.bench_dir(
+        buildfolder.default(plan.lm.root if plan else REPO_ROOT))
     if args.url:
         started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
         # a server we did not start: only the client can be placed

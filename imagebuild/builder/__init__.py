@@ -1,2 +1,2 @@
-"""Building images: BuildKit builds, the bootstrapped base, compile parallelism, patch
-series, the vLLM source, package indexes, runner hygiene."""
+"""Building images: BuildKit builds, the bootstrapped base, compile parallelism, runner
+hygiene."""

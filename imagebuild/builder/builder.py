@@ -27,20 +27,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from imagebuild import buildfolder
 from imagebuild.builder import hygiene, timestamps
 from imagebuild.builder.buildjobs import choose_parallelism, host_resources
+from imagebuild.builder.enginepull import pull_engine
 from imagebuild.builder.hygiene import PARENT_LABEL, base_repo, engine_repo
 from imagebuild.docker import engine as docker_engine
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.lockfile import Lock
 from imagebuild.lock.resolve import generate_model, sha256_file
 from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.names import INPUTS_LABEL
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
 from imagebuild.render import Rendered, render_base, render_engine, render_serve
 
-INPUTS_LABEL = "io.imagebuild.inputs"
 # Build avoidance looks images up by this tag, never by the label: an image built FROM a
 # serve image (a user's own layer, a test's derived image) inherits every label, and was
 # once taken for the image it was derived from. Tags are not inherited.
@@ -404,7 +406,7 @@ class Builder:
                    "sccache_env": b""}
         target = self.lm.matrix.targets.get(self._target_name or "")
         if kind == "engine":
-            from imagebuild.builder.pipconfig import pip_indexes
+            from imagebuild.pipconfig import pip_indexes
 
             # the runner's package indexes (and any credentials in their URLs) as a secret:
             # every engine's pip installs from them, and no image keeps them
@@ -571,8 +573,6 @@ class Builder:
         """The cell's engine pulled from `ref` (REPOSITORY@sha256:...) instead of built: it
         must carry the inputs digest this checkout's engine has, else it is refused; then it
         is tagged as the local engine (and by its inputs), so serve builds FROM it."""
-        from imagebuild.builder.handoff import pull_engine
-
         engine_key = f"engine/{cell.target_name}/{cell.engine_name}"
         if engine_key in self._done:
             return self._done[engine_key]
@@ -667,11 +667,10 @@ class Builder:
         return archtable.as_json(rows)
 
     def _write_records(self, cell: Cell, records: list[BuildRecord]) -> None:
-        folder = self.out_dir / "records" / cell.target_name / cell.engine_name
-        folder.mkdir(parents=True, exist_ok=True)
+        buildfolder.records_dir(self.out_dir, cell).mkdir(parents=True, exist_ok=True)
         for rec in records:
-            name = cell.image if rec.kind == "serve" else rec.kind
-            (folder / f"{name}.json").write_text(json.dumps(asdict(rec), indent=2) + "\n")
+            buildfolder.record_path(self.out_dir, cell, rec.kind).write_text(
+                json.dumps(asdict(rec), indent=2) + "\n")
 
 
 def build_jobs(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,

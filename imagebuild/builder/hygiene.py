@@ -2,18 +2,19 @@
 
 `build.py runner-clean --keep N` keeps, on this Docker engine, the serve images of the N
 newest releases found locally, those of each image's `latest` and its rollback target (the
-registry says which), and every base and engine image they were built from; it removes the
-older release tags, base/engine images only older releases needed, and the
-`imagebuild/inputs:*` tags of whatever it removes. It removes tags only (an image goes when
-its last tag does, so a user's own tag keeps it), and never prunes: BuildKit's cache mounts
-(ccache, sccache, pip) and build cache are what make the next build fast.
+registry says which: release/runnerclean.py asks it), and every base and engine image they
+were built from; it removes the older release tags, base/engine images only older releases
+needed, and the `imagebuild/inputs:*` tags of whatever it removes. It removes tags only
+(an image goes when its last tag does, so a user's own tag keeps it), and never prunes:
+BuildKit's cache mounts (ccache, sccache, pip) and build cache are what make the next build
+fast.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,19 +202,6 @@ def plan_clean(images: dict[str, Local], keep: int,
             remove[img.id] = img.ours
     drop = sorted(tags - set(why))
     return CleanPlan(why, drop, remove, kept_images)
-
-
-def protected_releases(client: Any, repos: Iterable[str]) -> dict[tuple[str, str], str]:
-    """(repository path, tag) of each repository's latest and its rollback target, as
-    `prune` protects them in the registry: latest from a direct read of `latest`, and a
-    tag list that disagrees with it stops runner-clean before anything goes."""
-    from imagebuild.release.prune import protected, read_state
-
-    out: dict[tuple[str, str], str] = {}
-    for repo in repos:
-        for tag, why in protected(client, read_state(client, repo)).items():
-            out[(repo, tag)] = why
-    return out
 
 
 def runner_clean(client: Any, *, serve_repos: dict[str, str], chain_repos: set[str],

@@ -12,6 +12,7 @@ them (record_command), never answering from another version's facts.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -65,9 +66,10 @@ class VllmFacts:
     def has(self, name: str) -> bool:
         return (self.root / f"{name}.json").is_file()
 
-    @property
+    @functools.cached_property
     def where(self) -> str:
-        """The folder, as messages name it (relative to the package or the cwd)."""
+        """The folder, as messages name it (relative to the package or the cwd; computed
+        once: every prediction names it)."""
         for base in (SHIPPED.parents[2], Path.cwd()):
             try:
                 return str(self.root.resolve().relative_to(base.resolve()))

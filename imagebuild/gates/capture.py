@@ -17,8 +17,6 @@ from imagebuild.gates.identity import Identity
 from imagebuild.gates.runrecord import Run
 from imagebuild.spec.gates import GateSettings
 
-CAPTURE_FILE = "gates-speculative.json"
-
 
 def _gen_json(g: Generation) -> dict[str, Any]:
     return {**g.as_json(), "seconds": g.seconds, "token_ids": g.tokens,

@@ -1,9 +1,10 @@
 """Run the gates for one serve image: the image as it ships (the run smoke recorded,
 capture.py, else a boot of its own) and, when it speculates, once more without
-`--speculative-config` (bench/server.py's `serving`: the hardened run of runspec.py, a
-free loopback port, always removed); both get the same greedy requests one at a time
-(prompts.py); judge (verdict.py); write gates.json. A multi-node cell is served on all
-its nodes, as its smoke runs them (server_for; smoke/runner.py serving_nodes).
+`--speculative-config` (serving/container.py's `serving`: the hardened run of
+serving/runspec.py, a free loopback port, always removed); both get the same greedy
+requests one at a time (send.py); judge (verdict.py); write gates.json. A multi-node
+cell is served on all its nodes, as its smoke runs them (serving/container.py
+server_for).
 
 One server at a time, each request alone: a batch of one is the shape both runs share,
 so the plain run is the reference the speculative one must reproduce token for token."""
@@ -14,64 +15,25 @@ import datetime as dt
 import json
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imagebuild import progress
+from imagebuild.buildfolder import CAPTURE_FILE, GATES_FILE, cell_dir
 from imagebuild.errors import OperationFailed
-from imagebuild.gates.client import generate, served_model
-from imagebuild.gates.identity import changed, identity
 from imagebuild.gates.prompts import GateRequest, gate_requests
-from imagebuild.gates.runrecord import SPEC_FLAG, Run, speculates
+from imagebuild.gates.runrecord import Run
+from imagebuild.gates.send import send_all
 from imagebuild.gates.summary import passed, summary
 from imagebuild.gates.verdict import GateResult, long_generation, lossless, not_applicable
+from imagebuild.serving.container import Server, one_container, server_for
+from imagebuild.serving.runspec import SPEC_FLAG, Limits, speculates
 from imagebuild.spec.gates import GateSettings
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
-    from imagebuild.smoke.boot import Container
 
-GATES_FILE = "gates.json"
 Log = Callable[[str], None]
-# a server for the image minus some flags (the plain run drops --speculative-config)
-Server = Callable[[tuple[str, ...]], AbstractContextManager["Container"]]
-
-
-def request_timeout(max_tokens: int) -> float:
-    """Generous: a server slower than 2 tokens/s at a batch of one is broken anyway."""
-    return 60.0 + max_tokens / 2
-
-
-def one_container(image: str, info: dict[str, Any], expect: dict[str, Any], *,
-                  log: Log = print) -> Server:
-    """A single-node cell's server: the image's own command in one container."""
-    from imagebuild.bench.server import serving
-
-    return lambda drop_flags: serving(image, info, expect, drop_flags=drop_flags, log=log)
-
-
-def server_for(job: Job, info: dict[str, Any], out_dir: Path, *, what: str = "gates",
-               log: Log = print) -> Server:
-    """How a job's image is served for the gates and the bench: a multi-node cell on all
-    its nodes the way its smoke runs them (smoke/runner.py serving_nodes: workers first,
-    then the head), any other cell in one container from the image's command (which for
-    a TP>1 layout over several nodes could not serve alone)."""
-    from imagebuild.spec.nodecmd import multi_node
-
-    par = multi_node(job.cell)
-    expect = dict(job.expect)
-    if par is None:
-        return one_container(job.release_ref, info, expect, log=log)
-    from imagebuild.smoke.nodes import cell_node_files
-    from imagebuild.smoke.runner import serving_nodes
-
-    files = cell_node_files(job.cell, job.release_ref)
-    timeout = float(expect.get("boot_timeout_s") or 600)
-    return lambda drop_flags: serving_nodes(
-        job.release_ref, files, out_dir / f"nodes-{what}", drop_flags=drop_flags,
-        tensor_parallel_size=par.tensor_parallel_size, cpu=not job.cell.target.gpu,
-        boot_timeout_s=timeout, log=log)
 
 
 def run_requests(image: str, info: dict[str, Any], expect: dict[str, Any],
@@ -79,7 +41,7 @@ def run_requests(image: str, info: dict[str, Any], expect: dict[str, Any],
                  drop_flags: tuple[str, ...] = (), log: Log = print,
                  serve: Server | None = None) -> Run:
     """Boot (`serve`, by default one container), send every request, take it down."""
-    serve = serve or one_container(image, info, expect, log=log)
+    serve = serve or one_container(image, info, Limits.of(expect), log=log)
     run = Run(what)
     t0 = time.monotonic()
     try:
@@ -89,23 +51,6 @@ def run_requests(image: str, info: dict[str, Any], expect: dict[str, Any],
     except OperationFailed as exc:  # it did not boot: nothing measured, nothing passes
         run.untrusted = f"the {what} server did not serve: {exc.message[:600]}"
     run.seconds = time.monotonic() - t0
-    return run
-
-
-def send_all(run: Run, container: str, base_url: str, reqs: list[GateRequest], *,
-             seed: int) -> Run:
-    """Every request, one at a time, to a healthy server, with its identity before and
-    after (a restart in between makes the run untrusted)."""
-    model = served_model(base_url)
-    run.before = identity(container)
-    for r in reqs:
-        progress.wait("gates", f"{r.name} ({r.max_tokens} tokens) on the {run.what} server")
-        run.gens.append(generate(base_url, model, r, seed=seed,
-                                 timeout_s=request_timeout(r.max_tokens)))
-    run.after = identity(container)
-    why = changed(run.before, run.after)
-    if why:
-        run.untrusted = f"the {run.what} run: {why}"
     return run
 
 
@@ -141,7 +86,7 @@ def gate_image(image: str, info: dict[str, Any], expect: dict[str, Any],
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     reqs = gate_requests(settings)
     seed = settings.lossless.seed
-    from imagebuild.gates.capture import CAPTURE_FILE, load_capture
+    from imagebuild.gates.capture import load_capture
 
     shipped = "speculative" if speculates(info) else "plain"  # the image as it ships
     recorded = load_capture(out_dir / CAPTURE_FILE, str(info.get("Id")), settings)
@@ -179,14 +124,15 @@ def gate_jobs(jobs: tuple[Job, ...], out_root: Path, *, log: Log = print
     """`build.py gates --tag T` and the whole job: each job's local image, one at a time;
     gates.json in its smoke cell dir."""
     from imagebuild.docker import inspect_image
-    from imagebuild.smoke.paths import cell_dir
 
     docs = {}
     for job in jobs:
         info = inspect_image(job.release_ref)
         out = cell_dir(out_root, job.cell)
         with progress.stage("gates", job.id):
+            serve = server_for(job.cell, job.release_ref, info, out,
+                               limits=Limits.of(job.expect), log=log)
             docs[job.id] = gate_image(job.release_ref, info, dict(job.expect),
                                       job.cell.target.gates, out, cell=job.id,
-                                      serve=server_for(job, info, out, log=log), log=log)
+                                      serve=serve, log=log)
     return docs

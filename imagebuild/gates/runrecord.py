@@ -1,6 +1,6 @@
-"""One run's answers to the gate requests, and whether an image speculates: what smoke's
-recording (capture.py) and the gates' own runs (run.py) share. A leaf module: smoke
-imports it without reaching the servers the gates boot."""
+"""One run's answers to the gate requests: what smoke's recording (capture.py) and the
+gates' own runs (run.py) share. A leaf module: the smoke suite imports it without
+reaching the servers the gates boot."""
 
 from __future__ import annotations
 
@@ -9,13 +9,6 @@ from typing import Any
 
 from imagebuild.gates.client import Generation
 from imagebuild.gates.identity import Identity
-
-SPEC_FLAG = "--speculative-config"
-
-
-def speculates(info: dict[str, Any]) -> bool:
-    cmd = (info.get("Config") or {}).get("Cmd") or []
-    return any(a == SPEC_FLAG or str(a).startswith(SPEC_FLAG + "=") for a in cmd)
 
 
 @dataclass

@@ -1,1 +1,1 @@
-"""Pins: resolve them (Hub, sources, bases), write and read matrix.lock.json, watch upstream."""
+"""Pins: resolve them (Hub, sources, bases), write and read matrix.lock.json."""

@@ -119,7 +119,7 @@ class SourceEntry(_Strict):
 
 
 class DependencyEntry(_Strict):
-    """A git source vLLM's CMake fetches at build time (lock/fetchcontent.py)."""
+    """A git source vLLM's CMake fetches at build time (vllmsource/fetchcontent.py)."""
 
     repository: Text
     ref: Text  # GIT_TAG as vLLM's CMake declares it

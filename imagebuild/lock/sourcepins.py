@@ -5,36 +5,26 @@ CMake fetches at build time, pinned by commit.
 The sdist's `vllm/_version.py` names its commit (setuptools-scm's `commit_id`, "g<hex>");
 a source pin that is not that commit would build a tree nobody tested, so `lock` refuses
 it. The FetchContent sources are read from the sdist's CMake files with the series' CMake
-patches applied (fetchcontent.py). A GIT_TAG that is a tag, not a commit, is resolved with
-`git ls-remote` only when asked (`lock --update TARGET`, where GitHub is reachable): until
-then the entry is unresolved and builds refuse it.
+patches applied (vllmsource/fetchcontent.py). A GIT_TAG that is a tag, not a commit, is
+resolved with `git ls-remote` only when asked (`lock --update TARGET`, where GitHub is
+reachable): until then the entry is unresolved and builds refuse it.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.lock.fetchcontent import Dependency, dependencies, is_commit
 from imagebuild.spec.matrix import LoadedMatrix
+from imagebuild.vllmsource.fetchcontent import is_commit, read_sources
+from imagebuild.vllmsource.sdist import sdist_commit, sdist_tree
 
 SdistTree = Callable[[str], Path]
 ResolveRef = Callable[[str, str], str]
-
-
-def sdist_commit(sdist_root: Path) -> str | None:
-    """The commit the sdist was built from, as setuptools-scm recorded it (short hex)."""
-    version_py = sdist_root / "vllm" / "_version.py"
-    if not version_py.is_file():
-        return None
-    match = re.search(r"commit_id = '(?:g)?([0-9a-f]{7,40})'", version_py.read_text())
-    return match.group(1) if match else None
 
 
 def check_pin(lm: LoadedMatrix, ename: str, tname: str, commit: str, built_from: str | None,
@@ -82,18 +72,6 @@ def resolve_ref(repository: str, ref: str) -> str:
                           fix="check the GIT_TAG in vLLM's CMake files")
 
 
-def _cmake_tree(sdist_root: Path, patches: list[Path], dest: Path) -> Path:
-    from imagebuild.rehearse.source import cmake_only_tree, cmake_patches
-
-    return cmake_only_tree(sdist_root, dest, cmake_patches(patches))
-
-
-def read_sources(sdist_root: Path, patches: list[Path]) -> list[Dependency]:
-    """The FetchContent git sources of the sdist with the series' CMake patches applied."""
-    with tempfile.TemporaryDirectory(prefix="imagebuild-cmake-") as tmp:
-        return dependencies(_cmake_tree(sdist_root, patches, Path(tmp) / "tree"))
-
-
 def source_pins(lm: LoadedMatrix, ename: str, tname: str, entry: dict[str, Any],
                 previous: dict[str, Any] | None, *, resolve: bool,
                 sdist: SdistTree | None = None, resolve_tag: ResolveRef = resolve_ref,
@@ -116,8 +94,6 @@ def source_pins(lm: LoadedMatrix, ename: str, tname: str, entry: dict[str, Any],
         deps = {n: {k: v for k, v in d.items() if k != "commit"} for n, d in old_deps.items()}
     else:
         if sdist is None:
-            from imagebuild.builder.vllm_source import sdist_tree
-
             sdist = sdist_tree
         root = sdist(entry["vllm_version"])
         built_from = sdist_commit(root)

@@ -152,9 +152,7 @@ def _engine(argv: tuple[str, ...], spec: dict) -> dict:
         value = flag_value(argv, flag)
         if value is None:
             continue
-        if key in ("block_size", "tensor_parallel_size"):
-            value = int(value)
-        engine[key] = value
+        engine[key] = int(value) if key in ("block_size", "tensor_parallel_size") else value
     if spec:
         engine["speculative_config"] = dict(spec)
     return engine
@@ -510,7 +508,7 @@ def _flag_for(kind: str) -> str | None:
 
 def _static(v: CellView, model: Checkpoint | None) -> list[Finding]:
     """The profile's own FlashInfer MoE choices on sm_121 (not a prediction: what it says)."""
-    out = []
+    out: list[Finding] = []
     r = BY_ID["flashinfer-moe-sm121"]
     if not v.applies(r):
         return out
@@ -548,7 +546,8 @@ def _quant_text(cp: Checkpoint) -> str:
 
 def _nvfp4_moe(cp: Checkpoint) -> bool:
     cfg = cp.config or {}
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    text_config = cfg.get("text_config")
+    text: dict = text_config if isinstance(text_config, dict) else cfg
     moe = any(k in text for k in ("num_experts", "n_routed_experts", "num_local_experts"))
     return moe and "nvfp4" in _quant_text(cp)
 
@@ -559,7 +558,7 @@ def _gemm_asserted(v: CellView, outcomes_of: Callable[[], list[Outcome]]) -> lis
     if not v.applies(r) or (eb and eb.nvfp4_gemm):
         return []
     decided = [o for o in outcomes_of() if o.decisions is not None]
-    selecting = [o for o in decided if o.decisions["nvfp4_gemm"].log]
+    selecting = [o for o in decided if o.decisions and o.decisions["nvfp4_gemm"].log]
     if decided and len(selecting) == len(decided):
         return [r.finding(v.label, f"an NVFP4 checkpoint whose GEMM vLLM "
                                    f"{v.cell.engine.vllm_version} selects at load "

@@ -410,12 +410,17 @@ def _model_dtype(cfg: dict, text: dict, flags: KVFlags) -> str:
 
 def _cache_dtype(flags: KVFlags, ckpt, model: KVModel) -> tuple[str, str]:
     """cache_config.cache_dtype once the attention layers exist (how the checkpoint's own
-    KV quantization resolves `auto` was read from vLLM 0.23.0's code)."""
-    if not model.within(READ_023) and (ckpt.kv_method or ckpt.cache_dtype not in (None,
-                                                                                    "auto")):
-        raise CannotPredict(f"how vLLM {model.version} resolves the checkpoint's own KV "
-                            f"quantization ({ckpt.source or 'its quantization config'}) was "
-                            "read from vLLM 0.23 only")
+    KV quantization resolves `auto`, and the fp8_e5m2 refusal, were read from vLLM 0.23.0's
+    code; a checkpoint that declares no KV quantization leaves `auto` alone in every
+    version). Another version: only what does not depend on those readings is predicted
+    (0.32 refuses fp8_e5m2 on fewer checkpoints: V32 attention.py:205-220)."""
+    if not model.within(READ_023):
+        named = ckpt.cache_dtype not in (None, "auto")
+        if (flags.kv_cache_dtype == "auto" and named) or (
+                flags.kv_cache_dtype == "fp8_e5m2" and ckpt.kv_method):
+            raise CannotPredict(
+                f"how vLLM {model.version} resolves the checkpoint's own KV quantization "
+                f"({ckpt.source or 'its quantization config'}) was read from vLLM 0.23 only")
     if flags.kv_cache_dtype != "auto":
         if flags.kv_cache_dtype == "fp8_e5m2" and ckpt.kv_method:
             raise VllmRefuses(

@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from imagebuild.nodefiles import find_node_files, read_node_file
 from imagebuild.preflight.checkpoint import Checkpoint, parse_len
 from imagebuild.preflight.findings import Finding, Rule
 from imagebuild.preflight.flags import CellView, as_float, as_int
 from imagebuild.preflight.kvcache import KVPrediction
+from imagebuild.serving.nodefiles import find_node_files, read_node_file
 from imagebuild.spec.nodecmd import multi_node, node_commands, node_differences
 from imagebuild.spec.values import memory_bytes
 

@@ -35,7 +35,8 @@ REPO_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 DIGEST_RE = re.compile(r"^[a-z0-9]+(?:[+._-][a-z0-9]+)*:[a-zA-Z0-9=_-]+$")
 
 # annotations the project writes and later parses (registry/records.py, release/lease.py,
-# bench/store.py name them; tests/unit/test_registry_untrusted.py keeps the two in step)
+# registry/referrers.py, bench/store.py name them; tests/unit/test_registry_untrusted.py
+# keeps the two in step)
 JSON_OBJECT_ANNOTATIONS = ("io.imagebuild.release.pins", "io.imagebuild.release.checks",
                            "io.imagebuild.release.gates")
 LEASE_PREFIX = "io.imagebuild.lease."

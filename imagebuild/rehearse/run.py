@@ -13,9 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from imagebuild import REPO_ROOT
-from imagebuild.builder.vllm_source import sdist_pin, sdist_tree
 from imagebuild.errors import ImagebuildError
-from imagebuild.rehearse import source
 from imagebuild.rehearse.arch_probe import LEFT_OUT
 from imagebuild.rehearse.inputs import Inputs, load_inputs
 from imagebuild.rehearse.step_arch import rehearse_arch
@@ -25,6 +23,8 @@ from imagebuild.rehearse.step_selfcheck import rehearse_selfcheck
 from imagebuild.rehearse.steps import Step, exit_code, table
 from imagebuild.rehearse.toolchain import ToolMissing, Tools, find_tools
 from imagebuild.render import VLLM_PATHS
+from imagebuild.vllmsource import tree
+from imagebuild.vllmsource.sdist import sdist_pin, sdist_tree
 
 ONLY_ON_GB10 = [
     Step("-", "the full vLLM build", summary=LEFT_OUT),
@@ -51,11 +51,11 @@ def _source_step(inputs: Inputs, workdir: Path) -> tuple[Step, Path | None, Path
     try:
         pin = sdist_pin(inputs.vllm_version)
         sdist = sdist_tree(inputs.vllm_version)
-        checkout = source.prepare(sdist, workdir, inputs.vllm_version, list(inputs.patches),
+        checkout = tree.prepare(sdist, workdir, inputs.vllm_version, list(inputs.patches),
                                   sorted(VLLM_PATHS.values()))
     except ImagebuildError as exc:
         return step.failed(exc.render()), None, None
-    except source.ScriptFailed as exc:
+    except tree.ScriptFailed as exc:
         step.seconds = time.monotonic() - start
         step.details += exc.output.splitlines()
         return step.failed(f"the recipe's {exc.script} failed (its output below)"), None, None

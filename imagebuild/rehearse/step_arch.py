@@ -15,12 +15,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from imagebuild.rehearse import source
 from imagebuild.rehearse.arch_probe import ArchResult, ProbeFailed, configure, messages, write_probe
 from imagebuild.rehearse.cmake_blocks import AnchorError
 from imagebuild.rehearse.inputs import FP4_UNITS, GENERIC_UNITS, Inputs
 from imagebuild.rehearse.steps import Step
 from imagebuild.rehearse.toolchain import Tools
+from imagebuild.vllmsource import tree
 
 
 def gencode_for(expect_arch: str) -> str:
@@ -81,11 +81,11 @@ def rehearse_arch(inputs: Inputs, tools: Tools, sdist_root: Path, checkout: Path
         step.details.append(f"with the series ({series}): {line}")
         step.details += [f"  cmake: {m}" for m in messages(with_res.log)]
         verdicts = []
-        cmake_patches = source.cmake_patches(list(inputs.patches))
+        cmake_patches = tree.cmake_patches(list(inputs.patches))
         for patch in cmake_patches:
             rest = [p for p in cmake_patches if p != patch]
-            tree = source.cmake_only_tree(sdist_root, workdir / f"cmake-without-{patch.stem}", rest)
-            res = _probe(tree, workdir / f"probe-without-{patch.stem}", tools, inputs)
+            cut = tree.cmake_only_tree(sdist_root, workdir / f"cmake-without-{patch.stem}", rest)
+            res = _probe(cut, workdir / f"probe-without-{patch.stem}", tools, inputs)
             kept, line = _survives(res, inputs)
             step.details.append(f"without {patch.name}: {line}")
             step.details += [f"  cmake: {m}" for m in messages(res.log)]

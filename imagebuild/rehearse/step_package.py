@@ -16,10 +16,10 @@ from pathlib import Path
 
 from imagebuild.rehearse.buildenv import BuildEnvFailed, build_python
 from imagebuild.rehearse.inputs import Inputs
-from imagebuild.rehearse.source import FILES
 from imagebuild.rehearse.steps import Step
 from imagebuild.rehearse.toolchain import Tools
 from imagebuild.render import VLLM_PATHS
+from imagebuild.vllmsource.tree import FILES
 
 
 def _env_without_cargo(extra: dict[str, str]) -> dict[str, str]:

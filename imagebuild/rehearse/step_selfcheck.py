@@ -20,9 +20,9 @@ from pathlib import Path
 
 from imagebuild.rehearse.inputs import Inputs
 from imagebuild.rehearse.runtime_stage import engine_dockerfile, localize, read_runtime_stage
-from imagebuild.rehearse.source import FILES
 from imagebuild.rehearse.steps import Step
 from imagebuild.rehearse.toolchain import Tools
+from imagebuild.vllmsource.tree import FILES
 
 NEEDS_FLASHINFER = ("flashinfer-jit-cache",)
 _LINE = re.compile(r"^(ok|FAIL|skip)\s+([\w-]+): (.*)$")

@@ -12,8 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from imagebuild.bench import store
+from imagebuild import buildfolder
 from imagebuild.errors import ImagebuildError, OperationFailed
+from imagebuild.registry import referrers
 from imagebuild.registry.records import read_release
 from imagebuild.supplychain.attach import SBOM_FILE
 
@@ -24,8 +25,8 @@ def subject_files(client, job, out: Path) -> dict[str, str]:  # type: ignore[no-
     if rel is None:
         raise OperationFailed(f"{job.id}: {job.image.name}:{tag} is not in the registry",
                               fix="re-run the cell job: it publishes the release")
-    sboms = [d for d in store.listed(client, repo, rel.digest, store.SBOM_TYPE)
-             if (d.get("annotations") or {}).get(store.A_IMAGE_ID) == rel.image_id]
+    sboms = [d for d in referrers.listed(client, repo, rel.digest, referrers.SBOM_TYPE)
+             if (d.get("annotations") or {}).get(referrers.A_IMAGE_ID) == rel.image_id]
     if not sboms:
         raise OperationFailed(f"{job.id}: no SBOM of image {rel.image_id[:19]} is stored "
                               f"with {repo}:{tag}",
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--only", required=True, help="the cell")
-    p.add_argument("--out", type=Path, default=Path("build/supply-chain"))
+    p.add_argument("--out", type=Path, default=Path(buildfolder.BUILD, buildfolder.SUPPLY_CHAIN))
     p.add_argument("--matrix", type=Path, default=None)
     args = p.parse_args(argv)
     try:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from imagebuild.bench import acceptance, compare, store, trust
-from imagebuild.registry import documents
+from imagebuild.registry import documents, referrers
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.errors import NotFound
 from imagebuild.registry.records import (
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from imagebuild.plan import Job
 
 SCHEMA = "imagebuild.compat/v1"
-ARTIFACT_TYPE = store.COMPAT_TYPE
+ARTIFACT_TYPE = referrers.COMPAT_TYPE
 FILE_NAME = "compat.json"
 A_VERDICT = "io.imagebuild.compat.verdict"  # the cell's verdict, on the artifact itself
 GATE_STATUSES = ("pass", "fail", "untrusted", "not-applicable")
@@ -244,8 +244,8 @@ def put_table(client: RegistryClient, repo: str, tag: str, doc: dict[str, Any]) 
     body = json.dumps(doc, sort_keys=True, indent=1).encode()
     ann = {A_TAG: rel.annotations.get(A_TAG, tag),
            A_VERDICT: mine["verdict"] if mine else "not in the table"}
-    return store.put_artifact(client, repo, rel, body, artifact_type=ARTIFACT_TYPE,
-                              file_name=FILE_NAME, annotations=ann)
+    return referrers.put_artifact(client, repo, rel, body, artifact_type=ARTIFACT_TYPE,
+                                  file_name=FILE_NAME, annotations=ann)
 
 
 def store_tables(client: RegistryClient, jobs: tuple[Job, ...], doc: dict[str, Any],
@@ -266,7 +266,7 @@ def stored_table(client: RegistryClient, repo: str, tag: str) -> dict[str, Any] 
 def table_of(client: RegistryClient, rel: Release) -> dict[str, Any] | None:
     """The table stored with release `rel` (already read), None when there is none."""
     repo = rel.repo
-    ours, _how = store._ours(client, repo, rel.digest, ARTIFACT_TYPE)
+    ours, _how = referrers._ours(client, repo, rel.digest, ARTIFACT_TYPE)
     for desc in ours:
         try:
             raw, _media, digest = client.get_manifest(repo, desc["digest"])

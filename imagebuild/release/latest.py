@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from imagebuild.bench import store
 from imagebuild.bench.gate import DEFAULT_ACCEPTANCE_THRESHOLD, check_promotion
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.records import (
     A_BENCH,
@@ -426,7 +427,7 @@ def record_unmeasured(client: RegistryClient, repo: str, tag: str, reason: str, 
         raise OperationFailed(f"{repo}:{tag} did not read back as an unmeasured release",
                               fix="re-run; check the registry")
     # a new manifest digest: what publish attached to the old one (SBOM, provenance) moves
-    moved = store.carry_over(client, repo, rel.digest, done)
+    moved = referrers.carry_over(client, repo, rel.digest, done)
     log(f"{repo}: {tag} recorded as unmeasured ({reason})"
         + (f"; {moved} stored document(s) moved to its new record" if moved else ""))
     return done

@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imagebuild.buildfolder import record_path, verdict_path
 from imagebuild.plan import UNRESOLVED
 from imagebuild.registry.documents import bench_table
-from imagebuild.runspec import RunSpec, docker_run_text, with_listen
 from imagebuild.safetext import safe
+from imagebuild.serving.runspec import RunSpec, docker_run_argv, docker_run_text
 from imagebuild.spec.nodecmd import MASTER_ADDR_VAR, NodeCommand, multi_node, node_commands
+from imagebuild.spec.servecmd import with_listen
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
@@ -70,8 +72,6 @@ def compose_file(lm: LoadedMatrix, job: Job, ref: str) -> str:
 def _node_run(job: Job, node: NodeCommand, ref: str) -> str:
     """One node's `docker run`: hardened as every image, plus the interconnect settings,
     MASTER_ADDR from the user's shell and the node's own command."""
-    from imagebuild.runspec import docker_run_argv
-
     lines = docker_run_argv(run_spec(job, ref), name=f"{job.cell.image}-{node.name}")
     env = [["-e", f"{k}={v}"] for k, v in node.env] + [["-e", MASTER_ADDR_VAR]]
     text = " \\\n  ".join(shlex.join(line) for line in lines[:-1] + env + lines[-1:])
@@ -294,12 +294,12 @@ def _stored_bench(client: Any, repo: str, tag: str | None
 
 
 def _stored_documents(client: Any, repo: str, digest: str) -> dict[str, str]:
-    from imagebuild.bench import store
+    from imagebuild.registry import referrers
     from imagebuild.supplychain.attach import A_FINDINGS, A_SIGNING
 
     found: dict[str, str] = {}
-    for key, kind in (("sbom", store.SBOM_TYPE), ("provenance", store.PROVENANCE_TYPE)):
-        descs = store.listed(client, repo, digest, kind)
+    for key, kind in (("sbom", referrers.SBOM_TYPE), ("provenance", referrers.PROVENANCE_TYPE)):
+        descs = referrers.listed(client, repo, digest, kind)
         if descs:
             ann = descs[0].get("annotations") or {}
             found[key] = str(descs[0]["digest"])
@@ -313,7 +313,6 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
     from the smoke reports."""
     from imagebuild.bench.store import A_ACCEPTED, A_ACCEPTED_DROP, A_UNCOMPARED, A_UNTRUSTED
     from imagebuild.registry.records import list_releases
-    from imagebuild.smoke.paths import verdict_path
 
     facts = {}
     for job in jobs:
@@ -327,8 +326,7 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
         ann = {k: safe(v) for k, v in ann.items()}  # registry text, shown in the notes
         if bench:  # the table below indexes every figure: a bare document is a fault
             bench_table(bench, client.host, f"bench results of {repo}:{mine.tag if mine else ''}")
-        record = (smoke_dir / "records" / job.cell.target_name / job.cell.engine_name
-                  / f"{job.cell.image}.json")
+        record = record_path(smoke_dir, job.cell, "serve")
         gpu_code = json.loads(record.read_text()).get("gpu_code") if record.is_file() else None
         facts[job.id] = ImageFacts(
             digest=mine.digest if mine else None, previous=previous, verdict=verdict,
@@ -345,7 +343,7 @@ def write_compose_files(lm: LoadedMatrix, facts: dict[str, ImageFacts], jobs: tu
                         out_dir: Path) -> list[Path]:
     """The compose file of each image, by digest where it was pushed, and a multi-node
     cell's per-node files: release assets."""
-    from imagebuild.nodefiles import node_files
+    from imagebuild.serving.nodefiles import node_files
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -434,7 +432,6 @@ def gather_not_promoted(client: Any, jobs: tuple[Job, ...], smoke_dir: Path
                         ) -> tuple[dict[str, dict[str, Any] | None], dict[str, str | None]]:
     """Each job's verdict from the run's smoke reports and where its `latest` stays."""
     from imagebuild.registry.records import list_releases
-    from imagebuild.smoke.paths import verdict_path
 
     verdicts: dict[str, dict[str, Any] | None] = {}
     latest: dict[str, str | None] = {}

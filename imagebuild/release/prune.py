@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from imagebuild.bench import store
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.errors import NotFound
 from imagebuild.registry.records import (
@@ -181,7 +182,7 @@ def prune(client: RegistryClient, repo: str, keep: int, *, dry_run: bool = False
             # a failure after it leaves results a re-run no longer reaches (only storage)
             _delete(client, repo, tag, digest)
             lease.check()  # the fence before the results' deletes too
-            store.forget(client, repo, digest)  # results, SBOM, provenance, table, bundles
+            referrers.forget(client, repo, digest)  # results, SBOM, provenance, table, bundles
     _log_prune(plan, False, log)
     return plan
 

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from imagebuild.buildfolder import GATES_FILE, verdict_path
 from imagebuild.plan import Job
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.records import A_IMAGE, Release
@@ -35,9 +36,7 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
     check names and outcomes), where the notes read smoke reports, unless a report of this
     checkout is there already, and its release gates' summary as gates.json beside it.
     Says where it comes from: smoke and the gates were not run again."""
-    from imagebuild.gates.run import GATES_FILE
     from imagebuild.registry.records import A_CHECKS, A_GATES, read_release
-    from imagebuild.smoke.paths import verdict_path
 
     path = verdict_path(build_dir, job.cell)
     rel = read_release(client, job.image.repository, str(job.tag))
@@ -61,25 +60,25 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
 def attested(client: RegistryClient, rel: Release, signed: bool) -> bool:
     """SBOM and provenance stored for the release's image, and with `signed` a Sigstore
     bundle of each of SIGNED_PREDICATES attached to its digest as well."""
-    from imagebuild.bench import store
+    from imagebuild.registry import referrers
 
     image_id = rel.annotations.get(A_IMAGE) or rel.image_id
-    found = store.listed_kinds(client, rel.repo, rel.digest, (
-        store.SBOM_TYPE, store.PROVENANCE_TYPE, store.SIGSTORE_BUNDLE_TYPE))
+    found = referrers.listed_kinds(client, rel.repo, rel.digest, (
+        referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE, referrers.SIGSTORE_BUNDLE_TYPE))
     documented = all(any(d.get("artifactType") == want and (d.get("annotations") or {}).get(
-                             store.A_IMAGE_ID) == image_id for d in found)
-                     for want in (store.SBOM_TYPE, store.PROVENANCE_TYPE))
+                             referrers.A_IMAGE_ID) == image_id for d in found)
+                     for want in (referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE))
     if not documented or not signed:
         return documented
     bundles = set()
     for desc in found:
-        if desc.get("artifactType") != store.SIGSTORE_BUNDLE_TYPE:
+        if desc.get("artifactType") != referrers.SIGSTORE_BUNDLE_TYPE:
             continue
-        predicate = (desc.get("annotations") or {}).get(store.A_BUNDLE_PREDICATE)
+        predicate = (desc.get("annotations") or {}).get(referrers.A_BUNDLE_PREDICATE)
         if predicate is None:  # a fallback index that kept no annotations: the manifest's
             raw, _media, _digest = client.get_manifest(rel.repo, str(desc["digest"]))
             predicate = (json.loads(raw).get("annotations") or {}).get(
-                store.A_BUNDLE_PREDICATE)
+                referrers.A_BUNDLE_PREDICATE)
         bundles.add(predicate)
     return set(SIGNED_PREDICATES) <= bundles
 

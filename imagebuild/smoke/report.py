@@ -7,6 +7,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from imagebuild.buildfolder import VERDICT_FILE
+
 OUTCOMES = ("failure", "error", "skipped")
 
 
@@ -112,4 +114,4 @@ def summary_markdown(v: dict[str, Any]) -> str:
 
 def write_verdict(out_dir: Path, verdict: dict[str, Any]) -> None:
     (out_dir / "summary.md").write_text(summary_markdown(verdict))
-    (out_dir / "verdict.json").write_text(json.dumps(verdict, indent=2) + "\n")
+    (out_dir / VERDICT_FILE).write_text(json.dumps(verdict, indent=2) + "\n")

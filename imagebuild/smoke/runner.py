@@ -16,91 +16,40 @@ import contextlib
 import datetime as dt
 import json
 import os
-import secrets
-import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from imagebuild import PACKAGE_DIR, REPO_ROOT, work_root
-from imagebuild.docker import engine, image_user, inspect_image
-from imagebuild.errors import OperationFailed
+from imagebuild import PACKAGE_DIR, REPO_ROOT, buildfolder
+from imagebuild.buildfolder import CAPTURE_FILE, SMOKE_OUTPUTS, cell_dir, ref_dir
+from imagebuild.docker import inspect_image
 from imagebuild.interrupts import held_interrupts, interrupts_as_keyboard_interrupt
-from imagebuild.runspec import PORT_VAR, RunSpec, compose_yaml
+from imagebuild.serving.compose import new_project, take_down
+from imagebuild.serving.container import image_run_spec
+from imagebuild.serving.nodes import NodeFile, cell_node_files, node_hosts, placement
+from imagebuild.serving.runspec import Limits, compose_yaml, free_port, speculates
 from imagebuild.smoke.checks import missing_checks
 from imagebuild.smoke.expect import expectations_from_labels
-from imagebuild.smoke.paths import cell_dir, ref_dir
+from imagebuild.smoke.nodes import JudgedNodes, NodeJudge
 from imagebuild.smoke.report import read_junit, write_junit, write_verdict
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
-    from imagebuild.smoke.boot import Container
-    from imagebuild.smoke.nodes import NodeFile, NodeJudge, NodeRun
     from imagebuild.spec.matrix import LoadedMatrix
 
 SUITE = Path(__file__).resolve().parent / "suite"
 CHECK_TIMEOUT_S = 900  # per check (pytest-timeout); a gb10 burst at c=32 is the longest
-OUTPUTS = ("junit.xml", "summary.md", "verdict.json", "container.log", "boot.json",
-           "container-attempt1.log", "checks.log", "config.json", "checks-junit.xml",
-           "compose.yaml", "gates-speculative.json", "gates.json")  # the gates' follow smoke
-PROJECT_LABEL = "com.docker.compose.project"
 INTERRUPT_GRACE_S = 5  # pytest's own teardown (compose down) gets this long after Ctrl-C
-SWEEP_SETTLE_S = 1.0  # a create the engine accepted before compose was stopped lands by then
 
 
 def default_stall_s(boot_timeout_s: float) -> float:
     """How long a silent log may last before boot counts as the spawn hang."""
     return min(180.0, max(60.0, boot_timeout_s / 4))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run_spec(image_ref: str, info: dict[str, Any], expect: dict[str, Any]) -> RunSpec:
-    """How this image runs: its own CMD, the cell's memory limit and GPU setting."""
-    cfg = info.get("Config") or {}
-    return RunSpec(image=image_ref, command=tuple(cfg.get("Cmd") or ()),
-                   memory=expect.get("memory_limit"), gpu=bool(expect.get("gpu")),
-                   user=image_user(image_ref, cfg.get("User") or ""),
-                   port=int(expect.get("port") or 8000))
-
-
-def take_down(project: str, compose_file: Path, env: dict[str, str] | None = None, *,
-              suite_finished: bool = False) -> None:
-    """Backstop clean-up: every container labelled with the project goes first (killed,
-    not stopped: seconds), then compose down for what else it made; a second sweep after
-    a moment catches a container the engine was still creating when compose was stopped.
-    Its own session: a second Ctrl-C on the terminal does not cut it short.
-    `suite_finished`: the suite ended by itself, so its own `down` ran and nothing was cut
-    short mid-create; when it left nothing labelled, there is nothing to back stop (a
-    second compose process and the settle cost 1.7 s of every smoke with compose 1.29)."""
-    from imagebuild.smoke.suite.conftest import compose_command
-
-    label = f"{PROJECT_LABEL}={project}"
-    if suite_finished and not engine().labelled_leftovers(label):
-        return
-    engine().remove_labelled(label)
-    with held_interrupts():
-        try:
-            # `env`: the variables the file requires (a multi-node file's MASTER_ADDR)
-            subprocess.run([*shlex.split(compose_command()), "-f", str(compose_file), "-p",
-                            project, "down", "--volumes", "--timeout", "5"],
-                           capture_output=True, timeout=120, start_new_session=True,
-                           env={**os.environ, **(env or {})})
-        except Exception:  # noqa: BLE001 - the label sweeps still run
-            pass
-    time.sleep(SWEEP_SETTLE_S)
-    engine().remove_labelled(label)
 
 
 def _run_suite(out: Path, config: dict[str, Any], env: dict[str, str], console: Console,
@@ -217,29 +166,26 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
     image known only by reference) the same settings are derived from the image.
     `gates`: the target's release-gate settings; the suite then sends the gates' requests
     and records the answers for them (gates/capture.py).
-    A multi-node cell (smoke/nodes.py) runs its head here: `env` for compose (the head's
+    A multi-node cell (smoke_nodes) runs its head here: `env` for compose (the head's
     address), `project` (its workers take the head down when one is lost) and `nodes`,
     which adds the node checks to the verdict before it is written."""
     console = console or Console(stderr=True, soft_wrap=True)  # CI logs: no hard wraps
     t0 = time.time()
     info = inspect_image(image_ref)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in OUTPUTS:
+    for name in SMOKE_OUTPUTS:
         (out_dir / name).unlink(missing_ok=True)
     timeout_s = boot_timeout_s or expect["boot_timeout_s"]
     port = free_port()
     compose_file = out_dir / "compose.yaml"
     compose_file.write_text(compose_text or compose_yaml(
-        run_spec(image_ref, info, expect), name=expect.get("image") or "serve"))
+        image_run_spec(image_ref, info, Limits.of(expect)), name=expect.get("image") or "serve"))
     project = project or new_project()
     config = {"image_ref": image_ref, "image_id": info["Id"], "expect": expect,
               "compose_file": str(compose_file), "project": project, "port": port,
               "out_dir": str(out_dir), "boot_path": str(out_dir / "boot.json"),
               "boot_timeout_s": timeout_s, "stall_s": stall_s or default_stall_s(timeout_s)}
     if gates is not None:
-        from imagebuild.gates.capture import CAPTURE_FILE
-        from imagebuild.gates.runrecord import speculates
-
         config["gates_capture"] = {"settings": gates, "path": str(out_dir / CAPTURE_FILE),
                                    "what": "speculative" if speculates(info) else "plain"}
     env = {**(env or {}), "IMAGEBUILD_PORT": str(port), "IMAGEBUILD_IMAGE": image_ref}
@@ -276,17 +222,11 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
     return verdict
 
 
-def new_project() -> str:
-    """A compose project name of this run's own (labels find its containers)."""
-    return f"imagebuild-smoke-{secrets.token_hex(4)}"
-
-
 def smoke_ref(image_ref: str, *, out_dir: Path | None = None, **kw: Any) -> dict[str, Any]:
     """`build.py smoke IMAGE_REF`: expectations from the image's labels (and its cell)."""
     expect = expectations_from_labels(image_ref)
-    return smoke_image(image_ref, expect, out_dir or ref_dir(work_root(REPO_ROOT) / "build",
-                                                        image_ref),
-                       **kw)
+    return smoke_image(image_ref, expect,
+                       out_dir or ref_dir(buildfolder.default(REPO_ROOT), image_ref), **kw)
 
 
 def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw: Any
@@ -295,7 +235,6 @@ def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw:
     (`job.release_ref`, as `build` tagged it) run from the cell's compose file, one
     container at a time."""
     from imagebuild.render import render_compose
-    from imagebuild.smoke.nodes import cell_node_files
     from imagebuild.spec.nodecmd import multi_node
 
     verdicts = {}
@@ -321,14 +260,12 @@ def smoke_nodes(image_ref: str, expect: dict[str, Any], out_dir: Path,
                 **kw: Any) -> dict[str, Any]:
     """Smoke one multi-node cell: workers up, then the head through runner.smoke_image
     (its suite, its verdict), the node checks added; everything taken down after."""
-    from imagebuild.smoke.nodes import NodeRun, node_hosts, placement
-
     out_dir.mkdir(parents=True, exist_ok=True)
     files = sorted(files, key=lambda f: f.rank)
     hosts, master, local = node_hosts(len(files) - 1, cpu=cpu)
     env = placement(len(files), sorted(os.sched_getaffinity(0))) if cpu and local else []
-    run = NodeRun(image_ref, list(files), out_dir, new_project(), master, env, hosts,
-                  tensor_parallel_size // len(files))
+    run = JudgedNodes(image_ref, list(files), out_dir, new_project(), master, env, hosts,
+                      tensor_parallel_size // len(files))
     try:
         run.start_workers()
         run.watch()
@@ -336,98 +273,3 @@ def smoke_nodes(image_ref: str, expect: dict[str, Any], out_dir: Path,
                            env=run.compose_env(), project=run.head_project, nodes=run, **kw)
     finally:
         run.take_down()
-
-
-@contextlib.contextmanager
-def serving_nodes(image_ref: str, files: Sequence[NodeFile], out_dir: Path, *,
-                  tensor_parallel_size: int, cpu: bool, boot_timeout_s: float,
-                  drop_flags: tuple[str, ...] = (), log: Callable[[str], None] = print
-                  ) -> Iterator[Container]:
-    """A multi-node cell served for the release gates and the bench, the way its smoke
-    runs it: the same NodeRun starts and watches the workers (same hosts, same
-    placement), then the head comes up detached from its per-node file on a free
-    loopback port; yields it once /health answers. A lost worker ends the boot (and
-    stops the head, so requests in flight fail rather than hang); everything is taken
-    down after, whatever ended the run."""
-    from imagebuild.smoke.boot import Container
-    from imagebuild.smoke.nodes import (
-        PROJECT_LABEL,
-        UP_TIMEOUT_S,
-        LogWatcher,
-        NodeFile,
-        NodeRun,
-        _Worker,
-        lost_message,
-        node_hosts,
-        placement,
-        without_flags,
-    )
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    files = [NodeFile(f.name, f.rank, without_flags(f.text, drop_flags))
-             for f in sorted(files, key=lambda f: f.rank)]
-    hosts, master, local = node_hosts(len(files) - 1, cpu=cpu)
-    env = placement(len(files), sorted(os.sched_getaffinity(0))) if cpu and local else []
-    run = NodeRun(image_ref, files, out_dir, new_project(), master, env, hosts,
-                  tensor_parallel_size // len(files))
-    port = free_port()
-    head_file = out_dir / f"{files[0].name}.compose.yaml"
-    head_env = {**run.compose_env(), PORT_VAR: str(port)}
-    try:
-        run.start_workers()
-        run.watch()
-        head_file.write_text(run.head_text())
-        head = _Worker(files[0], None, run.head_project, head_file,
-                       out_dir / f"{files[0].name}.log", engine())
-        proc = run._compose(head, "up", "--detach", "--no-build", timeout=UP_TIMEOUT_S,
-                            extra_env={PORT_VAR: str(port)})
-        if proc.returncode != 0:
-            raise OperationFailed(f"the head did not start: {proc.stderr.strip()[-800:]}",
-                                  fix=f"run the file by hand: {head_file}")
-        names = engine().container_names(label=f"{PROJECT_LABEL}={run.head_project}")
-        c = Container(names[0] if names else "", port)
-        head.watcher = LogWatcher(c.name, head.log).start()
-        try:
-            _wait_healthy(run, c, image_ref, boot_timeout_s, log)
-            yield c
-        finally:
-            head.watcher.stop(timeout=2)
-        if run.lost is not None:
-            raise OperationFailed(lost_message(run.lost),
-                                  fix=f"see the node's log: {out_dir}")
-    finally:
-        run.stop_watching()
-        take_down(run.head_project, head_file, head_env)
-        run.take_down()
-
-
-def _wait_healthy(run: NodeRun, c: Container, image_ref: str, timeout_s: float,
-                  log: Callable[[str], None]) -> None:
-    import requests
-
-    from imagebuild import progress
-    from imagebuild.smoke.boot import POLL_S
-    from imagebuild.smoke.nodes import lost_message
-
-    t0 = time.monotonic()
-    while True:
-        elapsed = time.monotonic() - t0
-        progress.wait("boot", f"{len(run.files)} nodes, waiting for the head's /health "
-                      f"({elapsed:.0f}s)")
-        if run.lost is not None:
-            raise OperationFailed(lost_message(run.lost), fix=f"see {run.out_dir}")
-        try:
-            if requests.get(c.base_url + "/health", timeout=2).status_code == 200:
-                log(f"{len(run.files)} nodes up in {elapsed:.1f} s, head on {c.base_url}")
-                return
-        except requests.RequestException:
-            pass
-        if not c.running():
-            raise OperationFailed(f"{image_ref}: the head exited while booting; its log: "
-                                  f"{run.out_dir / (run.files[0].name + '.log')}",
-                                  fix="run `build.py smoke --tag T` for a diagnosis")
-        if elapsed > timeout_s:
-            raise OperationFailed(f"{image_ref}: the head was not healthy after "
-                                  f"{timeout_s:.0f} s", fix="run `build.py smoke --tag T` "
-                                  "for a diagnosis")
-        time.sleep(POLL_S)  # as a single node's boot (boot.py)

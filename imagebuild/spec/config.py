@@ -23,7 +23,8 @@ from pydantic import (
 
 from imagebuild.errors import UserError, validation_text
 from imagebuild.spec import schemahint as sh
-from imagebuild.spec.dockerref import (
+from imagebuild.spec.gates import GateSettings
+from imagebuild.spec.names import (
     NAME_MAX,
     PATH_JSON,
     REFERENCE_JSON,
@@ -32,7 +33,6 @@ from imagebuild.spec.dockerref import (
     check_reference,
     check_registry,
 )
-from imagebuild.spec.gates import GateSettings
 from imagebuild.spec.profiles import resolve_extends
 from imagebuild.spec.renames import renamed
 from imagebuild.spec.repopaths import RELATIVE_JSON, check_relative

@@ -32,7 +32,7 @@ from imagebuild.spec.config import (
     Waiver,
     load_matrix,
 )
-from imagebuild.spec.dockerref import NAME_MAX, check_path, check_registry
+from imagebuild.spec.names import NAME_MAX, check_path, check_registry
 from imagebuild.spec.repopaths import inside
 from imagebuild.spec.values import BadValue
 from imagebuild.spec.yamlpos import Located, shorten

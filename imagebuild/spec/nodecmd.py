@@ -24,10 +24,9 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from imagebuild.runspec import with_listen
 from imagebuild.spec.config import SOCKET_IFNAME_ENV, Parallel
 from imagebuild.spec.matrix import Cell
-from imagebuild.spec.servecmd import serve_command
+from imagebuild.spec.servecmd import serve_command, with_listen
 
 MASTER_ADDR_VAR = "MASTER_ADDR"
 MASTER_ADDR = "${" + MASTER_ADDR_VAR + "}"  # filled in at run time, never in an image

@@ -1,6 +1,6 @@
 """What the JSON Schema says about values and sections that a Python check decides.
 
-The checks in values.py, dockerref.py, repopaths.py and the models' validators stay the
+The checks in values.py, names.py, repopaths.py and the models' validators stay the
 rule the CLI applies (with its message and fix); the keywords here let an editor
 underline the same mistakes at the same place: a `pattern` for a value with a grammar, and
 `if`/`then` for a section whose fields depend on each other. Patterns are written for

@@ -20,6 +20,7 @@ BASE_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
+HOST = "127.0.0.1"  # every server we start listens on loopback only (serving/runspec.py)
 
 
 def _compact(value: Any) -> str:
@@ -83,3 +84,20 @@ def serve_command(cell: Cell) -> ServeCommand:
     host = str(prof.args.get("host", "127.0.0.1"))
     port = int(prof.args.get("port", prof.port))  # type: ignore[arg-type]
     return ServeCommand(argv=tuple(argv), env=tuple(sorted(env.items())), port=port, host=host)
+
+
+def with_listen(argv: list[str], port: int | str) -> list[str]:
+    """The serve argv with `--host 127.0.0.1 --port PORT`, whatever it said before."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("--host", "--port"):
+            skip = True
+            continue
+        if arg.startswith(("--host=", "--port=")):
+            continue
+        out.append(arg)
+    return out + ["--host", HOST, "--port", str(port)]

@@ -1,6 +1,6 @@
 """After publish: the SBOM and the build provenance of each pushed serve image, read from
-the image itself, stored with its release as OCI referrers of the release manifest (the
-mechanism bench results use: bench/store.py), and written under
+the image itself, stored with its release as OCI referrers of the release manifest
+(registry/referrers.py, as the bench results are), and written under
 `build/supply-chain/<target>/<image>/` for the workflow's attestation steps.
 
 One `docker run --rm --network none` of the image's own python3 reads it (probe.py). A
@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagebuild.bench import store
+from imagebuild import buildfolder
 from imagebuild.errors import OperationFailed
+from imagebuild.registry import referrers
 from imagebuild.registry.records import A_INPUTS, read_release
 from imagebuild.supplychain import provenance, sbom
 from imagebuild.supplychain.expected import Expected, expected_for
@@ -79,10 +80,9 @@ def probe_image(ref: str, weights: Mapping[str, str], runner: Any = None) -> dic
 
 
 def _records(build_dir: Path, job: Job) -> dict[str, dict[str, Any]]:
-    folder = build_dir / "records" / job.cell.target_name / job.cell.engine_name
     found = {}
-    for kind, name in (("base", "base"), ("engine", "engine"), ("serve", job.cell.image)):
-        path = folder / f"{name}.json"
+    for kind in ("base", "engine", "serve"):
+        path = buildfolder.record_path(build_dir, job.cell, kind)
         if path.is_file():
             try:
                 found[kind] = json.loads(path.read_text())
@@ -109,8 +109,8 @@ def _lock_entries(lock: Lock, ex: Expected, job: Job) -> dict[str, Any]:
 
 def _stored_for(client: RegistryClient, repo: str, digest: str, kind: str,
                 image_id: str) -> str | None:
-    for desc in store.listed(client, repo, digest, kind):
-        if (desc.get("annotations") or {}).get(store.A_IMAGE_ID) == image_id:
+    for desc in referrers.listed(client, repo, digest, kind):
+        if (desc.get("annotations") or {}).get(referrers.A_IMAGE_ID) == image_id:
             return str(desc["digest"])
     return None
 
@@ -128,11 +128,12 @@ def attach(client: RegistryClient, job: Job, lock: Lock, *, root: Path, build_di
     subject = sbom.Subject(name=job.image.name, tag=tag, digest=rel.digest,
                            image_id=rel.image_id, inputs=rel.annotations.get(A_INPUTS))
     res = Attached(job.cell.id, subject)
-    out = build_dir / "supply-chain" / job.cell.target_name / job.cell.image
+    out = buildfolder.supply_chain_dir(build_dir, job.cell)
     have = {kind: _stored_for(client, repo, rel.digest, kind, rel.image_id)
-            for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE)}
+            for kind in (referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE)}
     if all(have.values()) and (out / SBOM_FILE).is_file():
-        res.sbom_digest, res.provenance_digest = have[store.SBOM_TYPE], have[store.PROVENANCE_TYPE]
+        res.sbom_digest = have[referrers.SBOM_TYPE]
+        res.provenance_digest = have[referrers.PROVENANCE_TYPE]
         res.reused = True
         log(f"{job.id}: SBOM and provenance already stored with {tag}")
         return res
@@ -166,11 +167,11 @@ def attach(client: RegistryClient, job: Job, lock: Lock, *, root: Path, build_di
                                      f"sbom={out / SBOM_FILE}\ntag={tag}\n")
     t2 = time.monotonic()
     ann = {A_SIGNING: signing(env), A_FINDINGS: str(len(res.findings))}
-    res.sbom_digest = store.put_artifact(client, repo, rel, sbom_text.encode(),
-                                         artifact_type=store.SBOM_TYPE, file_name=SBOM_FILE,
-                                         annotations=ann)
-    res.provenance_digest = store.put_artifact(
-        client, repo, rel, statement.encode(), artifact_type=store.PROVENANCE_TYPE,
+    res.sbom_digest = referrers.put_artifact(client, repo, rel, sbom_text.encode(),
+                                             artifact_type=referrers.SBOM_TYPE, file_name=SBOM_FILE,
+                                             annotations=ann)
+    res.provenance_digest = referrers.put_artifact(
+        client, repo, rel, statement.encode(), artifact_type=referrers.PROVENANCE_TYPE,
         file_name=PROVENANCE_FILE, annotations=ann)
     res.seconds["store"] = time.monotonic() - t2
     for text in res.findings:

@@ -19,6 +19,7 @@ from typing import Any
 
 from imagebuild.bench import store
 from imagebuild.errors import UserError
+from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.errors import NotFound
 from imagebuild.registry.records import (
@@ -80,7 +81,7 @@ def _document(client: RegistryClient, repo: str, rel: Release,
               kind: str) -> tuple[str, dict[str, Any] | None] | None:
     """(artifact digest, its JSON document or None when unreadable) of the newest
     artifact of `kind` kept with the release, None when there is none."""
-    for desc in store.listed(client, repo, rel.digest, kind):
+    for desc in referrers.listed(client, repo, rel.digest, kind):
         try:
             raw, _media, digest = client.get_manifest(repo, str(desc["digest"]))
         except NotFound:
@@ -97,9 +98,9 @@ def _document(client: RegistryClient, repo: str, rel: Release,
 
 
 def _sbom(client: RegistryClient, repo: str, rel: Release) -> Check:
-    found = _document(client, repo, rel, store.SBOM_TYPE)
+    found = _document(client, repo, rel, referrers.SBOM_TYPE)
     if found is None:
-        return Check(MISSING, "SBOM", f"no {store.SBOM_TYPE} referrer of {rel.digest}")
+        return Check(MISSING, "SBOM", f"no {referrers.SBOM_TYPE} referrer of {rel.digest}")
     digest, doc = found
     comp = ((doc or {}).get("metadata") or {}).get("component") or {}
     hashes = [h.get("content") for h in comp.get("hashes") or [] if isinstance(h, dict)]
@@ -112,9 +113,9 @@ def _sbom(client: RegistryClient, repo: str, rel: Release) -> Check:
 
 
 def _provenance(client: RegistryClient, repo: str, rel: Release) -> list[Check]:
-    found = _document(client, repo, rel, store.PROVENANCE_TYPE)
+    found = _document(client, repo, rel, referrers.PROVENANCE_TYPE)
     if found is None:
-        return [Check(MISSING, "provenance", f"no {store.PROVENANCE_TYPE} referrer of "
+        return [Check(MISSING, "provenance", f"no {referrers.PROVENANCE_TYPE} referrer of "
                                              f"{rel.digest}")]
     digest, doc = found
     doc = doc or {}
@@ -139,7 +140,7 @@ def _bench(client: RegistryClient, repo: str, rel: Release, tag: str) -> Check:
     found = store.stored(client, repo, tag)
     if found is None:
         return Check(MISSING, "bench results", f"none stored with {tag}")
-    measured = found.annotations.get(store.A_IMAGE_ID) or \
+    measured = found.annotations.get(referrers.A_IMAGE_ID) or \
         (found.doc.get("image") or {}).get("id")
     if measured and measured != rel.image_id:
         return Check(DISAGREES, "bench results", f"{found.digest} measured {measured}, the "

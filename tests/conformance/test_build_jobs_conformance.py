@@ -13,7 +13,7 @@ from types import SimpleNamespace
 from packaging.version import Version
 
 from imagebuild import REPO_ROOT
-from imagebuild.builder.vllm_source import sdist_tree
+from imagebuild.vllmsource.sdist import sdist_tree
 
 SCRIPT = REPO_ROOT / "images" / "engine" / "files" / "build-vllm-wheel.sh"
 

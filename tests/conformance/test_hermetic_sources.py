@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.builder.vllm_source import sdist_tree
-from imagebuild.lock import fetchcontent
-from imagebuild.lock.sourcepins import read_sources, resolve_ref, sdist_commit
+from imagebuild.lock.sourcepins import resolve_ref
 from imagebuild.spec import matrix as mx
+from imagebuild.vllmsource import fetchcontent
+from imagebuild.vllmsource.fetchcontent import read_sources
+from imagebuild.vllmsource.sdist import sdist_commit, sdist_tree
 
 FETCH = REPO_ROOT / "images" / "engine" / "files" / "fetch-git-commit.sh"
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.builder.vllm_source import sdist_tree
 from imagebuild.render import VLLM_PATHS
+from imagebuild.vllmsource.sdist import sdist_tree
 
 FILES = REPO_ROOT / "images" / "engine" / "files"
 SELFCHECK = FILES / "runtime-selfcheck.py"

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.builder.patches import touched_files
-from imagebuild.builder.vllm_source import sdist_tree
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import VLLM_PATHS, render_engine
 from imagebuild.spec import matrix as mx
+from imagebuild.vllmsource.patches import touched_files
+from imagebuild.vllmsource.sdist import sdist_tree
 from tests.support.dockerfile_text import (
     apt_packages,
     copied_sources,

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from imagebuild.rehearse_workflow.act import Rehearsal, act_binary
+from tools.rehearse_release.act import Rehearsal, act_binary
 
 pytestmark = pytest.mark.slow
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.rehearse_workflow.act import ActRun, Rehearsal
+from tools.rehearse_release.act import ActRun, Rehearsal
 
 pytestmark = pytest.mark.slow
 OLD, NEW = "2026-06-17-dflashfix", "2026-06-18-dflashfix"
@@ -238,7 +238,7 @@ def _signed_under_act(runs: Runs, run: ActRun) -> None:
     (the job's home, `make registry-login`), recorded both attestations with GitHub's API
     stand-in, pushed both bundles beside the release's digest, and gh's verify (by repo,
     signer workflow, hosted runner) passed; the job's home is gone afterwards."""
-    from imagebuild.bench import store
+    from imagebuild.registry import referrers
     from imagebuild.registry.client import RegistryClient
     from imagebuild.registry.records import read_release
 
@@ -253,8 +253,8 @@ def _signed_under_act(runs: Runs, run: ActRun) -> None:
     client = RegistryClient(reg.host, username=reg.user, password=reg.password)
     rel = read_release(client, f"{NAMESPACE}/{IMAGE}", NEW_FULL)
     assert rel is not None
-    found = store.listed(client, rel.repo, rel.digest, store.SIGSTORE_BUNDLE_TYPE)
-    assert sorted(d["annotations"][store.A_BUNDLE_PREDICATE] for d in found) == [
+    found = referrers.listed(client, rel.repo, rel.digest, referrers.SIGSTORE_BUNDLE_TYPE)
+    assert sorted(d["annotations"][referrers.A_BUNDLE_PREDICATE] for d in found) == [
         "https://cyclonedx.org/bom", "https://slsa.dev/provenance/v1"]
     recorded = runs.reh.gh / "attestations" / rel.digest.replace(":", "-")
     assert len(list(recorded.glob("*.json"))) == 2  # once each: no failed attempt before
@@ -336,8 +336,8 @@ def test_the_verify_step_fails_when_the_attestations_name_another_digest(registr
     import yaml
 
     from imagebuild.registry.client import RegistryClient
-    from imagebuild.rehearse_workflow.act import STANDINS
     from tests.support.memregistry import add_release
+    from tools.rehearse_release.act import STANDINS
 
     client = RegistryClient(registry.host, username=registry.user, password=registry.password)
     repo = f"{NAMESPACE}-wrong-subject/{IMAGE}"

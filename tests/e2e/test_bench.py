@@ -42,14 +42,16 @@ from imagebuild import REPO_ROOT
 from imagebuild.bench import gate, placement, prompts, store, trust
 from imagebuild.bench.command import bench_image, load_settings, measure
 from imagebuild.bench.results import document
-from imagebuild.bench.server import serving
 from imagebuild.docker import inspect_image
 from imagebuild.errors import UserError
 from imagebuild.plan import load_plan
+from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.records import read_release
 from imagebuild.release import compat
 from imagebuild.release.latest import acceptance_threshold_for
+from imagebuild.serving.container import serving
+from imagebuild.serving.runspec import Limits
 from imagebuild.smoke.expect import expectations_from_labels
 from tests.support.memregistry import add_release
 from tests.support.registry import running_registry
@@ -84,7 +86,7 @@ def good(cpu_serve_image) -> dict:
 def _measure(set_flags: tuple[tuple[str, str], ...]) -> list[dict]:
     info = inspect_image(IMAGE)
     place = placement.choose()  # as every bench runs: server and client apart
-    with serving(IMAGE, info, expectations_from_labels(IMAGE, info=info),
+    with serving(IMAGE, info, Limits.of(expectations_from_labels(IMAGE, info=info)),
                  set_flags=set_flags, cpuset=place.server_cpus) as c, place.client_pinned():
         levels, _ = measure(c.base_url, prompt_set=prompts.select(PROMPTS), levels=LEVELS,
                             load_kw={"max_tokens": MAX_TOKENS, "requests": REQUESTS,
@@ -183,7 +185,7 @@ def test_put_blob_and_stored_results_round_trip() -> None:
                        levels=[{"concurrency": 1, "output_tok_s": 10.0}], started="t")
         store.put_results(client, REPO, FAST, doc)
         assert store.release_results(client, REPO, FAST) == doc
-        assert store.referrers_tag(client.digest(REPO, FAST)) in client.tags(REPO)
+        assert referrers.referrers_tag(client.digest(REPO, FAST)) in client.tags(REPO)
         assert store.release_results(client, REPO, "latest") is None  # no latest yet
 
 

@@ -15,6 +15,7 @@ import pytest
 from imagebuild.bench import gate, history, store
 from imagebuild.bench.results import document
 from imagebuild.errors import UserError
+from imagebuild.registry import referrers
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from imagebuild.registry.records import A_IMAGE, A_SMOKE, A_TAG
 
@@ -75,7 +76,7 @@ def test_results_are_referrers_of_the_release_that_oras_finds(fresh_registry, tm
     o = oras.client.OrasClient(hostname=reg.host, insecure=True, auth_backend="basic")
     o.auth.set_basic_auth(reg.user, reg.password)
     ref = f"{reg.host}/{REPO}"
-    fallback = store.referrers_tag(digest)
+    fallback = referrers.referrers_tag(digest)
     assert fallback == "sha256-" + digest.removeprefix("sha256:")
     assert fallback in o.get_tags(ref)
     index = o.get_manifest(f"{ref}:{fallback}", allowed_media_type=[OCI_INDEX])
@@ -101,11 +102,11 @@ def test_results_under_the_old_image_id_tag_are_still_read(fresh_registry) -> No
     doc = _doc(TAGS[0], {1: 90.0})
     body = json.dumps(doc).encode()
     old = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": store.ARTIFACT_TYPE,
-           "config": {"mediaType": store.EMPTY, "digest": client.put_blob(REPO, b"{}"),
+           "config": {"mediaType": referrers.EMPTY, "digest": client.put_blob(REPO, b"{}"),
                       "size": 2},
            "layers": [{"mediaType": store.ARTIFACT_TYPE, "digest": client.put_blob(REPO, body),
                        "size": len(body)}],
-           "annotations": {store.A_IMAGE_ID: image_id, store.A_ACCEPTED: "old reason"}}
+           "annotations": {referrers.A_IMAGE_ID: image_id, store.A_ACCEPTED: "old reason"}}
     client.put_manifest(REPO, store.legacy_tag(image_id), json.dumps(old).encode(),
                         OCI_MANIFEST)
     found = store.stored(client, REPO, TAGS[0])
@@ -189,7 +190,7 @@ def test_pruning_a_release_deletes_its_results(fresh_registry) -> None:
     plan = prune(client, REPO, 1, log=lambda _: None, settle=0)
     assert plan.delete == [TAGS[0]]  # the middle one is the rollback target
     tags = client.tags(REPO)
-    assert store.referrers_tag(digests[0]) not in tags
+    assert referrers.referrers_tag(digests[0]) not in tags
     with pytest.raises(Exception, match="not found|404"):
         client.get_manifest(REPO, artifacts[0])
     assert [store.stored(client, REPO, t).digest for t in TAGS[1:]] == artifacts[1:]

@@ -20,6 +20,7 @@ import pytest
 from imagebuild import REPO_ROOT
 from imagebuild.bench import store
 from imagebuild.plan import load_plan
+from imagebuild.registry import referrers
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient
 from imagebuild.registry.records import A_GATES, A_IMAGE, A_SMOKE, A_TAG, read_release
 from imagebuild.release import compat
@@ -102,7 +103,7 @@ def test_the_table_is_a_referrer_oras_finds_releases_shows_and_prune_deletes(
     o = oras.client.OrasClient(hostname=reg.host, insecure=True, auth_backend="basic")
     o.auth.set_basic_auth(reg.user, reg.password)
     ref = f"{reg.host}/{REPO}"
-    index = o.get_manifest(f"{ref}:{store.referrers_tag(digests[NEW])}",
+    index = o.get_manifest(f"{ref}:{referrers.referrers_tag(digests[NEW])}",
                            allowed_media_type=[OCI_INDEX])
     kinds = sorted(m["artifactType"] for m in index["manifests"])
     assert kinds == sorted([store.ARTIFACT_TYPE, compat.ARTIFACT_TYPE])
@@ -132,14 +133,14 @@ def test_the_table_is_a_referrer_oras_finds_releases_shows_and_prune_deletes(
 
     # prune: the release goes with its table (and results), the kept ones keep theirs
     compat.put_table(client, REPO, OLD, doc)
-    old_table = store._ours(client, REPO, digests[OLD], compat.ARTIFACT_TYPE)[0][0]["digest"]
+    old_table = referrers._ours(client, REPO, digests[OLD], compat.ARTIFACT_TYPE)[0][0]["digest"]
     _release(client, NEWER)
     client.copy_tag(REPO, NEWER, "latest")
     from imagebuild.release.prune import prune
 
     plan_ = prune(client, REPO, 1, log=lambda _: None, settle=0)
     assert plan_.delete == [OLD]  # NEW is the rollback target
-    assert store.referrers_tag(digests[OLD]) not in client.tags(REPO)
+    assert referrers.referrers_tag(digests[OLD]) not in client.tags(REPO)
     with pytest.raises(Exception, match="not found|404"):
         client.get_manifest(REPO, old_table)
     assert compat.stored_table(client, REPO, NEW) is not None

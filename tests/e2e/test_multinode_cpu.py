@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.gates.run import GATES_FILE, gate_jobs
-from imagebuild.gates.runrecord import SPEC_FLAG
+from imagebuild.buildfolder import GATES_FILE, cell_dir
+from imagebuild.gates.run import gate_jobs
 from imagebuild.plan import load_plan
+from imagebuild.serving.nodes import cell_node_files
+from imagebuild.serving.runspec import SPEC_FLAG
 from imagebuild.smoke.expect import expectations_from_labels
-from imagebuild.smoke.nodes import cell_node_files
-from imagebuild.smoke.paths import cell_dir
 from imagebuild.smoke.runner import smoke_nodes
 from tests.support.multinode import CPU_IMAGE, cpu_two_nodes
 

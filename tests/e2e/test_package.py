@@ -122,6 +122,15 @@ def test_the_wheel_carries_every_data_file_of_the_package(wheel):
     assert "imagebuild/_bundle/docs/matrix.schema.json" in names  # the matrix's modeline
 
 
+def test_the_wheel_ships_no_development_tool(wheel):
+    """tools/ (the act rehearsal, the release workflow's gate overrides, the mutation
+    checks) runs from a checkout only: the wheel holds the imagebuild package and its
+    metadata, nothing else."""
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {name.split("/", 1)[0] for name in zf.namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"imagebuild"}, sorted(tops)
+
+
 def _normalized(out: str) -> dict:
     """A finding's place names the matrix by its path, which differs by install."""
     return json.loads(re.sub(r'"where": "[^"]*/matrix\.yaml:', '"where": "matrix.yaml:', out))

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.builder.patches import check_series, touched_files
-from imagebuild.builder.vllm_source import RECORDED, resolve_sdist, sdist_tree
+from imagebuild.vllmsource.patches import check_series, touched_files
+from imagebuild.vllmsource.sdist import RECORDED, resolve_sdist, sdist_tree
 
 PATCHES = [REPO_ROOT / "patches" / name
            for name in ("kv-page-size-pad-mamba.patch", "cpu-ngram-fp64-gumbel.patch")]

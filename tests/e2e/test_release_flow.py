@@ -160,8 +160,8 @@ def test_whole_job_stores_the_sbom_and_provenance_read_from_the_image(released, 
     import oras.client
 
     from imagebuild import REPO_ROOT
-    from imagebuild.bench import store
     from imagebuild.lock.lockfile import read_lock
+    from imagebuild.registry import referrers
     from imagebuild.registry.records import A_INPUTS, read_release
 
     client, repo = registry.client(), "vllm-spark/cpu-tiny-ngram"
@@ -169,12 +169,12 @@ def test_whole_job_stores_the_sbom_and_provenance_read_from_the_image(released, 
     o = oras.client.OrasClient(hostname=registry.host, insecure=True, auth_backend="basic")
     o.auth.set_basic_auth(registry.user, registry.password)
     pulled = {}
-    for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE):
-        [desc] = store.listed(client, repo, rel.digest, kind)
+    for kind in (referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE):
+        [desc] = referrers.listed(client, repo, rel.digest, kind)
         [path] = o.pull(target=f"{registry.host}/{repo}@{desc['digest']}",
                         outdir=str(tmp_path / kind.rsplit("/", 1)[1]))
         pulled[kind] = json.loads(Path(path).read_text())
-    bom, statement = pulled[store.SBOM_TYPE], pulled[store.PROVENANCE_TYPE]
+    bom, statement = pulled[referrers.SBOM_TYPE], pulled[referrers.PROVENANCE_TYPE]
     comps: dict[str, dict] = {}
     todo = list(bom["components"])
     while todo:

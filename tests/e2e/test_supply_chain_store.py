@@ -21,6 +21,7 @@ from imagebuild import REPO_ROOT
 from imagebuild.bench import store
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.plan import load_plan
+from imagebuild.registry import referrers
 from imagebuild.registry.client import OCI_INDEX, RegistryClient
 from imagebuild.supplychain import attach as sc
 from tests.support.memregistry import add_release
@@ -78,12 +79,13 @@ def test_documents_are_referrers_oras_finds_and_a_rerun_stores_nothing(fresh_reg
     o = oras.client.OrasClient(hostname=reg.host, insecure=True, auth_backend="basic")
     o.auth.set_basic_auth(reg.user, reg.password)
     ref = f"{reg.host}/{repo}"
-    index = o.get_manifest(f"{ref}:{store.referrers_tag(digest)}", allowed_media_type=[OCI_INDEX])
+    index = o.get_manifest(f"{ref}:{referrers.referrers_tag(digest)}",
+                           allowed_media_type=[OCI_INDEX])
     kinds = sorted(m["artifactType"] for m in index["manifests"])
-    assert kinds == sorted([store.ARTIFACT_TYPE, store.SBOM_TYPE, store.PROVENANCE_TYPE])
+    assert kinds == sorted([store.ARTIFACT_TYPE, referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE])
     by_kind = {m["artifactType"]: m for m in index["manifests"]}
-    assert by_kind[store.SBOM_TYPE]["digest"] == first.sbom_digest
-    assert by_kind[store.SBOM_TYPE]["annotations"][sc.A_SIGNING] == sc.UNSIGNED
+    assert by_kind[referrers.SBOM_TYPE]["digest"] == first.sbom_digest
+    assert by_kind[referrers.SBOM_TYPE]["annotations"][sc.A_SIGNING] == sc.UNSIGNED
     [sbom_path] = o.pull(target=f"{ref}@{first.sbom_digest}", outdir=str(tmp_path / "pulled"))
     assert os.path.basename(sbom_path) == sc.SBOM_FILE
     bom = json.loads(Path(sbom_path).read_text())
@@ -106,13 +108,15 @@ def test_documents_are_referrers_oras_finds_and_a_rerun_stores_nothing(fresh_reg
     other = sc.attach(client, job, lock, root=REPO_ROOT, build_dir=tmp_path / "build2",
                       env={}, log=logs.append, runner=runner)
     assert not other.reused
-    index = o.get_manifest(f"{ref}:{store.referrers_tag(digest)}", allowed_media_type=[OCI_INDEX])
+    index = o.get_manifest(f"{ref}:{referrers.referrers_tag(digest)}",
+                           allowed_media_type=[OCI_INDEX])
     assert sorted(m["artifactType"] for m in index["manifests"]) == kinds
     with pytest.raises(Exception, match="not found|404"):
         client.get_manifest(repo, first.sbom_digest)  # the replaced one is gone
     # bench results stored later keep the documents in the index
     store.put_results(client, repo, TAGS[2], {"levels": [], "image": {}, "run": 2})
-    index = o.get_manifest(f"{ref}:{store.referrers_tag(digest)}", allowed_media_type=[OCI_INDEX])
+    index = o.get_manifest(f"{ref}:{referrers.referrers_tag(digest)}",
+                           allowed_media_type=[OCI_INDEX])
     assert sorted(m["artifactType"] for m in index["manifests"]) == kinds
     assert bench not in [m["digest"] for m in index["manifests"]]
 
@@ -139,12 +143,13 @@ def test_prune_deletes_the_documents_with_their_release_and_keeps_the_others(
     for artifact in docs[0]:
         with pytest.raises(Exception, match="not found|404"):
             client.get_manifest(repo, artifact)
-    assert store.referrers_tag(digests[0]) not in client.tags(repo)
+    assert referrers.referrers_tag(digests[0]) not in client.tags(repo)
     for digest, (sbom_d, prov_d) in zip(digests[1:], docs[1:], strict=True):
-        assert [d["digest"] for d in store.listed(client, repo, digest, store.SBOM_TYPE)] == \
+        assert [d["digest"] for d in
+                referrers.listed(client, repo, digest, referrers.SBOM_TYPE)] == \
             [sbom_d]
-        assert [d["digest"] for d in store.listed(client, repo, digest,
-                                                   store.PROVENANCE_TYPE)] == [prov_d]
+        assert [d["digest"] for d in referrers.listed(client, repo, digest,
+                                                   referrers.PROVENANCE_TYPE)] == [prov_d]
         client.get_manifest(repo, sbom_d)
         client.get_manifest(repo, prov_d)
 

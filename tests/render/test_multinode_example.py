@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.nodefiles import read_node_file
 from imagebuild.render import render_node_composes
+from imagebuild.serving.nodefiles import read_node_file
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.nodecmd import node_commands, node_differences
 from tests.support.matrices import check, locked_copy

@@ -134,7 +134,7 @@ def test_checkout_leaves_the_token_only_when_asked(tmp_path):
 
 
 def test_every_run_gets_a_fresh_runner_home_and_the_runner_context(monkeypatch, tmp_path):
-    from imagebuild.rehearse_workflow.act import Rehearsal
+    from tools.rehearse_release.act import Rehearsal
 
     seen = tmp_path / "seen"
     script = (f'echo "$HOME" >> {seen}; ls -A "$HOME" >> {seen}; '
@@ -152,7 +152,7 @@ def test_every_run_gets_a_fresh_runner_home_and_the_runner_context(monkeypatch, 
 
 
 def test_the_rehearsal_command_gives_what_githubs_runner_gives(tmp_path):
-    from imagebuild.rehearse_workflow.act import STANDIN_OF, Rehearsal, for_act, pinned_actions
+    from tools.rehearse_release.act import STANDIN_OF, Rehearsal, for_act, pinned_actions
 
     wfs = sorted((REPO_ROOT / ".github/workflows").glob("*.yml"))
     assert {(r, s) for r, s in pinned_actions(wfs)} == set(STANDIN_OF.items())

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from imagebuild.bench import store
+from imagebuild.registry import referrers
 from imagebuild.registry.records import read_release
 from tests.support import attest_standin as sa
 from tests.support.attest_standin import HOST
@@ -222,8 +222,8 @@ def test_bundles_land_beside_the_image_as_githubs(mods, monkeypatch, tmp_path):
     reg, rel = _release()
     _signed(mods, monkeypatch, tmp_path, reg, rel)
     client = reg.client()
-    found = store.listed(client, REPO, rel.digest, store.SIGSTORE_BUNDLE_TYPE)
-    assert sorted(d["annotations"][store.A_BUNDLE_PREDICATE] for d in found) == [
+    found = referrers.listed(client, REPO, rel.digest, referrers.SIGSTORE_BUNDLE_TYPE)
+    assert sorted(d["annotations"][referrers.A_BUNDLE_PREDICATE] for d in found) == [
         "https://cyclonedx.org/bom", "https://slsa.dev/provenance/v1"]
     for desc in found:
         raw, _media, _ = client.get_manifest(REPO, desc["digest"])
@@ -309,8 +309,8 @@ def test_a_cell_is_done_only_once_its_documents_are_stored_and_signed(mods, monk
     stored for the image and, for the sign job (IMAGEBUILD_ATTESTATIONS=github), both
     bundles."""
     from imagebuild.plan import load_plan
-    from imagebuild.rehearse_workflow.outputs import parse
     from imagebuild.release.resume import cell_state, github_output
+    from tools.rehearse_release.outputs import parse
 
     tag = "2026-06-18-v0.23.0-dflashfix"
     (job,) = load_plan(matrix_dir / "matrix.yaml", tag, "cpu").jobs
@@ -324,8 +324,8 @@ def test_a_cell_is_done_only_once_its_documents_are_stored_and_signed(mods, monk
 
     assert done(False) == "false"  # published and tested; publish died before the SBOM
     rel = read_release(client, repo, tag)
-    for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE):
-        store.put_artifact(client, repo, rel, b"{}", artifact_type=kind, file_name="f")
+    for kind in (referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE):
+        referrers.put_artifact(client, repo, rel, b"{}", artifact_type=kind, file_name="f")
     assert done(False) == "true"  # the cell job: stored is all it makes
     assert done(True) == "false"  # the sign job: signing failed or never ran
     env = sa.job_env(tmp_path)
@@ -347,8 +347,8 @@ def test_prune_deletes_the_signed_bundles_with_their_release(mods, monkeypatch, 
     for i, tag in enumerate(TAGS):
         rel = read_release(client, REPO, tag)
         _signed(mods, monkeypatch, tmp_path / str(i), reg, rel)
-        bundles[tag] = [d["digest"] for d in store.listed(client, REPO, rel.digest,
-                                                          store.SIGSTORE_BUNDLE_TYPE)]
+        bundles[tag] = [d["digest"] for d in referrers.listed(client, REPO, rel.digest,
+                                                              referrers.SIGSTORE_BUNDLE_TYPE)]
         assert len(bundles[tag]) == 2
     reg.point_latest(REPO, TAGS[2])
     digest = read_release(client, REPO, TAGS[0]).digest
@@ -356,7 +356,7 @@ def test_prune_deletes_the_signed_bundles_with_their_release(mods, monkeypatch, 
     assert plan.delete == [TAGS[0]]
     for artifact in bundles[TAGS[0]]:
         assert client.head_manifest(REPO, artifact) is None
-    assert store.referrers_tag(digest) not in client.tags(REPO)
+    assert referrers.referrers_tag(digest) not in client.tags(REPO)
     for tag in TAGS[1:]:
         for artifact in bundles[tag]:
             assert client.head_manifest(REPO, artifact) is not None

@@ -1,5 +1,5 @@
 """`make teardown` (the job's if: always() sweep) removes a bench server a cancelled job
-left behind: the container bench/server.py starts carries this workspace under the key
+left behind: the container serving/container.py starts carries this workspace under the key
 the sweep filters by. Runs the Makefile's own sweep against a stand-in `docker` that
 lists the containers serving() started (and one of another workspace, which must stay)."""
 
@@ -36,7 +36,8 @@ STANDIN = textwrap.dedent("""\
 
 def _started_labels(monkeypatch) -> dict[str, str]:
     """The labels serving() gives the container it starts (the run is cancelled then)."""
-    from imagebuild.bench import server
+    from imagebuild.serving import container as server
+    from imagebuild.serving.runspec import Limits
 
     seen: dict[str, Any] = {}
 
@@ -53,7 +54,8 @@ def _started_labels(monkeypatch) -> dict[str, str]:
     monkeypatch.setattr(server, "image_user", lambda ref, user: (1000, 1000))
     with pytest.raises(KeyboardInterrupt):
         with server.serving("img:t", {"Config": {"Cmd": ["vllm", "serve"]}},
-                            {"boot_timeout_s": 5}, log=lambda _: None):
+                            Limits(memory=None, gpu=False, boot_timeout_s=5),
+                            log=lambda _: None):
             pytest.fail("the server cannot have booted")
     return seen
 

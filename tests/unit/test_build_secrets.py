@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from imagebuild.builder import builder, pipconfig
+from imagebuild import pipconfig
+from imagebuild.builder import builder
 from imagebuild.docker import Engine
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.spec import matrix as mx

@@ -15,6 +15,7 @@ import pytest
 from imagebuild.bench import store
 from imagebuild.cli import main
 from imagebuild.plan import load_plan
+from imagebuild.registry import referrers
 from imagebuild.registry.records import A_GATES, amended_manifest, read_release
 from imagebuild.release import compat
 
@@ -212,8 +213,8 @@ def test_stored_read_back_listed_and_pruned_with_its_release(reg, job, matrix_di
     assert store.stored(client, REPO, NEW) is not None
     store.annotate(client, REPO, NEW, {store.A_ACCEPTED_DROP: "why"})
     assert compat.stored_table(client, REPO, NEW) is not None
-    ours, _ = store._ours(client, REPO, read_release(client, REPO, NEW).digest,
-                          compat.ARTIFACT_TYPE)
+    ours, _ = referrers._ours(client, REPO, read_release(client, REPO, NEW).digest,
+                              compat.ARTIFACT_TYPE)
     assert len(ours) == 1
 
     # prune: a deleted release takes its table along; a kept one keeps it
@@ -225,11 +226,11 @@ def test_stored_read_back_listed_and_pruned_with_its_release(reg, job, matrix_di
     reg.add_release(REPO, third, config=b'{"next":1}')
     reg.point_latest(REPO, third)
     old_digest = read_release(client, REPO, OLD).digest
-    tables = {t: store._ours(client, REPO, read_release(client, REPO, t).digest,
-                             compat.ARTIFACT_TYPE)[0][0]["digest"] for t in (OLD, NEW)}
+    tables = {t: referrers._ours(client, REPO, read_release(client, REPO, t).digest,
+                                 compat.ARTIFACT_TYPE)[0][0]["digest"] for t in (OLD, NEW)}
     plan = prune(client, REPO, 1, log=lambda _: None, settle=0)
     assert plan.delete == [OLD]  # NEW is the rollback target
-    assert store.referrers_tag(old_digest) not in client.tags(REPO)
+    assert referrers.referrers_tag(old_digest) not in client.tags(REPO)
     with pytest.raises(Exception, match="not found|404|unknown"):
         client.get_manifest(REPO, tables[OLD])
     assert compat.stored_table(client, REPO, NEW) is not None

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from imagebuild.builder import bootstrap, builder, handoff
+from imagebuild.builder import bootstrap, builder, enginepull, engineship
 from imagebuild.cli import main
 from imagebuild.docker import Engine, use_engine
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import Rendered
 from imagebuild.spec import matrix as mx
+from imagebuild.spec.names import INPUTS_LABEL
 
 TAG = "2026-06-18-dflashfix"
 DIGEST = "sha256:" + "ab" * 32
@@ -27,7 +28,7 @@ REF = f"registry.example:5000/team/engine-cpu-dflashfix@{DIGEST}"
 
 
 def test_engine_refs_must_carry_a_digest():
-    image, digest = handoff.parse_engine_ref(REF + "\n")
+    image, digest = enginepull.parse_engine_ref(REF + "\n")
     assert (image.registry, image.repository, digest) == (
         "registry.example:5000", "team/engine-cpu-dflashfix", DIGEST)
     for bad in ("registry.example:5000/team/engine-cpu-dflashfix:inputs-" + "ab" * 32,
@@ -35,7 +36,7 @@ def test_engine_refs_must_carry_a_digest():
                 "registry.example:5000/team/engine@sha256:abc",
                 "team/engine@" + DIGEST, "", "@" + DIGEST):
         with pytest.raises(UserError):
-            handoff.parse_engine_ref(bad)
+            enginepull.parse_engine_ref(bad)
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -54,14 +55,14 @@ def test_build_options_that_do_not_fit_exit_2_before_anything(argv, says, tmp_pa
 def test_the_handoff_goes_to_a_file_and_to_github_output(tmp_path):
     gh = tmp_path / "gh-output"
     gh.write_text("earlier=1\n")
-    handoff.write_handoff(tmp_path / "out", {"cpu": REF}, {"GITHUB_OUTPUT": str(gh)})
+    engineship.write_handoff(tmp_path / "out", {"cpu": REF}, {"GITHUB_OUTPUT": str(gh)})
     assert (tmp_path / "out" / "engines" / "cpu.ref").read_text() == REF + "\n"
     assert gh.read_text() == f"earlier=1\nengine_image={REF}\n"
-    handoff.write_handoff(tmp_path / "two", {"cpu": REF, "gb10": REF + "x"},
+    engineship.write_handoff(tmp_path / "two", {"cpu": REF, "gb10": REF + "x"},
                           {"GITHUB_OUTPUT": str(gh)})
     assert gh.read_text().splitlines()[-2:] == [f"engine_image_cpu={REF}",
                                                f"engine_image_gb10={REF}x"]
-    handoff.write_handoff(tmp_path / "local", {"cpu": REF}, {})  # no workflow: file only
+    engineship.write_handoff(tmp_path / "local", {"cpu": REF}, {})  # no workflow: file only
     assert (tmp_path / "local" / "engines" / "cpu.ref").exists()
 
 
@@ -150,7 +151,7 @@ def seam(tmp_path, monkeypatch):
                                                               ["sha256:rootfs"])
     old = use_engine(double)
     monkeypatch.setattr(builder, "docker_engine", lambda: double)
-    monkeypatch.setattr(handoff, "docker_engine", lambda: double)
+    monkeypatch.setattr(enginepull, "docker_engine", lambda: double)
     yield double
     use_engine(old)
 
@@ -181,7 +182,7 @@ def test_engine_image_is_pulled_verified_and_only_serve_is_built(seam, tmp_path)
     want = b.engine_digest(cell)
     engine_id = "sha256:" + "e" * 64
     seam.pullable[REF] = _image(
-        engine_id, {builder.INPUTS_LABEL: want}, ["sha256:rootfs", "sha256:engine"])
+        engine_id, {INPUTS_LABEL: want}, ["sha256:rootfs", "sha256:engine"])
     records = b.build_cell(cell, "registry.example:5000/team/cpu-tiny-ngram:rel", REF)
     assert [r.kind for r in records] == ["engine", "serve"]  # no base, no engine build
     engine, serve = records
@@ -199,7 +200,7 @@ def test_engine_image_is_pulled_verified_and_only_serve_is_built(seam, tmp_path)
 
 def test_an_engine_of_other_inputs_is_refused_and_leaves_nothing(seam, tmp_path):
     cell, b = _cell_and_builder(tmp_path)
-    seam.pullable[REF] = _image("sha256:" + "f" * 64, {builder.INPUTS_LABEL: "0" * 64},
+    seam.pullable[REF] = _image("sha256:" + "f" * 64, {INPUTS_LABEL: "0" * 64},
                                 ["sha256:rootfs", "sha256:engine"])
     with pytest.raises(UserError) as info:
         b.build_cell(cell, "registry.example:5000/team/cpu-tiny-ngram:rel", REF)

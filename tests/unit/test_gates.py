@@ -24,6 +24,7 @@ from imagebuild.cli import main
 from imagebuild.docker import PushEvent
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.plan import load_plan
+from imagebuild.registry import push as push_mod
 from imagebuild.registry.credentials import Credentials
 from imagebuild.registry.records import read_release
 from imagebuild.release import publish as publish_mod
@@ -399,6 +400,7 @@ def pushing(monkeypatch):
                     "digest": layer, "size": 5}]}).encode()
     double = PushDouble(reg, image_id, manifest)
     monkeypatch.setattr(publish_mod, "engine", lambda: double)
+    monkeypatch.setattr(push_mod, "engine", lambda: double)
     reg.calls.clear()
     return reg, double, image_id
 

@@ -298,7 +298,7 @@ def test_sccache_secret_comes_from_the_runner_environment(tmp_path):
 
 
 def test_engine_builds_get_the_runners_pip_configuration(matrix_dir, tmp_path, monkeypatch):
-    from imagebuild.builder import pipconfig
+    from imagebuild import pipconfig
 
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "http://127.0.0.1:9/extra")
@@ -382,7 +382,7 @@ def test_cute_dsl_arch_is_set_where_the_cute_dsl_runs(matrix_dir):
 
 
 def test_the_ptx_cache_is_in_the_serve_containers_writable_cache(matrix_dir):
-    from imagebuild.runspec import CACHE_DIR
+    from imagebuild.serving.runspec import CACHE_DIR
 
     lm = mx.load(matrix_dir / "matrix.yaml")
     cell = next(c for c in mx.expand(lm) if c.target_name == "cpu")
@@ -399,7 +399,7 @@ def test_every_first_boot_compile_lands_in_the_cache_that_can_persist(locked):
     FLASHINFER_WORKSPACE_BASE) and the driver's PTX JIT cache (FA2 is 8.0+PTX on sm_121)
     all live under the cache tmpfs or volume, and a GPU image keeps 2 GiB of PTX JIT output
     instead of the driver's 256 MiB."""
-    from imagebuild.runspec import CACHE_DIR
+    from imagebuild.serving.runspec import CACHE_DIR
 
     lm = mx.load(locked / "matrix.yaml")
     cells = {c.target_name: c for c in mx.expand(lm)}

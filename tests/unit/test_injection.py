@@ -25,7 +25,7 @@ from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.plan import destination
 from imagebuild.render import render_all
-from imagebuild.runspec import (
+from imagebuild.serving.runspec import (
     IMAGE_VAR,
     PORT_VAR,
     RunSpec,

@@ -87,14 +87,16 @@ class LateEngine:
 
 
 def test_an_interrupt_during_creation_leaves_no_bench_container(monkeypatch):
-    from imagebuild.bench import server
+    from imagebuild.serving import container as server
+    from imagebuild.serving.runspec import Limits
 
     fake = LateEngine()
     monkeypatch.setattr(server, "engine", lambda: fake)
     monkeypatch.setattr(server, "image_user", lambda ref, user: (1000, 1000))
     with pytest.raises(KeyboardInterrupt):
         with server.serving("img:t", {"Config": {"Cmd": ["vllm", "serve"]}},
-                            {"boot_timeout_s": 5}, log=lambda _: None):
+                            Limits(memory=None, gpu=False, boot_timeout_s=5),
+                            log=lambda _: None):
             pytest.fail("the server cannot have booted")
     time.sleep(0.3)  # anything still being created has landed by now
     assert fake.containers == {}

@@ -21,7 +21,7 @@ from test_matrix_schema import MATRICES, _schema_paths
 
 from imagebuild.errors import UserError
 from imagebuild.spec.config import load_matrix
-from imagebuild.spec.dockerref import REFERENCE_JSON, REGISTRY_JSON, check_reference, check_registry
+from imagebuild.spec.names import REFERENCE_JSON, REGISTRY_JSON, check_reference, check_registry
 from imagebuild.spec.reference import schema_text
 from imagebuild.spec.repopaths import RELATIVE_JSON, check_relative
 from imagebuild.spec.values import (

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 
 from imagebuild import REPO_ROOT
 from imagebuild.builder.aptsources import apt_entries
-from imagebuild.builder.pipconfig import builtin_index, pip_indexes
 from imagebuild.lock.lockfile import read_lock
+from imagebuild.pipconfig import builtin_index, pip_indexes
 from imagebuild.render import render_all
 from imagebuild.spec import matrix as mx
 from tests.support.dockerfile_text import logical_lines

@@ -1,5 +1,5 @@
 """Routing of the release gates and the bench for a multi-node cell: its nodes are served
-the way its smoke runs them (smoke/runner.py serving_nodes), never one container from the
+the way its smoke runs them (serving/nodes.py serving_nodes), never one container from the
 image's command (which for TP=2 over two nodes cannot serve alone); a single-node cell
 keeps its one container. The plain server drops --speculative-config on every node."""
 
@@ -13,11 +13,10 @@ import pytest
 import yaml
 
 from imagebuild.gates import run as gates_run
-from imagebuild.gates.runrecord import SPEC_FLAG
 from imagebuild.plan import load_plan
-from imagebuild.runspec import SERVICE
-from imagebuild.smoke import runner as smoke_runner
-from imagebuild.smoke.nodes import cell_node_files, without_flags
+from imagebuild.serving import container
+from imagebuild.serving.nodes import cell_node_files, without_flags
+from imagebuild.serving.runspec import SERVICE, SPEC_FLAG, Limits
 from tests.support.multinode import CPU_IMAGE, cpu_two_nodes
 
 TAG = "2026-06-18-dflashfix"
@@ -41,15 +40,16 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
         seen.append(("one", kw))
         yield None
 
-    monkeypatch.setattr(smoke_runner, "serving_nodes", fake_nodes)
-    monkeypatch.setattr("imagebuild.bench.server.serving", fake_one)
+    monkeypatch.setattr(container, "serving_nodes", fake_nodes)
+    monkeypatch.setattr("imagebuild.serving.container.serving", fake_one)
     return seen
 
 
 def test_a_two_node_cell_is_served_on_both_nodes_without_the_drafter_flag(
         calls: list, tmp_path: Path):
     job = _job(cpu_two_nodes(tmp_path / "m"))
-    serve = gates_run.server_for(job, {"Config": {}}, tmp_path / "out")
+    serve = container.server_for(job.cell, job.release_ref, {"Config": {}}, tmp_path / "out",
+                                 limits=Limits.of(job.expect))
     with serve((SPEC_FLAG,)):
         pass
     ((kind, kw),) = calls
@@ -62,7 +62,8 @@ def test_a_two_node_cell_is_served_on_both_nodes_without_the_drafter_flag(
 
 def test_a_single_node_cell_keeps_its_one_container(calls: list, tmp_path: Path):
     job = _job(None)
-    with gates_run.server_for(job, {"Config": {}}, tmp_path)((SPEC_FLAG,)):
+    with container.server_for(job.cell, job.release_ref, {"Config": {}}, tmp_path,
+                              limits=Limits.of(job.expect))((SPEC_FLAG,)):
         pass
     assert calls == [("one", {"drop_flags": (SPEC_FLAG,), "log": print})]
 
@@ -87,7 +88,8 @@ def test_gate_jobs_hands_the_node_server_to_the_gates(monkeypatch: pytest.Monkey
     job = _job(cpu_two_nodes(tmp_path / "m"))
     got: dict[str, Any] = {}
     monkeypatch.setattr("imagebuild.docker.inspect_image", lambda ref: {"Id": "x"})
-    monkeypatch.setattr(gates_run, "server_for", lambda j, info, out, log=print: "NODES")
+    monkeypatch.setattr(gates_run, "server_for",
+                        lambda cell, ref, info, out, *, limits, log=print: "NODES")
     monkeypatch.setattr(gates_run, "gate_image",
                         lambda *a, serve=None, **kw: got.setdefault("serve", serve))
     gates_run.gate_jobs((job,), tmp_path)

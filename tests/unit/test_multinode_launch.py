@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild import launch as ln
 from imagebuild.cli import main
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.serving import launch as ln
 from tests.support.multinode import two_node_files
 
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram@sha256:" + "ab" * 32

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.builder.patches import check_series, patch_sha256, touched_files
 from imagebuild.errors import OperationFailed
+from imagebuild.vllmsource.patches import check_series, patch_sha256, touched_files
 
 PATCH_DIR = REPO_ROOT / "patches"
 # Patches applied to the cpu engine's site-packages as well as to the source tree, so they
@@ -229,7 +229,7 @@ def fake_index(tmp_path: Path):
 
 
 def test_sdist_tree_fetches_verifies_and_reuses(fake_index, tmp_path: Path) -> None:
-    from imagebuild.builder.vllm_source import resolve_sdist, sdist_tree
+    from imagebuild.vllmsource.sdist import resolve_sdist, sdist_tree
 
     index, sha, hits = fake_index
     assert resolve_sdist("9.9.9", index).sha256 == sha
@@ -242,8 +242,8 @@ def test_sdist_tree_fetches_verifies_and_reuses(fake_index, tmp_path: Path) -> N
 
 
 def test_sdist_with_a_wrong_hash_is_refused(fake_index, tmp_path: Path) -> None:
-    from imagebuild.builder.vllm_source import sdist_tree
     from imagebuild.errors import UserError
+    from imagebuild.vllmsource.sdist import sdist_tree
 
     index, _, _ = fake_index
     with pytest.raises(OperationFailed) as err:  # the index lists 0000... for 9.9.8

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from imagebuild import cli
 from imagebuild.cli import main
-from imagebuild.lock import pinwatch
 from imagebuild.lock.hub import HubClient
 from imagebuild.lock.lockfile import read_lock
-from imagebuild.lock.pinwatch import watch, write_issue_files
+from imagebuild.pinwatch import watch, write_issue_files
 from imagebuild.spec import matrix as mx
 
 ZLAB_SMALL_PAGE = "31977fbe13a86e8b961774f773058175676d89b8"
@@ -88,7 +88,7 @@ def test_cli_json_and_issue_dir(locked, hub_replay, tmp_path, capsys):
 
     args = parser().parse_args(["pins", "watch", "--matrix", str(locked / "matrix.yaml"),
                           "--format", "json", "--out", str(out)])
-    assert pinwatch.cmd_pins(args) == 0
+    assert cli.cmd_pins(args) == 0
     data = json.loads(capsys.readouterr().out)
     z = next(p for p in data["pins"] if p["name"] == "zlab")
     assert z["verdict"] == "fails" and z["keep"] == ZLAB_SMALL_PAGE

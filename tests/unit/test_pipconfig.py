@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.builder import pipconfig
-from imagebuild.builder.pipconfig import PipIndexes, indexes_from, parse_config_list
+from imagebuild import pipconfig
+from imagebuild.pipconfig import PipIndexes, indexes_from, parse_config_list
 
 
 def test_config_list_is_parsed_and_scopes_ranked_like_pip() -> None:
@@ -63,7 +63,7 @@ def _file_index(root: Path, version: str) -> str:
 
 def test_sdist_comes_from_the_index_pip_is_configured_with(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from imagebuild.builder.vllm_source import sdist_tree
+    from imagebuild.vllmsource.sdist import sdist_tree
 
     index = _file_index(tmp_path / "mirror", "9.9.7")
     monkeypatch.setenv("PIP_INDEX_URL", index)

@@ -136,7 +136,7 @@ def test_the_quickstart_covers_plan_check_render_and_lock():
 def test_the_docker_run_shown_is_the_one_release_notes_print():
     from imagebuild.plan import load_plan
     from imagebuild.release.notes import run_spec
-    from imagebuild.runspec import docker_run_text
+    from imagebuild.serving.runspec import docker_run_text
 
     (job,) = load_plan(None, TAG, "cpu").jobs
     text = docker_run_text(run_spec(job, job.latest_ref), name=job.cell.image)
@@ -188,6 +188,15 @@ def test_benchmarks_readme_lists_every_script():
     scripts = {p.name for p in (ROOT / "benchmarks").glob("*.py")}
     assert scripts - listed == set(), "add a row for each to benchmarks/README.md's table"
     assert listed - scripts == set(), "benchmarks/README.md lists scripts that are gone"
+
+
+def test_tools_readme_lists_every_tool():
+    table = (ROOT / "tools/README.md").read_text()
+    listed = set(re.findall(r"^\| `([a-z_]+(?:\.py|/))` \|", table, re.M))
+    tools = {p.name for p in (ROOT / "tools").glob("*.py") if p.name != "__init__.py"}
+    tools |= {p.name + "/" for p in (ROOT / "tools").iterdir() if (p / "__init__.py").is_file()}
+    assert tools - listed == set(), "add a row for each to tools/README.md's table"
+    assert listed - tools == set(), "tools/README.md lists tools that are gone"
 
 
 def test_the_examples_page_plans_run_as_written(monkeypatch, capsys):

@@ -18,9 +18,9 @@ from imagebuild.rehearse.runtime_stage import (
     localize,
     read_runtime_stage,
 )
-from imagebuild.rehearse.source import cmake_patches
 from imagebuild.rehearse.step_arch import _survives, gencode_for, reason_without
 from imagebuild.rehearse.steps import FAILED, NOT_REHEARSED, PASSED, Step, exit_code, table
+from imagebuild.vllmsource.tree import cmake_patches
 
 CMAKE = """\
 project(x)
@@ -180,8 +180,8 @@ def test_source_step_fails_when_the_pin_is_not_the_sdists_commit(tmp_path, monke
     recipe's scripts run in the e2e rehearsal; here only their checkout is stood in for."""
     import dataclasses
 
-    from imagebuild.rehearse import source
     from imagebuild.rehearse.run import _source_step
+    from imagebuild.vllmsource import tree as source
 
     def prepare(sdist, workdir, version, patches, paths):
         return source.Checkout(workdir, "f" * 40, source.sdist_commit(sdist), [])

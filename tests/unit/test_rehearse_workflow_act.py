@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from imagebuild.rehearse_workflow.act import Rehearsal
+from tools.rehearse_release.act import Rehearsal
 
 
 def test_a_hung_act_is_killed_with_its_group_at_the_timeout(monkeypatch, tmp_path: Path):
@@ -51,7 +51,7 @@ def test_a_finished_act_keeps_its_output_and_exit_code(monkeypatch, tmp_path: Pa
 
 
 def test_the_rehearsal_without_a_cell_for_this_host_is_bad_input(monkeypatch, tmp_path, capsys):
-    from imagebuild.rehearse_workflow import __main__ as rehearse
+    from tools.rehearse_release import __main__ as rehearse
 
     monkeypatch.setattr(rehearse, "plan", lambda tag, target: [])
     work = tmp_path / "act"
@@ -62,7 +62,7 @@ def test_the_rehearsal_without_a_cell_for_this_host_is_bad_input(monkeypatch, tm
 
 
 def test_act_limits_are_said_in_words_and_nothing_else_is_excused():
-    from imagebuild.rehearse_workflow.__main__ import act_limits
+    from tools.rehearse_release.__main__ import act_limits
 
     log = ('time="2026-12-03T06:26:42Z" level=error msg="Failed to parse \'max-parallel\' '
            'option: strconv.Atoi: parsing \\"${{ fromJSON(vars.IMAGEBUILD_MAX_PARALLEL) }}\\": '

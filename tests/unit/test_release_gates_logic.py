@@ -16,11 +16,12 @@ from imagebuild.gates.client import Generation, parse_choice
 from imagebuild.gates.collapse import collapse_reason, entropy, tail_loop
 from imagebuild.gates.compare import MATCH, MISMATCH, TIE, compare
 from imagebuild.gates.identity import Identity, changed
-from imagebuild.gates.run import Run, judge, speculates
+from imagebuild.gates.run import Run, judge
 from imagebuild.gates.summary import failures, load_summary, passed, summary
 from imagebuild.gates.verdict import long_generation, lossless
 from imagebuild.registry.records import A_GATES, release_record
 from imagebuild.release.publish import gates_gate
+from imagebuild.serving.runspec import speculates
 from imagebuild.spec.gates import GateSettings, LongGenerationGate, LosslessGate
 from imagebuild.spec.tags import parse_release_tag
 
@@ -374,8 +375,9 @@ def test_smokes_record_serves_the_gates_only_for_the_same_image_and_settings(tmp
 
 def test_gate_image_uses_smokes_record_and_boots_only_the_plain_server(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from imagebuild.buildfolder import CAPTURE_FILE
     from imagebuild.gates import run as gates_run
-    from imagebuild.gates.capture import CAPTURE_FILE, save_capture
+    from imagebuild.gates.capture import save_capture
 
     st = GateSettings(lossless=LosslessGate(max_tokens=8, min_compared_tokens=8),
                       long_generation=LongGenerationGate(tokens=64))

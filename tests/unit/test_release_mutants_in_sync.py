@@ -1,25 +1,15 @@
-"""benchmarks/mutate_release_state.py reverts each release-state fix once and runs the property
+"""tools/mutate_release_state.py reverts each release-state fix once and runs the property
 and regression tests; this keeps the script in step with the code: every mutated text is
 in its module exactly once and every test it runs exists."""
 
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
+from tools import mutate_release_state
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location("mutate_release_state",
-                                                  ROOT / "benchmarks/mutate_release_state.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def _test_names(path: Path) -> set[str]:
@@ -28,7 +18,7 @@ def _test_names(path: Path) -> set[str]:
 
 
 def test_every_mutant_still_finds_its_code_and_tests() -> None:
-    tool = _tool()
+    tool = mutate_release_state
     assert (ROOT / tool.PROPERTY).is_file()
     assert len({m.name for m in tool.MUTANTS}) == len(tool.MUTANTS)
     for m in tool.MUTANTS:

@@ -96,7 +96,7 @@ def test_attestations_use_an_attest_release_that_matches_logins_exactly():
     for sha, comment in pins:
         tag, oci = ATTEST_RELEASES[sha]
         assert comment == tag and tuple(map(int, oci.split("."))) >= (0, 7, 1), (sha, oci)
-    from imagebuild.rehearse_workflow.act import STANDIN_OF
+    from tools.rehearse_release.act import STANDIN_OF
 
     assert STANDIN_OF["actions/attest"] in {s for s, _ in pins}  # the stand-in's code
     bot = yaml.safe_load((REPO_ROOT / ".github/dependabot.yml").read_text())

@@ -59,6 +59,7 @@ from hypothesis.stateful import (
 
 from imagebuild.bench import store
 from imagebuild.errors import ImagebuildError
+from imagebuild.registry import referrers
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST
 from imagebuild.registry.records import (
     A_TAG,
@@ -699,13 +700,13 @@ class ReleaseState(RuleBasedStateMachine):
         if len(measured) < 2:
             return
         old, new = measured[0], measured[-1]
-        theirs = store._fallback_index(c, repo, new.digest)  # noqa: SLF001
-        ours = store._fallback_index(c, repo, old.digest)  # noqa: SLF001
+        theirs = referrers._fallback_index(c, repo, new.digest)  # noqa: SLF001
+        ours = referrers._fallback_index(c, repo, old.digest)  # noqa: SLF001
         if not theirs or not ours:
             return
         doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": ours + [
             m for m in theirs if m not in ours]}
-        c.put_manifest(repo, store.referrers_tag(old.digest), compact(doc).encode(),
+        c.put_manifest(repo, referrers.referrers_tag(old.digest), compact(doc).encode(),
                        OCI_INDEX)
         with self.as_client(0):  # a prune that deletes the old one keeps the new's results
             self.execute(("prune", 1, None))
@@ -836,7 +837,7 @@ class ReleaseState(RuleBasedStateMachine):
 ReleaseState.TestCase.settings = settings(
     max_examples=int(os.environ.get("RELEASE_PROPERTY_EXAMPLES", "150")),
     stateful_step_count=20, deadline=None, database=None, derandomize=True,
-    # benchmarks/mutate_release_state.py asks for no shrinking: it wants killed or not, fast
+    # tools/mutate_release_state.py asks for no shrinking: it wants killed or not, fast
     phases=[p for p in Phase if p is not Phase.shrink or not os.environ.get("NO_SHRINK")],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 TestReleaseState = ReleaseState.TestCase

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from imagebuild.bench import store
-from imagebuild.builder.hygiene import protected_releases
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.registry import referrers
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST
 from imagebuild.registry.deadline import Deadline
 from imagebuild.registry.records import A_TAG, LATEST, list_releases, read_release
@@ -20,6 +20,7 @@ from imagebuild.release.latest import Accept, advance, set_latest, set_latest_ma
 from imagebuild.release.lease import LEASE, LEASE_TAG, Lease
 from imagebuild.release.prune import plan_prune, prune
 from imagebuild.release.rollbacks import rolled_back
+from imagebuild.release.runnerclean import protected_releases
 from imagebuild.spec.tags import parse_release_tag
 from tests.support.memregistry import MemRegistry
 
@@ -305,7 +306,7 @@ def test_a_retried_delete_whose_first_attempt_succeeded_is_fine(reg):
     # A's results went with it: the only results indexes left are B's and C's
     c = reg.client()
     assert {t for t in reg.tags[REPO] if t.startswith("sha256-")} == {
-        store.referrers_tag(read_release(c, REPO, t).digest) for t in (B, C)}
+        referrers.referrers_tag(read_release(c, REPO, t).digest) for t in (B, C)}
 
 
 def test_forget_leaves_artifacts_whose_subject_is_another_release(reg):
@@ -316,8 +317,8 @@ def test_forget_leaves_artifacts_whose_subject_is_another_release(reg):
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
         {"mediaType": OCI_MANIFEST, "digest": a_results, "size": 1,
          "artifactType": store.ARTIFACT_TYPE}]}  # B's index lists A's results
-    c.put_manifest(REPO, store.referrers_tag(b_digest), json.dumps(index).encode(), OCI_INDEX)
-    store.forget(c, REPO, b_digest)
+    c.put_manifest(REPO, referrers.referrers_tag(b_digest), json.dumps(index).encode(), OCI_INDEX)
+    referrers.forget(c, REPO, b_digest)
     assert store.stored(c, REPO, A) is not None and a_digest in reg.manifests[REPO]
 
 

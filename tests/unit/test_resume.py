@@ -7,11 +7,12 @@ import json
 from pathlib import Path
 
 from imagebuild.bench import store
+from imagebuild.buildfolder import verdict_path
 from imagebuild.plan import load_plan
-from imagebuild.rehearse_workflow.outputs import parse
+from imagebuild.registry import referrers
 from imagebuild.release.resume import cell_state, github_output, write_recorded_verdict
-from imagebuild.smoke.paths import verdict_path
 from tests.support.memregistry import MemRegistry
+from tools.rehearse_release.outputs import parse
 
 REPO = "vllm-spark/cpu-tiny-ngram"
 TAG = "2026-06-18-v0.23.0-dflashfix"
@@ -54,8 +55,8 @@ def test_passed_then_benched_and_read_only(matrix_dir, tmp_path):
     image_id = rel.image_id
     # done: its SBOM and provenance are stored too (signed too in the release workflow:
     # tests/unit/test_attest_standins.py)
-    for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE):
-        store.put_artifact(client, REPO, rel, b"{}", artifact_type=kind, file_name="f")
+    for kind in (referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE):
+        referrers.put_artifact(client, REPO, rel, b"{}", artifact_type=kind, file_name="f")
     start = len(reg.calls)
     assert _state(reg, job) == {"published": "true", "tested": "true", "attested": "true",
                                 "benched": "false", "done": "true"}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import yaml
 
-from imagebuild.runspec import (
+from imagebuild.serving.runspec import (
     RunSpec,
     compose_document,
     docker_run_argv,
     sdk_run_kwargs,
-    with_listen,
 )
+from imagebuild.spec.servecmd import with_listen
 
 CPU = RunSpec(image="reg/ns/img@sha256:" + "a" * 64, command=("vllm", "serve", "/model",
               "--port", "8000"), memory="8g", gpu=False, user=(1000, 1001))

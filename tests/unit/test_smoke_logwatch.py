@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from imagebuild.smoke.boot import wait_ready
-from imagebuild.smoke.logwatch import LogState, exceptions, excerpt, fatal_of, phase_after
+from imagebuild.serving.boot import wait_ready
+from imagebuild.serving.logwatch import LogState, exceptions, excerpt, fatal_of, phase_after
 
 # Lines as vLLM 0.23 prints them (cpu boot of the tiny model, and docs/domain.md's failures).
 BOOT = [

@@ -11,19 +11,18 @@ import pytest
 import yaml
 
 from imagebuild.errors import UserError
-from imagebuild.smoke.checks import expected_checks
-from imagebuild.smoke.nodes import (
+from imagebuild.serving.nodes import (
     Lost,
     NodeFile,
-    NodeRun,
     cell_node_files,
     lost_message,
     node_hosts,
     partners_from_env,
     placed,
     placement,
-    ranks_check,
 )
+from imagebuild.smoke.checks import expected_checks
+from imagebuild.smoke.nodes import JudgedNodes, ranks_check
 from imagebuild.smoke.report import write_junit
 from imagebuild.smoke.runner import _verdict
 from tests.support.multinode import HEAD_RANK_LINE, WORKER_RANK_LINE, cpu_two_node_cell
@@ -122,12 +121,12 @@ def test_render_gives_one_file_per_node_head_first(tmp_path: Path):
 
 # ------------------------------------------------------------------ the verdict
 
-def _run(tmp_path: Path, *, worker_log: list[str], lost: Lost | None = None) -> NodeRun:
+def _run(tmp_path: Path, *, worker_log: list[str], lost: Lost | None = None) -> JudgedNodes:
     from imagebuild.docker import Engine
-    from imagebuild.smoke.nodes import _Worker
+    from imagebuild.serving.nodes import _Worker
 
     files = [NodeFile("head", 0, COMPOSE), NodeFile("worker1", 1, COMPOSE)]
-    run = NodeRun("img", files, tmp_path, "imagebuild-smoke-x")
+    run = JudgedNodes("img", files, tmp_path, "imagebuild-smoke-x")
     log = tmp_path / "worker1.log"
     log.write_text("\n".join(worker_log) + "\n")
     run.workers.append(_Worker(files[1], None, "p-worker1", tmp_path / "w.yaml", log,

@@ -1,4 +1,4 @@
-"""The smoke runner's backstop clean-up (runner.take_down): after a suite that ended by
+"""The smoke runner's backstop clean-up (serving/compose.py take_down): after a suite that ended by
 itself and whose own `compose down` left nothing, it costs no compose process and no
 settle; anything left, or a suite cut short, gets the whole backstop as before."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.smoke import runner
+from imagebuild.serving import compose
 
 
 class Engine:
@@ -26,10 +26,10 @@ class Engine:
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
-    monkeypatch.setattr(runner.subprocess, "run", lambda argv, **kw: seen.append(" ".join(argv)))
-    monkeypatch.setattr(runner.time, "sleep", lambda s: seen.append(f"sleep {s}"))
-    monkeypatch.setattr("imagebuild.smoke.suite.conftest.compose_command",
-                        lambda: "docker-compose")
+    monkeypatch.setattr(compose.subprocess, "run", lambda argv, **kw: seen.append(" ".join(argv)))
+    monkeypatch.setattr(compose.time, "sleep", lambda s: seen.append(f"sleep {s}"))
+    monkeypatch.setattr("imagebuild.serving.compose.compose_argv",
+                        lambda: ["docker-compose"])
     return seen
 
 
@@ -42,12 +42,12 @@ def test_backstop_runs_unless_a_finished_suite_left_nothing(
         monkeypatch: pytest.MonkeyPatch, calls: list[str], finished: bool, left: list[str],
         backstop: bool) -> None:
     eng = Engine(left)
-    monkeypatch.setattr(runner, "engine", lambda: eng)
-    runner.take_down("imagebuild-smoke-x", Path("compose.yaml"), suite_finished=finished)
-    label = f"{runner.PROJECT_LABEL}=imagebuild-smoke-x"
+    monkeypatch.setattr(compose, "engine", lambda: eng)
+    compose.take_down("imagebuild-smoke-x", Path("compose.yaml"), suite_finished=finished)
+    label = f"{compose.PROJECT_LABEL}=imagebuild-smoke-x"
     if backstop:
         assert eng.removed == [label, label]
         assert calls == ["docker-compose -f compose.yaml -p imagebuild-smoke-x down --volumes "
-                         "--timeout 5", f"sleep {runner.SWEEP_SETTLE_S}"]
+                         "--timeout 5", f"sleep {compose.SWEEP_SETTLE_S}"]
     else:
         assert eng.removed == [] and calls == []

@@ -316,6 +316,7 @@ def test_prune_deletes_a_releases_documents_with_it_and_keeps_the_kept_ones():
     of a pruned release go with it (artifacts and referrers tag), a kept release's stay,
     and a release's bench results, SBOM and provenance share its one referrers tag."""
     from imagebuild.bench import store
+    from imagebuild.registry import referrers
     from imagebuild.registry.records import read_release
     from imagebuild.release.prune import prune
     from tests.support.memregistry import MemRegistry
@@ -329,9 +330,9 @@ def test_prune_deletes_a_releases_documents_with_it_and_keeps_the_kept_ones():
         rel = read_release(client, repo, tag)
         assert rel is not None
         store.put_results(client, repo, tag, {"image": {"id": rel.image_id}, "levels": []})
-        kept[tag] = [store.put_artifact(client, repo, rel, b'{"doc": "%s"}' % kind.encode(),
-                                        artifact_type=kind, file_name="f.json")
-                     for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE)]
+        kept[tag] = [referrers.put_artifact(client, repo, rel, b'{"doc": "%s"}' % kind.encode(),
+                                            artifact_type=kind, file_name="f.json")
+                     for kind in (referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE)]
     newest = read_release(client, repo, tags[2])
     assert newest is not None  # benched again after the documents: they stay listed
     store.put_results(client, repo, tags[2], {"image": {"id": newest.image_id}, "levels": []})
@@ -341,11 +342,11 @@ def test_prune_deletes_a_releases_documents_with_it_and_keeps_the_kept_ones():
     assert plan.delete == [tags[0]]  # the middle one is the rollback target
     for artifact in kept[tags[0]]:
         assert client.head_manifest(repo, artifact) is None
-    assert store.referrers_tag(digests[tags[0]]) not in client.tags(repo)
+    assert referrers.referrers_tag(digests[tags[0]]) not in client.tags(repo)
     for tag in tags[1:]:
-        for kind, artifact in zip((store.SBOM_TYPE, store.PROVENANCE_TYPE), kept[tag],
+        for kind, artifact in zip((referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE), kept[tag],
                                   strict=True):
-            assert [d["digest"] for d in store.listed(client, repo, digests[tag], kind)] == \
+            assert [d["digest"] for d in referrers.listed(client, repo, digests[tag], kind)] == \
                 [artifact]
             assert client.head_manifest(repo, artifact) is not None
         assert store.stored(client, repo, tag) is not None
@@ -356,7 +357,7 @@ def test_a_release_recorded_unmeasured_keeps_its_documents():
     and provenance: the release's manifest gets a new digest, and the documents move with
     it (listed on the new one, gone from the old one), or `oras discover`, the notes and
     prune would no longer find them."""
-    from imagebuild.bench import store
+    from imagebuild.registry import referrers
     from imagebuild.registry.records import read_release
     from imagebuild.release.latest import record_unmeasured
     from tests.support.memregistry import MemRegistry
@@ -367,15 +368,15 @@ def test_a_release_recorded_unmeasured_keeps_its_documents():
     before = read_release(client, repo, tag)
     assert before is not None
     bodies = {kind: b'{"doc": "%s"}' % kind.encode()
-              for kind in (store.SBOM_TYPE, store.PROVENANCE_TYPE)}
-    old = {kind: store.put_artifact(client, repo, before, body, artifact_type=kind,
-                                    file_name="f.json") for kind, body in bodies.items()}
+              for kind in (referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE)}
+    old = {kind: referrers.put_artifact(client, repo, before, body, artifact_type=kind,
+                                        file_name="f.json") for kind, body in bodies.items()}
     after = record_unmeasured(client, repo, tag, "first release", log=lambda _: None, settle=0)
     assert after.digest != before.digest and after.unmeasured == "first release"
     for kind, body in bodies.items():
-        [desc] = store.listed(client, repo, after.digest, kind)
+        [desc] = referrers.listed(client, repo, after.digest, kind)
         raw, _media, _d = client.get_manifest(repo, desc["digest"])
         layer = json.loads(raw)["layers"][0]
         assert client.get_blob(repo, layer["digest"]) == body
-        assert store.listed(client, repo, before.digest, kind) == []
+        assert referrers.listed(client, repo, before.digest, kind) == []
         assert client.head_manifest(repo, old[kind]) is None

@@ -10,6 +10,7 @@ import pytest
 
 from imagebuild.bench import store
 from imagebuild.errors import UserError
+from imagebuild.registry import referrers
 from imagebuild.registry.client import OCI_MANIFEST
 from imagebuild.registry.records import A_INPUTS, amended_manifest, read_release
 from imagebuild.release import compat
@@ -41,15 +42,16 @@ def _release(tmp_path, *, with_sbom: bool = True, prov_digest: str | None = None
     store.put_results(client, REPO, TAG, {"image": {"id": rel.image_id}, "levels": []})
     snap, ex = probe_tree(image_tree(tmp_path)), expected()
     if with_sbom:
-        store.put_artifact(client, REPO, rel, sbom.build_sbom(snap, ex, _subject(rel, sbom_digest),
-                                                            []).encode(),
-                           artifact_type=store.SBOM_TYPE, file_name="sbom.cdx.json")
+        referrers.put_artifact(client, REPO, rel,
+                               sbom.build_sbom(snap, ex, _subject(rel, sbom_digest), []).encode(),
+                               artifact_type=referrers.SBOM_TYPE, file_name="sbom.cdx.json")
     statement = provenance.build_statement(
         _subject(rel, prov_digest, prov_inputs), ex, pins={}, lock_entries={},
         commit="c0ffee" * 6 + "1234", dirty=False, repo_uri="git+file:///w", env={},
         records={}, sbom_digest="55" * 32, started=1_700_000_000)
-    store.put_artifact(client, REPO, rel, statement.encode(),
-                       artifact_type=store.PROVENANCE_TYPE, file_name="provenance.intoto.json")
+    referrers.put_artifact(client, REPO, rel, statement.encode(),
+                           artifact_type=referrers.PROVENANCE_TYPE,
+                           file_name="provenance.intoto.json")
     row = compat.make_row(image="img", cell="cpu/img", repo=REPO, drafter=False, rel=rel,
                           bench=store.release_stored(client, REPO, TAG), baseline=None,
                           baseline_tag=None, thresholds=compat.Thresholds(0.1, 0.1))

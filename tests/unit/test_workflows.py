@@ -22,10 +22,10 @@ import yaml
 from imagebuild import REPO_ROOT
 from imagebuild.cli import main
 from imagebuild.errors import UserError
-from imagebuild.release.overrides import accept_options, override_args
 from imagebuild.spec import hardware
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.tags import SHORT
+from tools.accept_overrides import accept_options, override_args
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 MAKEFILE = REPO_ROOT / "Makefile"
@@ -555,7 +555,7 @@ def test_steps_writing_github_output_write_only_outputs(tmp_path):
     """Make echoes each recipe line unless told not to; the runner refuses any line of
     $GITHUB_OUTPUT that is not `name=value` (act: "invalid format '# main's history...'").
     The steps are run verbatim from release.yml, so putting the echo back fails here."""
-    from imagebuild.rehearse_workflow.outputs import OutputFormatError, parse
+    from tools.rehearse_release.outputs import OutputFormatError, parse
 
     plan = load("release.yml")["jobs"]["plan"]
     commit_step = next(s for s in plan["steps"] if s.get("id") == "commit")
@@ -613,7 +613,7 @@ def test_namespace_is_the_owner_lowercased_unless_set(tmp_path):
     proc = _make("job-env", tmp_path, GITHUB_REPOSITORY_OWNER="MyOrg", NAMESPACE_VAR="",
                  RUNNER_TEMP=str(tmp_path), GITHUB_RUN_ID="7", GITHUB_JOB="cell",
                  DOCKER_CONFIG=str(runner))
-    from imagebuild.rehearse_workflow.outputs import parse
+    from tools.rehearse_release.outputs import parse
     env = parse(proc.stdout)
     assert env["IMAGEBUILD_NAMESPACE"] == "myorg"
     # a home and Docker config of this job only, under RUNNER_TEMP: no leftover `docker
@@ -761,8 +761,8 @@ def test_a_rerun_skips_what_the_tag_already_holds():
 
 
 def test_resume_output_is_true_only_when_true_of_every_cell():
-    from imagebuild.rehearse_workflow.outputs import parse
     from imagebuild.release.resume import CellState, github_output
+    from tools.rehearse_release.outputs import parse
 
     done = CellState("t/a", True, True, True, attested=True)
     untested = CellState("t/b", True, False, False)
@@ -858,7 +858,7 @@ def test_pin_issues_closes_only_its_own_issue_of_a_pin_seen_current(tmp_path):
     """Issue 32 (11): an unreachable Hub wrote no title file and closed every open pin
     issue, and any issue a person labelled pin-watch. Now an issue is closed only when it
     carries the watch's marker and this run's watch saw its pin at the locked commit."""
-    from imagebuild.lock.pinwatch import MARKER
+    from imagebuild.pinwatch import MARKER
 
     pins = tmp_path / "pins"
     pins.mkdir()
@@ -893,7 +893,7 @@ def test_pin_issues_closes_only_its_own_issue_of_a_pin_seen_current(tmp_path):
 
 
 def test_pins_watch_writes_every_verdict_unreachable_ones_too(tmp_path):
-    from imagebuild.lock.pinwatch import PinReport, write_issue_files
+    from imagebuild.pinwatch import PinReport, write_issue_files
 
     def report(name: str, verdict: str) -> PinReport:
         return PinReport(kind="models", name=name, repository=f"org/{name}", branch="main",
@@ -987,7 +987,7 @@ def test_the_act_rehearsal_maps_every_label_and_every_pinned_action(tmp_path):
     """make rehearse-release: every runs-on label (literal, or from the plan's runners) runs
     on this host, every pinned action is a stand-in of the repo, act's servers stay off or
     on loopback, and no .env/.secrets/.vars file of the user's is read."""
-    from imagebuild.rehearse_workflow.act import (
+    from tools.rehearse_release.act import (
         STANDIN_FOR,
         STANDINS,
         Rehearsal,
@@ -1060,7 +1060,7 @@ def test_plan_checks_exactly_the_cells_it_plans():
 
 
 def test_the_rehearsal_says_which_cells_it_skips_and_why():
-    from imagebuild.rehearse_workflow.__main__ import plan, skipped
+    from tools.rehearse_release.__main__ import plan, skipped
 
     lines = skipped(TAG, "cpu")
     others = [c for c in plan(TAG, "all") if c["target"] != "cpu"]

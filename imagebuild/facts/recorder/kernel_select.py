@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import functools
 import inspect
 import itertools
 import json
@@ -101,6 +102,14 @@ def _cc(text: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def _member_value(mapper: Callable[[str], Any], value: str) -> Any:
+    return mapper(value).value
+
+
+def _member_name(mapper: Callable[[str], Any], value: str) -> Any:
+    return mapper(value).name
+
+
 def _outcome(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
@@ -133,7 +142,7 @@ def tabulate(evaluate: Callable[..., Any], axes: dict[str, Iterable[Any]] | None
                         kw = dict(zip(axes, point, strict=True))
                         with vp.environment(env):
                             vp.reset_reads()
-                            result = _outcome(lambda kw=kw: evaluate(**kw))
+                            result = _outcome(functools.partial(evaluate, **kw))
                             seen_p |= vp.READS - {"cc"}
                             seen_e |= vp.ENV_READS
                         key = "|".join([f"cc={cc}"]
@@ -498,7 +507,7 @@ def switches() -> dict[str, Any]:
         parsed = {}
         for sample in samples:
             with vp.environment({name: sample} if sample else {}):
-                value = _outcome(lambda name=name: getattr(envs, name))
+                value = _outcome(functools.partial(getattr, envs, name))
             parsed[sample] = value if isinstance(value, dict) else repr(value)
         entry: dict[str, Any] = {"read": parsed}
         if choices is not None:
@@ -609,9 +618,11 @@ def nvfp4_moe(variants: dict[str, Any]) -> dict[str, Any]:
     mapping = {}
     for value in _moe_backend_values():
         if value != "auto":
-            result = _outcome(lambda value=value: o.map_nvfp4_backend(value).value)
+            result = _outcome(functools.partial(_member_value, o.map_nvfp4_backend, value))
             mapping[value] = result
+
     def fi(value: str) -> Any:
+        assert get_flashinfer_moe_backend is not None  # only tabulated when it exists
         with vp.environment({"VLLM_FLASHINFER_MOE_BACKEND": value}):
             return o.fi_2_vllm_backend_map[get_flashinfer_moe_backend()].value
 
@@ -638,13 +649,14 @@ def unquantized_moe(variants: dict[str, Any]) -> dict[str, Any]:
     mapping = {}
     for value in _moe_backend_values():
         if value != "auto":
-            mapping[value] = _outcome(lambda value=value: o.map_unquantized_backend(value).name)
+            mapping[value] = _outcome(
+                functools.partial(_member_name, o.map_unquantized_backend, value))
     cuda_order = local_list(o._get_priority_backends, "_AVAILABLE_BACKENDS",
                             within="current_platform.is_cuda()")
     classes: dict[str, list[Any]] = {}
     for member in cuda_order + ["AITER"]:
         b = o.UnquantizedMoeBackend[member]
-        cls = _outcome(lambda b=b: o.backend_to_kernel_cls(b))
+        cls = _outcome(functools.partial(o.backend_to_kernel_cls, b))
         if not isinstance(cls, dict):  # one class (0.23) or a list of them (0.32)
             classes[member] = list(cls) if isinstance(cls, list | tuple) else [cls]
     return {

@@ -72,7 +72,9 @@ class _StandinFinder:
         top = fullname.split(".")[0]
         if top not in STANDIN_PACKAGES or (top == "flashinfer" and not STATE["flashinfer"]):
             return None
-        return importlib.machinery.ModuleSpec(fullname, _StandinFinder, is_package=True)
+        # The class is its own (static) loader: create_module/exec_module below.
+        loader: Any = _StandinFinder
+        return importlib.machinery.ModuleSpec(fullname, loader, is_package=True)
 
     @staticmethod
     def create_module(spec: Any) -> types.ModuleType:
@@ -204,13 +206,15 @@ def refresh() -> None:
             if (isinstance(value, functools._lru_cache_wrapper)
                     and getattr(value, "__module__", "") == mod_name):
                 value.cache_clear()
-    w8a8 = sys.modules.get("vllm.model_executor.layers.quantization.utils.w8a8_utils")
+    w8a8: Any = sys.modules.get("vllm.model_executor.layers.quantization.utils.w8a8_utils")
     if w8a8 is not None:
+        # Module-level constants vLLM computed at import time from the old probes.
+        block = w8a8.cutlass_block_fp8_supported()
         w8a8.CUTLASS_FP8_SUPPORTED = w8a8.cutlass_fp8_supported()
-        w8a8.CUTLASS_BLOCK_FP8_SUPPORTED = w8a8.cutlass_block_fp8_supported()
-        cutlass = sys.modules.get("vllm.model_executor.kernels.linear.scaled_mm.cutlass")
+        w8a8.CUTLASS_BLOCK_FP8_SUPPORTED = block
+        cutlass: Any = sys.modules.get("vllm.model_executor.kernels.linear.scaled_mm.cutlass")
         if cutlass is not None:
-            cutlass.CUTLASS_BLOCK_FP8_SUPPORTED = w8a8.CUTLASS_BLOCK_FP8_SUPPORTED
+            cutlass.CUTLASS_BLOCK_FP8_SUPPORTED = block
     fa = sys.modules.get("vllm.vllm_flash_attn.flash_attn_interface")
     if fa is not None:
         for version in (2, 3, 4):

@@ -65,8 +65,9 @@ def method_of(config: dict, hf_quant: dict | None,
             elif algo == "MIXED_PRECISION":
                 method = "modelopt_mixed"
             return method, q
-    method = method or None
-    if flag is not None and method is not None and flag != method:
+    if not method:  # an empty quant_method reads as none
+        return None, q
+    if flag is not None and flag != method:
         raise VllmRaises("ValueError", "Quantization method specified in the model config "
                                        f"({method}) does not match the quantization method "
                                        f"specified in the `quantization` argument ({flag}).")
@@ -332,9 +333,10 @@ def model_layers(facts: Facts, arch: str, config: dict, hf_quant: dict | None,
     archetype = facts["archetypes"].get(arch)
     if archetype is None:
         raise NotRecorded(f"no recorded layers of {arch} (add an archetype to "
-                          "kernel_select/generate.py)")
+                          "imagebuild/facts/recorder/kernel_select.py)")
     method, q = method_of(config, hf_quant, flag)
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text_config = config.get("text_config")
+    text: dict = text_config if isinstance(text_config, dict) else config
     base = Layers(arch=arch, head_size=text.get("head_dim"), kv_cache_dtype=kv_cache_dtype)
     if method is None:
         moe = "unquantized" if archetype.get("moe") else "none"

@@ -305,7 +305,7 @@ class Predictor:
         return key
 
     def moe(self, layers: Layers, moe_backend: str, kind: str = "moe") -> Decision:
-        if layers.moe == "none":
+        if layers.moe is None or layers.moe == "none":
             return Decision(kind)
         variant = self._layer_variant(layers)
         layer = self.f["moe_layers"][variant]

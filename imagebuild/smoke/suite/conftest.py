@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -29,12 +28,13 @@ import pytest
 import requests
 
 from imagebuild.docker import engine
-from imagebuild.smoke.boot import BootOutcome, Container, wait_ready
-from imagebuild.smoke.logwatch import LogWatcher
+from imagebuild.errors import OperationFailed
+from imagebuild.serving.boot import BootOutcome, Container, wait_ready
+from imagebuild.serving.compose import PROJECT_LABEL, compose_argv
+from imagebuild.serving.logwatch import LogWatcher
 from imagebuild.smoke.probes import quote_log
 
 CONFIG_ENV = "IMAGEBUILD_SMOKE_CONFIG"
-PROJECT_LABEL = "com.docker.compose.project"
 
 if not os.environ.get(CONFIG_ENV):
     collect_ignore_glob = ["test_*.py"]
@@ -42,17 +42,6 @@ if not os.environ.get(CONFIG_ENV):
 
 def _config() -> dict[str, Any]:
     return json.loads(Path(os.environ[CONFIG_ENV]).read_text())
-
-
-def compose_command() -> str:
-    """Compose v2 (`docker compose`) where the plugin exists, else Debian's docker-compose."""
-    docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True
-                                 ).returncode == 0:
-        return "docker compose"
-    if shutil.which("docker-compose"):
-        return "docker-compose"
-    raise pytest.UsageError("no docker compose: install the compose plugin or docker-compose")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -81,7 +70,11 @@ def docker_compose_project_name(smoke_config: dict[str, Any]) -> str:
 
 @pytest.fixture(scope="session")
 def docker_compose_command() -> str:
-    return compose_command()
+    """pytest-docker's compose: the one serving/compose.py detects."""
+    try:
+        return " ".join(compose_argv())
+    except OperationFailed as exc:
+        raise pytest.UsageError(exc.message) from None
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,8 @@ import pytest
 
 from imagebuild.gates.capture import save_capture
 from imagebuild.gates.prompts import gate_requests
-from imagebuild.gates.run import Run, send_all
+from imagebuild.gates.runrecord import Run
+from imagebuild.gates.send import send_all
 from imagebuild.spec.gates import GateSettings
 
 

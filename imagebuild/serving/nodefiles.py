@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from imagebuild.errors import UserError
-from imagebuild.runspec import HOST, SERVICE, RunSpec, compose_yaml
+from imagebuild.serving.runspec import SERVICE, RunSpec, compose_yaml
 from imagebuild.spec.matrix import Cell
 from imagebuild.spec.nodecmd import (
     HEAD,
@@ -28,7 +28,7 @@ from imagebuild.spec.nodecmd import (
     multi_node,
     node_commands,
 )
-from imagebuild.spec.servecmd import serve_command
+from imagebuild.spec.servecmd import HOST, serve_command
 
 SUFFIX = ".compose.yaml"
 NODE_NAME = re.compile(rf"^(?:{HEAD}|{WORKER}([1-9][0-9]*))$")

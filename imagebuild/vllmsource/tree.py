@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from imagebuild import REPO_ROOT
-from imagebuild.builder.patches import touched_files
-from imagebuild.lock.sourcepins import sdist_commit
+from imagebuild.vllmsource.patches import touched_files
+from imagebuild.vllmsource.sdist import sdist_commit
 
 FILES = REPO_ROOT / "images" / "engine" / "files"
 # What `python setup.py sdist` adds on top of the repository's files.

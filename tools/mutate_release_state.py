@@ -1,6 +1,6 @@
 """Do the release-state tests catch a reverted fix? Revert each fix once, run the tests.
 
-    .venv/bin/python benchmarks/mutate_release_state.py [--only NAME] [--no-regression]
+    .venv/bin/python -m tools.mutate_release_state [--only NAME] [--no-regression]
 
 Each mutant reverts one fix of issue 25 (imagebuild/release/*.py, imagebuild/bench/
 {store,gate}.py) in a copy of the tracked tree (the checkout itself is never touched),
@@ -21,9 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.mutate_gates import _tracked_copy  # the same copy of the tracked tree
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))
-from mutate_gates import _tracked_copy  # noqa: E402, I001  (the same copy of the tracked tree)
 
 PROPERTY = "tests/unit/test_release_properties.py"
 RACES = "tests/unit/test_release_state_races.py"
@@ -129,7 +129,7 @@ MUTANTS = (
            (("        if client.head_manifest(repo, tag) is not None:\n            raise",
              "        raise"),),
            _races("test_a_retried_delete_whose_first_attempt_succeeded_is_fine")),
-    Mutant("m forget ignores the subject", "imagebuild/bench/store.py",
+    Mutant("m forget ignores the subject", "imagebuild/registry/referrers.py",
            (("        if _subject_of(client, repo, str(desc.get(\"digest\"))) != digest:\n"
              "            continue\n", ""),),
            _races("test_forget_leaves_artifacts_whose_subject_is_another_release")),

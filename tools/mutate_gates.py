@@ -1,6 +1,6 @@
 """Do the gates' unit tests catch a broken gate? Break each behaviour once, run its tests.
 
-    .venv/bin/python benchmarks/mutate_gates.py [--only NAME]
+    .venv/bin/python -m tools.mutate_gates [--only NAME]
 
 Each mutant is one textual change to one module, applied to a copy of the tracked tree
 (the checkout itself is never touched); the mutant is *killed* when its unit tests fail.

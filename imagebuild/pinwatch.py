@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.lock.lockfile import LOCK_NAME, Lock
+from imagebuild.lock.hub import HubClient, HubUnreachable
+from imagebuild.lock.lockfile import LOCK_NAME, Lock, read_lock
 from imagebuild.lock.resolve import METADATA_FILES
 from imagebuild.preflight import pins as pin_rules
 from imagebuild.preflight.findings import Finding
 from imagebuild.preflight.run import cell_labels, run_checks
+from imagebuild.spec import matrix as mx
 from imagebuild.spec.config import Drafter, Model
 from imagebuild.spec.matrix import Cell, LoadedMatrix, expand
 
@@ -200,8 +202,6 @@ def check_head(lm: LoadedMatrix, lock: Lock, client: Any, kind: str, name: str,
 
 def watch_pin(lm: LoadedMatrix, lock: Lock, client: Any, kind: str, name: str,
               pin: Model | Drafter, scratch: Path) -> PinReport:
-    from imagebuild.lock.hub import HubUnreachable
-
     assert pin.repository
     branch = pin.track or "main"
     entry = lock.entry(kind, name) or {}
@@ -272,20 +272,13 @@ def render(reports: list[PinReport], fmt: str) -> str:
                      for r in reports)
 
 
-# --------------------------------------------------------------------------- command line
-
-
-def cmd_pins(args: Any) -> int:
-    """Exit 0 whenever the watch ran: a failing head is news for an issue, not a CI error."""
-    from imagebuild.lock.hub import HubClient
-    from imagebuild.lock.lockfile import read_lock
-    from imagebuild.spec import matrix as mx
-
-    lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    names = set(args.only)
+def run_watch(matrix: Path | None, only: list[str], out: Path | None, fmt: str) -> str:
+    """`pins watch`: every Hub pin of the matrix (or those named in `only`) against its
+    branch head; the issue files written to `out` when given; the report as text."""
+    lm = mx.load(matrix.resolve() if matrix else None)
+    names = set(only)
     reports = watch(lm, read_lock(lm.root), HubClient(),
                     only=(lambda kind, name: name in names) if names else None)
-    if args.out:
-        write_issue_files(reports, args.out)
-    print(render(reports, args.format))
-    return 0
+    if out:
+        write_issue_files(reports, out)
+    return render(reports, fmt)

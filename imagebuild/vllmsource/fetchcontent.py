@@ -15,10 +15,12 @@ files read; a value it cannot resolve is an error, not a guess.
 from __future__ import annotations
 
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from imagebuild.errors import UserError
+from imagebuild.vllmsource.tree import cmake_only_tree, cmake_patches
 
 # Included only by the CPU build (CMakeLists.txt: `VLLM_TARGET_DEVICE STREQUAL "cpu"`).
 NOT_CUDA = frozenset({"cmake/cpu_extension.cmake"})
@@ -157,7 +159,7 @@ def dependencies(tree: Path) -> list[Dependency]:
                 if "URL" in opts:
                     raise UserError(f"{rel}:{line}: FetchContent_Declare({args[0]}) downloads "
                                     "a URL, which the lock cannot pin by commit",
-                                    fix="teach imagebuild/lock/fetchcontent.py URL sources")
+                                    fix="teach imagebuild/vllmsource/fetchcontent.py URL sources")
                 continue  # the SOURCE_DIR branch of an override
             dep = Dependency(
                 name=args[0],
@@ -189,3 +191,13 @@ def _resolve(value: str, variables: dict[str, str], rel: str, line: int) -> str:
                             fix="set it with a literal value in vLLM's CMake files")
         return variables[m.group(1)]
     return _VAR.sub(sub, value)
+
+
+def _cmake_tree(sdist_root: Path, patches: list[Path], dest: Path) -> Path:
+    return cmake_only_tree(sdist_root, dest, cmake_patches(patches))
+
+
+def read_sources(sdist_root: Path, patches: list[Path]) -> list[Dependency]:
+    """The FetchContent git sources of the sdist with the series' CMake patches applied."""
+    with tempfile.TemporaryDirectory(prefix="imagebuild-cmake-") as tmp:
+        return dependencies(_cmake_tree(sdist_root, patches, Path(tmp) / "tree"))

@@ -21,14 +21,14 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.nodefiles import read_node_file
+from imagebuild.serving.compose import compose_argv
+from imagebuild.serving.nodefiles import read_node_file
 from imagebuild.spec.nodecmd import MASTER_ADDR_VAR, NodeCommand, node_differences
 
 log = logging.getLogger(__name__)
@@ -110,15 +110,6 @@ def check_same_image(image: str, hosts: Sequence[Host], runner: Runner) -> str:
                          fix="pull the release by digest on every host (REF@sha256:...), "
                              "then launch that reference")
     return next(iter(ids.values()))
-
-
-def compose_argv() -> list[str]:
-    """Compose v2 where the plugin exists, else Debian's docker-compose."""
-    docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True
-                                 ).returncode == 0:
-        return ["docker", "compose"]
-    return ["docker-compose"]
 
 
 def launch(image: str, files: Sequence[Path], hosts: Sequence[Host], *,

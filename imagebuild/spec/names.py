@@ -1,5 +1,6 @@
-"""The Docker/OCI image reference grammar (distribution/reference), for registry hosts,
-namespaces and image references named in matrix.yaml or the environment.
+"""Names of images: the Docker/OCI image reference grammar (distribution/reference), for
+registry hosts, namespaces and image references named in matrix.yaml or the environment,
+and the labels the images we build carry.
 
     reference := name [ ":" tag ] [ "@" digest ]
     name      := [ domain "/" ] path-component ( "/" path-component )*   (<= 255 chars)
@@ -21,6 +22,9 @@ TAG = re.compile(rf"^{TAG_CHARS}\Z")
 DIGEST_CHARS = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 DIGEST = re.compile(rf"^{DIGEST_CHARS}\Z")
 NAME_MAX = 255
+# every image we build carries the digest of its inputs (recipe, patches, lock, base):
+# build avoidance, the engine handoff's check and publish's record read it
+INPUTS_LABEL = "io.imagebuild.inputs"
 
 # The same grammars for the JSON Schema (spec/schemahint.py). A registry needs a '.' or
 # ':' or is localhost (else Docker reads it as a Hub namespace), and its port is 1..65535;

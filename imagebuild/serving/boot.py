@@ -1,4 +1,9 @@
-"""Wait for a container to serve, ending early on anything that means it never will."""
+"""Wait for a container to serve, ending early on anything that means it never will.
+
+Two waits on the one /health probe (`healthy`): smoke's `wait_ready`, which also reads
+the log (fatal lines, the boot phase, the silent spawn hang), and `wait_healthy`, the
+plain wait of the servers the release gates and the bench start (one container or a
+multi-node cell's head)."""
 
 from __future__ import annotations
 
@@ -8,9 +13,11 @@ from dataclasses import dataclass
 
 import requests
 
+from imagebuild import progress
 from imagebuild.docker import engine
-from imagebuild.runspec import HOST
-from imagebuild.smoke.logwatch import LogState, LogWatcher, exceptions, excerpt
+from imagebuild.errors import OperationFailed
+from imagebuild.serving.logwatch import LogState, LogWatcher, exceptions, excerpt
+from imagebuild.spec.servecmd import HOST
 
 FATAL_GRACE_S = 1.5  # after a fatal line, keep reading this long for the rest of the trace
 IDLE_CPU_PERCENT = 10.0  # docker stats scale: 100 = one core busy
@@ -59,11 +66,34 @@ class BootOutcome:
         return self.kind == "ready"
 
 
-def _healthy(c: Container) -> bool:
+def healthy(c: Container) -> bool:
+    """The one /health probe: 200 within 2 s."""
     try:
         return requests.get(f"{c.base_url}/health", timeout=2).status_code == 200
     except requests.RequestException:
         return False
+
+
+def wait_healthy(c: Container, *, timeout_s: float, waiting: Callable[[float], str],
+                 exited: Callable[[], OperationFailed], timed_out: Callable[[], OperationFailed],
+                 check: Callable[[], None] = lambda: None, poll_s: float = POLL_S) -> float:
+    """Poll until /health answers; the seconds it took. On each round the progress line
+    says `waiting(elapsed)`, then `check()` may end the wait (a multi-node cell's lost
+    worker), then: healthy, or the container stopped (`exited()` is raised), or past
+    `timeout_s` (`timed_out()`). Each caller words its own errors."""
+    t0 = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - t0
+        progress.wait("boot", waiting(elapsed))
+        check()
+        if healthy(c):
+            return time.monotonic() - t0
+        if not c.running():
+            raise exited()
+        if time.monotonic() - t0 > timeout_s:
+            raise timed_out()
+        # smoke's poll step: a 1 s step cost half a second per boot on average
+        time.sleep(poll_s)
 
 
 def is_spawn_hang(state: LogState, now: float, stall_s: float, cpu: Callable[[], float | None]
@@ -107,7 +137,7 @@ def wait_ready(c: Container, watcher: LogWatcher, *, timeout_s: float, stall_s: 
                                excerpt(s.lines), exit_code=code,
                                fatal_line_s=(s.ended_at - t0))
         if now >= next_health or s.phase == "ready":
-            if _healthy(c):
+            if healthy(c):
                 return BootOutcome("ready", f"/health 200 after {elapsed:.1f}s", "ready",
                                    time.monotonic() - t0)
             next_health = now + HEALTH_EVERY_S

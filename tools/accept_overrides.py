@@ -7,7 +7,7 @@ gains is reachable without a workflow change); a name needs a reason, a reason n
 name. The plan job checks them before anything is built; the promote job turns them into
 the options, one argument per line:
 
-    ACCEPT="regression" ACCEPT_REASON="..." python -m imagebuild.release.overrides
+    ACCEPT="regression" ACCEPT_REASON="..." python -m tools.accept_overrides
 """
 
 from __future__ import annotations
