@@ -7,9 +7,10 @@ removed from the environment. A variable vLLM does not list is one it only warns
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-from common import Context, header, site_path
+from common import Context, header, site_path, vllm_root
 
 SOURCE = "vllm/envs.py environment_variables, each getter called with its variable unset"
 
@@ -50,16 +51,32 @@ def record(ctx: Context) -> dict[str, Any]:
         saved = os.environ.pop(name, None)
         try:
             entry: dict[str, Any] = {"default": _plain(getter())}
+            os.environ.pop(name, None)  # get_env_or_set_default sets what it generated
+            if entry["default"] != _plain(getter()):
+                # a fresh random name per call (a uuid in a buffer or socket name): the
+                # default is no fact, only that it varies
+                entry = {"default_varies": True}
         except Exception as exc:  # noqa: BLE001 - a getter that refuses "unset" is a fact
             entry = {"default_raises": f"{type(exc).__name__}: {exc}"}
         finally:
+            os.environ.pop(name, None)
             if saved is not None:
                 os.environ[name] = saved
         code = getattr(getter, "__code__", None)
         if code is not None:
-            entry["source"] = f"{site_path(code.co_filename)}:{code.co_firstlineno}"
+            entry["source"] = f"{_source(code.co_filename)}:{code.co_firstlineno}"
         choices = _choices(getter)
         if choices is not None:
             entry["choices"] = choices
         out[name] = entry
     return {**header("envs", SOURCE), "variables": out}
+
+
+def _source(filename: str) -> str:
+    """site_path, also when the venv is reached through a symlink (a worktree's .venv-vllm):
+    code objects carry the resolved path, vllm_root() the path as found."""
+    root = vllm_root().parent.resolve()
+    try:
+        return str(Path(filename).resolve().relative_to(root))
+    except ValueError:
+        return site_path(filename)
