@@ -578,6 +578,49 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _facts_root(args: argparse.Namespace) -> tuple[Path, list[Path]]:
+    """(the matrix's own facts folder, the roots `check` reads) for --matrix."""
+    from imagebuild.facts import locked_dir
+    from imagebuild.spec import matrix as mx
+
+    root = mx.matrix_path(args.matrix.resolve() if args.matrix else None).resolve().parent
+    return locked_dir(root), [locked_dir(root)]
+
+
+def _engine_wheel(args: argparse.Namespace, version: str) -> dict | None:
+    """The wheel pin of a matrix engine on this vLLM version (the facts' identity)."""
+    from imagebuild.spec import matrix as mx
+
+    try:
+        lm = mx.load(args.matrix.resolve() if args.matrix else None)
+    except UserError:
+        return None
+    for engine in lm.matrix.engines.values():
+        for real in engine.realize.values():
+            if real.wheel and engine.vllm_version == version:
+                return {"package": real.wheel.package, "version": real.wheel.version,
+                        "sha256": real.wheel.sha256}
+    return None
+
+
+def cmd_facts(args: argparse.Namespace) -> int:
+    from imagebuild.facts import record_facts, versions
+    from imagebuild.facts.record import identify
+
+    own, roots = _facts_root(args)
+    if args.facts_command == "list":
+        for version, folder in sorted(versions(roots).items()):
+            print(f"{version:<12} {folder}")
+        return 0
+    out = args.out.resolve() if args.out else own
+    version = identify(args.python)["vllm_version"]
+    written = record_facts(args.python, out, parts=args.part or None,
+                           wheel=_engine_wheel(args, version), patches=args.patch,
+                           jobs=args.jobs, say=print)
+    print(f"wrote {len(written)} file(s) under {out / version}")
+    return 0
+
+
 def cmd_rehearse(args: argparse.Namespace) -> int:
     from imagebuild.rehearse.run import main as run
 
@@ -592,7 +635,8 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
             "history": cmd_history, "verify": cmd_verify, "launch": cmd_launch, "table": cmd_table,
             "rehearse": cmd_rehearse,
-            "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate}
+            "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate,
+            "facts": cmd_facts}
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "-qq", "--quiet")
 
 
@@ -667,7 +711,8 @@ def main(argv: list[str] | None = None) -> int:
         args = ap.parse_args(argv)
     except SystemExit as exc:  # a usage error (2, already said) or --help (0)
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-    if args.command is None or (args.command == "pins" and args.pins_command is None):
+    if args.command is None or (args.command == "pins" and args.pins_command is None) or (
+            args.command == "facts" and args.facts_command is None):
         _command_parser(ap, args.command).print_help()  # its commands, as a missing one
         return 2
     _logging(args.verbose, args.quiet)

@@ -279,6 +279,7 @@ EXAMPLES = {
     "lock": "%(prog)s --check     (or: %(prog)s --update tiny)",
     "schema": "%(prog)s > matrix.schema.json     (or: %(prog)s --format markdown)",
     "migrate": "%(prog)s --matrix examples/cpu-tiny-llama/matrix.yaml --dry-run",
+    "facts": "%(prog)s record --python .venv-vllm/bin/python     (or: %(prog)s list)",
 }
 
 
@@ -553,6 +554,36 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                                       "reference page, both generated from the models")
     p.add_argument("--format", choices=("json", "markdown"), default="json",
                    help="json: the JSON Schema; markdown: docs/matrix-reference.md")
+    p = sub.add_parser("facts", help="record a vLLM version's facts from its own code (serve "
+                                     "options, modalities, KV cache, kernels, envs, logs, "
+                                     "metrics), or list the versions recorded")
+    verbs = p.add_subparsers(dest="facts_command", metavar="record|list")
+    r = verbs.add_parser("record", help="run the recorder inside an interpreter with vLLM "
+                                        "installed; write <out>/<version>/*.json",
+                         epilog="example:\n  %(prog)s --python .venv-vllm/bin/python --out "
+                                "/tmp/facts",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _verbosity(r, argparse.SUPPRESS)
+    _matrix(r)
+    r.add_argument("--python", type=Path, required=True,
+                   help="python of a venv with the vLLM to describe (its version decides "
+                        "the folder)")
+    r.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="root folder of the facts (default: locked/vllm beside the matrix, "
+                        "where `check` finds them)")
+    r.add_argument("--patch", action="append", default=[], type=Path, metavar="FILE",
+                   help="a patch of the engine, in order (repeatable): a patch that changes "
+                        "vLLM's KV unification is recorded from the patched code")
+    r.add_argument("--part", action="append", default=[], metavar="NAME",
+                   help="record only this part (repeatable; default: all)")
+    r.add_argument("--jobs", type=_positive_int, default=2,
+                   help="parts recorded at once (default 2)")
+    ls = verbs.add_parser("list", help="the vLLM versions with recorded facts, and where",
+                          epilog="example:\n  %(prog)s --matrix examples/cpu-tiny-llama/"
+                                 "matrix.yaml",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    _verbosity(ls, argparse.SUPPRESS)
+    _matrix(ls)
     p = sub.add_parser("migrate", help="rewrite an older matrix.yaml to the current schema "
                                        "in place (renamed fields; comments kept)")
     _matrix(p)

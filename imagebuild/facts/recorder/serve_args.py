@@ -1,16 +1,14 @@
-"""Write the options `vllm serve` accepts, read from the installed vLLM's own parser.
-
-Run it with the Python of the vLLM it describes (stdlib and vllm only, no imagebuild):
-
-    .venv-vllm/bin/python imagebuild/preflight/vllm_cli/generate.py [--out FILE]
+"""The options `vllm serve` accepts, read from the installed vLLM's own parser.
 
 It builds the serve parser exactly as the `vllm` command does (FlexibleArgumentParser,
-the serve subcommand, make_arg_parser) and records, for every long option, its dest, how
-argparse converts its value (`kind`), nargs and choices; for JSON options that feed one
-of vLLM's config classes, the keys that class accepts (they forbid unknown keys); and the
-names vLLM checks only at start-up (tool and reasoning parsers, attention backends,
-quantization methods). The preflight rule in imagebuild/preflight/serve_args.py reads the
-result, serve_args_<version>.json beside this file, without importing vLLM.
+the serve subcommand, make_arg_parser) and records, for every long option, its dest (two
+spellings of one option share it: rules key on dests), the other spellings of the same
+argument (`aliases`), how argparse converts its value (`kind`, learnt from the converter
+itself; one it cannot tell is recorded as `opaque` with a finding), nargs, choices and
+default; for JSON options that feed one of vLLM's config classes, the keys that class
+accepts (they forbid unknown keys); and the names vLLM checks only at start-up (tool and
+reasoning parsers, attention backends, quantization methods). preflight/serve_args.py
+reads the result without importing vLLM.
 """
 
 from __future__ import annotations
@@ -18,11 +16,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from common import Context, header
+
+SOURCE = "vllm serve's argument parser (vllm.entrypoints.cli.serve)"
+# what a converter is fed to learn what it does (its name says little: lambdas, closures)
+PROBES = ("Ab-Cd", "2,3", "x", "1", "1.5")
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -43,7 +43,48 @@ def _fields(cls: type) -> list[str]:
     return sorted(f.name for f in dataclasses.fields(cls) if f.init)
 
 
-def classify(conv: Any, option: str) -> dict[str, Any]:
+def _probe(conv: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for text in PROBES:
+        try:
+            out[text] = conv(text)
+        except Exception as exc:  # noqa: BLE001 - refusing a probe is behaviour too
+            out[text] = {"raises": type(exc).__name__}
+    return out
+
+
+def _where(conv: Any) -> str:
+    code = getattr(conv, "__code__", None)
+    if code is None:
+        return repr(conv)
+    from common import site_path
+
+    return f"{site_path(code.co_filename)}:{code.co_firstlineno}"
+
+
+def by_behaviour(conv: Any, option: str, ctx: Context) -> dict[str, Any]:
+    """A converter its name does not explain, classified by what it returns for PROBES."""
+    got = _probe(conv)
+    if got["Ab-Cd"] == "ab_cd":  # --moe-backend, --linear-backend: lower_underscore
+        return {"kind": "str", "normalize": "lower_underscore"}
+    if isinstance(got["2,3"], list) and isinstance(got["x"], list):  # --device-ids
+        items = {type(v).__name__ for v in got["2,3"] + got["x"]}
+        if got["2,3"] == [2, 3] and got["x"] == ["x"]:
+            return {"kind": "list", "separator": ",", "item": "int_or_str"}
+        if items == {"str"}:
+            return {"kind": "list", "separator": ",", "item": "str"}
+        if got["2,3"] == [2, 3] and isinstance(got["x"], dict):
+            return {"kind": "list", "separator": ",", "item": "int"}
+    if all(isinstance(got[t], str) for t in PROBES) and got["Ab-Cd"] == "Ab-Cd":
+        return {"kind": "str"}
+    ctx.finding(f"--{option.lstrip('-')}: converter {getattr(conv, '__qualname__', conv)!r} "
+                f"({_where(conv)}) is not one the recorder knows; recorded as opaque (its "
+                "values are not checked before a boot)")
+    return {"kind": "opaque", "converter": _where(conv),
+            "probes": {k: (v if isinstance(v, dict) else repr(v)) for k, v in got.items()}}
+
+
+def classify(conv: Any, option: str, ctx: Context) -> dict[str, Any]:
     """How argparse turns the option's text into a value, as data."""
     if conv is None or conv is str:
         return {"kind": "str"}
@@ -55,9 +96,9 @@ def classify(conv: Any, option: str) -> dict[str, Any]:
         return {"kind": "json"}
     name = getattr(conv, "__name__", "")
     if name == "_optional_type":  # vllm optional_type(): "" or "None" mean None
-        return {**classify(_closure(conv, "return_type"), option), "none_ok": True}
+        return {**classify(_closure(conv, "return_type"), option, ctx), "none_ok": True}
     if name == "_parse_type":  # vllm parse_type(): same conversion, argparse-friendly error
-        return classify(_closure(conv, "return_type"), option)
+        return classify(_closure(conv, "return_type"), option, ctx)
     if name == "human_readable_int":
         return {"kind": "human_int"}
     if name == "human_readable_int_or_auto":
@@ -66,23 +107,37 @@ def classify(conv: Any, option: str) -> dict[str, Any]:
         return {"kind": "json_or_str"}
     if name == "parse_dataclass":  # a config class validated from JSON, extra keys forbidden
         return {"kind": "config", "fields": _fields(conv.__defaults__[0])}
-    if name == "<lambda>" and conv("Ab-Cd") == "ab_cd":  # --moe-backend, --linear-backend
-        return {"kind": "str", "normalize": "lower_underscore"}
-    raise SystemExit(f"generate.py: unknown conversion {conv!r} of {option}; teach classify()")
+    return by_behaviour(conv, option, ctx)
 
 
-def describe(action: argparse.Action, option: str) -> dict[str, Any]:
+def _default(value: Any) -> Any:
+    """The option's default as JSON (None when it has none or it is not plain data)."""
+    if value is None or value is argparse.SUPPRESS:
+        return None
+    if isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, list | tuple) and all(isinstance(v, bool | int | float | str)
+                                               for v in value):
+        return list(value)
+    return None
+
+
+def describe(action: argparse.Action, option: str, ctx: Context) -> dict[str, Any]:
     entry: dict[str, Any] = {"dest": action.dest}
+    longs = [o[2:] for o in action.option_strings if o.startswith("--")]
     if isinstance(action, argparse.BooleanOptionalAction):
         entry["kind"] = "bool"
         entry["default"] = action.default if isinstance(action.default, bool) else None
         if option.startswith("--no-"):
             entry["negates"] = option[len("--no-"):]
         return entry
+    if len(longs) > 1:  # one argument, several spellings (0.32: --device-memory-utilization)
+        entry["canonical"] = longs[0]
+        entry["aliases"] = [o for o in longs if o != option[2:]]
     if isinstance(action, argparse._StoreConstAction | argparse._StoreTrueAction
                   | argparse._StoreFalseAction):
         return {**entry, "kind": "flag"}
-    entry.update(classify(action.type, option))
+    entry.update(classify(action.type, option, ctx))
     if action.nargs is not None:
         entry["nargs"] = action.nargs
     if action.nargs == "?" and action.const is True:
@@ -91,6 +146,9 @@ def describe(action: argparse.Action, option: str) -> dict[str, Any]:
         entry["repeatable"] = True
     if action.choices is not None:
         entry["choices"] = [str(c) for c in action.choices]
+    default = _default(action.default)
+    if default is not None:
+        entry["default"] = default
     return entry
 
 
@@ -113,8 +171,7 @@ def startup_names() -> dict[str, list[str]]:
     }
 
 
-def generate() -> dict[str, Any]:
-    import vllm
+def record(ctx: Context) -> dict[str, Any]:
     from vllm.config import SpeculativeConfig
 
     parser = serve_parser()
@@ -122,25 +179,21 @@ def generate() -> dict[str, Any]:
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction | argparse._VersionAction):
             continue
+        # short options (-tp, -O) are not recorded: matrix.yaml's args keys take no dashes
         for option in action.option_strings:
             if option.startswith("--"):
-                options[option[2:]] = describe(action, option)
+                options[option[2:]] = describe(action, option, ctx)
     # EngineArgs hands --speculative-config's JSON to SpeculativeConfig(**it)
     options["speculative-config"]["fields"] = _fields(SpeculativeConfig)
-    return {
-        "vllm_version": vllm.__version__,
-        "source": "vllm serve's argument parser (vllm.entrypoints.cli.serve), written by "
-                  "imagebuild/preflight/vllm_cli/generate.py; do not edit by hand",
-        "startup_names": startup_names(),
-        "options": dict(sorted(options.items())),
-    }
+    return {**header("serve_args", SOURCE), "startup_names": startup_names(),
+            "options": dict(sorted(options.items()))}
 
 
 def dumps(doc: dict[str, Any]) -> str:
     """JSON with one line per option, so an upgrade's diff reads option by option."""
     lines = ["{"]
-    for key in ("vllm_version", "source"):
-        lines.append(f"  {json.dumps(key)}: {json.dumps(doc[key])},")
+    for key in [k for k in doc if k not in ("startup_names", "options")]:
+        lines.append(f"  {json.dumps(key)}: {json.dumps(doc[key], sort_keys=True)},")
     lines.append('  "startup_names": {')
     names = list(doc["startup_names"].items())
     for i, (flag, values) in enumerate(names):
@@ -153,19 +206,3 @@ def dumps(doc: dict[str, Any]) -> str:
         lines.append(f"    {json.dumps(name)}: {json.dumps(entry, sort_keys=True)}{comma}")
     lines += ["  }", "}", ""]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None,
-                    help="file to write (default: serve_args_<vllm version>.json beside this)")
-    args = ap.parse_args(argv)
-    doc = generate()
-    out = args.out or HERE / f"serve_args_{doc['vllm_version']}.json"
-    out.write_text(dumps(doc))
-    print(f"wrote {out} ({len(doc['options'])} options)", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
