@@ -564,6 +564,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                                 "/tmp/facts",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _verbosity(r, argparse.SUPPRESS)
+    _version(r)
     _matrix(r)
     r.add_argument("--python", type=Path, required=True,
                    help="python of a venv with the vLLM to describe (its version decides "
@@ -583,6 +584,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                                  "matrix.yaml",
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     _verbosity(ls, argparse.SUPPRESS)
+    _version(ls)
     _matrix(ls)
     p = sub.add_parser("migrate", help="rewrite an older matrix.yaml to the current schema "
                                        "in place (renamed fields; comments kept)")
