@@ -613,6 +613,9 @@ def cmd_facts(args: argparse.Namespace) -> int:
             print(f"{version:<12} {folder}")
         return 0
     out = args.out.resolve() if args.out else own
+    # absolute, not resolved: the recorder runs from a scratch folder, and a venv's python
+    # is a symlink whose venv is found through the link's own path
+    args.python = args.python.absolute()
     version = identify(args.python)["vllm_version"]
     written = record_facts(args.python, out, parts=args.part or None,
                            wheel=_engine_wheel(args, version), patches=args.patch,

@@ -40,7 +40,7 @@ import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
-PROBES_DIR = REPO / "imagebuild" / "preflight" / "kernel_select"
+PROBES_DIR = REPO / "imagebuild" / "facts" / "recorder"  # vllm_probes, kernel_select
 sys.path.insert(0, str(PROBES_DIR))
 
 # which decision a log line belongs to (vLLM 0.23's own format strings)
@@ -163,7 +163,7 @@ def chunk_main(cases: list[dict]) -> list[dict]:
     import vllm_probes as vp
 
     vp.install()
-    import generate as gen
+    import kernel_select as gen
 
     return [run_case(c, gen) for c in cases]
 
