@@ -177,7 +177,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         raise UserError("--only and --target select cells of --tag; IMAGE_REF is one image",
                         fix="drop --only/--target, or use --tag T")
     if args.image:
-        verdicts = [smoke_ref(args.image, out_dir=args.out, **kw)]
+        verdicts = [smoke_ref(args.image, out_dir=args.out, matrix=args.matrix, **kw)]
     else:
         plan = _plan(args)
         verdicts = list(smoke_jobs(plan.lm, plan.jobs, out_root=_out(args, plan),

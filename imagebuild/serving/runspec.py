@@ -50,7 +50,7 @@ class Limits:
 
     @classmethod
     def of(cls, expect: Mapping[str, Any]) -> Limits:
-        """From a cell's expectations (smoke/expect.py)."""
+        """From a cell's expectations (expectations.py)."""
         return cls(memory=expect.get("memory_limit"), gpu=bool(expect.get("gpu")),
                    boot_timeout_s=float(expect.get("boot_timeout_s") or 600),
                    port=int(expect.get("port") or 8000))

@@ -28,13 +28,13 @@ from rich.console import Console
 from imagebuild import PACKAGE_DIR, REPO_ROOT, buildfolder
 from imagebuild.buildfolder import CAPTURE_FILE, SMOKE_OUTPUTS, cell_dir, ref_dir
 from imagebuild.docker import inspect_image
+from imagebuild.expectations import expectations_from_labels
 from imagebuild.interrupts import held_interrupts, interrupts_as_keyboard_interrupt
 from imagebuild.serving.compose import new_project, take_down
 from imagebuild.serving.container import image_run_spec
 from imagebuild.serving.nodes import NodeFile, cell_node_files, node_hosts, placement
 from imagebuild.serving.runspec import Limits, compose_yaml, free_port, speculates
 from imagebuild.smoke.checks import missing_checks
-from imagebuild.smoke.expect import expectations_from_labels
 from imagebuild.smoke.nodes import JudgedNodes, NodeJudge
 from imagebuild.smoke.report import read_junit, write_junit, write_verdict
 
@@ -222,9 +222,11 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
     return verdict
 
 
-def smoke_ref(image_ref: str, *, out_dir: Path | None = None, **kw: Any) -> dict[str, Any]:
-    """`build.py smoke IMAGE_REF`: expectations from the image's labels (and its cell)."""
-    expect = expectations_from_labels(image_ref)
+def smoke_ref(image_ref: str, *, out_dir: Path | None = None, matrix: Path | None = None,
+              **kw: Any) -> dict[str, Any]:
+    """`build.py smoke IMAGE_REF`: expectations from the image's labels (and its cell in
+    the matrix in effect: `matrix`, else spec.matrix.matrix_path's default)."""
+    expect = expectations_from_labels(image_ref, inspect_image(image_ref), matrix=matrix)
     return smoke_image(image_ref, expect,
                        out_dir or ref_dir(buildfolder.default(REPO_ROOT), image_ref), **kw)
 

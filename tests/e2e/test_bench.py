@@ -44,6 +44,7 @@ from imagebuild.bench.command import bench_image, load_settings, measure
 from imagebuild.bench.results import document
 from imagebuild.docker import inspect_image
 from imagebuild.errors import UserError
+from imagebuild.expectations import expectations_from_labels
 from imagebuild.plan import load_plan
 from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
@@ -52,7 +53,6 @@ from imagebuild.release import compat
 from imagebuild.release.latest import acceptance_threshold_for
 from imagebuild.serving.container import serving
 from imagebuild.serving.runspec import Limits
-from imagebuild.smoke.expect import expectations_from_labels
 from tests.support.memregistry import add_release
 from tests.support.registry import running_registry
 
