@@ -316,7 +316,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """0 when everything stored with the release agrees with its image, 1 otherwise."""
-    from imagebuild.supplychain.verify import failed, verify
+    from imagebuild.release.verify import failed, verify
 
     checks = verify(args.image)
     for check in checks:
