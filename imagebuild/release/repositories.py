@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient
+from imagebuild.registry.errors import Unreachable
 
 if TYPE_CHECKING:
     from imagebuild.plan import Destination
@@ -31,8 +32,6 @@ def repositories(client: RegistryClient, dest: Destination, images: list[str],
                  pattern: str | None) -> list[str]:
     """The registry's catalog under our namespace where it serves one (so any machine can
     roll back), else the images the matrix knows; filtered by `pattern`."""
-    from imagebuild.registry.errors import Unreachable
-
     try:
         repos = catalog_repositories(client, dest.namespace)
     except Unreachable:

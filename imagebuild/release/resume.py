@@ -10,10 +10,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from imagebuild.bench.store import release_stored
 from imagebuild.buildfolder import GATES_FILE, verdict_path
+from imagebuild.docker import engine
+from imagebuild.errors import OperationFailed
 from imagebuild.plan import Job
+from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
-from imagebuild.registry.records import A_IMAGE, Release
+from imagebuild.registry.credentials import docker_auth_config, resolve_credentials
+from imagebuild.registry.records import A_CHECKS, A_GATES, A_IMAGE, Release, read_release
 
 # what GitHub's attestation actions sign in release.yml: the provenance and the SBOM
 SIGNED_PREDICATES = ("https://slsa.dev/provenance/v1", "https://cyclonedx.org/bom")
@@ -36,8 +41,6 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
     check names and outcomes), where the notes read smoke reports, unless a report of this
     checkout is there already, and its release gates' summary as gates.json beside it.
     Says where it comes from: smoke and the gates were not run again."""
-    from imagebuild.registry.records import A_CHECKS, A_GATES, read_release
-
     path = verdict_path(build_dir, job.cell)
     rel = read_release(client, job.image.repository, str(job.tag))
     if path.exists() or rel is None or not rel.passed:
@@ -60,8 +63,6 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
 def attested(client: RegistryClient, rel: Release, signed: bool) -> bool:
     """SBOM and provenance stored for the release's image, and with `signed` a Sigstore
     bundle of each of SIGNED_PREDICATES attached to its digest as well."""
-    from imagebuild.registry import referrers
-
     image_id = rel.annotations.get(A_IMAGE) or rel.image_id
     found = referrers.listed_kinds(client, rel.repo, rel.digest, (
         referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE, referrers.SIGSTORE_BUNDLE_TYPE))
@@ -86,9 +87,6 @@ def attested(client: RegistryClient, rel: Release, signed: bool) -> bool:
 def cell_state(client: RegistryClient, job: Job, *, signed: bool = False) -> CellState:
     """`signed`: this run signs the documents (release.yml's cell job,
     IMAGEBUILD_ATTESTATIONS=github), so they count only once signed."""
-    from imagebuild.bench.store import release_stored
-    from imagebuild.registry.records import read_release
-
     repo, tag = job.image.repository, str(job.tag)
     rel = read_release(client, repo, tag)
     published = bool(rel and rel.recorded)
@@ -116,11 +114,6 @@ def pull_tested_image(client: RegistryClient, job: Job) -> str | None:
     not have it: the tested image pulled by digest and tagged as the release (what `bench
     --tag` runs). Refused unless its id is the one recorded smoke-passed. None: nothing
     to pull (not done, or already here)."""
-    from imagebuild.docker import engine
-    from imagebuild.errors import OperationFailed
-    from imagebuild.registry.credentials import docker_auth_config, resolve_credentials
-    from imagebuild.registry.records import read_release
-
     rel = read_release(client, job.image.repository, str(job.tag))
     seam = engine()
     if rel is None or not rel.passed or seam.image_id(job.release_ref) == rel.image_id:

@@ -194,7 +194,7 @@ def sdk_run_kwargs(spec: RunSpec) -> dict[str, Any]:
         kw["mem_limit"] = spec.memory
         kw["memswap_limit"] = spec.memory
     if spec.gpu:
-        import docker.types
+        import docker.types  # deferred: the Docker SDK, only when a container is started
 
         kw["ipc_mode"] = "host"
         kw["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]

@@ -30,6 +30,7 @@ from imagebuild.buildfolder import CAPTURE_FILE, SMOKE_OUTPUTS, cell_dir, ref_di
 from imagebuild.docker import inspect_image
 from imagebuild.expectations import expectations_from_labels
 from imagebuild.interrupts import held_interrupts, interrupts_as_keyboard_interrupt
+from imagebuild.render import render_compose
 from imagebuild.serving.compose import new_project, take_down
 from imagebuild.serving.container import image_run_spec
 from imagebuild.serving.nodes import NodeFile, cell_node_files, node_hosts, placement
@@ -37,6 +38,7 @@ from imagebuild.serving.runspec import Limits, compose_yaml, free_port, speculat
 from imagebuild.smoke.checks import missing_checks
 from imagebuild.smoke.nodes import JudgedNodes, NodeJudge
 from imagebuild.smoke.report import read_junit, write_junit, write_verdict
+from imagebuild.spec.nodecmd import multi_node
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
@@ -236,9 +238,6 @@ def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw:
     """`build.py smoke --tag T [--only GLOB]` and the whole job: each job's local image
     (`job.release_ref`, as `build` tagged it) run from the cell's compose file, one
     container at a time."""
-    from imagebuild.render import render_compose
-    from imagebuild.spec.nodecmd import multi_node
-
     verdicts = {}
     for job in jobs:
         out = cell_dir(out_root, job.cell)

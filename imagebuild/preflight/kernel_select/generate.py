@@ -209,7 +209,9 @@ _distributed = False
 def engine_config(config: dict, files: dict[str, dict] | None = None, **engine: Any) -> Any:
     """vLLM's VllmConfig for a checkpoint directory holding `config`, as `vllm serve` builds
     it (EngineArgs.create_engine_config), on the probed CUDA platform."""
-    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.arg_utils import (  # deferred: vLLM (oracle venv)
+        EngineArgs,
+    )
 
     model_dir = tempfile.mkdtemp(prefix="kernel-select-")
     Path(model_dir, "config.json").write_text(json.dumps(config))
@@ -228,9 +230,16 @@ def engine_config(config: dict, files: dict[str, dict] | None = None, **engine: 
 
 def distributed(vllm_config: Any) -> None:
     global _distributed
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
-    from vllm.distributed.parallel_state import destroy_model_parallel
+    from vllm.config import (  # deferred: vLLM (oracle venv)
+        set_current_vllm_config,
+    )
+    from vllm.distributed import (  # deferred: vLLM (oracle venv)
+        ensure_model_parallel_initialized,
+        init_distributed_environment,
+    )
+    from vllm.distributed.parallel_state import (  # deferred: vLLM (oracle venv)
+        destroy_model_parallel,
+    )
 
     with set_current_vllm_config(vllm_config):
         if not _distributed:
@@ -245,10 +254,16 @@ def distributed(vllm_config: Any) -> None:
 def build(vllm_config: Any, model_config: Any | None = None) -> Any:
     """The model vLLM builds for `vllm_config` (weights on the meta device, never loaded),
     as get_model() does before loading weights."""
-    import torch
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader.utils import initialize_model
-    from vllm.utils.torch_utils import set_default_torch_dtype
+    import torch  # deferred: vLLM (oracle venv)
+    from vllm.config import (  # deferred: vLLM (oracle venv)
+        set_current_vllm_config,
+    )
+    from vllm.model_executor.model_loader.utils import (  # deferred: vLLM (oracle venv)
+        initialize_model,
+    )
+    from vllm.utils.torch_utils import (  # deferred: vLLM (oracle venv)
+        set_default_torch_dtype,
+    )
 
     model_config = model_config or vllm_config.model_config
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype), \
@@ -260,8 +275,12 @@ def draft_config(vllm_config: Any) -> Any:
     """The VllmConfig the drafter is built with: the proposer class's own
     _create_draft_vllm_config (moe_backend inherited unless the speculative config names
     one; attention backend never inherited; DFlash: non-causal attention)."""
-    from vllm.v1.spec_decode.dflash import DFlashProposer
-    from vllm.v1.spec_decode.eagle import EagleProposer
+    from vllm.v1.spec_decode.dflash import (  # deferred: vLLM (oracle venv)
+        DFlashProposer,
+    )
+    from vllm.v1.spec_decode.eagle import (  # deferred: vLLM (oracle venv)
+        EagleProposer,
+    )
 
     spec = vllm_config.speculative_config
     cls = DFlashProposer if spec.method == "dflash" else EagleProposer
@@ -284,7 +303,7 @@ class Harvest:
     def __enter__(self) -> Harvest:
         import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as nvfp4
         import vllm.model_executor.layers.fused_moe.oracle.unquantized as unq
-        import vllm.v1.attention.selector as selector
+        import vllm.v1.attention.selector as selector  # deferred: vLLM (oracle venv)
 
         self._saved = [(selector, "_cached_get_attn_backend", selector._cached_get_attn_backend),
                        (unq, "select_unquantized_moe_backend",
@@ -344,9 +363,15 @@ class QuantConsults:
     order, with the prefix they ask with."""
 
     def __enter__(self) -> list[list[str]]:
-        from vllm.model_executor.layers.attention import Attention
-        from vllm.model_executor.layers.fused_moe.layer import FusedMoE
-        from vllm.model_executor.layers.linear import LinearBase
+        from vllm.model_executor.layers.attention import (  # deferred: vLLM (oracle venv)
+            Attention,
+        )
+        from vllm.model_executor.layers.fused_moe.layer import (  # deferred: vLLM (oracle venv)
+            FusedMoE,
+        )
+        from vllm.model_executor.layers.linear import (  # deferred: vLLM (oracle venv)
+            LinearBase,
+        )
         from vllm.model_executor.layers.quantization.compressed_tensors import (
             compressed_tensors as ct,
         )
@@ -439,8 +464,10 @@ def archetypes() -> tuple[dict[str, Any], dict[str, Any]]:
 def moe_variants(moe_configs: dict[str, Any]) -> dict[str, Any]:
     """Each archetype's MoE layer config as vLLM built it (tp1), and vLLM's own
     FusedMoEParallelConfig.make for tensor parallel 2 with and without expert parallel."""
-    from vllm.config import ParallelConfig
-    from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
+    from vllm.config import ParallelConfig  # deferred: vLLM (oracle venv)
+    from vllm.model_executor.layers.fused_moe.config import (  # deferred: vLLM (oracle venv)
+        FusedMoEParallelConfig,
+    )
 
     out = {}
     for arch, cfg in moe_configs.items():
@@ -476,7 +503,7 @@ INVALID = "not-a-choice"
 def switches() -> dict[str, Any]:
     """How vLLM reads each switch (envs.py): the spellings of ENV_SAMPLES, a choice
     variable's choices and one invalid value, a list variable's one- and two-item values."""
-    import vllm.envs as envs
+    import vllm.envs as envs  # deferred: vLLM (oracle venv)
 
     out = {}
     for name in SWITCHES:
@@ -502,8 +529,8 @@ def switches() -> dict[str, Any]:
 
 
 def nvfp4_linear() -> dict[str, Any]:
-    import vllm.model_executor.kernels.linear as lin
-    from vllm.platforms import PlatformEnum
+    import vllm.model_executor.kernels.linear as lin  # deferred: vLLM (oracle venv)
+    from vllm.platforms import PlatformEnum  # deferred: vLLM (oracle venv)
 
     candidates = lin._POSSIBLE_NVFP4_KERNELS[PlatformEnum.CUDA]
     classes = {k.__name__: k for k in [*candidates, *lin._NVFP4_BACKEND_TO_KERNEL.values()]}
@@ -522,7 +549,7 @@ def nvfp4_linear() -> dict[str, Any]:
 
 
 def linear_backends() -> dict[str, list[str]]:
-    import vllm.model_executor.kernels.linear as lin
+    import vllm.model_executor.kernels.linear as lin  # deferred: vLLM (oracle venv)
 
     return {b: sorted(k.__name__ for k in ks) for b, ks in lin._LINEAR_BACKEND_KERNEL_MAP.items()}
 
@@ -534,10 +561,10 @@ FP8_SCHEMES = {
 
 
 def fp8_linear() -> dict[str, Any]:
-    import torch
-    import vllm.model_executor.kernels.linear as lin
+    import torch  # deferred: vLLM (oracle venv)
+    import vllm.model_executor.kernels.linear as lin  # deferred: vLLM (oracle venv)
     import vllm.model_executor.layers.quantization.utils.quant_utils as qu
-    from vllm.platforms import PlatformEnum
+    from vllm.platforms import PlatformEnum  # deferred: vLLM (oracle venv)
 
     candidates = lin._POSSIBLE_FP8_KERNELS[PlatformEnum.CUDA]
     gates = {}
@@ -564,7 +591,7 @@ MOE_SCHEMES = {"nvfp4_w4a4": ("kNvfp4Static", "kNvfp4Dynamic"),
 
 
 def _experts_gate(cls: Any, variants: dict[str, Any], schemes: list[str]) -> dict[str, Any]:
-    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk  # deferred: vLLM (oracle venv)
     import vllm.model_executor.layers.quantization.utils.quant_utils as qu
 
     def evaluate(scheme: str, layer: str) -> Any:
@@ -581,13 +608,15 @@ def _experts_gate(cls: Any, variants: dict[str, Any], schemes: list[str]) -> dic
 def _moe_backend_values() -> list[str]:
     from typing import get_args
 
-    from vllm.config.kernel import MoEBackend
+    from vllm.config.kernel import (  # deferred: vLLM (oracle venv)
+        MoEBackend,
+    )
 
     return list(get_args(MoEBackend))
 
 
 def nvfp4_moe(variants: dict[str, Any]) -> dict[str, Any]:
-    import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as o
+    import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as o  # deferred: vLLM (oracle venv)
     from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
         get_flashinfer_moe_backend,
     )
@@ -646,12 +675,18 @@ def unquantized_moe(variants: dict[str, Any]) -> dict[str, Any]:
 def attention(archs: dict[str, Any]) -> dict[str, Any]:
     from typing import get_args
 
-    import torch
-    from vllm.config.cache import CacheDType
-    from vllm.platforms import cuda
-    from vllm.platforms.interface import DeviceCapability
-    from vllm.v1.attention.backend import AttentionType
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    import torch  # deferred: vLLM (oracle venv)
+    from vllm.config.cache import CacheDType  # deferred: vLLM (oracle venv)
+    from vllm.platforms import cuda  # deferred: vLLM (oracle venv)
+    from vllm.platforms.interface import (  # deferred: vLLM (oracle venv)
+        DeviceCapability,
+    )
+    from vllm.v1.attention.backend import (  # deferred: vLLM (oracle venv)
+        AttentionType,
+    )
+    from vllm.v1.attention.backends.registry import (  # deferred: vLLM (oracle venv)
+        AttentionBackendEnum,
+    )
 
     priorities = {}
     for cc in GRID_CC:
@@ -737,7 +772,7 @@ def _tree(table: dict[str, Any], names: list[str]) -> Any:
 
 def generate() -> dict[str, Any]:
     vp.install((12, 1))
-    import vllm
+    import vllm  # deferred: vLLM (oracle venv)
 
     archs, moe_configs = archetypes()
     variants = moe_variants(moe_configs)

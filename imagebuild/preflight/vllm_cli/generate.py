@@ -26,8 +26,12 @@ HERE = Path(__file__).resolve().parent
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.entrypoints.cli.serve import (  # deferred: vLLM (oracle venv)
+        ServeSubcommand,
+    )
+    from vllm.utils.argparse_utils import (  # deferred: vLLM (oracle venv)
+        FlexibleArgumentParser,
+    )
 
     top = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")
     subparsers = top.add_subparsers(required=False, dest="subparser")
@@ -96,10 +100,18 @@ def describe(action: argparse.Action, option: str) -> dict[str, Any]:
 
 def startup_names() -> dict[str, list[str]]:
     """Values vLLM checks after parsing (at engine or API server start)."""
-    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
-    from vllm.reasoning import ReasoningParserManager
-    from vllm.tool_parsers import ToolParserManager
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.model_executor.layers.quantization import (  # deferred: vLLM (oracle venv)
+        QUANTIZATION_METHODS,
+    )
+    from vllm.reasoning import (  # deferred: vLLM (oracle venv)
+        ReasoningParserManager,
+    )
+    from vllm.tool_parsers import (  # deferred: vLLM (oracle venv)
+        ToolParserManager,
+    )
+    from vllm.v1.attention.backends.registry import (  # deferred: vLLM (oracle venv)
+        AttentionBackendEnum,
+    )
 
     return {
         # api_server.validate_api_server_args (unless --tool-parser-plugin adds one)
@@ -114,8 +126,10 @@ def startup_names() -> dict[str, list[str]]:
 
 
 def generate() -> dict[str, Any]:
-    import vllm
-    from vllm.config import SpeculativeConfig
+    import vllm  # deferred: vLLM (oracle venv)
+    from vllm.config import (  # deferred: vLLM (oracle venv)
+        SpeculativeConfig,
+    )
 
     parser = serve_parser()
     options: dict[str, dict[str, Any]] = {}

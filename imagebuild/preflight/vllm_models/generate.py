@@ -92,8 +92,10 @@ class _Source:
 
 
 def modalities() -> dict[str, Any]:
-    import vllm
-    from vllm.model_executor.models.registry import _MULTIMODAL_MODELS
+    import vllm  # deferred: vLLM (oracle venv)
+    from vllm.model_executor.models.registry import (  # deferred: vLLM (oracle venv)
+        _MULTIMODAL_MODELS,
+    )
 
     source = _Source(Path(vllm.__file__).parent / "model_executor" / "models")
     found: dict[str, list[str]] = {}
