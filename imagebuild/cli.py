@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import sys
 from pathlib import Path
 
 from imagebuild.cliparser import parser
-from imagebuild.errors import ImagebuildError, UserError, as_invoked
+from imagebuild.errors import ImagebuildError, OperationFailed, UserError, as_invoked
 from imagebuild.safetext import safe_lines
 
 # ---------------------------------------------------------------------------- commands
@@ -59,7 +61,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
     plan = _plan(args)
     return run_release(plan, ReleaseOptions(out=_out(args, plan), dry_run=args.dry_run,
-                                            bench=not args.no_bench,
+                                            bench=not args.no_bench, resmoke=args.resmoke,
                                             accept_regression=args.accept_regression,
                                             accept_untrusted=args.accept_untrusted,
                                             accept_unmeasured=args.accept_unmeasured,
@@ -90,10 +92,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from imagebuild.preflight.findings import has_errors  # deferred: per command (docstring)
+    from imagebuild.preflight.findings import (  # deferred: per command (docstring)
+        MATRIX,
+        Finding,
+        has_errors,
+    )
     from imagebuild.preflight.run import render, run_checks  # deferred: per command (docstring)
 
-    plan = _plan(args)
+    try:
+        plan = _plan(args)
+    except ImagebuildError as exc:
+        if args.format != "json":
+            raise
+        # a script reading the JSON gets it on every exit path: the error as a finding
+        print(f"error: {exc.render()}", file=sys.stderr)
+        print(render([Finding(MATRIX, "matrix-invalid", "error", exc.message, exc.fix,
+                              exc.where)], "json",
+                     {"tag": args.tag, "target": args.target, "target_reason": None}))
+        return exc.exit_code
     # with a tag, the selected cells are what `build --tag` builds: unresolved pins are
     # errors; without one the matrix is reviewed, not released, and they are warnings
     findings = run_checks(plan.lm, list(plan.cells), plan.lock, building=plan.tag is not None)
@@ -114,7 +130,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         cells = mx.select(cells, target=args.target, only=args.only)
     out_dir = args.out or lm.root / "rendered"
     rendered, skipped = render_all(lm, cells, read_lock(lm.root))
-    if skipped:
+    if skipped and logging.getLogger("imagebuild").isEnabledFor(logging.WARNING):  # not -qq
         pins = sorted({exc.pin for exc in skipped})
         print(as_invoked(f"skipped {len(skipped)} serve Dockerfile(s) whose pins the lock "
                          f"has not resolved ({', '.join(pins)}): run `python build.py lock "
@@ -178,6 +194,14 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def reap() -> None:
+    """What SIGKILLed runs on this host left on the engine goes before a run starts
+    servers (reaper.py); a live run's and other hosts' stay."""
+    from imagebuild.reaper import reap as reap_gone_runs
+
+    reap_gone_runs()
+
+
 def cmd_smoke(args: argparse.Namespace) -> int:
     """0 when every image passed, 1 when one failed (its verdict says why)."""
     from imagebuild.smoke.runner import smoke_jobs, smoke_ref  # deferred: per command (docstring)
@@ -191,9 +215,11 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         raise UserError("--only and --target select cells of --tag; IMAGE_REF is one image",
                         fix="drop --only/--target, or use --tag T")
     if args.image:
+        reap()
         verdicts = [smoke_ref(args.image, out_dir=args.out, matrix=args.matrix, **kw)]
     else:
         plan = _plan(args)
+        reap()
         verdicts = list(smoke_jobs(plan.lm, plan.jobs, out_root=_out(args, plan),
                                    **kw).values())
     for v in verdicts:
@@ -210,6 +236,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     plan = _plan(args)
     if plan.tag is None:
         raise UserError("gates needs --tag", fix="pass the release's --tag")
+    reap()
     summaries = run_gates(plan.jobs, _out(args, plan))
     return 0 if all(passed(s) for s in summaries.values()) else 1
 
@@ -277,6 +304,19 @@ def _repositories(args: argparse.Namespace):
     return client, repositories(client, dest, [c.image for c in mx.expand(lm)], args.image)
 
 
+def _published(client, repos: list[str]) -> list[str]:
+    """The repositories holding a release (the matrix names images never published)."""
+    from imagebuild.registry.records import list_releases
+
+    return [r for r in repos if list_releases(client, r)]
+
+
+def _no_releases(args: argparse.Namespace, client) -> str:
+    """What an empty answer says: where nothing was found."""
+    return (f"no releases under {client.host}" + (f" matching {args.image}" if args.image
+                                                   else ""))
+
+
 def cmd_rollback(args: argparse.Namespace) -> int:
     from imagebuild.release.latest import (  # deferred: per command (docstring)
         Accept,
@@ -286,6 +326,10 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     _writes_releases()
 
     client, repos = _repositories(args)
+    if not _published(client, repos):  # a state, not bad input: nothing published
+        raise OperationFailed(f"rollback --to {args.to}: {_no_releases(args, client)}; "
+                              "nothing to roll back",
+                              fix="publish a release first (`build.py releases` lists them)")
     moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run,
                             accept=Accept(forward=args.accept_forward,
                                           unmeasured=args.accept_unmeasured))
@@ -302,7 +346,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
     from imagebuild.release.compat import stored_verdict  # deferred: per command (docstring)
 
     client, repos = _repositories(args)
-    found = {r: list_releases(client, r) for r in repos}
+    found = {r: rels for r in repos if (rels := list_releases(client, r))}
     # the verdict of each release's stored compatibility table ("no table": none stored)
     verdicts = {r: {x.tag: stored_verdict(client, x) for x in rels} for r, rels in found.items()}
     if args.format == "json":
@@ -311,6 +355,8 @@ def cmd_releases(args: argparse.Namespace) -> int:
         return 0
     for repo, rels in found.items():
         print(safe_lines(format_releases(repo, rels, verdicts[repo])))
+    if not found:  # an empty namespace is an answer, not an error
+        print(safe_lines(_no_releases(args, client)))
     return 0
 
 
@@ -358,10 +404,16 @@ def cmd_history(args: argparse.Namespace) -> int:
     from imagebuild.bench import history  # deferred: per command (docstring)
 
     client, repos = _repositories(args)
+    shown = 0
     for repo in repos:
         h = history.gather(client, repo)
+        if not h.points:
+            continue
+        shown += 1
         paths = history.write(h, args.out or buildfolder.bench_dir(buildfolder.default(REPO_ROOT)))
         print(safe_lines(paths["md"].read_text()) + f"png: {paths['png']}\nmd: {paths['md']}\n")
+    if not shown:
+        print(safe_lines(_no_releases(args, client)) + ": no history to show")
     return 0
 
 
@@ -373,8 +425,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.keep < 1:
         raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
     client, repos = _repositories(args)
+    repos = _published(client, repos)
     for repo in repos:
         prune(client, repo, args.keep, dry_run=args.dry_run)
+    if not repos:
+        print(safe_lines(_no_releases(args, client)) + ": nothing to prune")
     return 0
 
 
@@ -433,6 +488,12 @@ def cmd_notes(args: argparse.Namespace) -> int:
         print(safe_lines(not_promoted_notes(plan.jobs, verdicts, latest)), end="")
         return 0
     facts = gather(client, plan.jobs, args.smoke_dir or _build_dir(plan))
+    if not any(f.digest for f in facts.values()):  # nothing to write notes of
+        dest = plan.destination
+        raise UserError(f"release {plan.tag} is not in the registry: none of its "
+                        f"{len(plan.jobs)} image(s) under {dest.registry}/{dest.namespace} "
+                        "holds it", fix="notes describe a published release: list them with "
+                                        "`build.py releases`, or publish this one first")
     if args.asset_dir:
         write_compose_files(plan.lm, facts, plan.jobs, args.asset_dir)
         facts = write_plots(facts, plan.jobs, args.asset_dir, args.asset_url or "")
@@ -448,13 +509,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from imagebuild.release.resume import (  # deferred: per command (docstring)
         cell_state,
         github_output,
+        signing,
         write_recorded_verdict,
     )
 
     plan = _plan(args)
     client = registry_client(plan)
-    # release.yml's cell job signs what publish stores: done only once signed
-    signed = os.environ.get("IMAGEBUILD_ATTESTATIONS") == "github"
+    signed = signing()  # release.yml's cell job signs what publish stores
     states = [cell_state(client, job, signed=signed) for job in plan.jobs]
     if args.verdict_dir:
         for job in plan.jobs:
@@ -468,8 +529,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
                     pull_tested_image(client, job):
                 print(f"{job.id}: pulled the tested image", file=sys.stderr)
     for s in states:
-        print(f"{s.cell}: published={s.published} tested={s.tested} attested={s.attested} "
-              f"benched={s.benched}", file=sys.stderr)
+        print(f"{s.cell}: published={s.published} tested={s.tested} gated={s.gated} "
+              f"attested={s.attested} benched={s.benched}", file=sys.stderr)
     print(github_output(states), end="")
     return 0
 
@@ -552,6 +613,49 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _facts_root(args: argparse.Namespace) -> tuple[Path, list[Path]]:
+    """(the matrix's own facts folder, the roots `check` reads) for --matrix."""
+    from imagebuild.facts import locked_dir
+    from imagebuild.spec import matrix as mx
+
+    root = mx.matrix_path(args.matrix.resolve() if args.matrix else None).resolve().parent
+    return locked_dir(root), [locked_dir(root)]
+
+
+def _engine_wheel(args: argparse.Namespace, version: str) -> dict | None:
+    """The wheel pin of a matrix engine on this vLLM version (the facts' identity)."""
+    from imagebuild.spec import matrix as mx
+
+    try:
+        lm = mx.load(args.matrix.resolve() if args.matrix else None)
+    except UserError:
+        return None
+    for engine in lm.matrix.engines.values():
+        for real in engine.realize.values():
+            if real.wheel and engine.vllm_version == version:
+                return {"package": real.wheel.package, "version": real.wheel.version,
+                        "sha256": real.wheel.sha256}
+    return None
+
+
+def cmd_facts(args: argparse.Namespace) -> int:
+    from imagebuild.facts import record_facts, versions
+    from imagebuild.facts.record import identify
+
+    own, roots = _facts_root(args)
+    if args.facts_command == "list":
+        for version, folder in sorted(versions(roots).items()):
+            print(f"{version:<12} {folder}")
+        return 0
+    out = args.out.resolve() if args.out else own
+    version = identify(args.python)["vllm_version"]
+    written = record_facts(args.python, out, parts=args.part or None,
+                           wheel=_engine_wheel(args, version), patches=args.patch,
+                           jobs=args.jobs, say=print)
+    print(f"wrote {len(written)} file(s) under {out / version}")
+    return 0
+
+
 def cmd_rehearse(args: argparse.Namespace) -> int:
     from imagebuild.rehearse.run import main as run  # deferred: per command (docstring)
 
@@ -566,7 +670,8 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
             "history": cmd_history, "verify": cmd_verify, "launch": cmd_launch, "table": cmd_table,
             "rehearse": cmd_rehearse,
-            "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate}
+            "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate,
+            "facts": cmd_facts}
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "-qq", "--quiet")
 
 
@@ -600,6 +705,8 @@ def _unknown_option(ap: argparse.ArgumentParser, argv: list[str]) -> None:
         if not arg.startswith("-") or arg == "-" or arg[1:2].isdigit():
             continue
         opt = arg.split("=", 1)[0]
+        if re.fullmatch(r"-([a-zA-Z])\1+", opt) and f"-{opt[1]}" in known:
+            continue  # -qq, -vv: a counted flag given twice
         if opt in known or (opt.startswith("--") and sum(k.startswith(opt) for k in known) == 1):
             continue
         near = difflib.get_close_matches(opt, known, n=1)
@@ -639,7 +746,8 @@ def main(argv: list[str] | None = None) -> int:
         args = ap.parse_args(argv)
     except SystemExit as exc:  # a usage error (2, already said) or --help (0)
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-    if args.command is None or (args.command == "pins" and args.pins_command is None):
+    if args.command is None or (args.command == "pins" and args.pins_command is None) or (
+            args.command == "facts" and args.facts_command is None):
         _command_parser(ap, args.command).print_help()  # its commands, as a missing one
         return 2
     _logging(args.verbose, args.quiet)

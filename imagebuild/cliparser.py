@@ -249,34 +249,37 @@ def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
 
 # One example per command, shown at the end of its --help (PROG: the program as invoked).
 EXAMPLES = {
-    "release": "%(prog)s --tag 2026-07-01-stock --target cpu",
-    "plan": "%(prog)s --tag 2026-07-01-stock --format json",
+    "release": "%(prog)s --tag 2026-07-01-dflashfix --target cpu",
+    "plan": "%(prog)s --tag 2026-07-01-dflashfix --format json",
     "render": "%(prog)s --check",
     "check": "%(prog)s --format json",
-    "build": "%(prog)s --tag 2026-07-01-stock --only 'cpu-*'",
-    "smoke": "%(prog)s --tag 2026-07-01-stock     (or: %(prog)s 127.0.0.1:5000/vllm-spark/"
+    "build": "%(prog)s --tag 2026-07-01-dflashfix --only 'cpu-*'",
+    "smoke": "%(prog)s --tag 2026-07-01-dflashfix     (or: %(prog)s 127.0.0.1:5000/vllm-spark/"
              "cpu-tiny-ngram:latest)",
-    "gates": "%(prog)s --tag 2026-07-01-stock --only 'cpu-*'",
-    "bench": "%(prog)s --tag 2026-07-01-stock --concurrency 1,8 --requests 16",
-    "publish": "%(prog)s --tag 2026-07-01-stock --dry-run",
-    "promote": "%(prog)s --tag 2026-07-01-stock --dry-run",
-    "rollback": "%(prog)s --to 2026-06-18-stock --image 'cpu-*' --dry-run",
+    "gates": "%(prog)s --tag 2026-07-01-dflashfix --only 'cpu-*'",
+    "bench": "%(prog)s --tag 2026-07-01-dflashfix --concurrency 1,8 --requests 16",
+    "publish": "%(prog)s --tag 2026-07-01-dflashfix --dry-run",
+    "promote": "%(prog)s --tag 2026-07-01-dflashfix --dry-run",
+    "rollback": "%(prog)s --to 2026-06-18-dflashfix --image 'cpu-*' --dry-run",
     "releases": "%(prog)s --image cpu-tiny-ngram",
-    "table": "%(prog)s --tag 2026-07-01-stock --store",
+    "table": "%(prog)s --tag 2026-07-01-dflashfix --store",
     "history": "%(prog)s --image cpu-tiny-ngram",
     "verify": "%(prog)s 127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:latest",
     "launch": "%(prog)s 127.0.0.1:5000/spark-pair/pair-nvfp4-tp2@sha256:<digest> --hosts "
-              "spark1,spark2 rendered/gb10/spark/pair-nvfp4-tp2.*.compose.yaml",
+              "spark1,spark2 examples/two-spark-tp2/rendered/gb10/spark/pair-nvfp4-tp2.*"
+              ".compose.yaml     (the files `render --matrix examples/two-spark-tp2/"
+              "matrix.yaml` writes)",
     "prune": "%(prog)s --keep 5 --dry-run",
     "unlock": "%(prog)s --image cpu-tiny-ngram --dry-run",
-    "resume": "%(prog)s --tag 2026-07-01-stock",
-    "notes": "%(prog)s --tag 2026-07-01-stock > notes.md",
+    "resume": "%(prog)s --tag 2026-07-01-dflashfix",
+    "notes": "%(prog)s --tag 2026-07-01-dflashfix > notes.md",
     "pins": "%(prog)s watch --format markdown",
     "rehearse": "%(prog)s --target gb10 --jobs 2",
     "runner-clean": "%(prog)s --keep 3 --dry-run",
-    "lock": "%(prog)s --check     (or: %(prog)s --update tiny-llama)",
+    "lock": "%(prog)s --check     (or: %(prog)s --update tiny)",
     "schema": "%(prog)s > matrix.schema.json     (or: %(prog)s --format markdown)",
-    "migrate": "%(prog)s --matrix old/matrix.yaml --dry-run",
+    "migrate": "%(prog)s --matrix examples/cpu-tiny-llama/matrix.yaml --dry-run",
+    "facts": "%(prog)s record --python .venv-vllm/bin/python     (or: %(prog)s list)",
 }
 
 
@@ -288,6 +291,11 @@ def _verbosity(p: argparse.ArgumentParser, default: object) -> None:
                    help="say less: no line per registry retry or wait (-qq: errors only)")
 
 
+def _version(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", action="version", version=f"imagebuild {__version__}",
+                   help="print the version and exit")
+
+
 def _subcommands(ap: argparse.ArgumentParser) -> Any:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -296,6 +304,7 @@ def _subcommands(ap: argparse.ArgumentParser) -> Any:
                            formatter_class=argparse.RawDescriptionHelpFormatter,
                            description=kw.get("help"), **kw)
         _verbosity(p, argparse.SUPPRESS)  # after the command as well as before it
+        _version(p)  # the README's "everywhere"
         return p
 
     return add
@@ -306,11 +315,11 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         prog=prog or invoked(),
         description="matrix.yaml -> tested, tagged, rollback-able vLLM serving images. "
                     "Without a command, `--tag T` runs the whole job (release).",
-        epilog="example:\n  %(prog)s plan --tag 2026-07-01-stock\n"
+        epilog="example:\n  %(prog)s plan --tag 2026-07-01-dflashfix\n"
                "environment variables: docs/environment.md; matrix.yaml: "
                "docs/matrix-reference.md",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--version", action="version", version=f"imagebuild {__version__}")
+    _version(ap)
     _verbosity(ap, 0)
     add = _subcommands(ap)
     sub = argparse.Namespace(add_parser=add)
@@ -320,10 +329,14 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                                        "regression gate, latest")
     _release(p)
     p.add_argument("--out", type=_run_dir, default=None, help="build dir (default: build/)")
-    p.add_argument("--dry-run", action="store_true", help="no registry writes")
+    p.add_argument("--dry-run", action="store_true",
+                   help="no registry writes (every stage runs: nothing is resumed)")
     p.add_argument("--no-bench", action="store_true",
                    help="skip the benchmark; latest then moves only with "
                         "--accept-unmeasured REASON (the gate has nothing to compare)")
+    p.add_argument("--resmoke", action="store_true",
+                   help="run smoke and the release gates again although the release "
+                        "record says this very image passed them (a re-run skips them)")
     _gate_args(p)
 
     p = sub.add_parser("plan", help="the cells a tag builds, with refs, tags and pins")
@@ -500,6 +513,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                          epilog="example:\n  %(prog)s --format markdown --out issues/",
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     _verbosity(w, argparse.SUPPRESS)
+    _version(w)
     _matrix(w)
     w.add_argument("--format", choices=("text", "json", "markdown"), default="text",
                    help="markdown: the issue body per moved pin; json: the reports")
@@ -536,6 +550,38 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                                       "reference page, both generated from the models")
     p.add_argument("--format", choices=("json", "markdown"), default="json",
                    help="json: the JSON Schema; markdown: docs/matrix-reference.md")
+    p = sub.add_parser("facts", help="record a vLLM version's facts from its own code (serve "
+                                     "options, modalities, KV cache, kernels, envs, logs, "
+                                     "metrics), or list the versions recorded")
+    verbs = p.add_subparsers(dest="facts_command", metavar="record|list")
+    r = verbs.add_parser("record", help="run the recorder inside an interpreter with vLLM "
+                                        "installed; write <out>/<version>/*.json",
+                         epilog="example:\n  %(prog)s --python .venv-vllm/bin/python --out "
+                                "/tmp/facts",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    _verbosity(r, argparse.SUPPRESS)
+    _version(r)
+    _matrix(r)
+    r.add_argument("--python", type=Path, required=True,
+                   help="python of a venv with the vLLM to describe (its version decides "
+                        "the folder)")
+    r.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="root folder of the facts (default: locked/vllm beside the matrix, "
+                        "where `check` finds them)")
+    r.add_argument("--patch", action="append", default=[], type=Path, metavar="FILE",
+                   help="a patch of the engine, in order (repeatable): a patch that changes "
+                        "vLLM's KV unification is recorded from the patched code")
+    r.add_argument("--part", action="append", default=[], metavar="NAME",
+                   help="record only this part (repeatable; default: all)")
+    r.add_argument("--jobs", type=_positive_int, default=2,
+                   help="parts recorded at once (default 2)")
+    ls = verbs.add_parser("list", help="the vLLM versions with recorded facts, and where",
+                          epilog="example:\n  %(prog)s --matrix examples/cpu-tiny-llama/"
+                                 "matrix.yaml",
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    _verbosity(ls, argparse.SUPPRESS)
+    _version(ls)
+    _matrix(ls)
     p = sub.add_parser("migrate", help="rewrite an older matrix.yaml to the current schema "
                                        "in place (renamed fields; comments kept)")
     _matrix(p)

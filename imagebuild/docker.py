@@ -27,6 +27,7 @@ import requests
 
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.interrupts import held_interrupts
+from imagebuild.runowner import owner_labels
 
 DOCKER_CLI = os.environ.get("IMAGEBUILD_DOCKER", "/usr/bin/docker")
 ENGINE_FIX = "start a Docker engine: `bash scripts/setup.sh` (or `dockerd &`)"
@@ -35,6 +36,12 @@ OWNER_LABEL = "io.imagebuild.owner"
 # what talking to the engine can raise: the SDK's errors, and the transport's when the
 # socket is gone or the daemon stops answering
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+
+
+def run_labels(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What every container made through this seam carries: ours, and which run made it
+    (runowner.py), so the next run reaps it if this one is killed."""
+    return {**(extra or {}), OWNER_LABEL: "imagebuild", **owner_labels()}
 
 
 @dataclass(frozen=True)
@@ -265,7 +272,7 @@ class Engine:
         with held_interrupts():
             try:
                 c = client.containers.run(image, command, name=name, detach=True,
-                                          labels={OWNER_LABEL: "imagebuild", **labels}, **kw)
+                                          labels=run_labels(labels), **kw)
             except docker.errors.ImageNotFound:
                 raise UserError(f"no local image {image}",
                                 fix="build it first (`build.py build`) or pull it") from None
@@ -288,7 +295,7 @@ class Engine:
         try:
             c = self.client.containers.run(
                 image, argv, entrypoint=entrypoint, detach=True, network_mode="none",
-                read_only=True, user="0", volumes=volumes, labels={OWNER_LABEL: "imagebuild"})
+                read_only=True, user="0", volumes=volumes, labels=run_labels())
         except ENGINE_ERRORS as exc:
             raise OperationFailed(f"docker run {image} failed: {exc}") from None
         try:
@@ -328,6 +335,36 @@ class Engine:
             for name in names:
                 self._remove(name)
         return names
+
+    def listing(self, kind: str, *, label: str | None = None) -> list[dict[str, Any]]:
+        """`docker KIND ls -a` rows (kind: container, volume, network), each with Name,
+        Labels, and for containers State and Created (epoch seconds)."""
+        filters = {"label": label} if label else None
+        try:
+            if kind == "container":
+                rows = self.api.containers(all=True, filters=filters)
+                return [{**r, "Name": r["Names"][0].lstrip("/")} for r in rows]
+            if kind == "volume":
+                return list(self.api.volumes(filters=filters).get("Volumes") or [])
+            return list(self.api.networks(filters=filters))
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot list {kind}s: {exc}", fix=ENGINE_FIX) from None
+
+    def remove_object(self, kind: str, name: str) -> None:
+        """Remove a container (killed, with its anonymous volumes), volume or network;
+        fine if it is gone already."""
+        if kind == "container":
+            return self.remove_container(name)
+        try:
+            with held_interrupts():
+                if kind == "volume":
+                    self.api.remove_volume(name, force=True)
+                else:
+                    self.api.remove_network(name)
+        except docker.errors.NotFound:
+            return
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot remove {kind} {name}: {exc}") from None
 
     def _remove(self, name: str) -> None:
         for attempt in (1, 2):
@@ -390,7 +427,8 @@ def image_user(ref: str, user: str) -> tuple[int, int]:
         return int(m[1]), int(m[2] or m[1])
     try:
         out = engine().client.containers.run(ref, ["-c", "id -u; id -g"], entrypoint="sh",
-                                             remove=True, network_mode="host")
+                                             remove=True, network_mode="host",
+                                             labels=run_labels())
     except ENGINE_ERRORS as exc:
         raise OperationFailed(f"cannot tell which user {ref} runs as: {exc}") from None
     uid, gid = out.decode().split()[:2]

@@ -6,10 +6,16 @@ the compatibility table (stored beside the release, also when a gate refused it)
 Nothing is pushed unless every job of the tag passed smoke and the release gates; `latest`
 moves only after the bench, past the regression gate, forward only. Each step is also its
 own command; the helpers here are the ones those commands share.
+
+A re-run resumes: after the build, each cell's release record is read once
+(release/resume.py `decide`, the decision `resume --tag` gives the workflow too) and every
+stage it already holds for this very image is skipped with one line naming that record;
+`--resmoke` runs smoke and the gates again, `--dry-run` runs every stage.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +32,7 @@ class ReleaseOptions:
     out: Path
     dry_run: bool = False
     bench: bool = True
+    resmoke: bool = False  # smoke and the release gates again, whatever the record says
     accept_regression: str | None = None
     accept_untrusted: str | None = None
     accept_unmeasured: str | None = None
@@ -64,7 +71,10 @@ def preflight(plan: Plan, *, building: bool = False) -> None:
     from imagebuild.preflight.run import run_checks
 
     findings = run_checks(plan.lm, list(plan.cells), plan.lock, building=building)
-    shown = [f for f in findings if f.severity != "info"]
+    # -qq (our logger at errors only) leaves out the warnings: errors still block and print
+    quiet = not logging.getLogger("imagebuild").isEnabledFor(logging.WARNING)
+    shown = [f for f in findings if f.severity == "error" or
+             (f.severity != "info" and not quiet)]
     if shown:
         print(findings_table(shown, show_info=False), file=sys.stderr)
     if has_errors(findings):
@@ -121,7 +131,16 @@ def publish_jobs(client: RegistryClient, jobs: tuple[Job, ...], verdicts: dict[s
                   f"{result.digest}")
 
 
-def document_jobs(client: RegistryClient, plan: Plan, out: Path) -> None:
+def skipped(stage: str, job: Job, skip: dict[str, dict[str, str]]) -> bool:
+    """True when `job`'s release already holds `stage` (resume.decide), said in one line."""
+    why = skip.get(job.id, {}).get(stage)
+    if why:
+        print(f"{stage} skipped  {job.id}: {why}")
+    return why is not None
+
+
+def document_jobs(client: RegistryClient, plan: Plan, out: Path,
+                  skip: dict[str, dict[str, str]] | None = None) -> None:
     """Right after publish: each published image's SBOM and build provenance, read from
     the image, stored with its release (imagebuild/supplychain); nothing again on a
     re-run. A lock that disagrees with the image is printed as findings."""
@@ -131,11 +150,14 @@ def document_jobs(client: RegistryClient, plan: Plan, out: Path) -> None:
         raise UserError("no matrix.lock.json: the SBOM compares the image with the lock",
                         fix="run `build.py lock`")
     for job in plan.jobs:
+        if skipped("sbom", job, skip or {}):
+            continue
         with progress.stage("sbom", job.id):
             attach(client, job, plan.lock, root=plan.lm.root, build_dir=out)
 
 
-def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None:
+def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
+               skip: dict[str, dict[str, str]] | None = None) -> None:
     """Measure each job's tested image with its target's `bench:` settings and store the
     results with the release (kept when the registry already has them: a re-run)."""
     from imagebuild.bench import results, store
@@ -153,6 +175,8 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path) -> None
         if b is None:
             print(f"{job.id}: target {job.cell.target_name} has no bench settings; "
                   "the regression gate will not apply")
+            continue
+        if skipped("bench", job, skip or {}):
             continue
         repo = job.image.repository
         info = inspect_image(job.release_ref)
@@ -205,25 +229,76 @@ def run_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
     return {job_id: doc["summary"] for job_id, doc in docs.items()}
 
 
+def resume_decisions(client: RegistryClient, plan: Plan,
+                     opts: ReleaseOptions) -> dict[str, Any]:
+    """Each job's release as the registry holds it for the image just built (one
+    resume.decide per cell; a release of another image stops here, before smoke). A dry
+    run reads nothing before publish: every stage runs."""
+    from imagebuild.docker import inspect_image
+    from imagebuild.release.resume import decide, signing
+
+    if opts.dry_run:
+        return {}
+    return {j.id: decide(client, j, image_id=inspect_image(j.release_ref)["Id"],
+                         signed=signing(), force=opts.resmoke) for j in plan.jobs}
+
+
+def smoke_or_resume(plan: Plan, out: Path, decisions: dict[str, Any],
+                    skip: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
+    """Each job's smoke verdict: run, or the release record's (written where publish and
+    the notes read it) when the record says this image passed."""
+    from imagebuild.buildfolder import cell_dir
+    from imagebuild.release.resume import record_files
+    from imagebuild.smoke.runner import smoke_jobs
+    from imagebuild.stagewatch import SmokeWatch
+
+    verdicts: dict[str, dict[str, Any]] = {}
+    for job in plan.jobs:
+        if skipped("smoke", job, skip):
+            verdict = record_files(decisions[job.id].release, job, out, replace=True)
+            assert verdict is not None  # decide skips smoke only for a smoke-passed record
+            verdicts[job.id] = verdict
+            continue
+        with progress.stage("smoke", job.id, poll=SmokeWatch(cell_dir(out, job.cell)).poll):
+            verdicts.update(smoke_jobs(plan.lm, (job,), out_root=out))
+    return verdicts
+
+
+def gates_or_resume(plan: Plan, out: Path, decisions: dict[str, Any],
+                    skip: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
+    """Each job's release-gates summary: run, or the one its release records as passed
+    (a record without gates, older than them, runs them)."""
+    from imagebuild.release.resume import recorded_gates
+
+    todo = tuple(j for j in plan.jobs if not skipped("gates", j, skip))
+    gates = run_gates(todo, out) if todo else {}
+    for job in plan.jobs:
+        if job.id not in gates:
+            recorded = recorded_gates(decisions[job.id].release)
+            assert recorded is not None  # decide skips the gates only when recorded
+            gates[job.id] = recorded
+    return gates
+
+
 def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     from imagebuild.builder.builder import build_jobs
-    from imagebuild.buildfolder import bench_dir, cell_dir
+    from imagebuild.buildfolder import bench_dir
     from imagebuild.gates.summary import passed
-    from imagebuild.smoke.runner import smoke_jobs
-    from imagebuild.stagewatch import BuildWatch, SmokeWatch
+    from imagebuild.reaper import reap
+    from imagebuild.stagewatch import BuildWatch
 
     refuse_unmeasured(plan, opts)
     buildable(plan)
+    reap()  # what a SIGKILLed run on this host left: before this run starts its own
     print(format_table(plan.jobs, plan.header()))
-    verdicts = {}
     for job in plan.jobs:  # one progress line per stage and cell (stagewatch.py)
         watch = BuildWatch()
         with progress.stage("build", job.id, poll=watch.poll):
             build_jobs(plan.lm, plan.lock, (job,), out_dir=opts.out, log=watch.log)
-    for job in plan.jobs:
-        with progress.stage("smoke", job.id,
-                            poll=SmokeWatch(cell_dir(opts.out, job.cell)).poll):
-            verdicts.update(smoke_jobs(plan.lm, (job,), out_root=opts.out))
+    client = registry_client(plan)
+    decisions = resume_decisions(client, plan, opts)
+    skip = {job_id: d.skip for job_id, d in decisions.items()}
+    verdicts = smoke_or_resume(plan, opts.out, decisions, skip)
     failed = [v for v in verdicts.values() if not v["passed"]]
     for v in verdicts.values():
         print(f"smoke {'PASS' if v['passed'] else 'FAIL'}  {v['image_ref']}  {v['message']}")
@@ -231,26 +306,30 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
         print(f"{len(failed)} cell(s) failed smoke: nothing pushed, no tag moved",
               file=sys.stderr)
         return 1
-    gates = run_gates(plan.jobs, opts.out)
+    gates = gates_or_resume(plan, opts.out, decisions, skip)
     if not all(passed(s) for s in gates.values()):
         print(f"{sum(not passed(s) for s in gates.values())} cell(s) did not pass the "
               "release gates: nothing pushed, no tag moved", file=sys.stderr)
         return 1
-    client = registry_client(plan)
     if opts.dry_run:
         publish_jobs(client, plan.jobs, verdicts, dry_run=True, gates=gates)
         print("dry run: no bench stored, latest not moved")
         return 0
     publish_jobs(client, plan.jobs, verdicts, dry_run=False, gates=gates)
-    document_jobs(client, plan, opts.out)
+    document_jobs(client, plan, opts.out, skip)
     if opts.bench:
-        bench_jobs(client, plan.jobs, bench_dir(opts.out))
+        bench_jobs(client, plan.jobs, bench_dir(opts.out), skip)
     try:
-        promote(plan, client, accept_regression=opts.accept_regression,
-                accept_untrusted=opts.accept_untrusted,
-                accept_unmeasured=opts.accept_unmeasured,
-                accept_rolled_back=opts.accept_rolled_back, forward_only=True,
-                accept_acceptance_drop=opts.accept_acceptance_drop)
+        # latest already at every cell's release (a set moves together): nothing to move
+        if all("latest" in skip.get(job.id, {}) for job in plan.jobs):
+            for job in plan.jobs:
+                skipped("latest", job, skip)
+        else:
+            promote(plan, client, accept_regression=opts.accept_regression,
+                    accept_untrusted=opts.accept_untrusted,
+                    accept_unmeasured=opts.accept_unmeasured,
+                    accept_rolled_back=opts.accept_rolled_back, forward_only=True,
+                    accept_acceptance_drop=opts.accept_acceptance_drop)
     except (UserError, OperationFailed):
         compatibility_table(plan, client)  # a refused release's table says why
         raise

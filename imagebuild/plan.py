@@ -150,7 +150,7 @@ class Plan:
                 f"{len(self.jobs)} cell(s)")
 
     def meta(self) -> dict[str, Any]:
-        return {"tag": str(self.tag), "target": self.target,
+        return {"tag": None if self.tag is None else str(self.tag), "target": self.target,
                 "target_reason": self.target_reason}
 
 

@@ -169,6 +169,10 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
         max_tokens=max_tokens)
     out_root = args.out or buildfolder.bench_dir(
         buildfolder.default(plan.lm.root if plan else REPO_ROOT))
+    if not args.url:  # it starts servers: SIGKILLed runs' first (reaper.py)
+        from imagebuild.reaper import reap
+
+        reap()
     if args.url:
         started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
         # a server we did not start: only the client can be placed

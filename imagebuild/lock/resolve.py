@@ -155,6 +155,15 @@ def resolve_image_digest(ref: str) -> str:
     return str(digest)
 
 
+def check_update_names(lm: LoadedMatrix, update: set[str]) -> None:
+    """`lock --update NAME...`: each a model, drafter or target of the matrix (exit 2)."""
+    known = set(lm.matrix.models) | set(lm.matrix.drafters) | set(lm.matrix.targets)
+    unknown = update - known
+    if unknown:
+        raise UserError(f"--update names {', '.join(sorted(unknown))}, not a model, drafter "
+                        "or target", fix=f"use one of: {', '.join(sorted(known))}")
+
+
 def build_lock(lm: LoadedMatrix, client: Any, *, update: set[str] | None = None,
                log: Callable[[str], None] = print,
                resolve_image: Callable[[str], str] = resolve_image_digest,
@@ -165,11 +174,7 @@ def build_lock(lm: LoadedMatrix, client: Any, *, update: set[str] | None = None,
     when asked to)."""
     previous = read_lock(lm.root)
     update = update or set()
-    known = set(lm.matrix.models) | set(lm.matrix.drafters) | set(lm.matrix.targets)
-    unknown = update - known
-    if unknown:
-        raise UserError(f"--update names {', '.join(sorted(unknown))}, not a model, drafter "
-                        "or target", fix=f"use one of: {', '.join(sorted(known))}")
+    check_update_names(lm, update)
     data: dict[str, Any] = {"version": LOCK_VERSION, "models": {}, "drafters": {},
                             "engines": {}, "bases": {}}
     for kind, pins in (("models", lm.matrix.models), ("drafters", lm.matrix.drafters)):

@@ -9,18 +9,16 @@ Traits:
 - `gdn`: Gated DeltaNet linear-attention layers (Qwen3-Next, Qwen3.5/3.6)
 - `hybrid`: any layers with a recurrent state instead of a KV cache (GDN, Mamba, ...)
 
-Which input modalities an architecture takes comes from vLLM itself
-(vllm_models/modalities_<version>.json, written from its model registry).
+Which input modalities an architecture takes comes from vLLM itself: the `modalities`
+part of the version's recorded facts (imagebuild/facts), written from its model registry.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
-MODALITIES_DIR = Path(__file__).resolve().parent / "vllm_models"
+from imagebuild.facts import VllmFacts
+
 GDN_MODEL_TYPES = ("qwen3_next", "qwen3_5")  # model_type prefixes of GDN hybrids
 # model types whose layers keep a recurrent state (vLLM's IsHybrid / IsAttentionFree models)
 STATE_MODEL_TYPES = ("nemotron_h", "jamba", "bamba", "falcon_h1", "granitemoehybrid",
@@ -64,18 +62,17 @@ def family(cfg: dict) -> Family:
     return Family(arch, model_type, frozenset(traits))
 
 
-@functools.lru_cache(maxsize=4)
-def _table(vllm_version: str) -> dict | None:
-    path = MODALITIES_DIR / f"modalities_{vllm_version}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def modalities(fam: Family, vllm_version: str) -> tuple[list[str] | None, str]:
+def modalities(fam: Family, facts: VllmFacts | None, vllm_version: str = ""
+               ) -> tuple[list[str] | None, str]:
     """(the modalities vLLM takes for this architecture, how that is known); None when
-    it cannot be told (unrecorded vLLM version, or the answer depends on the config)."""
-    table = _table(vllm_version)
+    it cannot be told (no recorded facts for the version, or the answer depends on the
+    config)."""
+    if facts is None:
+        return None, f"no recorded facts for vLLM {vllm_version}"
+    table = facts.modalities
     if table is None:
-        return None, f"no modality table for vLLM {vllm_version}"
+        return None, facts.missing("modalities")
+    vllm_version = facts.version
     if fam.architecture in table["modalities"]:
         return list(table["modalities"][fam.architecture]), (
             f"vLLM {vllm_version} takes {', '.join(table['modalities'][fam.architecture])} "

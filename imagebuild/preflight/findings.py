@@ -34,6 +34,9 @@ class Rule:
     methods: tuple[str, ...] | None = None
     model: tuple[str, ...] | None = None
     waivable: bool = True
+    # the parts of the cell's vLLM facts it reads (imagebuild/facts): its findings name
+    # the version and folder those facts came from (Finding.facts)
+    facts: tuple[str, ...] = ()
 
     def applies(self, hardware: frozenset[str], method: str,
                 model: frozenset[str] | None = frozenset()) -> bool:
@@ -58,6 +61,7 @@ class Finding:
     fix: str | None = None
     where: str | None = None  # file:line:col in matrix.yaml when the cause sits there
     waived: str | None = None  # the family's written reason, when the rule is waived
+    facts: str | None = None  # whose recorded vLLM facts the rule used (Rule.facts)
 
     @property
     def blocking(self) -> bool:
@@ -117,6 +121,8 @@ def format_table(findings: list[Finding], *, show_info: bool = True) -> str:
         for f in shown:
             sev = f"waived {f.severity}" if f.waived else f.severity
             text = f.message + (f" [{f.where}]" if f.where else "")
+            if f.facts:
+                text += f" [{f.facts}]"
             if f.waived:
                 text += f" -- waived: {f.waived}"
             elif f.fix:

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from imagebuild.facts import VllmFacts, facts_for, locked_dir
 from imagebuild.preflight.families import Family, modalities
 from imagebuild.preflight.findings import Finding, Rule
 from imagebuild.smoke.probes import tool_probe
@@ -38,11 +39,11 @@ SUGGESTED_LIMITS = {"image": 4, "video": 2, "audio": 1}
 AEON_DRAFTER_PREFIX = "AEON-7/AEON-DFlash-"
 MAX_BATCHED_TOKENS = 32768  # torch.compile range ceiling on GB10 (16384 is right)
 MAX_GPU_MEM_UTIL = 0.88  # unified memory: 0.85 alone, 0.70 when shared
-VLLM_DEFAULT_GPU_MEM_UTIL = 0.9
 DFLASH_SPEC_TOKENS = 11  # ~11 measured best; 15 wastes draft compute
 DFLASH_SPEC_TOKENS_SLACK = 1
 AEON_MAX_NUM_SEQS = 16
-VLLM_DEFAULT_MAX_NUM_SEQS = 256
+# vLLM versions on which --mamba-block-size was seen to break Gated DeltaNet models
+MAMBA_BLOCK_SIZE_OBSERVED = ">=0.23,<0.24"
 PIP_INSTALL = re.compile(r"\b(?:pip3?|uv\s+pip|python3?\s+-m\s+pip)\s+install\b")
 
 
@@ -58,6 +59,37 @@ def flag_value(argv: tuple[str, ...], name: str) -> str | bool | None:
         elif arg.startswith(key + "="):
             found = arg.split("=", 1)[1]
     return found
+
+
+def flag_value_any(argv: tuple[str, ...], names: list[str] | tuple[str, ...]
+                   ) -> tuple[str | None, str | bool | None]:
+    """(the spelling, its value) of the last of several spellings of one option (argparse
+    keeps the last value given for a dest, whichever spelling gave it)."""
+    keys = {f"--{n}": n for n in names}
+    found: tuple[str | None, str | bool | None] = (None, None)
+    for i, arg in enumerate(argv):
+        key = arg.split("=", 1)[0]
+        if key not in keys:
+            continue
+        if "=" in arg:
+            found = (keys[key], arg.split("=", 1)[1])
+        else:
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            found = (keys[key], True if nxt is None or nxt.startswith("--") else nxt)
+    return found
+
+
+def spellings(cli: dict | None, name: str) -> list[str]:
+    """Every option spelling of `name`'s dest in a version's recorded serve options, `name`
+    first (0.32: gpu-memory-utilization and device-memory-utilization); negations of a
+    boolean (`no-x`) are not spellings of `x`."""
+    options = (cli or {}).get("options") or {}
+    entry = options.get(name)
+    if entry is None:
+        return [name]
+    same = [o for o, e in options.items() if e.get("dest") == entry.get("dest")
+            and ("negates" in e) == ("negates" in entry) and o != name]
+    return [name, *same]
 
 
 def flag_values(argv: tuple[str, ...], name: str) -> list[str]:
@@ -97,13 +129,37 @@ class CellView:
     env: dict[str, str] = field(init=False)
     spec: dict = field(init=False)
     hardware: frozenset[str] = field(init=False)
+    # the recorded facts of the cell's vLLM version (None: none recorded)
+    facts: VllmFacts | None = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "env", dict(self.cmd.env))
         object.__setattr__(self, "spec", speculative(self.cmd.argv))
         object.__setattr__(self, "hardware", traits(self.cell.target))
+        object.__setattr__(self, "facts", facts_for(self.cell.engine.vllm_version,
+                                                    [locked_dir(self.lm.root)]))
         if not self.label:
             object.__setattr__(self, "label", self.cell.id)
+
+    @property
+    def version(self) -> str:
+        return self.cell.engine.vllm_version
+
+    @property
+    def cli(self) -> dict | None:
+        """The version's recorded `vllm serve` options (None: not recorded)."""
+        return self.facts.serve_args if self.facts is not None else None
+
+    def spelling(self, name: str) -> tuple[str, str | bool | None]:
+        """(the spelling the command line uses, its value) for option `name`, whichever of
+        the dest's spellings it was given as; (name, None) when absent."""
+        used, value = flag_value_any(self.cmd.argv, spellings(self.cli, name))
+        return used or name, value
+
+    def default(self, name: str) -> object:
+        """vLLM's default of option `name`, from the version's recorded parser."""
+        entry = ((self.cli or {}).get("options") or {}).get(name) or {}
+        return entry.get("default")
 
     @property
     def method(self) -> str:
@@ -117,15 +173,17 @@ class CellView:
         return rule.applies(self.hardware, self.method, self.model_traits)
 
     def flag(self, name: str) -> str | bool | None:
-        return flag_value(self.cmd.argv, name)
+        """The value vLLM reads for option `name`: the last of every spelling of its dest."""
+        return self.spelling(name)[1]
 
     def where(self, flag: str | None = None, env: str | None = None) -> str:
         """matrix.yaml position of what produced a flag or env var (deepest known key)."""
         c = self.cell
+        spelt = self.spelling(flag)[0] if flag is not None else None
         if env is not None:
             path: tuple = ("profiles", c.profile_name, "env", env)
-        elif flag in c.profile.args:
-            path = ("profiles", c.profile_name, "args", flag)
+        elif spelt in c.profile.args:
+            path = ("profiles", c.profile_name, "args", spelt)
         elif flag == "quantization":
             path = ("models", c.model_name, "quantization")
         elif flag == "served-model-name":
@@ -154,6 +212,12 @@ def as_int(value: str | bool | None) -> int | None:
         return None
 
 
+def record_fix(version: str) -> str:
+    from imagebuild.facts import record_command
+
+    return f"record vLLM {version}'s facts: {record_command(version)}"
+
+
 # --- the rules ------------------------------------------------------------------------------
 
 RULES = (
@@ -167,13 +231,13 @@ RULES = (
          "set max-num-batched-tokens: 16384", hardware=MEASURED_ON_GB10),
     Rule("gpu-mem-util-unified", "error",
          f"on unified memory (GB10: 128 GB shared by CPU and GPU) --gpu-memory-utilization "
-         f"above {MAX_GPU_MEM_UTIL} (vLLM's default is {VLLM_DEFAULT_GPU_MEM_UTIL}) starves "
-         "the host",
+         f"above {MAX_GPU_MEM_UTIL} (vLLM's default, 0.92 in 0.23 and 0.32, is above it) "
+         "starves the host",
          "set gpu-memory-utilization: 0.85 (0.70 when the machine is shared)",
-         hardware=UNIFIED),
+         hardware=UNIFIED, facts=("serve_args",)),
     Rule("no-mamba-block-size", "error",
-         "--mamba-block-size breaks hybrid Gated DeltaNet models (Qwen3-Next, Qwen3.5/3.6) "
-         "on vLLM 0.23",
+         "--mamba-block-size breaks hybrid Gated DeltaNet models (Qwen3-Next, Qwen3.5/3.6); "
+         f"observed on vLLM {MAMBA_BLOCK_SIZE_OBSERVED}, not verified on other versions",
          "remove mamba-block-size from the profile args", model=("gdn",)),
     Rule("dflash-no-kv-cache-dtype", "error",
          "with DFlash, a --kv-cache-dtype other than auto collapses acceptance toward 0% "
@@ -194,13 +258,13 @@ RULES = (
          "smoke sends an image; --language-model-only or an image limit of 0 turns the "
          "tower off",
          "set the model's multimodal limits for the modalities its architecture takes",
-         model=("vision",)),
+         model=("vision",), facts=("modalities",)),
     Rule("multimodal-modalities", "error",
          "vLLM takes only the modalities an architecture's processor supports and ignores "
          "other keys of --limit-mm-per-prompt: a limit for one the model does not take "
          "promises input the server refuses (an image limit on a model without images "
          "fails smoke's image check)",
-         "keep only the modalities the model's architecture takes"),
+         "keep only the modalities the model's architecture takes", facts=("modalities",)),
     Rule("attention-backend-flash-attn", "error",
          "DFlash KV sharing is only tested with the flash_attn backend (measured on GB10); "
          "flash_attn is a CUDA backend",
@@ -208,15 +272,15 @@ RULES = (
          methods=("dflash",)),
     Rule("aeon-max-num-seqs", "error",
          f"the AEON drafter on unified memory (the Spark) needs --max-num-seqs <= "
-         f"{AEON_MAX_NUM_SEQS} (vLLM's default is {VLLM_DEFAULT_MAX_NUM_SEQS})",
+         f"{AEON_MAX_NUM_SEQS} (vLLM's default is larger: it picks one by device)",
          f"use a profile with max-num-seqs: {AEON_MAX_NUM_SEQS} for AEON drafter cells",
-         hardware=UNIFIED, methods=("dflash",)),
+         hardware=UNIFIED, methods=("dflash",), facts=("serve_args",)),
     Rule("tool-call-probe", "warning",
          "smoke forces one tool call in the format of the profile's tool parser and checks "
          "vLLM parses it back; for a parser it has no text for, the image's tool calls go "
          "untested (smoke says so instead of failing)",
          "use a parser smoke covers, or add its text to imagebuild/smoke/probes.py "
-         "TOOL_CALL_TEXT"),
+         "TOOL_CALL_TEXT", facts=("serve_args",)),
     Rule("no-pip-install-in-image", "error",
          "a pip install into a built image changes what was tested and is lost on restart; "
          "rebuild instead",
@@ -246,24 +310,48 @@ def _batched_tokens(r: Rule, v: CellView) -> list[Finding]:
 
 
 def _gpu_mem(r: Rule, v: CellView) -> list[Finding]:
-    raw = v.flag("gpu-memory-utilization")
-    value = VLLM_DEFAULT_GPU_MEM_UTIL if raw is None else as_float(raw)
+    spelt, raw = v.spelling("gpu-memory-utilization")
+    where = v.where("gpu-memory-utilization")
+    if raw is None:
+        default = v.default("gpu-memory-utilization")
+        if not isinstance(default, int | float):
+            return []  # no recorded default: vllmfacts.py says the facts are missing
+        if default > MAX_GPU_MEM_UTIL:
+            return [r.finding(v.label, f"unset, so vLLM's default {default} (from "
+                                         f"{v.facts.said if v.facts else ''}) > "
+                                         f"{MAX_GPU_MEM_UTIL} on unified memory", where=where)]
+        return []
+    value = as_float(raw)
     if value is None:
-        return [r.finding(v.label, f"--gpu-memory-utilization {raw!r} is not a number",
-                          where=v.where("gpu-memory-utilization"))]
+        return [r.finding(v.label, f"--{spelt} {raw!r} is not a number", where=where)]
     if value > MAX_GPU_MEM_UTIL:
-        said = "unset, so vLLM's default" if raw is None else "--gpu-memory-utilization"
-        return [r.finding(v.label, f"{said} {value} > {MAX_GPU_MEM_UTIL} on unified memory",
-                          where=v.where("gpu-memory-utilization"))]
+        return [r.finding(v.label, f"--{spelt} {value} > {MAX_GPU_MEM_UTIL} on unified memory",
+                          where=where)]
     return []
+
+
+def observed_on(versions: str, version: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) in SpecifierSet(versions)
+    except InvalidVersion:
+        return False
 
 
 def _mamba_block(r: Rule, v: CellView) -> list[Finding]:
-    if v.cell.engine.vllm_version.startswith("0.23.") and v.flag("mamba-block-size") is not None:
-        return [r.finding(v.label, f"--mamba-block-size is set on vLLM "
-                                     f"{v.cell.engine.vllm_version}",
+    if v.flag("mamba-block-size") is None:
+        return []
+    if observed_on(MAMBA_BLOCK_SIZE_OBSERVED, v.version):
+        return [r.finding(v.label, f"--mamba-block-size is set on vLLM {v.version}",
                           where=v.where("mamba-block-size"))]
-    return []
+    # never another version's answer: the trap may or may not be there
+    return [r.finding(v.label, f"--mamba-block-size is set on vLLM {v.version}; it broke GDN "
+                                 f"models on vLLM {MAMBA_BLOCK_SIZE_OBSERVED}, and whether it "
+                                 f"still does on {v.version} is unknown (not observed)",
+                      where=v.where("mamba-block-size"), severity="warning",
+                      fix="verify with a smoke boot of this cell, or remove mamba-block-size")]
 
 
 def _kv_dtype(r: Rule, v: CellView) -> list[Finding]:
@@ -302,7 +390,7 @@ def suggested_limits(v: CellView) -> str:
     """The `multimodal:` to write for this checkpoint: the modalities vLLM takes for its
     architecture (image alone when that cannot be told)."""
     assert v.family is not None
-    takes, _ = modalities(v.family, v.cell.engine.vllm_version)
+    takes, _ = modalities(v.family, v.facts, v.version)
     shown = [m for m in SUGGESTED_LIMITS if m in (takes or ["image"])]
     return "{" + ", ".join(f"{m}: {SUGGESTED_LIMITS[m]}" for m in shown) + "}"
 
@@ -339,9 +427,15 @@ def _modalities(r: Rule, v: CellView) -> list[Finding]:
         limits = json.loads(raw)
     except json.JSONDecodeError:
         return []  # keep-vision-on / serve-args report the malformed value
-    takes, how = modalities(v.family, v.cell.engine.vllm_version)
-    if not isinstance(limits, dict) or takes is None:
+    takes, how = modalities(v.family, v.facts, v.version)
+    if not isinstance(limits, dict):
         return []
+    if takes is None:
+        if v.facts is not None and v.facts.modalities is None:  # facts, but not this part
+            return [r.finding(v.label, f"cannot check the modalities of --limit-mm-per-prompt: "
+                                         f"{how}", where=v.where("limit-mm-per-prompt"),
+                              severity="warning", fix=record_fix(v.version))]
+        return []  # the answer depends on the config, or no facts at all (vllmfacts.py)
     extra = [m for m in limits if m not in takes and limits[m]]
     if not extra:
         return []
@@ -354,8 +448,10 @@ def _modalities(r: Rule, v: CellView) -> list[Finding]:
 
 
 def _flash_attn(r: Rule, v: CellView) -> list[Finding]:
+    # only the flag: VLLM_ATTENTION_BACKEND is no variable of vLLM 0.23 or 0.32 (their
+    # recorded envs; vllmfacts.py reports a profile env var its version does not know)
     raw = v.flag("attention-backend")
-    backend = raw if isinstance(raw, str) else v.env.get("VLLM_ATTENTION_BACKEND")
+    backend = raw if isinstance(raw, str) else None
     if backend is None:
         return [r.finding(v.label, "no --attention-backend: vLLM picks its own for DFlash",
                           where=v.where("attention-backend"))]
@@ -369,9 +465,14 @@ def _aeon_seqs(r: Rule, v: CellView) -> list[Finding]:
     if not (v.cell.drafter_model or "").startswith(AEON_DRAFTER_PREFIX):
         return []
     raw = v.flag("max-num-seqs")
-    n = VLLM_DEFAULT_MAX_NUM_SEQS if raw is None else as_int(raw)
+    default = v.default("max-num-seqs")
+    n = (default if isinstance(default, int) else None) if raw is None else as_int(raw)
+    if raw is None and n is None:
+        return [r.finding(v.label, f"--max-num-seqs unset with the AEON drafter, and vLLM "
+                                     f"{v.version}'s default is not recorded (vLLM picks one "
+                                     f"by device)", where=v.where("max-num-seqs"))]
     if n is None or n > AEON_MAX_NUM_SEQS:
-        said = "unset (vLLM default 256)" if raw is None else str(raw)
+        said = f"unset (vLLM {v.version} default {n})" if raw is None else str(raw)
         return [r.finding(v.label, f"--max-num-seqs {said} with the AEON drafter "
                                      f"(> {AEON_MAX_NUM_SEQS})", where=v.where("max-num-seqs"))]
     return []
@@ -382,7 +483,7 @@ def _tool_probe(r: Rule, v: CellView) -> list[Finding]:
     if not (v.cell.profile.tools and v.flag("enable-auto-tool-choice") is True
             and isinstance(parser, str)):
         return []
-    regex, why = tool_probe(parser)
+    regex, why = tool_probe(parser, v.facts)
     return [] if regex is not None else [
         r.finding(v.label, f"--tool-call-parser {parser}: {why}",
                   where=v.where("tool-call-parser"))]

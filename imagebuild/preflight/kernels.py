@@ -37,19 +37,23 @@ from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
 
 from imagebuild.errors import UserError
+from imagebuild.facts import locked_dir, record_command
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.preflight.checkpoint import Checkpoint
 from imagebuild.preflight.findings import Finding, Rule
 from imagebuild.preflight.flags import CellView, flag_value
 from imagebuild.preflight.kernel_select import assumed, image
 from imagebuild.preflight.kernel_select.deploy import deployment
-from imagebuild.preflight.kernel_select.facts import GENERATE, Facts, NotRecorded, VllmRaises
+from imagebuild.preflight.kernel_select.facts import Facts, NotRecorded, VllmRaises
 from imagebuild.preflight.kernel_select.facts import load as load_facts
 from imagebuild.preflight.kernel_select.fixes import Switch, search
 from imagebuild.preflight.kernel_select.predict import Decision, predict
 from imagebuild.spec.servecmd import serve_command
 
 SM121 = "sm_121"
+# the vLLM versions whose selection procedure the predictor composes (predict.py, checked
+# against vLLM's own selection functions by tests/e2e/test_kernel_select_vs_vllm.py)
+COMPOSED_FROM = ">=0.23,<0.24"
 FLASHINFER_MOE_ENV = ("VLLM_USE_FLASHINFER_MOE_FP4", "VLLM_USE_FLASHINFER_MOE_FP16",
                       "VLLM_USE_FLASHINFER_MOE_FP8")
 TRITON_ENV = ("TRITON_PTXAS_PATH", "TRITON_PTXAS_BLACKWELL_PATH")
@@ -73,18 +77,20 @@ RULES = (
          "this GPU would not meet fails smoke at the first boot (or ships the kernel the "
          "profile was written to avoid)",
          "set the switch named here in the profile, or expect what vLLM picks",
-         hardware=("cuda",)),
+         hardware=("cuda",), facts=("kernel_select",)),
     Rule("kernels-boot-fails", "error",
          "a kernel choice vLLM refuses raises while the model is built: the boot ends "
          "there, minutes in",
-         "change the switch named here", hardware=("cuda",), waivable=False),
+         "change the switch named here", hardware=("cuda",), waivable=False,
+         facts=("kernel_select",)),
     Rule("kernels-unpredictable", "warning",
-         "no recorded kernel-selection facts cover this cell, so what vLLM will pick is not "
+         "no recorded kernel-selection facts cover this cell, or the version selects its "
+         "kernels in a way the predictor does not compose, so what vLLM will pick is not "
          "checked before a boot",
-         f"record them: <vllm venv>/bin/python {GENERATE} (with that vLLM installed)",
-         hardware=("cuda",)),
+         f"record them: {record_command()}",
+         hardware=("cuda",), facts=("kernel_select",)),
     Rule("kernels-predicted", "info", "the kernels vLLM will pick, printed for review", "",
-         hardware=("cuda",)),
+         hardware=("cuda",), facts=("kernel_select",)),
     Rule("architecture-matches-checkpoint", "error",
          "a model's declared architecture is what its kernels were predicted for before the "
          "lock had its config.json; a different one means the prediction was for another "
@@ -94,14 +100,14 @@ RULES = (
          "core.py 237-248) and gives garbage on 12.1a (flashinfer#3294)",
          "keep FlashInfer's MoE off (env VLLM_USE_FLASHINFER_MOE_FP4: \"0\" and "
          "VLLM_USE_FLASHINFER_MOE_FP16: \"0\", or a --moe-backend that is not flashinfer_*) "
-         "and expect a non-FlashInfer moe", hardware=(SM121,)),
+         "and expect a non-FlashInfer moe", hardware=(SM121,), facts=("kernel_select",)),
     Rule("nvfp4-gemm-asserted", "error",
          "the NVFP4 GEMM kernel vLLM selects follows its version's candidate list and the "
          "image (vLLM 0.23.0 on SM12x: FlashInferCutlassNvFp4LinearKernel first; "
          "vllm#53014, after 0.23.0, added a slower weight-only CuTe-DSL kernel, "
          "vllm#55397): a release can serve on another kernel than the one benchmarked",
          "state expect_backends: {nvfp4_gemm: ...} in the profile so smoke fails when the "
-         "boot chooses another kernel", hardware=("native-fp4",)),
+         "boot chooses another kernel", hardware=("native-fp4",), facts=("kernel_select",)),
     Rule("triton-ptxas-sm121a", "error",
          "Triton's bundled ptxas rejects sm_121a (vllm#29469): every Triton kernel fails "
          "at its first launch unless TRITON_PTXAS_PATH names the CUDA toolkit's ptxas",
@@ -342,13 +348,44 @@ def _fix_text(found: list[list[Switch]]) -> str | None:
     return "in the profile: " + "; ".join(parts)
 
 
+def cell_facts(v: CellView) -> Facts | None:
+    """The kernel-selection facts of the cell's vLLM version (shipped or the matrix's)."""
+    return load_facts(v.version, [locked_dir(v.lm.root)])
+
+
+def unpredictable(version: str) -> str | None:
+    """Why the predictor cannot compose `version`'s recorded facts, or None: the selection
+    procedure it composes (candidate order, switches, gates) was read from vLLM
+    COMPOSED_FROM's code and checked against its selection functions there; vLLM 0.32
+    selects differently (no VLLM_NVFP4_GEMM_BACKEND table, a W4A16 path of its own, MoE
+    oracles as classes), so its recorded facts are shown, not composed."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        if Version(version) in SpecifierSet(COMPOSED_FROM):
+            return None
+    except InvalidVersion:
+        pass
+    return (f"the kernel predictor composes the selection procedure of vLLM {COMPOSED_FROM} "
+            f"(read from its code); vLLM {version} selects in other steps, so its recorded "
+            "kernel-selection facts are not composed into a prediction")
+
+
 def predicted(v: CellView, model: Checkpoint | None,
               drafter: Checkpoint | None) -> list[Finding]:
     version = v.cell.engine.vllm_version
-    facts = load_facts(version)
+    facts = cell_facts(v)
     if facts is None:
+        if v.facts is None:
+            return []  # no facts at all: vllm-facts-missing says so
         return [BY_ID["kernels-unpredictable"].finding(
-            v.label, f"no kernel-selection facts for vLLM {version}")]
+            v.label, v.facts.missing("kernel_select"), fix=f"record them: "
+            f"{record_command(version)}")]
+    why = unpredictable(version)
+    if why is not None:
+        return [BY_ID["kernels-unpredictable"].finding(
+            v.label, why, fix="check the kernels with a real boot (smoke's expect_backends)")]
     cell = CellPrediction(v, facts, model, drafter)
     where_eb = v.lm.located.where(("profiles", v.cell.profile_name))
     declared = v.cell.model.architecture
@@ -551,8 +588,8 @@ def check_cell(v: CellView, model: Checkpoint | None,
     if "cuda" in v.hardware and v.cell.target.compute_capability:
         out += _static(v, model)
         out += predicted(v, model, drafter)
-        facts = load_facts(v.cell.engine.vllm_version)
-        if facts is not None:
+        facts = cell_facts(v)
+        if facts is not None and unpredictable(v.version) is None:
             out += _gemm_asserted(v, lambda: CellPrediction(v, facts, model, drafter).run())
     r = BY_ID["triton-ptxas-sm121a"]
     if v.applies(r):

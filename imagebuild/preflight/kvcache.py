@@ -1,15 +1,18 @@
-"""Predict vLLM 0.23's KV-cache page layout from config.json files, before any boot.
+"""Predict the KV-cache page layout of the cell's vLLM version from config.json files,
+before any boot.
 
 vLLM keeps every layer's cache in pages of one size. On a hybrid target (attention plus layers
 with a fixed-size recurrent state: Mamba1/2, Gated DeltaNet, short convolutions, linear
 attention) the attention block size is raised until an attention page covers the state page,
 and a drafter whose attention page outgrows it makes `unify_kv_cache_spec_page_size` fail at
-engine start. This module replays, in plain arithmetic, what vLLM 0.23.0 does (kv/ holds the
-parts):
+engine start. This module replays, in plain arithmetic, what that version does (kv/ holds
+the parts); everything that differs between versions comes from the version's recorded
+facts (kv/model.py: dtypes, pages per layer kind and backend, sliding-window blocks, kernel
+blocks, unification), the rest was read from the code of the versions named where it is:
 
-1. dtypes (kv/dtypes.py): every `--kv-cache-dtype`, what `auto` becomes for the checkpoint's
-   own KV quantization (ModelOpt, compressed-tensors), per-token-head scales, NVFP4 and
-   TurboQuant page sizes;
+1. dtypes (kv/dtypes.py, kv/model.py): the `--kv-cache-dtype` values the version takes, what
+   `auto` becomes for the checkpoint's own KV quantization (ModelOpt, compressed-tensors,
+   read from 0.23.0), the page each dtype takes (recorded per version and backend);
 2. layers (kv/families.py): each hybrid family's layer pattern, attention shapes and state
    shapes, read as its model code reads its config; plain attention models below;
 3. block sizes (kv/align.py): prefix-caching mode, chunk alignment, the hybrid alignment and
@@ -17,16 +20,20 @@ parts):
 4. `get_kv_cache_groups` (kv/unify.py): models whose layers are all of one type skip
    unification; the rest go through `unify_kv_cache_spec_page_size`.
 
-A layout the model does not know (an unknown recurrent architecture, a missing config field)
-raises CannotPredict: callers report that as a warning, never as a pass. `pad_mamba=True`
-models the `dflashfix` patch set: inside unify, a mamba page smaller than the largest page is
-padded up to it instead of hitting the assert.
+A layout the model does not know (an unknown recurrent architecture, a missing config field,
+a version without recorded facts, a behaviour read from another version's code) raises
+CannotPredict: callers report that as a warning, never as a pass. An engine whose patches
+change unification (the dflashfix patch pads mamba pages on 0.23) is predicted from the
+unification recorded from the patched code (`facts record --patch`), never from a patch's
+name.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import UserError
@@ -40,10 +47,6 @@ from imagebuild.preflight.kv.align import (
 )
 from imagebuild.preflight.kv.attention import drafter_layers, plain_attention, text_config
 from imagebuild.preflight.kv.dtypes import (
-    CACHE_DTYPES,
-    MAMBA_DTYPES,
-    STORAGE,
-    AttnPage,
     canonical_model_dtype,
     checkpoint_kv,
     tq_slot_size,
@@ -51,6 +54,7 @@ from imagebuild.preflight.kv.dtypes import (
 from imagebuild.preflight.kv.errors import CannotPredict, VllmRefuses
 from imagebuild.preflight.kv.flags import KVFlags
 from imagebuild.preflight.kv.layout import AttnLayer, MambaLayer, ModelLayout
+from imagebuild.preflight.kv.model import KVModel
 from imagebuild.preflight.kv.unify import (
     FinalLayer,
     LayerSpec,
@@ -62,9 +66,11 @@ from imagebuild.preflight.kv.unify import (
 _text_config = text_config  # hf_text_config, as tests and callers read it
 
 __all__ = [
-    "CannotPredict", "FinalLayer", "KVFlags", "KVPrediction", "LayerSpec", "OUTCOMES",
-    "layout_for_oracle", "needs_unify", "predict", "simulate_unify",
+    "CannotPredict", "FinalLayer", "KVFlags", "KVModel", "KVPrediction", "LayerSpec",
+    "OUTCOMES", "layout_for_oracle", "model_for", "needs_unify", "predict", "simulate_unify",
 ]
+# behaviour read (not executed) from vLLM 0.23.0's code: refusals and TurboQuant's layout
+READ_023 = ">=0.23,<0.24"
 
 OUTCOMES = ("ok", "AssertionError", "NotImplementedError", "ValueError")
 _SPEC_METHODS = (None, "mtp", "dflash", "eagle", "eagle3", "ngram")
@@ -81,10 +87,10 @@ class KVPrediction:
     mamba_padding_pct: float  # vLLM's own alignment padding, as it logs it
     unify_needed: bool  # False when all layers are of one type (no unification runs)
     outcome: str  # "ok" | "AssertionError" | "NotImplementedError" | "ValueError"
-    padded_by_dflashfix: bool  # ok only because pad_mamba padded mamba pages
-    # Extra mamba memory per request that the dflashfix padding costs: every mamba layer's
-    # page grows from vLLM's own (attention-aligned) size to the largest page, times the
-    # state pages each request holds (1 + k, or 2 + k in "align" mode; k = spec tokens).
+    padded_by_unify: bool  # unify padded some page up to the largest (0.32; dflashfix)
+    # Extra memory per request that unify's padding costs: every padded mamba layer's page
+    # grows from vLLM's own (attention-aligned) size to the largest page, times the state
+    # pages each request holds (1 + k, or 2 + k in "align" mode; k = spec tokens).
     extra_bytes_per_request: int
     max_page_bytes: int
     final_layers: tuple[FinalLayer, ...]  # empty when unification fails
@@ -98,6 +104,9 @@ class KVPrediction:
     mamba_block_size: int | None = None
     mamba_cache_mode: str = "none"
     prefix_caching: bool = True
+    vllm_version: str = ""  # whose recorded facts the prediction used
+    unify_from: str = ""  # stock vLLM X, or vLLM X with the patches recorded
+    attention_backend: str | None = None  # the backend the pages were taken for
 
     @property
     def layers(self) -> tuple[LayerSpec, ...]:
@@ -114,32 +123,56 @@ class KVPrediction:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
 
+def model_for(flags: KVFlags, patches: Iterable[Path] = (),
+              extra_dirs: Iterable[Path] = ()) -> KVModel:
+    """The KV model of flags.vllm_version from its recorded facts (CannotPredict without)."""
+    from imagebuild.facts import facts_for
+
+    if not flags.vllm_version:
+        raise UserError("the KV predictor needs the vLLM version it predicts for "
+                        "(KVFlags.vllm_version)", fix="pass the cell's engine vllm_version")
+    return KVModel.of(facts_for(flags.vllm_version, extra_dirs), flags.vllm_version, patches)
+
+
 def predict(
     target_config: dict,
     drafter_config: dict | None,
     flags: KVFlags,
     *,
-    pad_mamba: bool = False,
+    model: KVModel | None = None,
+    patches: Iterable[Path] = (),
     hf_quant_config: dict | None = None,
 ) -> KVPrediction:
-    """Predict the KV layout and whether vLLM 0.23 unifies it (see module docstring).
+    """Predict the KV layout and whether vLLM unifies it (see module docstring), for the
+    version `model` describes (default: flags.vllm_version's recorded facts, with the
+    unification of `patches`, the engine's patch files, where they change it).
 
     Raises CannotPredict when the layout is not known, UserError for inputs vLLM would reject
     while reading them (a TP size that does not divide the heads, an unknown dtype)."""
-    _check_flags(flags)
+    model = model or model_for(flags, patches)
+    _check_flags(flags, model)
     text = text_config(target_config)
     method = flags.speculative_method
     num_spec = flags.num_speculative_tokens if method else 0
+    backend = (flags.attention_backend or "").lower() or None
+    if backend is None and flags.platform == "cpu":
+        backend = "cpu_attn"  # the CPU platform's one non-MLA backend (platforms/cpu.py)
     try:
         model_dtype = _model_dtype(target_config, text, flags)
         ckpt = checkpoint_kv(target_config, hf_quant_config)
-        cache_dtype, source = _cache_dtype(flags, ckpt)
+        cache_dtype, source = _cache_dtype(flags, ckpt, model)
         ctx = families.Ctx(flags.tensor_parallel_size, num_spec, model_dtype,
                            flags.mamba_cache_dtype, flags.mamba_ssm_cache_dtype)
         layout = read_layout(target_config, text, ctx)
         drafter = drafter_layers(method, layout, text, drafter_config, flags)
-        if layout.hybrid and cache_dtype.startswith("turboquant_") and not (
-                layout.tq_attention_indices):
+        tq = cache_dtype.startswith("turboquant_")
+        if (tq or cache_dtype == "ultraquant_4bit") and not model.has_class(
+                "TQFullAttentionSpec"):
+            raise CannotPredict(
+                f"on vLLM {model.version} TurboQuant-style KV caches are laid out by their "
+                "own attention backend (kv_quant_mode and the backend's customize_spec), "
+                "which this predictor does not model")
+        if layout.hybrid and tq and not layout.tq_attention_indices:
             raise VllmRefuses(
                 "NotImplementedError", "TurboQuant KV cache requires identifiable "
                 "full-attention layers, but none were found in the hybrid model config.",
@@ -151,8 +184,17 @@ def predict(
             raise CannotPredict("layers kept out of KV quantization (--kv-cache-dtype-skip-"
                                 "layers, TurboQuant's boundary layers) with a drafter: which "
                                 "drafter layers the indices match is not modelled")
+        if skip and not model.within(READ_023):
+            raise CannotPredict(f"how vLLM {model.version} aligns pages of layers kept out of "
+                                "KV quantization (--kv-cache-dtype-skip-layers) is not "
+                                "modelled for this version")
+        if drafter and model.backend_decides and flags.platform != "cpu":
+            raise CannotPredict(
+                f"on vLLM {model.version} the drafter's attention backend (not inherited from "
+                "the target) also sets the block alignment and its pages; which one vLLM "
+                "picks for the drafter on this GPU is not modelled")
         sizing = Sizing(
-            platform=flags.platform, backend=(flags.attention_backend or "").lower() or None,
+            platform=flags.platform, backend=backend,
             default_block_size=flags.default_block_size,
             kernel_alignment=flags.kernel_block_alignment, tp=flags.tensor_parallel_size,
             cache_dtype=cache_dtype, model_dtype=model_dtype, block_size=flags.block_size,
@@ -162,12 +204,15 @@ def predict(
             max_model_len=_max_model_len(text, flags),
             max_num_batched_tokens=flags.max_num_batched_tokens,
             default_max_num_batched_tokens=flags.default_max_num_batched_tokens,
-            skip_layers=skip)
+            model=model, skip_layers=skip)
         if layout.mla and sizing.platform == "cpu":
+            if not model.within(READ_023):
+                raise CannotPredict(f"MLA on vLLM {model.version}'s CPU platform: its block "
+                                    "size depends on the CPU's AMX support (platforms/cpu.py)")
             raise VllmRefuses("NotImplementedError", "MLA is not supported on CPU.",
                               f"{layout.family} uses multi-head latent attention, which vLLM's "
                               "CPU backend does not run")
-        if layout.mla and cache_dtype == "nvfp4":
+        if layout.mla and cache_dtype == "nvfp4" and model.within(READ_023):
             raise VllmRefuses("ValueError", "nvfp4 KV cache is not supported with MLA",
                               "vLLM 0.23 refuses --kv-cache-dtype nvfp4 for multi-head latent "
                               "attention", "use fp8 or auto")
@@ -179,9 +224,9 @@ def predict(
         has_attention = bool(drafter) or any(isinstance(x, AttnLayer) for x in layout.layers)
         al = align(layout, sizing, has_attention)
         return _finish(layout, drafter, al, sizing, cache_dtype, source, model_dtype, skip,
-                       num_spec, pad_mamba, flags)
+                       num_spec, flags)
     except VllmRefuses as exc:
-        return _refused(exc, flags)
+        return _refused(exc, flags, model)
 
 
 def read_layout(cfg: dict, text: dict, ctx: families.Ctx) -> ModelLayout:
@@ -207,13 +252,20 @@ def read_layout(cfg: dict, text: dict, ctx: families.Ctx) -> ModelLayout:
 
 def _finish(layout: ModelLayout, drafter: list[AttnLayer], al: Alignment, sizing: Sizing,
             cache_dtype: str, source: str, model_dtype: str, skip: tuple[str, ...],
-            num_spec: int, pad_mamba: bool, flags: KVFlags) -> KVPrediction:
-    target = [_spec(x, "target", al, cache_dtype, model_dtype, skip) for x in layout.layers]
-    drafts = [_spec(x, "drafter", al, cache_dtype, model_dtype, skip) for x in drafter]
+            num_spec: int, flags: KVFlags) -> KVPrediction:
+    model = sizing.model
+    target = [_spec(x, "target", al, cache_dtype, model_dtype, skip, sizing)
+              for x in layout.layers]
+    drafts = [_spec(x, "drafter", al, cache_dtype, model_dtype, skip, sizing) for x in drafter]
     specs = target + drafts
     for s, layer in zip(target, layout.layers, strict=True):
         if isinstance(layer, MambaLayer) and s.page_size_padded is not None and (
                 s.page_size_padded < layer.page_bytes):
+            if not model.within(READ_023):
+                raise CannotPredict(
+                    f"{layout.family}'s layers add the speculative tokens to their conv state "
+                    "beyond the page vLLM aligned for it; what vLLM "
+                    f"{model.version} does then was read from 0.23 only")
             raise VllmRefuses(
                 "AssertionError", "assert self.page_size_padded >= page_size",
                 f"{layout.family}'s layers add the {num_spec} speculative tokens to their conv "
@@ -233,7 +285,7 @@ def _finish(layout: ModelLayout, drafter: list[AttnLayer], al: Alignment, sizing
         specs = converted
     unify_needed = needs_unify(specs)
     if unify_needed:
-        outcome, message, finals = simulate_unify(specs, pad_mamba)
+        outcome, message, finals = simulate_unify(specs, model.does)
     else:
         outcome, message = "ok", ""
         finals = [FinalLayer(s.name, s.block_size, s.page_bytes) for s in specs]
@@ -242,32 +294,35 @@ def _finish(layout: ModelLayout, drafter: list[AttnLayer], al: Alignment, sizing
         # block of the unified groups, so a unify error is what vLLM reports first
         check_batched_tokens(min(f.block_size for f in finals), al.mamba_cache_mode, sizing)
     max_page = max((s.page_bytes for s in specs), default=0)
-    by_fix = any(f.padded_by_dflashfix for f in finals)
-    n_mamba = sum(1 for s in specs if s.kind == "mamba")
+    by_fix = any(f.padded for f in finals)
+    padded_mamba = {f.name for f in finals if f.padded} & {s.name for s in specs
+                                                           if s.kind == "mamba"}
     pages_per_request = (2 if al.mamba_cache_mode == "align" else 1) + num_spec
     extra = 0
-    if by_fix:
+    if padded_mamba:
         stock = al.padded or al.mamba_page
-        extra = n_mamba * (max_page - stock) * pages_per_request
+        extra = len(padded_mamba) * (max_page - stock) * pages_per_request
     attn_1 = al.attn_page_1 or (next((s.bytes_per_token for s in specs if s.kind != "mamba"),
                                      0) or 0)
     cause, fix = _explain(outcome, by_fix, specs, max_page, al.block_size, attn_1,
                           al.mamba_page, extra, flags.speculative_method, unify_needed,
-                          layout.family)
+                          layout.family, model.unify_from)
     return KVPrediction(
         target_layers=tuple(specs[:len(target)]), drafter_layers=tuple(specs[len(target):]),
         hybrid=layout.hybrid, attention_block_size=al.block_size,
         kernel_block_alignment=al.kernel_alignment, mamba_page_bytes=al.mamba_page or None,
         mamba_padding_pct=al.padding_pct, unify_needed=unify_needed, outcome=outcome,
-        padded_by_dflashfix=by_fix, extra_bytes_per_request=extra, max_page_bytes=max_page,
+        padded_by_unify=by_fix, extra_bytes_per_request=extra, max_page_bytes=max_page,
         final_layers=tuple(finals), message=message, cause=cause, fix=fix, flags=flags,
         family=layout.family, cache_dtype=cache_dtype, cache_dtype_source=source,
         mamba_block_size=al.mamba_block_size, mamba_cache_mode=al.mamba_cache_mode,
-        prefix_caching=al.prefix_caching)
+        prefix_caching=al.prefix_caching, vllm_version=model.version,
+        unify_from=model.unify_from, attention_backend=sizing.backend)
 
 
 def _spec(layer: AttnLayer | MambaLayer, owner: str, al: Alignment, cache_dtype: str,
-          model_dtype: str, skip: tuple[str, ...]) -> LayerSpec:
+          model_dtype: str, skip: tuple[str, ...], sizing: Sizing) -> LayerSpec:
+    model = sizing.model
     if isinstance(layer, MambaLayer):
         return LayerSpec(
             name=layer.name, owner=owner, kind="mamba", block_size=al.mamba_block_size or 0,
@@ -277,28 +332,33 @@ def _spec(layer: AttnLayer | MambaLayer, owner: str, al: Alignment, cache_dtype:
     dtype = cache_dtype
     if skip and (str(layer.index) in skip or (layer.sliding_window and "sliding_window" in skip)):
         dtype = "auto"  # Attention.__init__: skipped layers keep the model dtype
-    storage = model_dtype if dtype == "auto" else STORAGE[dtype]
     # SlidingWindowSpec has no TurboQuant layout; TQFullAttentionSpec is for full layers only
     tq = (tq_slot_size(dtype, layer.head_size)
           if dtype.startswith("turboquant_") and not layer.sliding_window and not layer.mla
-          else None)
-    page = AttnPage(layer.num_kv_heads, layer.head_size, layer.head_size_v, dtype, storage,
-                    mla=layer.mla, tq_slot=tq, scales=not layer.mla).bytes(al.block_size)
+          and model.has_class("TQFullAttentionSpec") else None)
+    kind = "mla" if layer.mla else "sliding" if layer.sliding_window else "full"
+    block = al.block_size
+    if kind == "sliding":  # 0.32: a sliding layer picks its own kernel-sized block
+        block = model.sliding_block(sizing.backend, block)
+    page = model.page(kind, sizing.backend, dtype, model_dtype, layer.num_kv_heads,
+                      layer.head_size, block)
     return LayerSpec(
         name=layer.name, owner=owner, kind="sliding" if layer.sliding_window else "full",
-        block_size=al.block_size, dtype=model_dtype if dtype == "auto" else dtype,
+        block_size=block, dtype=model_dtype if dtype == "auto" else dtype,
         page_bytes=page, num_kv_heads=layer.num_kv_heads, head_size=layer.head_size,
         sliding_window=layer.sliding_window or None, head_size_v=layer.head_size_v,
-        tq_slot=tq, mla=layer.mla)
+        tq_slot=tq, mla=layer.mla, cache_dtype=dtype, model_dtype=model_dtype,
+        cache_block_size=al.block_size)
 
 
-def _refused(exc: VllmRefuses, flags: KVFlags) -> KVPrediction:
+def _refused(exc: VllmRefuses, flags: KVFlags, model: KVModel) -> KVPrediction:
     return KVPrediction(
         target_layers=(), drafter_layers=(), hybrid=False, attention_block_size=0,
         kernel_block_alignment=0, mamba_page_bytes=None, mamba_padding_pct=0.0,
-        unify_needed=False, outcome=exc.kind, padded_by_dflashfix=False,
+        unify_needed=False, outcome=exc.kind, padded_by_unify=False,
         extra_bytes_per_request=0, max_page_bytes=0, final_layers=(), message=exc.message,
-        cause=exc.cause, fix=exc.fix, flags=flags)
+        cause=exc.cause, fix=exc.fix, flags=flags, vllm_version=model.version,
+        unify_from=model.unify_from)
 
 
 def layout_for_oracle(prediction: KVPrediction) -> dict:
@@ -322,6 +382,10 @@ def layout_for_oracle(prediction: KVPrediction) -> dict:
             "shapes": [list(x) for x in s.shapes] if s.shapes else None,
             "dtypes": list(s.dtypes) if s.dtypes else None,
             "page_size_padded": s.page_size_padded,
+            "cache_dtype": s.cache_dtype,
+            "model_dtype": s.model_dtype,
+            "cache_block_size": s.cache_block_size,
+            "backend": prediction.attention_backend,
         }
     return {"specs": specs}
 
@@ -344,8 +408,19 @@ def _model_dtype(cfg: dict, text: dict, flags: KVFlags) -> str:
     return "bfloat16" if dtype == "float32" else dtype
 
 
-def _cache_dtype(flags: KVFlags, ckpt) -> tuple[str, str]:
-    """cache_config.cache_dtype once the attention layers exist."""
+def _cache_dtype(flags: KVFlags, ckpt, model: KVModel) -> tuple[str, str]:
+    """cache_config.cache_dtype once the attention layers exist (how the checkpoint's own
+    KV quantization resolves `auto`, and the fp8_e5m2 refusal, were read from vLLM 0.23.0's
+    code; a checkpoint that declares no KV quantization leaves `auto` alone in every
+    version). Another version: only what does not depend on those readings is predicted
+    (0.32 refuses fp8_e5m2 on fewer checkpoints: V32 attention.py:205-220)."""
+    if not model.within(READ_023):
+        named = ckpt.cache_dtype not in (None, "auto")
+        if (flags.kv_cache_dtype == "auto" and named) or (
+                flags.kv_cache_dtype == "fp8_e5m2" and ckpt.kv_method):
+            raise CannotPredict(
+                f"how vLLM {model.version} resolves the checkpoint's own KV quantization "
+                f"({ckpt.source or 'its quantization config'}) was read from vLLM 0.23 only")
     if flags.kv_cache_dtype != "auto":
         if flags.kv_cache_dtype == "fp8_e5m2" and ckpt.kv_method:
             raise VllmRefuses(
@@ -362,6 +437,7 @@ def _skip_layers(flags: KVFlags, layout: ModelLayout, cache_dtype: str,
                  text: dict) -> tuple[str, ...]:
     """--kv-cache-dtype-skip-layers, plus TurboQuant's boundary layers on dense models."""
     skip = set(flags.kv_cache_dtype_skip_layers)
+    # TurboQuant's boundary layers (read from vLLM 0.23.0; TurboQuant on others: predict())
     if cache_dtype.startswith("turboquant_") and not layout.hybrid:
         n = int(text.get("num_hidden_layers") or 0)
         k = min(2, n // 2)
@@ -379,7 +455,7 @@ def _max_model_len(text: dict, flags: KVFlags) -> int:
     return min(found) if found else 2048
 
 
-def _check_flags(flags: KVFlags) -> None:
+def _check_flags(flags: KVFlags, model: KVModel) -> None:
     if flags.speculative_method not in _SPEC_METHODS:
         raise UserError(
             f"speculative method {flags.speculative_method!r} is not modelled",
@@ -389,19 +465,21 @@ def _check_flags(flags: KVFlags) -> None:
         raise UserError("tensor_parallel_size must be >= 1 and num_speculative_tokens >= 0")
     if flags.block_size is not None and flags.block_size < 1:
         raise UserError("--block-size must be a positive integer")
-    if flags.kv_cache_dtype not in CACHE_DTYPES:
-        raise UserError(f"--kv-cache-dtype {flags.kv_cache_dtype!r} is not one vLLM 0.23 accepts",
-                        fix=f"use one of {list(CACHE_DTYPES)}")
+    v = model.version
+    if flags.kv_cache_dtype not in model.cache_dtypes:
+        raise UserError(f"--kv-cache-dtype {flags.kv_cache_dtype!r} is not one vLLM {v} accepts "
+                        f"(its recorded facts)", fix=f"use one of {model.cache_dtypes}")
     for name, value in (("--mamba-cache-dtype", flags.mamba_cache_dtype),
                         ("--mamba-ssm-cache-dtype", flags.mamba_ssm_cache_dtype)):
-        if value not in MAMBA_DTYPES:
-            raise UserError(f"{name} {value!r} is not one vLLM 0.23 accepts",
-                            fix=f"use one of {list(MAMBA_DTYPES)}")
+        if value not in model.mamba_dtypes:
+            raise UserError(f"{name} {value!r} is not one vLLM {v} accepts (its recorded "
+                            "facts)", fix=f"use one of {model.mamba_dtypes}")
     if flags.platform not in ("cuda", "cpu"):
         raise UserError(f"platform {flags.platform!r} is not modelled (cuda or cpu)")
-    if flags.mamba_cache_mode not in ("none", "all", "align"):
-        raise UserError(f"--mamba-cache-mode {flags.mamba_cache_mode!r} is not one of "
-                        "all, align, none")
+    if flags.mamba_cache_mode not in model.mamba_cache_modes:
+        raise UserError(f"--mamba-cache-mode {flags.mamba_cache_mode!r} is not one vLLM {v} "
+                        f"accepts (its recorded facts)",
+                        fix=f"use one of {model.mamba_cache_modes}")
 
 
 # --- explanation ------------------------------------------------------------------------------
@@ -413,7 +491,7 @@ _PIN_FIX = (
 
 
 def _explain(outcome, by_fix, specs, top, block, attn_1, mamba_page, extra, method,
-             unify_needed, family) -> tuple[str, str | None]:
+             unify_needed, family, unify_from="") -> tuple[str, str | None]:
     if not specs:
         return "the model keeps no KV cache", None
     biggest = next(s for s in specs if s.page_bytes == top)
@@ -425,8 +503,8 @@ def _explain(outcome, by_fix, specs, top, block, attn_1, mamba_page, extra, meth
     if by_fix:
         return (
             f"{biggest.name} ({biggest.owner}, {biggest.bytes_per_token} B/token) has the "
-            f"largest page ({top} B) at block size {block}; stock vLLM 0.23 would assert, "
-            f"dflashfix pads each recurrent state page to {top} B (+{extra} B per request)"
+            f"largest page ({top} B) at block size {block}; {unify_from} pads the smaller "
+            f"pages to {top} B (+{extra} B of recurrent state per request)"
         ), _PIN_FIX + " to avoid the padding cost"
     if outcome == "AssertionError":
         return (

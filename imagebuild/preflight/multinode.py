@@ -32,14 +32,14 @@ from imagebuild.spec.values import memory_bytes
 
 CUDA = ("cuda",)
 UNIFIED = ("cuda", "unified-memory")
-# vLLM 0.23 serve options and environment (vllm_cli/serve_args_0.23.0.json, envs.py)
+# vLLM serve options and environment variables the rules read; whether the cell's version
+# has them, and their defaults, come from its recorded facts (serve_args, envs)
 CUSTOM_ALL_REDUCE_OFF = "disable-custom-all-reduce"
 COMPILATION_CONFIG = "compilation-config"
 OPTIMIZATION_LEVEL = "optimization-level"
 FUSE_ALLREDUCE = "fuse_allreduce_rms"  # pass_config: FlashInfer all-reduce fusion
 FLASHINFER_ALLREDUCE_ENV = "VLLM_ALLREDUCE_USE_FLASHINFER"
 IB_HCA, IB_DISABLE = "NCCL_IB_HCA", "NCCL_IB_DISABLE"
-VLLM_DEFAULT_GPU_MEM_UTIL = 0.9
 # Activations of one batch per rank: a rough upper bound (not measured), from the
 # residual stream and its temporaries (ACT_COPIES copies of max-num-batched-tokens x
 # hidden_size in the model dtype), the logits of max-num-seqs sequences in float32, and
@@ -59,7 +59,8 @@ RULES = (
          "on unified memory each node holds its share of the weights plus the KV cache of "
          "one full-length request and a batch's activations within --gpu-memory-utilization "
          "of the machine; vLLM refuses to start otherwise",
-         "spread the model over more nodes, or lower max-model-len", hardware=UNIFIED),
+         "spread the model over more nodes, or lower max-model-len", hardware=UNIFIED,
+         facts=("serve_args", "kv")),
     Rule("multinode-interconnect", "error",
          "NCCL and Gloo must be told the link's interface on every node, and NCCL the "
          "ConnectX RoCE devices, or they choose another NIC (or fall back to TCP)",
@@ -70,7 +71,8 @@ RULES = (
          "cannot reach another machine (vllm-project/recipes#414, NVIDIA's DGX Spark "
          "playbooks turn both off)",
          "add disable-custom-all-reduce: true and compilation-config: {pass_config: "
-         "{fuse_allreduce_rms: false}} to the profile's args", hardware=CUDA),
+         "{fuse_allreduce_rms: false}} to the profile's args", hardware=CUDA,
+         facts=("serve_args", "envs")),
     Rule("multinode-node-flags", "error",
          "every node must run the head's serve flags (but its own node-rank) and the same "
          "interconnect settings, or ranks disagree on the model and hang or fail at boot",
@@ -174,7 +176,10 @@ def _memory(r: Rule, v: CellView, model: Checkpoint, p: KVPrediction | None
     tp, per_node = par.tensor_parallel_size, par.ranks_per_node
     text = model.text
     raw_util = v.flag("gpu-memory-utilization")
-    util = as_float(raw_util) or VLLM_DEFAULT_GPU_MEM_UTIL
+    default = v.default("gpu-memory-utilization")
+    util = as_float(raw_util) or (default if isinstance(default, int | float) else None)
+    if util is None:
+        return []  # no recorded default for this version: vllmfacts.py says so
     budget = util * memory_bytes(v.cell.target.memory_limit)
     max_len = parse_len(str(v.flag("max-model-len") or "")) or int(
         text.get("max_position_embeddings") or 0)
@@ -235,11 +240,32 @@ def fused_allreduce_off(v: CellView) -> bool:
     return isinstance(passes, dict) and passes.get(FUSE_ALLREDUCE) is False
 
 
+def env_default(v: CellView, name: str) -> tuple[bool, object, str]:
+    """(the version knows the variable, its default, where envs.py defines it)."""
+    envs = (v.facts.envs or {}).get("variables", {}) if v.facts is not None else {}
+    entry = envs.get(name)
+    if entry is None:
+        return False, None, ""
+    return True, entry.get("default"), entry.get("source", "vllm/envs.py")
+
+
+def _on(value: object) -> bool:
+    return str(value).strip().lower() not in ("", "0", "false", "none", "no", "off")
+
+
 def _allreduce(r: Rule, v: CellView) -> list[Finding]:
     if multi_node(v.cell) is None:
         return []
     out = []
-    if v.flag(CUSTOM_ALL_REDUCE_OFF) is not True or v.flag(f"no-{CUSTOM_ALL_REDUCE_OFF}"):
+    options = (v.cli or {}).get("options") or {}
+    said = v.facts.said if v.facts is not None else f"vLLM {v.version}"
+    if CUSTOM_ALL_REDUCE_OFF not in options and options:
+        out.append(r.finding(v.label, f"vLLM {v.version} has no --{CUSTOM_ALL_REDUCE_OFF} "
+                                      f"({said}): the custom all-reduce cannot be turned off "
+                                      "the way this rule knows", severity="warning",
+                             fix="check how this vLLM version disables its custom all-reduce",
+                             where=v.where(CUSTOM_ALL_REDUCE_OFF)))
+    elif v.flag(CUSTOM_ALL_REDUCE_OFF) is not True or v.flag(f"no-{CUSTOM_ALL_REDUCE_OFF}"):
         out.append(r.finding(v.label, "custom all-reduce is on across nodes",
                              fix=f"add {CUSTOM_ALL_REDUCE_OFF}: true to the profile's args",
                              where=v.where(CUSTOM_ALL_REDUCE_OFF)))
@@ -249,9 +275,17 @@ def _allreduce(r: Rule, v: CellView) -> list[Finding]:
                              fix="add compilation-config: {pass_config: {fuse_allreduce_rms: "
                                  "false}} to the profile's args",
                              where=v.where(COMPILATION_CONFIG)))
-    if v.env.get(FLASHINFER_ALLREDUCE_ENV, "0").strip() not in ("", "0"):
-        out.append(r.finding(v.label, f"{FLASHINFER_ALLREDUCE_ENV} turns FlashInfer's "
-                                      "all-reduce on", fix=f"remove {FLASHINFER_ALLREDUCE_ENV}",
+    known, default, source = env_default(v, FLASHINFER_ALLREDUCE_ENV)
+    raw = v.env.get(FLASHINFER_ALLREDUCE_ENV)
+    if raw is not None and _on(raw):
+        out.append(r.finding(v.label, f"{FLASHINFER_ALLREDUCE_ENV}={raw} turns FlashInfer's "
+                                      "all-reduce on", fix=f"set {FLASHINFER_ALLREDUCE_ENV}: \"0\"",
+                             where=v.where(env=FLASHINFER_ALLREDUCE_ENV)))
+    elif raw is None and known and _on(default):
+        out.append(r.finding(v.label, f"{FLASHINFER_ALLREDUCE_ENV} is unset and defaults to "
+                                      f"{default} on vLLM {v.version} ({source}, {said}): "
+                                      "FlashInfer's all-reduce is on",
+                             fix=f"set env {FLASHINFER_ALLREDUCE_ENV}: \"0\" in the profile",
                              where=v.where(env=FLASHINFER_ALLREDUCE_ENV)))
     return out
 

@@ -2,10 +2,13 @@
 
 Order of work per cell: its resolved serve command (servecmd), its model's and drafter's
 locked metadata (checkpoint.MetadataStore), then the flag, checkpoint and KV-cache rules;
-across cells: pins and served-name collisions; last, the families' waivers.
+then the memory rule (preflight/memory.py); across cells: pins and served-name
+collisions; last, the families' waivers.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import Lock
@@ -14,9 +17,11 @@ from imagebuild.preflight import (
     checkpoint,
     flags,
     kernels,
+    memory,
     multinode,
     pins,
     serve_args,
+    vllmfacts,
 )
 from imagebuild.preflight.findings import (
     MATRIX,
@@ -28,27 +33,27 @@ from imagebuild.preflight.findings import (
     registry,
     waive,
 )
-from imagebuild.preflight.flags import CellView, as_int, flag_value, flag_values
-from imagebuild.preflight.kvcache import CannotPredict, KVFlags, KVPrediction, predict
+from imagebuild.preflight.flags import CellView, as_int, flag_values
+from imagebuild.preflight.kvcache import CannotPredict, KVFlags, KVModel, KVPrediction, predict
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import serve_command
 
-# The dflashfix patch that pads recurrent-state pages instead of asserting (patches/).
-PAD_MAMBA_PATCH = "kv-page-size-pad-mamba.patch"
-
 KV_RULES = (
     Rule("kv-page-unify", "error",
-         "vLLM 0.23 keeps every layer's cache in pages of one size; a drafter page larger "
-         "than a hybrid target's fixed recurrent-state page fails "
-         "unify_kv_cache_spec_page_size at engine start, ten minutes into a boot (and the "
-         "block-size checks around it fail as late)",
+         "vLLM keeps every layer's cache in pages of one size; a page its "
+         "unify_kv_cache_spec_page_size cannot bring to the largest (0.23: a drafter page "
+         "larger than a hybrid target's fixed recurrent-state page) fails at engine start, "
+         "ten minutes into a boot (and the block-size checks around it fail as late)",
          "pin a drafter revision whose KV bytes per token do not exceed the target's and "
-         "divide it, or build the dflashfix patch set"),
+         "divide it, or use a vLLM (or patch set) whose unification pads the state page",
+         facts=("kv",)),
     Rule("kv-page-padding", "warning",
-         "the dflashfix patch set serves an oversized drafter page by padding every "
-         "recurrent-state page to it, which costs cache memory per request",
-         "pin a drafter revision whose KV bytes per token do not exceed the target's"),
-    Rule("kv-layout", "info", "the KV page layout vLLM will choose, printed for review", ""),
+         "vLLM's unification (0.32 stock, the dflashfix patch on 0.23) serves an oversized "
+         "page by padding the smaller ones to it, which costs cache memory per request",
+         "pin a drafter revision whose KV bytes per token do not exceed the target's",
+         facts=("kv",)),
+    Rule("kv-layout", "info", "the KV page layout vLLM will choose, printed for review", "",
+    facts=("kv",)),
 )
 WAIVER_RULES = (
     Rule("waiver-invalid", "error",
@@ -61,7 +66,7 @@ WAIVER_RULES = (
 )
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
                                   WAIVER_RULES, serve_args.RULES, caveats.RULES, kernels.RULES,
-                                  multinode.RULES)
+                                  multinode.RULES, memory.RULES, vllmfacts.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -69,28 +74,30 @@ def kv_flags(v: CellView) -> KVFlags:
     argv = v.cmd.argv
 
     def text(name: str, default: str | None) -> str | None:
-        value = flag_value(argv, name)
+        value = v.flag(name)
         return value if isinstance(value, str) else default
 
     def switch(name: str) -> bool | None:
         """--name / --no-name; None when neither is given (vLLM decides)."""
-        if flag_value(argv, f"no-{name}") is not None:
+        if v.flag(f"no-{name}") is not None:
             return False
-        value = flag_value(argv, name)
+        value = v.flag(name)
         if value is None:
             return None
         return value is True or str(value).lower() not in ("false", "0")
 
     method = None if v.method == "none" else v.method
-    backend = text("attention-backend", v.env.get("VLLM_ATTENTION_BACKEND"))
-    tp = as_int(flag_value(argv, "tensor-parallel-size")) or 1
+    # the flag only: VLLM_ATTENTION_BACKEND is no variable of vLLM 0.23 or 0.32 (envs.py)
+    backend = text("attention-backend", None)
+    tp = as_int(v.flag("tensor-parallel-size")) or 1
     gpu = bool(v.cell.target.gpu)
     return KVFlags(
+        vllm_version=v.version,
         tensor_parallel_size=tp,
         kv_cache_dtype=text("kv-cache-dtype", "auto") or "auto",
         mamba_cache_dtype=text("mamba-cache-dtype", "auto") or "auto",
         mamba_ssm_cache_dtype=text("mamba-ssm-cache-dtype", "auto") or "auto",
-        block_size=as_int(flag_value(argv, "block-size")),
+        block_size=as_int(v.flag("block-size")),
         num_speculative_tokens=int(v.spec.get("num_speculative_tokens") or 0) if method else 0,
         speculative_method=method,
         attention_backend=backend.lower() if backend else None,
@@ -101,14 +108,24 @@ def kv_flags(v: CellView) -> KVFlags:
         enable_prefix_caching=switch("enable-prefix-caching"),
         enable_chunked_prefill=switch("enable-chunked-prefill"),
         max_model_len=checkpoint.parse_len(text("max-model-len", "") or ""),
-        max_num_batched_tokens=as_int(flag_value(argv, "max-num-batched-tokens")),
+        max_num_batched_tokens=as_int(v.flag("max-num-batched-tokens")),
         # `vllm serve` defaults: 2048 per CPU rank; on CUDA 2048 or 8192 by GPU memory
         default_max_num_batched_tokens=None if gpu else 2048 * tp,
-        mamba_block_size=as_int(flag_value(argv, "mamba-block-size")),
+        mamba_block_size=as_int(v.flag("mamba-block-size")),
         mamba_cache_mode=text("mamba-cache-mode", "none") or "none",
         kv_cache_dtype_skip_layers=tuple(flag_values(argv, "kv-cache-dtype-skip-layers")),
         disable_hybrid_kv_cache_manager=bool(switch("disable-hybrid-kv-cache-manager")),
     )
+
+
+def patch_files(v: CellView) -> list[Path]:
+    return [v.lm.root / "patches" / name for name in v.cell.realization.patches]
+
+
+def kv_model(v: CellView) -> KVModel:
+    """The KV model of the cell's vLLM version with its engine's patches (CannotPredict:
+    no facts, or patches changing unification whose behaviour was not recorded)."""
+    return KVModel.of(v.facts, v.version, patch_files(v))
 
 
 def kv_findings(v: CellView, model: checkpoint.Checkpoint,
@@ -118,12 +135,13 @@ def kv_findings(v: CellView, model: checkpoint.Checkpoint,
     needs_drafter = v.method in ("dflash", "eagle", "eagle3")
     if needs_drafter and (drafter is None or drafter.config is None):
         return []  # metadata-missing already says the KV layout cannot be checked
-    pad = PAD_MAMBA_PATCH in v.cell.realization.patches
+    if v.facts is None:
+        return []  # vllm-facts-missing says the layout is unchecked, and why
     unify, padding, layout = (RULES[r] for r in ("kv-page-unify", "kv-page-padding",
                                                  "kv-layout"))
     try:
         p = predict(model.config, drafter.config if needs_drafter and drafter else None,
-                    kv_flags(v), pad_mamba=pad, hf_quant_config=model.hf_quant)
+                    kv_flags(v), model=kv_model(v), hf_quant_config=model.hf_quant)
     except CannotPredict as exc:
         # never a pass: the layout is unknown, so say so and why
         return [unify.finding(v.label, f"cannot predict the KV layout: {exc.reason}",
@@ -137,16 +155,17 @@ def kv_findings(v: CellView, model: checkpoint.Checkpoint,
     shape = (f"attention block size {p.attention_block_size}"
              + (f", {p.family} state page {p.mamba_page_bytes} B padded "
                 f"{p.mamba_padding_pct:.2f}%" if p.hybrid else ""))
+    said = f" ({p.unify_from}'s unification)"
     if not p.ok:
-        return [unify.finding(v.label, f"vLLM {v.cell.engine.vllm_version} will fail at "
-                                         f"engine start with {p.outcome}: {p.cause}",
+        return [unify.finding(v.label, f"vLLM {v.version} will fail at engine start with "
+                                       f"{p.outcome}: {p.cause}{said}",
                               fix=p.fix or unify.fix, where=where)]
-    if p.padded_by_dflashfix:
+    if p.padded_by_unify and p.extra_bytes_per_request:
         mib = p.extra_bytes_per_request / 2**20
         return [padding.finding(v.label, f"{shape}; {p.cause}; {mib:.0f} MiB extra cache "
-                                           "per request", fix=p.fix or padding.fix,
+                                         "per request", fix=p.fix or padding.fix,
                                 where=where)]
-    return [layout.finding(v.label, f"{shape}; unify ok", fix="")]
+    return [layout.finding(v.label, f"{shape}; unify ok{said}", fix="")]
 
 
 def kv_prediction(v: CellView, model: checkpoint.Checkpoint,
@@ -158,10 +177,26 @@ def kv_prediction(v: CellView, model: checkpoint.Checkpoint,
         return None
     try:
         return predict(model.config, drafter.config if needs_drafter and drafter else None,
-                       kv_flags(v), pad_mamba=PAD_MAMBA_PATCH in v.cell.realization.patches,
-                       hf_quant_config=model.hf_quant)
+                       kv_flags(v), model=kv_model(v), hf_quant_config=model.hf_quant)
     except (CannotPredict, UserError):
         return None
+
+
+def stamp_facts(findings: list[Finding], views: list[CellView]) -> list[Finding]:
+    """Each finding of a rule that reads vLLM facts names the facts it read: the cell's
+    version and where they were recorded (or that none were)."""
+    from dataclasses import replace
+
+    by_label = {v.label: v for v in views}
+    out = []
+    for f in findings:
+        rule, v = RULES.get(f.rule), by_label.get(f.cell)
+        if rule is not None and rule.facts and v is not None and f.facts is None:
+            said = (f"facts: vLLM {v.facts.version} ({v.facts.where})" if v.facts is not None
+                    else f"facts: none recorded for vLLM {v.version}")
+            f = replace(f, facts=said)
+        out.append(f)
+    return out
 
 
 def _waivers(lm: LoadedMatrix, cells: list[Cell], findings: list[Finding]
@@ -213,6 +248,7 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
         v = CellView(lm=lm, cell=cell, cmd=serve_command(cell),
                      family=checkpoint.model_family(model), label=label)
         views.append(v)
+        findings += vllmfacts.check_cell(v, building=building)
         findings += flags.check_cell(v)
         refused = serve_args.check_cell(v)
         findings += refused + checkpoint.check_cell(v, model, drafter)
@@ -224,8 +260,11 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
         # (nor the layout of heads the TP cannot split: the model would not even load)
         if not any(f.severity == "error" for f in refused + multinode.unsplittable(split)):
             findings += kv_findings(v, model, drafter)
+            findings += memory.check_cell(v, lock, model, drafter,
+                                          kv_prediction(v, model, drafter))
         findings += split
     findings += checkpoint.served_name_collisions(views)
+    findings = stamp_facts(findings, views)
     waivers, problems = _waivers(lm, cells, findings)
     findings = waive(findings, waivers, RULES) + problems
     order = {label: i for i, label in enumerate(labels)}

@@ -5,31 +5,30 @@ convert or that is not among the choices, and (a little later) on a tool or reas
 parser, attention backend or quantization method it has not registered. On a GB10 that is
 minutes into a boot; here it is a finding with the matrix.yaml position of the key.
 
-The accepted options come from vllm_cli/serve_args_<version>.json, written by
-vllm_cli/generate.py from vLLM's own argument parser (see there). Values are checked as
-servecmd passes them: `str(value)` after the flag, compact JSON for a mapping, the bare
-flag for `true`, nothing for `false`.
+The accepted options come from the `serve_args` part of the cell's vLLM version's recorded
+facts (imagebuild/facts; recorder/serve_args.py reads vLLM's own argument parser). Rules
+key on an option's dest, so every spelling of it (0.32: --gpu-memory-utilization and
+--device-memory-utilization) is checked alike. Values are checked as servecmd passes
+them: `str(value)` after the flag, compact JSON for a mapping, the bare flag for `true`,
+nothing for `false`.
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
 import ipaddress
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from imagebuild.facts import facts_for, record_command
 from imagebuild.preflight.findings import Finding, Rule
 from imagebuild.preflight.flags import CellView
 from imagebuild.spec.servecmd import speculative_config
 from imagebuild.spec.yamlpos import TAG, Scalar, explain, quote_fix, shorten
-
-CLI_DIR = Path(__file__).resolve().parent / "vllm_cli"
-GENERATE = "imagebuild/preflight/vllm_cli/generate.py"
 
 # Flags imagebuild writes itself where a profile's copy would be wrong: --model would
 # replace the /model path the image serves, and a profile's --speculative-config is
@@ -39,17 +38,18 @@ OWNED = {
     "model": "the image serves /model (the cell's model); remove it",
     "speculative-config": "set the drafter's method, num_speculative_tokens and options",
 }
-# Sanity ranges vLLM does not check in its parser: (lowest, highest, lowest allowed itself)
+# Sanity ranges vLLM does not check in its parser, by dest (every spelling of the option):
+# (lowest, highest, lowest allowed itself)
 RANGES: dict[str, tuple[float, float | None, bool]] = {
     "port": (1, 65535, True),
-    "gpu-memory-utilization": (0, 1, False),
-    "max-num-seqs": (1, None, True),
-    "max-num-batched-tokens": (1, None, True),
-    "max-model-len": (1, None, True),  # or -1 / auto, handled by the kind
-    "block-size": (1, None, True),
-    "tensor-parallel-size": (1, None, True),
-    "pipeline-parallel-size": (1, None, True),
-    "data-parallel-size": (1, None, True),
+    "gpu_memory_utilization": (0, 1, False),
+    "max_num_seqs": (1, None, True),
+    "max_num_batched_tokens": (1, None, True),
+    "max_model_len": (1, None, True),  # or -1 / auto, handled by the kind
+    "block_size": (1, None, True),
+    "tensor_parallel_size": (1, None, True),
+    "pipeline_parallel_size": (1, None, True),
+    "data_parallel_size": (1, None, True),
 }
 # vLLM checks these names only when the plugin flag adds none of its own
 PLUGIN_FLAG = {"tool-call-parser": "tool-parser-plugin",
@@ -60,11 +60,11 @@ RULES = (
          "vLLM's parser refuses an option it does not know and the server never starts; "
          "on GB10 that costs a boot",
          "correct the flag name in the profile's args (vllm serve --help=all lists them)",
-         waivable=False),
+         waivable=False, facts=("serve_args",)),
     Rule("serve-flag-value", "error",
          "a value vLLM refuses at start-up: not convertible to the option's type, not one "
          "of its choices, a name vLLM has not registered, or far out of range",
-         "correct the value in the profile's args", waivable=False),
+         "correct the value in the profile's args", waivable=False, facts=("serve_args",)),
     Rule("serve-flag-owned", "error",
          "imagebuild writes this flag from the cell's model or drafter; a profile's copy "
          "would replace the served model or be silently overridden",
@@ -72,19 +72,24 @@ RULES = (
     Rule("serve-flag-false", "warning",
          "`flag: false` adds nothing to the command line, so vLLM's default applies, which "
          "for this flag is not off",
-         "write `no-<flag>: true` to turn it off"),
+         "write `no-<flag>: true` to turn it off", facts=("serve_args",)),
+    Rule("serve-flag-twice", "error",
+         "two spellings of one vLLM option (one dest) in a profile: argparse keeps whichever "
+         "comes last on the command line, and the rules could read the other",
+         "keep one spelling (vLLM's first, as its --help lists it)", waivable=False,
+         facts=("serve_args",)),
     Rule("serve-flags-unchecked", "warning",
          "no recorded `vllm serve` options for this vLLM version, so serve flags cannot be "
          "checked before a boot",
-         f"record them: <vllm venv>/bin/python {GENERATE} (with that vLLM installed)"),
+         f"record them: {record_command()}"),
 )
 BY_ID = {r.id: r for r in RULES}
 
 
-@functools.lru_cache(maxsize=8)
-def load_cli(vllm_version: str) -> dict[str, Any] | None:
-    path = CLI_DIR / f"serve_args_{vllm_version}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+def load_cli(vllm_version: str, extra_dirs: Iterable[Path] = ()) -> dict[str, Any] | None:
+    """The recorded `vllm serve` options of a vLLM version (None: not recorded)."""
+    found = facts_for(vllm_version, extra_dirs)
+    return found.serve_args if found is not None else None
 
 
 def _suggest(name: str, known: list[str]) -> str:
@@ -144,6 +149,28 @@ def _argv_text(value: Any) -> str:
     return json.dumps(value, separators=(",", ":")) if isinstance(value, dict) else str(value)
 
 
+def _list_problem(flag: str, spec: dict[str, Any], values: list[Any], cli: dict[str, Any],
+                  args: dict[str, Any]) -> tuple[str, str] | None:
+    """A list: one argument per value, which only an option of several values (vLLM's
+    nargs "+" or "*", recorded in serve_args_<version>.json) takes; each value checked
+    as the option's own."""
+    nargs = spec.get("nargs")
+    if nargs not in ("+", "*"):
+        return (f"{flag} takes one value, not a list", f"write a single value: {flag}: "
+                                                       f"{shorten(values[0]) if values else '...'}")
+    if not values and nargs == "+":
+        return f"{flag} takes one or more values; the list is empty", "list its values"
+    single = {k: v for k, v in spec.items() if k != "nargs"}
+    for v in values:
+        if isinstance(v, (list, dict)):
+            return (f"{flag} takes a list of plain values, not {shorten(v)}",
+                    f"write {flag}: [1, 2, 4]")
+        problem = value_problem(flag, single, v, cli, args)
+        if problem is not None:
+            return problem
+    return None
+
+
 def value_problem(flag: str, spec: dict[str, Any], value: Any, cli: dict[str, Any],
                   args: dict[str, Any]) -> tuple[str, str] | None:
     """(what is wrong, fix) with `--flag value` as the serve command passes it, or None."""
@@ -159,10 +186,21 @@ def value_problem(flag: str, spec: dict[str, Any], value: Any, cli: dict[str, An
         said = "passes the bare flag" if value else "drops the flag"
         return (f"{flag} takes a {kind} value; `{str(value).lower()}` {said}",
                 f"write the {kind} value, e.g. {flag}: <value>")
+    if isinstance(value, list):
+        return _list_problem(flag, spec, value, cli, args)
     if isinstance(value, dict) and kind not in ("json", "json_or_str", "config"):
         return (f"{flag} takes a {kind}, not a mapping", f"write a single {kind} value")
     text = _argv_text(value)
     if spec.get("none_ok") and text in ("", "None"):
+        return None
+    if kind == "opaque":  # a converter the recorder could not classify: vLLM decides
+        return None
+    if kind == "list":
+        if spec.get("item") == "int":
+            bad = [t for t in text.split(spec.get("separator", ",")) if not t.strip().isdigit()]
+            if bad:
+                return (f"{flag} takes a comma-separated list of integers, not "
+                        f"{shorten(text)}", "write e.g. 0,1")
         return None
     if kind in ("json", "json_or_str", "config"):
         if kind == "json_or_str" and not re.match(r"(?s)^\s*{.*}\s*$", text):
@@ -186,8 +224,10 @@ def value_problem(flag: str, spec: dict[str, Any], value: Any, cli: dict[str, An
     except ValueError:
         return (f"{flag} takes {'an integer' if 'int' in kind else 'a number'} "
                 f"({kind.replace('_', ' ')}), not {shorten(text)}",
-                "write a plain number" + (" (vLLM also reads 16k or 16K)" if "human" in kind
-                                          else ""))
+                ("write a YAML list of numbers, e.g. " + f"{flag}: [1, 2, 4]"
+                 if spec.get("nargs") in ("+", "*") else
+                 "write a plain number" + (" (vLLM also reads 16k or 16K)" if "human" in kind
+                                           else "")))
     choices = spec.get("choices")
     if choices is not None:
         chosen = text.lower().replace("-", "_") if spec.get("normalize") else text
@@ -203,8 +243,9 @@ def value_problem(flag: str, spec: dict[str, Any], value: Any, cli: dict[str, An
     if flag == "host" and not _host_ok(text):
         return (f"host {shorten(text)} is not an IP address or host name",
                 "serve on loopback: host: 127.0.0.1 (containers share the host network)")
-    if flag in RANGES and number is not None:
-        low, high, low_ok = RANGES[flag]
+    dest = spec.get("dest", flag.replace("-", "_"))
+    if dest in RANGES and number is not None:
+        low, high, low_ok = RANGES[dest]
         if number < low or (number == low and not low_ok) or (high is not None
                                                                 and number > high):
             span = f"{'[' if low_ok else '('}{low}, {high if high is not None else 'inf'}]"
@@ -240,6 +281,17 @@ def args_problems(args: dict[str, Any], cli: dict[str, Any],
     gives the unquoted scalar YAML read as a non-string for a key, if any."""
     options: dict[str, dict[str, Any]] = cli["options"]
     out: list[Problem] = []
+    by_dest: dict[str, str] = {}
+    for key in args:
+        entry = options.get(key.split(".", 1)[0])
+        if entry is None or "negates" in entry:
+            continue
+        first = by_dest.setdefault(entry["dest"], key.split(".", 1)[0])
+        if first != key.split(".", 1)[0]:
+            out.append(Problem("serve-flag-twice", key,
+                               f"--{key} and --{first} are one option of vLLM "
+                               f"{cli['vllm_version']} (dest {entry['dest']})",
+                               f"keep one of them, e.g. {entry.get('canonical', first)}"))
     for key, value in args.items():
         base = key.split(".", 1)[0]  # `compilation-config.mode: 3` sets one key of a JSON flag
         spec = options.get(base)
@@ -289,11 +341,14 @@ def args_problems(args: dict[str, Any], cli: dict[str, Any],
 
 
 def check_cell(v: CellView) -> list[Finding]:
-    cli = load_cli(v.cell.engine.vllm_version)
+    cli = v.cli
     where = v.lm.located.where
     if cli is None:
+        if v.facts is None:
+            return []  # no facts at all for the version: vllmfacts.py says so, once
         return [BY_ID["serve-flags-unchecked"].finding(
-            v.label, f"no vllm_cli/serve_args_{v.cell.engine.vllm_version}.json",
+            v.label, v.facts.missing("serve_args"),
+            fix=f"record them: {record_command(v.version)}",
             where=where(("engines", v.cell.engine_name, "vllm_version")))]
     args_at = ("profiles", v.cell.profile_name, "args")
     problems = args_problems(v.cell.profile.args, cli,

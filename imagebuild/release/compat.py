@@ -246,11 +246,24 @@ def put_table(client: RegistryClient, repo: str, tag: str, doc: dict[str, Any]) 
                                   file_name=FILE_NAME, annotations=ann)
 
 
+def same_table(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+    """The same table but for when it was made (`created` is not part of what it says)."""
+    return a is not None and {k: v for k, v in a.items() if k != "created"} == \
+        {k: v for k, v in b.items() if k != "created"}
+
+
 def store_tables(client: RegistryClient, jobs: tuple[Job, ...], doc: dict[str, Any],
                  log: Any = print) -> None:
+    """Each job's release gets the table, unless the one stored with it already says the
+    same (a re-run): then nothing is written."""
     for job in jobs:
-        repo = job.image.repository
-        digest = put_table(client, repo, str(job.tag), doc)
+        repo, tag = job.image.repository, str(job.tag)
+        rel = read_release(client, repo, tag)
+        if rel is not None and same_table(table_of(client, rel), doc):
+            log(f"table skipped  {job.id}: the compatibility table stored with {repo}:{tag} "
+                "already has these rows; not rewritten")
+            continue
+        digest = put_table(client, repo, tag, doc)
         if digest:
             log(f"{repo}: compatibility table stored with {job.tag} ({digest[:19]})")
 

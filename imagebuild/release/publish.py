@@ -104,6 +104,14 @@ def gates_gate(gates: dict[str, Any] | None, ref: str) -> None:
                                   "smoke and gate again")
 
 
+def other_image(repo: str, tag: str, released: str, image_id: str) -> UserError:
+    """The refusal when the release tag already holds another image (publish's, and the
+    whole job's before smoke: release/resume.py decide)."""
+    return UserError(f"{repo}:{tag} already exists for image {released}; this run "
+                     f"tested {image_id}. Release tags are never overwritten",
+                     fix="publish under a new tag (another date or patch-set name)")
+
+
 def _drop_staging(client: RegistryClient, repo: str, tag: str, image_id: str,
                   log: Log) -> None:
     """Delete the staging tag once the release exists (its manifest is unannotated, so no
@@ -142,10 +150,7 @@ def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: R
     client.ping()
     existing = read_release(client, repo, tag)
     if existing and existing.image_id != image_id:
-        raise UserError(
-            f"{repo}:{tag} already exists for image {existing.image_id}; this run "
-            f"tested {image_id}. Release tags are never overwritten",
-            fix="publish under a new tag (another date or patch-set name)")
+        raise other_image(repo, tag, existing.image_id, image_id)
     staging = f"{STAGING_PREFIX}{image_id.removeprefix('sha256:')[:12]}"
     if existing and existing.passed:
         step(f"{tag} already holds {image_id[:19]}: nothing to push")

@@ -31,7 +31,9 @@ def catalog_repositories(client: RegistryClient, namespace: str) -> list[str]:
 def repositories(client: RegistryClient, dest: Destination, images: list[str],
                  pattern: str | None) -> list[str]:
     """The registry's catalog under our namespace where it serves one (so any machine can
-    roll back), else the images the matrix knows; filtered by `pattern`."""
+    roll back), else the images the matrix knows; filtered by `pattern`. None (an empty
+    namespace) is an answer; a pattern matching no image the matrix or registry knows is
+    bad input (exit 2)."""
     try:
         repos = catalog_repositories(client, dest.namespace)
     except Unreachable:
@@ -39,7 +41,16 @@ def repositories(client: RegistryClient, dest: Destination, images: list[str],
     except (UserError, OperationFailed):
         repos = sorted({dest.image(name).repository for name in images})
     chosen = match_repositories(repos, pattern)
-    if not chosen:
-        raise UserError(f"no repository under {dest.registry}/{dest.namespace} matches "
-                        f"{pattern or '*'}", fix="check --image against `build.py releases`")
+    known = sorted(set(repos) | {dest.image(name).repository for name in images})
+    if pattern and not chosen and not match_repositories(known, pattern):
+        # a name neither the registry nor the matrix knows: a typo, not an empty answer
+        import difflib
+
+        names = [r.rsplit("/", 1)[-1] for r in known]
+        near = difflib.get_close_matches(pattern, names, n=1)
+        raise UserError(f"--image {pattern}: no image of matrix.yaml or repository under "
+                        f"{dest.registry}/{dest.namespace} matches it"
+                        + (f" (did you mean {near[0]}?)" if near else ""),
+                        fix=f"use an image name or glob, one of: {', '.join(names)}")
+    # an empty namespace (nothing published yet) is an answer: no repositories
     return chosen

@@ -1,24 +1,32 @@
 """What a release tag already holds, read-only, for a re-run of a release job: is each
-cell published under the tag, recorded as smoke-passed for exactly the image it points
-at, and benched (results stored with the release)? A re-run then skips the steps whose
-work is done (a rebuild on another runner is a new image id, and release tags are never
-overwritten), so a release that half-finished can be finished."""
+cell published under the tag, recorded as smoke-passed (and gated) for exactly the image
+it points at, documented and benched (results stored with the release)? A re-run then
+skips the steps whose work is done (a rebuild on another runner is a new image id, and
+release tags are never overwritten), so a release that half-finished can be finished.
+
+`decide` is the one decision: the whole job (`build.py --tag T`, job.py) skips the
+stages it names for the image it built, and `resume --tag` (the workflow's steps) turns
+the same answer into $GITHUB_OUTPUT lines."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from imagebuild.bench.store import release_stored
 from imagebuild.buildfolder import GATES_FILE, verdict_path
 from imagebuild.docker import engine
 from imagebuild.errors import OperationFailed
+from imagebuild.gates.summary import passed as gates_passed
 from imagebuild.plan import Job
 from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.credentials import docker_auth_config, resolve_credentials
-from imagebuild.registry.records import A_CHECKS, A_GATES, A_IMAGE, Release, read_release
+from imagebuild.registry.records import A_CHECKS, A_GATES, A_IMAGE, LATEST, Release, read_release
+from imagebuild.release.publish import other_image
 
 # what GitHub's attestation actions sign in release.yml: the provenance and the SBOM
 SIGNED_PREDICATES = ("https://slsa.dev/provenance/v1", "https://cyclonedx.org/bom")
@@ -34,29 +42,122 @@ class CellState:
     # signs them, a Sigstore bundle of each predicate is attached too: a run that died
     # before or while signing is not done, so its re-run stores and signs them
     attested: bool = False
+    gated: bool = False  # ... and its release gates recorded passed with it
+
+
+# the stages a cell's release can already hold, in the whole job's order
+STAGES = ("smoke", "gates", "sbom", "bench", "latest")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One cell's release as the registry holds it, and the stages its record makes
+    unnecessary: `skip` maps each to one line naming the record that says it is done."""
+    cell: str
+    release: Release | None
+    skip: dict[str, str] = field(default_factory=dict)
+
+
+def recorded_gates(rel: Release) -> dict[str, Any] | None:
+    """The release gates' summary publish recorded, None when absent (a release older
+    than the gates) or unreadable: either way the gates have not been seen to pass."""
+    try:
+        doc = json.loads(rel.annotations.get(A_GATES) or "null")
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def decide(client: RegistryClient, job: Job, *, image_id: str | None = None,
+           signed: bool = False, force: bool = False) -> Decision:
+    """Which stages of `job` its release tag already holds. `image_id`: the local image
+    this run would test (the whole job); a release of another image stops here with
+    publish's own refusal, before any smoke. None (`resume --tag` on a runner without
+    the image): the release tag as it stands. `force` (--resmoke): smoke and the release
+    gates run again whatever the record says; documents, bench and latest still resume."""
+    repo, tag = job.image.repository, str(job.tag)
+    rel = read_release(client, repo, tag)
+    if rel is None or not rel.recorded:
+        return Decision(job.cell.id, rel)
+    if image_id is not None and rel.image_id != image_id:
+        raise other_image(repo, tag, rel.image_id, image_id)
+    if not rel.passed:
+        return Decision(job.cell.id, rel)
+    where = f"release record {repo}:{tag} ({rel.digest[:19]})"
+    skip = {}
+    if not force:
+        skip["smoke"] = f"{where} says smoke passed for image {rel.image_id[:19]}"
+        gates = recorded_gates(rel)
+        if gates is not None and gates_passed(gates):
+            skip["gates"] = f"{where} says the release gates passed: " + ", ".join(
+                f"{k} {v.get('status')}" for k, v in sorted(gates.items()))
+    if attested(client, rel, signed):
+        skip["sbom"] = (f"SBOM and provenance of image {rel.image_id[:19]} stored with "
+                        f"{repo}:{tag}" + (" and signed" if signed else ""))
+    if rel.unmeasured:
+        skip["bench"] = f"{where} says promoted unmeasured ({rel.unmeasured})"
+    elif release_stored(client, repo, tag) is not None:
+        skip["bench"] = f"bench results stored with {repo}:{tag}"
+    latest = read_release(client, repo, LATEST)
+    if latest is not None and latest.digest == rel.digest:
+        skip["latest"] = f"{repo}:{LATEST} is already {rel.digest[:19]} ({tag})"
+    return Decision(job.cell.id, rel, skip)
+
+
+def signing() -> bool:
+    """release.yml's cell job signs what publish stores (IMAGEBUILD_ATTESTATIONS=github):
+    its documents count as done only once signed."""
+    return os.environ.get("IMAGEBUILD_ATTESTATIONS") == "github"
+
+
+def _keep(path: Path, image_id: str) -> bool:
+    """A file this checkout wrote for exactly this image, passed: richer than the record."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("image_id") == image_id and \
+        doc.get("passed", True) is not False
+
+
+def record_files(rel: Release, job: Job, build_dir: Path, *,
+                 replace: bool = False) -> dict[str, Any] | None:
+    """A cell's smoke verdict as its release records it (check names and outcomes) at
+    the cell's verdict.json, and its recorded release gates as gates.json beside it,
+    where the notes and publish read them; each says it was not run again. A file
+    already there is kept unless `replace`, and even then when it is this checkout's own
+    for the same image. The verdict (None unless the release is smoke-passed)."""
+    if not rel.passed:
+        return None
+    path = verdict_path(build_dir, job.cell)
+    checks = json.loads(rel.annotations.get(A_CHECKS) or "{}")
+    verdict = {
+        "passed": True, "image_id": rel.image_id, "image_ref": job.release_ref,
+        "source": "release record",
+        "message": f"as recorded with release {rel.tag} ({rel.digest}); not run again",
+        "checks": {name: {"passed": bool(ok), "outcome": "passed" if ok else "failed"}
+                   for name, ok in checks.items()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or (replace and not _keep(path, rel.image_id)):
+        path.write_text(json.dumps(verdict, indent=1))
+    gates, gates_file = recorded_gates(rel), path.parent / GATES_FILE
+    if gates is not None and (not gates_file.exists() or
+                              (replace and not _keep(gates_file, rel.image_id))):
+        gates_file.write_text(json.dumps({
+            "image_id": rel.image_id, "source": "release record", "summary": gates},
+            indent=1))
+    return verdict
 
 
 def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) -> Path | None:
-    """For a cell done before this run: its smoke verdict as the release records it (the
-    check names and outcomes), where the notes read smoke reports, unless a report of this
-    checkout is there already, and its release gates' summary as gates.json beside it.
-    Says where it comes from: smoke and the gates were not run again."""
+    """For a cell done before this run (`resume --verdict-dir`): record_files, keeping a
+    report of this checkout that is there already. The verdict's path, None when nothing
+    was written."""
     path = verdict_path(build_dir, job.cell)
     rel = read_release(client, job.image.repository, str(job.tag))
     if path.exists() or rel is None or not rel.passed:
         return None
-    checks = json.loads(rel.annotations.get(A_CHECKS) or "{}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "passed": True, "image_id": rel.image_id, "source": "release record",
-        "message": f"as recorded with release {rel.tag} ({rel.digest}); not run again",
-        "checks": {name: {"passed": bool(ok), "outcome": "passed" if ok else "failed"}
-                   for name, ok in checks.items()}}, indent=1))
-    gates = rel.annotations.get(A_GATES)  # the release gates as recorded: not run again
-    if gates and not (path.parent / GATES_FILE).exists():
-        (path.parent / GATES_FILE).write_text(json.dumps({
-            "image_id": rel.image_id, "source": "release record",
-            "summary": json.loads(gates)}, indent=1))
+    record_files(rel, job, build_dir)
     return path
 
 
@@ -85,15 +186,13 @@ def attested(client: RegistryClient, rel: Release, signed: bool) -> bool:
 
 
 def cell_state(client: RegistryClient, job: Job, *, signed: bool = False) -> CellState:
-    """`signed`: this run signs the documents (release.yml's cell job,
-    IMAGEBUILD_ATTESTATIONS=github), so they count only once signed."""
-    repo, tag = job.image.repository, str(job.tag)
-    rel = read_release(client, repo, tag)
-    published = bool(rel and rel.recorded)
-    tested = bool(rel and rel.passed)
-    benched = bool(tested and (release_stored(client, repo, tag) or (rel and rel.unmeasured)))
-    documents = bool(tested and rel and attested(client, rel, signed))
-    return CellState(job.cell.id, published, tested, benched, documents)
+    """`decide` for the tag as it stands, as flags. `signed`: this run signs the
+    documents (release.yml's cell job, `signing()`), so they count only once signed."""
+    d = decide(client, job, signed=signed)
+    rel = d.release
+    return CellState(job.cell.id, published=bool(rel and rel.recorded),
+                     tested="smoke" in d.skip, benched="bench" in d.skip,
+                     attested="sbom" in d.skip, gated="gates" in d.skip)
 
 
 def github_output(states: list[CellState]) -> str:

@@ -1,7 +1,7 @@
 """`build.py runner-clean`'s release side: which local images belong to the matrix's
 releases, and which of those the registry protects (each repository's latest and its
 rollback target, read as `prune` reads them); builder/hygiene.py then removes what is left
-on this Docker engine."""
+on this Docker engine. First of all, what runs that are gone left running (reaper.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from imagebuild.builder.hygiene import (
     runner_clean,
 )
 from imagebuild.plan import destination
+from imagebuild.reaper import reap
 from imagebuild.registry.client import RegistryClient
 from imagebuild.release.prune import protected, read_state
 from imagebuild.spec import matrix as mx
@@ -37,6 +38,7 @@ def clean_runner(lm: LoadedMatrix, keep: int, *, dry_run: bool = False,
                  log: Callable[[str], None] = print) -> CleanPlan:
     """The matrix's serve repositories (local name -> registry path), the base and engine
     repositories they are built from, the registry's protected releases; then the clean."""
+    reap(log=log, dry_run=dry_run)  # gone runs' containers first: they pin their images
     dest = destination(lm)
     cells = mx.expand(lm)
     serve = {ref.name: ref.repository for ref in (dest.image(c.image) for c in cells)}

@@ -28,6 +28,7 @@ import yaml
 
 from imagebuild.docker import Engine, engine
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.runowner import owned_compose
 from imagebuild.serving.boot import Container, wait_healthy
 from imagebuild.serving.compose import PROJECT_LABEL, compose_argv, new_project, take_down
 from imagebuild.serving.logwatch import LogWatcher, exceptions
@@ -230,7 +231,7 @@ class NodeRun:
         hosts = self.hosts or [None] * (len(self.files) - 1)
         for i, (f, host) in enumerate(zip(self.files[1:], hosts, strict=True), start=1):
             path = self.out_dir / f"{f.name}.compose.yaml"
-            path.write_text(placed(f.text, self.env[i] if self.env else {}))
+            path.write_text(owned_compose(placed(f.text, self.env[i] if self.env else {})))
             w = _Worker(f, host, f"{self.head_project}-{f.name}", path,
                         self.out_dir / f"{f.name}.log", _engine_at(host))
             self.workers.append(w)
@@ -314,7 +315,7 @@ def serving_nodes(image_ref: str, files: Sequence[NodeFile], out_dir: Path, *,
     try:
         run.start_workers()
         run.watch()
-        head_file.write_text(run.head_text())
+        head_file.write_text(owned_compose(run.head_text()))
         head = _Worker(files[0], None, run.head_project, head_file,
                        out_dir / f"{files[0].name}.log", engine())
         proc = run._compose(head, "up", "--detach", "--no-build", timeout=UP_TIMEOUT_S,

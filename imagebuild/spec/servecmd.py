@@ -59,17 +59,28 @@ class ServeCommand:
         return None
 
 
+def args_argv(args: dict[str, Any]) -> list[str]:
+    """A profile's args as `vllm serve` reads them: `true` the bare flag, `false` nothing,
+    a mapping compact JSON, a list one argument per value (vLLM's nargs="+" options such
+    as --cudagraph-capture-sizes, vllm/engine/arg_utils.py _compute_kwargs), else str()."""
+    argv: list[str] = []
+    for key, value in args.items():
+        if value is False:
+            continue
+        argv.append(f"--{key}")
+        if isinstance(value, list):
+            argv += [str(v) for v in value]
+        elif value is not True:
+            argv.append(_compact(value) if isinstance(value, dict) else str(value))
+    return argv
+
+
 def serve_command(cell: Cell) -> ServeCommand:
     model, prof = cell.model, cell.profile
     argv: list[str] = ["vllm", "serve", MODEL_DIR, "--served-model-name", *model.served_names]
     if model.quantization:
         argv += ["--quantization", model.quantization]
-    for key, value in prof.args.items():
-        if value is False:
-            continue
-        argv.append(f"--{key}")
-        if value is not True:
-            argv.append(_compact(value) if isinstance(value, dict) else str(value))
+    argv += args_argv(prof.args)
     par = prof.parallel
     if par is not None:  # the flags every node shares; spec/nodecmd.py adds each node's own
         argv += ["--tensor-parallel-size", str(par.tensor_parallel_size)]

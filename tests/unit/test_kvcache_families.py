@@ -13,13 +13,13 @@ from dataclasses import replace
 import pytest
 
 from imagebuild.errors import UserError
-from imagebuild.preflight.kv.dtypes import CACHE_DTYPES
+from imagebuild.facts import facts_for
 from imagebuild.preflight.kvcache import CannotPredict, KVFlags, predict
 from tests.support.paths import CONFIGS as CONFIGS_DIR
 from tests.support.paths import HUB_DATA
 
 CONFIGS = CONFIGS_DIR
-PC = KVFlags(attention_backend="flash_attn", enable_prefix_caching=True,
+PC = KVFlags(vllm_version="0.23.0", attention_backend="flash_attn", enable_prefix_caching=True,
              max_num_batched_tokens=16384)
 NO_PC = replace(PC, enable_prefix_caching=False)
 
@@ -293,9 +293,10 @@ def test_every_kv_cache_dtype_vllm_accepts(dtype, page):
         assert p.target_layers[-1].page_bytes == 16 * 8 * 256 * 2
 
 
-def test_dtype_list_is_vllms_and_nothing_else():
-    assert len(CACHE_DTYPES) == 15
-    with pytest.raises(UserError, match="fp4"):
+def test_dtype_list_is_the_versions_own_and_nothing_else():
+    # vLLM 0.23.0's CacheDType (config/cache.py), as recorded from that version
+    assert len(facts_for("0.23.0").kv["cache_dtypes"]) == 15
+    with pytest.raises(UserError, match="fp4.*vLLM 0.23.0"):
         predict(cfg("qwen3-8b"), None, replace(PC, kv_cache_dtype="fp4"))
 
 

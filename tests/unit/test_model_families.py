@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild import REPO_ROOT
+from imagebuild.facts import facts_for
 from imagebuild.preflight.families import family, modalities
 from imagebuild.preflight.flags import RULES
 from tests.support.hub.fake import FakeHub
@@ -49,11 +50,13 @@ def test_family_traits_come_from_the_config() -> None:
 
 def test_modalities_are_vllms_own() -> None:
     gemma, qwen = family(_config("gemma3-4b-it.json")), family(_config("qwen36-35b-a3b.json"))
-    assert modalities(gemma, "0.23.0")[0] == ["image"]
-    assert modalities(qwen, "0.23.0")[0] == ["image", "video"]
-    takes, why = modalities(family(_config("qwen3-8b.json")), "0.23.0")
-    assert takes == [] and "not a multimodal architecture" in why
-    assert modalities(gemma, "9.9.9") == (None, "no modality table for vLLM 9.9.9")
+    v023 = facts_for("0.23.0")
+    assert modalities(gemma, v023)[0] == ["image"]
+    assert modalities(qwen, v023)[0] == ["image", "video"]
+    takes, why = modalities(family(_config("qwen3-8b.json")), v023)
+    assert takes == [] and "not a multimodal architecture of vLLM 0.23.0" in why
+    assert modalities(gemma, facts_for("9.9.9"), "9.9.9") == (
+        None, "no recorded facts for vLLM 9.9.9")
 
 
 @pytest.fixture

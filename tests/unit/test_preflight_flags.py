@@ -98,10 +98,14 @@ def test_gpu_memory_utilization_above_088_is_refused(locked: Path) -> None:
     assert len(found) == 7 and "0.95 > 0.88" in found[0].message
 
 
-def test_unset_gpu_memory_utilization_means_vllms_090_and_is_refused(locked: Path) -> None:
+def test_unset_gpu_memory_utilization_means_vllms_recorded_default_and_is_refused(
+        locked: Path) -> None:
+    # vLLM 0.23's default is 0.92 (config/cache.py CacheConfig.gpu_memory_utilization, the
+    # serve parser's default), read from its recorded facts; the rule once typed 0.9
     edit(locked, "      gpu-memory-utilization: 0.85\n", "")
     found = refused(locked, "gpu-mem-util-unified")
-    assert "default 0.9 > 0.88" in found[0].message
+    assert "default 0.92 (from vLLM 0.23.0's recorded facts) > 0.88" in found[0].message
+    assert found[0].facts.startswith("facts: vLLM 0.23.0")
 
 
 # 5

@@ -100,4 +100,9 @@ def test_json_lists_findings_counts_and_the_rules_used(locked: Path) -> None:
     rule = doc["rules"]["attention-backend-flash-attn"]
     assert rule["hardware"] == ["cuda"] and rule["methods"] == ["dflash"] and rule["why"]
     first = doc["findings"][0]
-    assert set(first) == {"cell", "rule", "severity", "message", "fix", "where", "waived"}
+    assert set(first) == {"cell", "rule", "severity", "message", "fix", "where", "waived",
+                          "facts"}
+    # a rule that reads vLLM facts names the version and folder it read them from
+    assert first["facts"] is None  # attention-backend-flash-attn reads none
+    kernels = next(f for f in doc["findings"] if f["rule"] == "kernels-expected")
+    assert kernels["facts"] == "facts: vLLM 0.23.0 (imagebuild/facts/recorded/0.23.0)"

@@ -331,13 +331,19 @@ def test_the_whole_job_publishes_nothing_when_a_gate_does_not_pass(
     monkeypatch.setattr(job_mod, "buildable", lambda plan: plan)
     monkeypatch.setattr(gates_run, "gate_jobs", lambda jobs, out, **k: {
         j.id: {"summary": summary(_doc(lg=status)), "path": "x/gates.json"} for j in jobs})
+    from tests.support.memregistry import MemRegistry
+
     pushed = []
     monkeypatch.setattr(job_mod, "publish_jobs", lambda *a, **k: pushed.append(a))
-    monkeypatch.setattr(job_mod, "registry_client", lambda plan: pushed.append("client"))
+    # the registry is only read before smoke (the resume decision: no release yet)
+    reg = MemRegistry()
+    monkeypatch.setattr(job_mod, "registry_client", lambda plan: reg.client())
+    monkeypatch.setattr("imagebuild.docker.inspect_image", lambda ref: {"Id": "sha256:" + "a" * 64})
     code = job_mod.run_release(plan, job_mod.ReleaseOptions(out=tmp_path, bench=False,
                                                             accept_unmeasured="unit test"))
     out = capsys.readouterr()
     assert code == 1 and pushed == []
+    assert not [c for c in reg.calls if c[0] in ("PUT", "POST", "DELETE", "PATCH")]
     assert "did not pass the release gates: nothing pushed, no tag moved" in out.err
     assert f"gates {status.upper()}" in out.out and "long_generation" in out.out
 

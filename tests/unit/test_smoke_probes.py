@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from imagebuild.facts import facts_for
 from imagebuild.smoke.probes import (
     SPEC_DRAFT,
     TOOL_CALL_TEXT,
@@ -57,7 +58,9 @@ def test_a_parser_without_a_probe_is_named_as_not_covered_never_a_crash():
     assert rx is None and why.startswith("not covered") and "'openai'" in why
     assert "harmony" in why
     rx, why = tool_probe("my_plugin_parser")
-    assert rx is None and "not a tool parser vLLM 0.23 registers" in why
+    assert rx is None and "not a parser the probe has a text for" in why
+    rx, why = tool_probe("my_plugin_parser", facts_for("0.23.0"))
+    assert rx is None and "not a tool parser vLLM 0.23.0 registers" in why
 
 
 def test_message_text_reads_every_field():

@@ -1,17 +1,18 @@
-"""The recorded kernel-selection facts of one vLLM version (facts_<version>.json, written by
-generate.py beside this file) and the lookups the predictor makes in them."""
+"""The recorded kernel-selection facts of one vLLM version (the `kernel_select` part of the
+version's facts, imagebuild/facts: recorded by `build.py facts record` with
+facts/recorder/kernel_select.py) and the lookups the predictor makes in them."""
 
 from __future__ import annotations
 
 import ast
-import functools
-import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-GENERATE = "imagebuild/preflight/kernel_select/generate.py"
+from imagebuild.facts import facts_for
+from imagebuild.facts import versions as all_versions
+
+GENERATE = "imagebuild/facts/recorder/kernel_select.py"
 
 
 class NotRecorded(Exception):
@@ -19,14 +20,23 @@ class NotRecorded(Exception):
     or vLLM version the generator did not evaluate): the choice cannot be predicted."""
 
 
-@functools.lru_cache(maxsize=4)
-def load(vllm_version: str) -> Facts | None:
-    path = HERE / f"facts_{vllm_version}.json"
-    return Facts(json.loads(path.read_text())) if path.is_file() else None
+def load(vllm_version: str, extra_dirs: Iterable[Path] = ()) -> Facts | None:
+    found = facts_for(vllm_version, extra_dirs)
+    doc = found.kernel_select if found is not None else None
+    if doc is None:
+        return None
+    held = _LOADED.get(id(doc))
+    if held is None or held.doc is not doc:
+        held = _LOADED[id(doc)] = Facts(doc)
+    return held
 
 
-def versions() -> list[str]:
-    return sorted(p.stem.removeprefix("facts_") for p in HERE.glob("facts_*.json"))
+_LOADED: dict[int, Facts] = {}  # one Facts per loaded document (its lookups are cached)
+
+
+def versions(extra_dirs: Iterable[Path] = ()) -> list[str]:
+    return sorted(v for v, folder in all_versions(extra_dirs).items()
+                  if (folder / "kernel_select.json").is_file())
 
 
 def _key(value: Any) -> str:

@@ -333,7 +333,7 @@ def model_layers(facts: Facts, arch: str, config: dict, hf_quant: dict | None,
     archetype = facts["archetypes"].get(arch)
     if archetype is None:
         raise NotRecorded(f"no recorded layers of {arch} (add an archetype to "
-                          "kernel_select/generate.py)")
+                          "imagebuild/facts/recorder/kernel_select.py)")
     method, q = method_of(config, hf_quant, flag)
     text_config = config.get("text_config")
     text: dict = text_config if isinstance(text_config, dict) else config

@@ -1,4 +1,12 @@
-"""The attention and mamba block sizes vLLM 0.23 settles on before any KV page exists.
+"""The attention and mamba block sizes vLLM settles on before any KV page exists.
+
+The kernel block sizes of each backend and the attention page per token come from the
+version's recorded facts (kv/model.py). The order of the steps below was read from vLLM
+0.23.0's code (platforms/interface.py update_block_size_for_backend and
+_align_hybrid_block_size); vLLM 0.32.0 changed the hybrid step (PROCEDURES): the block is
+also a multiple of every attention backend's smallest kernel block (lcm), MLA hybrids align
+to at least 128 tokens, and there is no "all" mamba cache mode. A version whose procedure
+was not read is not aligned (CannotPredict for its hybrids), never with another's.
 
 Order of work in vLLM (which this replays):
 1. config: MambaModelConfig.verify_and_update_config (models/config.py) picks the mamba cache
@@ -22,13 +30,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from imagebuild.preflight.kv.dtypes import STORAGE, AttnPage, tq_slot_size
+from imagebuild.preflight.kv.dtypes import STORAGE, AttnPage
 from imagebuild.preflight.kv.errors import CannotPredict, VllmRefuses
 from imagebuild.preflight.kv.layout import ModelLayout, state_bytes
+from imagebuild.preflight.kv.model import KVModel
 
-# min(get_supported_kernel_block_sizes()) per backend (v1/attention/backends/...): all
-# non-MLA CUDA backends take multiples of 16; the MLA kernels need larger pages.
-KERNEL_MIN = {
+# The hybrid alignment procedures read from vLLM's code, by the versions they were read at
+# (platforms/interface.py _align_hybrid_block_size): "0.23" (0.23.0:560-680), "0.32"
+# (0.32.0:939-1120: lcm of every backend's kernel block, MLA >= 128 tokens)
+PROCEDURES = {"0.23": ">=0.23,<0.24", "0.32": ">=0.32,<0.33"}
+# min(get_supported_kernel_block_sizes()) per backend, read from vLLM 0.23.0's backends
+# (v1/attention/backends/...), for backends the recorded facts could not import on the CPU
+# install they were recorded with (flash_attn, flashinfer, ...): used for 0.23 only.
+KERNEL_MIN_023 = {
     "flash_attn": 16, "flashinfer": 16, "triton_attn": 16, "flex_attention": 16,
     "turboquant": 16, "cpu_attn": 16, "rocm_attn": 16, "rocm_aiter_fa": 16,
     "rocm_aiter_unified_attn": 16, "flash_attn_mla": 16, "triton_mla": 16,
@@ -37,9 +51,9 @@ KERNEL_MIN = {
 }
 MLA_BACKENDS = {"flash_attn_mla", "triton_mla", "flashinfer_mla", "flashinfer_mla_sparse",
                 "tokenspeed_mla", "flashmla", "flashmla_sparse", "cutlass_mla"}
-# get_preferred_block_size(16): 16 where supported, else the smallest supported size
-PREFERRED = {name: size for name, size in KERNEL_MIN.items()}
-PREFERRED["rocm_aiter_unified_attn"] = 64
+# get_preferred_block_size(16) in vLLM 0.23.0: 16 where supported, else the smallest size
+PREFERRED_023 = {name: size for name, size in KERNEL_MIN_023.items()}
+PREFERRED_023["rocm_aiter_unified_attn"] = 64
 
 CPU_BLOCK_SIZE = 128  # platforms/cpu.py check_and_update_config
 DEFAULT_BLOCK_SIZE = 16  # CacheConfig.DEFAULT_BLOCK_SIZE
@@ -64,7 +78,13 @@ class Sizing:
     max_model_len: int
     max_num_batched_tokens: int | None  # --max-num-batched-tokens
     default_max_num_batched_tokens: int | None  # the platform's default (None: unknown)
+    model: KVModel  # the version's recorded KV facts
     skip_layers: tuple[str, ...] = ()
+
+    @property
+    def procedure(self) -> str | None:
+        return next((name for name, spec in PROCEDURES.items() if self.model.within(spec)),
+                    None)
 
 
 @dataclass(frozen=True)
@@ -92,21 +112,52 @@ def attn_page_1(layout: ModelLayout, sizing: Sizing) -> int:
     kv = 1 if layout.mla else max(1, layout.arch_kv_heads // sizing.tp)
     head = layout.arch_head_size
     dtype = sizing.cache_dtype
-    storage = sizing.model_dtype if dtype == "auto" else STORAGE[dtype]
-    if layout.mla:  # MLAAttentionSpec(block_size=1, ..., kv_quant_mode=...)
+    model = sizing.model
+    if layout.mla and sizing.procedure == "0.23":
+        # 0.23 builds MLAAttentionSpec(block_size=1, kv_quant_mode=...) here itself, with
+        # per-token-head scales the MLA layer's own spec does not have
+        storage = sizing.model_dtype if dtype == "auto" else STORAGE[dtype]
         return AttnPage(kv, head, head, dtype, storage, mla=True).bytes(1)
-    if dtype.startswith("turboquant_"):
-        tq = kv * tq_slot_size(dtype, head)
-        if sizing.skip_layers:
-            skip = AttnPage(kv, head, head, "auto", sizing.model_dtype).bytes(1)
-            return math.lcm(tq, skip)
-        return tq
-    return AttnPage(kv, head, head, dtype, storage).bytes(1)
+    kind = "mla" if layout.mla else "full"
+    page = model.page(kind, sizing.backend, dtype, sizing.model_dtype, kv, head, 1)
+    if dtype.startswith("turboquant_") and sizing.skip_layers:
+        skip = model.page("full", sizing.backend, "auto", sizing.model_dtype, kv, head, 1)
+        return math.lcm(page, skip)
+    return page
+
+
+def kernel_min(sizing: Sizing) -> int:
+    """The smallest kernel block of the backend (recorded), else sizing's default."""
+    got = sizing.model.kernel_min(sizing.backend)
+    if got is not None:
+        return got
+    if sizing.backend is None:
+        return sizing.kernel_alignment
+    if sizing.procedure == "0.23" and sizing.backend in KERNEL_MIN_023:
+        return KERNEL_MIN_023[sizing.backend]
+    raise CannotPredict(f"the kernel block sizes of attention backend {sizing.backend} are "
+                        f"not in vLLM {sizing.model.version}'s recorded facts")
+
+
+def preferred_block(sizing: Sizing) -> int:
+    """get_preferred_block_size(16): 16 where the backend takes it, else its smallest."""
+    sizes = sizing.model.kernel_sizes(sizing.backend)
+    if sizes is None:
+        if sizing.backend is None:
+            return sizing.default_block_size
+        if sizing.procedure == "0.23" and sizing.backend in PREFERRED_023:
+            return PREFERRED_023[sizing.backend]
+        raise CannotPredict(f"the kernel block sizes of attention backend {sizing.backend} "
+                            f"are not in vLLM {sizing.model.version}'s recorded facts")
+    default = DEFAULT_BLOCK_SIZE
+    if any((s == default) if isinstance(s, int) else default % s["multiple_of"] == 0
+           for s in sizes):
+        return default
+    return min(s if isinstance(s, int) else s["multiple_of"] for s in sizes)
 
 
 def kernel_alignment(sizing: Sizing, block_size: int) -> int:
-    backend_min = KERNEL_MIN.get(sizing.backend or "", sizing.kernel_alignment)
-    return max(backend_min, block_size)
+    return max(kernel_min(sizing), block_size)
 
 
 def align(layout: ModelLayout, sizing: Sizing, has_attention: bool) -> Alignment:
@@ -125,7 +176,13 @@ def align(layout: ModelLayout, sizing: Sizing, has_attention: bool) -> Alignment
         block = sizing.default_block_size  # CPU_BLOCK_SIZE unless a caller knows better
     else:
         # update_block_size_for_backend phase 1: the backend's preferred block size
-        block = PREFERRED.get(sizing.backend or "", sizing.default_block_size)
+        block = preferred_block(sizing)
+    if layout.hybrid and has_attention and sizing.procedure is None:
+        raise CannotPredict(
+            f"how vLLM {sizing.model.version} aligns a hybrid model's attention block to its "
+            "recurrent-state page was read from vLLM "
+            + " and ".join(PROCEDURES) + " only (platforms/interface.py "
+            "_align_hybrid_block_size); this version's is not known")
     alignment = kernel_alignment(sizing, block)
     attn1 = attn_page_1(layout, sizing) if layout.hybrid else 0
     mamba_page = (state_bytes(layout.align_shapes, layout.align_dtypes)
@@ -133,6 +190,8 @@ def align(layout: ModelLayout, sizing: Sizing, has_attention: bool) -> Alignment
     padded: int | None = None
     pct = 0.0
     if layout.hybrid and has_attention and mamba_page:
+        if sizing.procedure == "0.32" and layout.mla:
+            alignment = max(alignment, 128)  # TRTLLM/FlashInfer MLA kernel-block invariant
         if mamba_mode == "all":
             base = sizing.mamba_block_size or layout.chunk_size
             chunk = math.lcm(base, alignment)
@@ -140,6 +199,11 @@ def align(layout: ModelLayout, sizing: Sizing, has_attention: bool) -> Alignment
             mamba_block = need
         else:
             need = alignment * cdiv(mamba_page, alignment * attn1)
+            if sizing.procedure == "0.32":
+                # also a multiple of every backend's smallest kernel block: the predictor
+                # knows one backend for target and drafter (see kvcache.predict)
+                base = kernel_min(sizing)
+                need = base * cdiv(need, base)
         block = max(block, need)
         if mamba_mode == "align":
             mamba_block = block
@@ -161,9 +225,10 @@ def _mamba_mode(layout: ModelLayout, sizing: Sizing, pc: bool) -> tuple[str, int
                 "drop --mamba-block-size or enable prefix caching")
         return "none", sizing.mamba_block_size or sizing.max_model_len
     mode = sizing.mamba_cache_mode
+    has_all = "all" in sizing.model.mamba_cache_modes  # 0.32 has only align and none
     if mode == "none":
-        mode = "all" if layout.all_mode else "align"
-    if mode == "all" and not layout.all_mode:
+        mode = "all" if layout.all_mode and has_all else "align"
+    if mode == "all" and not (layout.all_mode and has_all):
         mode = "align"
     if mode == "align" and sizing.chunked_prefill is False:
         raise VllmRefuses(

@@ -18,14 +18,9 @@ from dataclasses import dataclass
 
 from imagebuild.preflight.kv.errors import VllmRefuses
 
-# Every value of --kv-cache-dtype in vLLM 0.23 (config/cache.py CacheDType).
-CACHE_DTYPES = (
-    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
-    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
-    "int8_per_token_head", "fp8_per_token_head", "nvfp4",
-)
-MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")
-
+# The --kv-cache-dtype values each version takes are its recorded facts (kv/model.py); the
+# tables below are vLLM 0.23.0's, kept for what was read from that version's code alone
+# (the hybrid alignment's MLA page, TurboQuant's slot) and the storage of mamba dtypes.
 # Storage dtype of each string vLLM maps to a torch dtype (STR_DTYPE_TO_TORCH_DTYPE).
 STORAGE = {
     "float32": "float32", "float": "float32", "half": "float16", "float16": "float16",

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 class KVFlags:
     """The serve flags (and platform facts) that shape the KV cache; names follow `vllm serve`."""
 
+    # whose recorded facts the prediction uses (the cell's engine vllm_version); required
+    vllm_version: str | None = None
     tensor_parallel_size: int = 1
-    kv_cache_dtype: str = "auto"  # any of kv.dtypes.CACHE_DTYPES
+    kv_cache_dtype: str = "auto"  # a value the version's CacheDType takes
     mamba_cache_dtype: str = "auto"  # auto|float32|float16|bfloat16
     mamba_ssm_cache_dtype: str = "auto"
     block_size: int | None = None  # --block-size

@@ -1,8 +1,14 @@
-"""Layer specs and page-size unification (vLLM 0.23 v1/core/kv_cache_utils.py)."""
+"""Layer specs and page-size unification (v1/core/kv_cache_utils.py), as the version's own
+unify_kv_cache_spec_page_size does it: what it does with a page that differs from the
+largest (scale the block, pad the page, or raise) is the recorded behaviour (kv/model.py),
+executed from that version's code (or its patched copy), never typed here.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,9 @@ class LayerSpec:
     tq_slot: int | None = None  # TurboQuant slot bytes per head and token
     mla: bool = False
     mamba_type: str | None = None
+    cache_dtype: str | None = None  # attention: the layer's kv_cache_dtype string (or auto)
+    model_dtype: str | None = None
+    cache_block_size: int | None = None  # the block asked of the layer (cache_config's)
 
     @property
     def bytes_per_token(self) -> int | None:
@@ -41,7 +50,7 @@ class FinalLayer:
     name: str
     block_size: int
     page_bytes: int
-    padded_by_dflashfix: bool = False
+    padded: bool = False  # unify padded the page up to the largest (page_size_padded)
 
 
 def needs_unify(specs: list[LayerSpec] | tuple[LayerSpec, ...]) -> bool:
@@ -62,15 +71,25 @@ def needs_unify(specs: list[LayerSpec] | tuple[LayerSpec, ...]) -> bool:
     return True
 
 
-def simulate_unify(
-    specs: list[LayerSpec] | tuple[LayerSpec, ...], pad_mamba: bool = False
-) -> tuple[str, str, list[FinalLayer]]:
-    """unify_kv_cache_spec_page_size, plus the dflashfix mamba padding when pad_mamba.
+def situation(spec: LayerSpec, top: int) -> str:
+    """Which recorded probe of unify a layer smaller than the largest page is like."""
+    divides = top % spec.page_bytes == 0
+    if spec.kind == "mamba":
+        return "mamba_divides" if divides else "mamba_not_dividing"
+    if divides:
+        return "attention_divides"
+    return "mla_not_dividing" if spec.mla else "attention_not_dividing"
 
-    Returns (outcome, vLLM's exception text, final layers). dflashfix is modelled as: a mamba
-    page smaller than the largest is padded up to it before the divisibility check. Attention
-    pages (also per-token-head scales, NVFP4 and TurboQuant ones) grow linearly with the block
-    size, so scaling the block size always reaches the largest page exactly.
+
+def simulate_unify(specs: list[LayerSpec] | tuple[LayerSpec, ...],
+                   does: Callable[[str], dict[str, Any]]
+                   ) -> tuple[str, str, list[FinalLayer]]:
+    """unify_kv_cache_spec_page_size with the version's behaviour `does(situation)` (the
+    recorded probe: {"does": "scale"|"pad"|"raise", "raises", "message"}).
+
+    Returns (outcome, vLLM's exception text, final layers). Attention pages (also with
+    per-token-head scales or packed dtypes) grow linearly with the block size, so scaling
+    the block always reaches the largest page exactly; a padded page keeps its block.
     """
     pages = {s.page_bytes for s in specs}
     if len(pages) <= 1:
@@ -81,19 +100,14 @@ def simulate_unify(
         if s.page_bytes == top:
             finals.append(FinalLayer(s.name, s.block_size, top))
             continue
-        if pad_mamba and s.kind == "mamba":
-            finals.append(FinalLayer(s.name, s.block_size, top, padded_by_dflashfix=True))
-            continue
-        if top % s.page_bytes:
-            return "NotImplementedError", (
-                "The page size of the layer is not divisible by the maximum page size. "
-                "Cannot unify by adjusting block_size."
-            ), []
-        if s.kind == "mamba":
-            # replace(block_size=...) does not change a mamba page: the assert fires.
-            return "AssertionError", "assert new_spec.page_size_bytes == max_page_size", []
-        ratio = top // s.page_bytes
-        finals.append(FinalLayer(s.name, s.block_size * ratio, top))
+        got = does(situation(s, top))
+        if got["does"] == "scale":
+            finals.append(FinalLayer(s.name, s.block_size * (top // s.page_bytes), top))
+        elif got["does"] == "pad":
+            finals.append(FinalLayer(s.name, s.block_size, top, padded=True))
+        else:
+            message = str(got.get("message") or "").replace("<layer>", s.name)
+            return str(got.get("raises") or "Exception"), message, []
     return "ok", "", finals
 
 

@@ -8,7 +8,7 @@ by initialize_model on the meta device (every quantized linear layer, MoE layer 
 attention layer asks vLLM's selection functions as it is built), the drafter built the
 same way from the proposer class's own _create_draft_vllm_config, and TopKTopPSampler.
 Only the hardware and extension probes are patched
-(imagebuild/preflight/kernel_select/vllm_probes.py: compute capability, FlashInfer,
+(imagebuild/facts/recorder/vllm_probes.py: compute capability, FlashInfer,
 the compiled CUTLASS and FlashAttention extensions, optional packages).
 
 What it reports per case: the lines vLLM logged for each decision, and the exception a

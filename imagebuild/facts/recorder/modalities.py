@@ -1,8 +1,4 @@
-"""Write which input modalities each multimodal architecture of vLLM takes.
-
-Run it with the Python of the vLLM it describes (stdlib and vllm only, no imagebuild):
-
-    .venv-vllm/bin/python imagebuild/preflight/vllm_models/generate.py [--out FILE]
+"""Which input modalities each multimodal architecture of vLLM takes.
 
 For every architecture in vLLM's multimodal model registry it records the modalities its
 processing info's `get_supported_mm_limits` names (image, video, audio, ...): vLLM takes
@@ -10,21 +6,21 @@ only those and ignores any other key of `--limit-mm-per-prompt`. The method is c
 where it does not read the model's config; where the model module cannot be imported in
 this (CPU) install, the method's `return {...}` is read from the source instead; where
 the answer depends on the checkpoint's config, the architecture is listed as such. The
-preflight (imagebuild/preflight/families.py) reads the result, modalities_<version>.json
-beside this file, without importing vLLM.
+preflight (imagebuild/preflight/families.py) reads the result without importing vLLM.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import importlib
 import inspect
-import json
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from common import Context, header
+
+SOURCE = ("vLLM's multimodal model registry (get_supported_mm_limits of each "
+          "architecture's processing info)")
 
 
 class _NoConfig:
@@ -91,11 +87,9 @@ class _Source:
         return self._limits(info) if info else None
 
 
-def modalities() -> dict[str, Any]:
-    import vllm  # deferred: vLLM (oracle venv)
-    from vllm.model_executor.models.registry import (  # deferred: vLLM (oracle venv)
-        _MULTIMODAL_MODELS,
-    )
+def record(ctx: Context) -> dict[str, Any]:
+    import vllm
+    from vllm.model_executor.models.registry import _MULTIMODAL_MODELS
 
     source = _Source(Path(vllm.__file__).parent / "model_executor" / "models")
     found: dict[str, list[str]] = {}
@@ -112,27 +106,4 @@ def modalities() -> dict[str, Any]:
             depends.append(arch)
         else:
             found[arch] = got
-    return {
-        "vllm_version": vllm.__version__.split("+")[0],
-        "source": "vLLM's multimodal model registry (get_supported_mm_limits of each "
-                  "architecture's processing info), written by "
-                  "imagebuild/preflight/vllm_models/generate.py; do not edit by hand",
-        "modalities": found,
-        "depends_on_config": depends,
-    }
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
-    doc = modalities()
-    out = args.out or HERE / f"modalities_{doc['vllm_version']}.json"
-    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {out}: {len(doc['modalities'])} architectures, "
-          f"{len(doc['depends_on_config'])} depend on their config")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return {**header("modalities", SOURCE), "modalities": found, "depends_on_config": depends}

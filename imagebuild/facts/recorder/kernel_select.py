@@ -1,10 +1,6 @@
-"""Write the kernel choices vLLM makes at model load, read from the installed vLLM's own code.
+"""The kernel choices vLLM makes at model load, read from the installed vLLM's own code.
 
-Run it with the Python of the vLLM it describes (stdlib and vllm only, no imagebuild):
-
-    .venv-vllm/bin/python imagebuild/preflight/kernel_select/generate.py [--out FILE]
-
-It writes facts_<vllm version>.json beside this file: for each decision vLLM makes while it
+For each decision vLLM makes while it
 builds a model (dense NVFP4 and FP8 GEMM kernel, quantized NVFP4 and unquantized MoE
 backend, attention backend, top-p/top-k sampler), the candidates in vLLM's order (its
 module-level lists, or the list literal inside the selecting function, read from the
@@ -24,7 +20,6 @@ their attention layers pass to the backend selector are recorded as they are.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import copy
 import dataclasses
@@ -43,6 +38,10 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import vllm_probes as vp  # noqa: E402
+from common import Context, header  # noqa: E402
+
+SOURCE = ("vLLM's own selection code, run with only the hardware and extension probes "
+          "patched (recorder/vllm_probes.py)")
 
 # compute capabilities the gates are evaluated on (every CUDA arch vLLM 0.23 builds for)
 GRID_CC = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
@@ -209,9 +208,7 @@ _distributed = False
 def engine_config(config: dict, files: dict[str, dict] | None = None, **engine: Any) -> Any:
     """vLLM's VllmConfig for a checkpoint directory holding `config`, as `vllm serve` builds
     it (EngineArgs.create_engine_config), on the probed CUDA platform."""
-    from vllm.engine.arg_utils import (  # deferred: vLLM (oracle venv)
-        EngineArgs,
-    )
+    from vllm.engine.arg_utils import EngineArgs
 
     model_dir = tempfile.mkdtemp(prefix="kernel-select-")
     Path(model_dir, "config.json").write_text(json.dumps(config))
@@ -230,16 +227,9 @@ def engine_config(config: dict, files: dict[str, dict] | None = None, **engine: 
 
 def distributed(vllm_config: Any) -> None:
     global _distributed
-    from vllm.config import (  # deferred: vLLM (oracle venv)
-        set_current_vllm_config,
-    )
-    from vllm.distributed import (  # deferred: vLLM (oracle venv)
-        ensure_model_parallel_initialized,
-        init_distributed_environment,
-    )
-    from vllm.distributed.parallel_state import (  # deferred: vLLM (oracle venv)
-        destroy_model_parallel,
-    )
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.distributed.parallel_state import destroy_model_parallel
 
     with set_current_vllm_config(vllm_config):
         if not _distributed:
@@ -254,16 +244,10 @@ def distributed(vllm_config: Any) -> None:
 def build(vllm_config: Any, model_config: Any | None = None) -> Any:
     """The model vLLM builds for `vllm_config` (weights on the meta device, never loaded),
     as get_model() does before loading weights."""
-    import torch  # deferred: vLLM (oracle venv)
-    from vllm.config import (  # deferred: vLLM (oracle venv)
-        set_current_vllm_config,
-    )
-    from vllm.model_executor.model_loader.utils import (  # deferred: vLLM (oracle venv)
-        initialize_model,
-    )
-    from vllm.utils.torch_utils import (  # deferred: vLLM (oracle venv)
-        set_default_torch_dtype,
-    )
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.utils.torch_utils import set_default_torch_dtype
 
     model_config = model_config or vllm_config.model_config
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype), \
@@ -275,12 +259,8 @@ def draft_config(vllm_config: Any) -> Any:
     """The VllmConfig the drafter is built with: the proposer class's own
     _create_draft_vllm_config (moe_backend inherited unless the speculative config names
     one; attention backend never inherited; DFlash: non-causal attention)."""
-    from vllm.v1.spec_decode.dflash import (  # deferred: vLLM (oracle venv)
-        DFlashProposer,
-    )
-    from vllm.v1.spec_decode.eagle import (  # deferred: vLLM (oracle venv)
-        EagleProposer,
-    )
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.spec_decode.eagle import EagleProposer
 
     spec = vllm_config.speculative_config
     cls = DFlashProposer if spec.method == "dflash" else EagleProposer
@@ -303,7 +283,7 @@ class Harvest:
     def __enter__(self) -> Harvest:
         import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as nvfp4
         import vllm.model_executor.layers.fused_moe.oracle.unquantized as unq
-        import vllm.v1.attention.selector as selector  # deferred: vLLM (oracle venv)
+        import vllm.v1.attention.selector as selector
 
         self._saved = [(selector, "_cached_get_attn_backend", selector._cached_get_attn_backend),
                        (unq, "select_unquantized_moe_backend",
@@ -311,9 +291,10 @@ class Harvest:
                        (nvfp4, "select_nvfp4_moe_backend", nvfp4.select_nvfp4_moe_backend)]
         harvest = self
 
-        def attn(backend: Any, attn_selector_config: Any, num_heads: Any = None) -> Any:
+        def attn(backend: Any, attn_selector_config: Any, num_heads: Any = None,
+                 **more: Any) -> Any:  # 0.32 adds keyword-only _run_kv_cache_dtype
             harvest.attention.append({**attn_selector_config._asdict(), "num_heads": num_heads})
-            return harvest._saved[0][2](backend, attn_selector_config, num_heads)
+            return harvest._saved[0][2](backend, attn_selector_config, num_heads, **more)
 
         def unquantized(moe_config: Any) -> Any:
             harvest.moe.append(moe_config)
@@ -357,21 +338,30 @@ _EVERY_LINEAR = {
 }
 
 
+def moe_layer_class() -> type:
+    """The routed-experts layer class: FusedMoE (fused_moe/layer.py) until 0.32 renamed it
+    RoutedExperts (fused_moe/routed_experts.py)."""
+    import importlib
+
+    for module, name in (("vllm.model_executor.layers.fused_moe.layer", "FusedMoE"),
+                         ("vllm.model_executor.layers.fused_moe.routed_experts",
+                          "RoutedExperts")):
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise SystemExit("kernel_select.py: no FusedMoE / RoutedExperts layer class; teach "
+                     "moe_layer_class()")
+
+
 class QuantConsults:
     """The layers that ask a quantization config for their method while vLLM builds a
     model (layers built with quant_config=None, such as routers, never ask), in build
     order, with the prefix they ask with."""
 
     def __enter__(self) -> list[list[str]]:
-        from vllm.model_executor.layers.attention import (  # deferred: vLLM (oracle venv)
-            Attention,
-        )
-        from vllm.model_executor.layers.fused_moe.layer import (  # deferred: vLLM (oracle venv)
-            FusedMoE,
-        )
-        from vllm.model_executor.layers.linear import (  # deferred: vLLM (oracle venv)
-            LinearBase,
-        )
+        from vllm.model_executor.layers.attention import Attention
+        from vllm.model_executor.layers.linear import LinearBase
         from vllm.model_executor.layers.quantization.compressed_tensors import (
             compressed_tensors as ct,
         )
@@ -381,8 +371,10 @@ class QuantConsults:
         self._original = self._cls.get_quant_method
         seen, original = self.seen, self._original
 
+        moe_layer = moe_layer_class()
+
         def traced(config: Any, layer: Any, prefix: str) -> Any:
-            kind = ("moe" if isinstance(layer, FusedMoE) else "linear"
+            kind = ("moe" if isinstance(layer, moe_layer) else "linear"
                     if isinstance(layer, LinearBase) else "attention"
                     if isinstance(layer, Attention) else None)
             if kind is not None and "visual" not in prefix:
@@ -464,10 +456,8 @@ def archetypes() -> tuple[dict[str, Any], dict[str, Any]]:
 def moe_variants(moe_configs: dict[str, Any]) -> dict[str, Any]:
     """Each archetype's MoE layer config as vLLM built it (tp1), and vLLM's own
     FusedMoEParallelConfig.make for tensor parallel 2 with and without expert parallel."""
-    from vllm.config import ParallelConfig  # deferred: vLLM (oracle venv)
-    from vllm.model_executor.layers.fused_moe.config import (  # deferred: vLLM (oracle venv)
-        FusedMoEParallelConfig,
-    )
+    from vllm.config import ParallelConfig
+    from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
 
     out = {}
     for arch, cfg in moe_configs.items():
@@ -503,10 +493,12 @@ INVALID = "not-a-choice"
 def switches() -> dict[str, Any]:
     """How vLLM reads each switch (envs.py): the spellings of ENV_SAMPLES, a choice
     variable's choices and one invalid value, a list variable's one- and two-item values."""
-    import vllm.envs as envs  # deferred: vLLM (oracle venv)
+    import vllm.envs as envs
 
     out = {}
     for name in SWITCHES:
+        if name not in envs.environment_variables:
+            continue  # gone in this version (0.32: VLLM_USE_FLASHINFER_MOE_FP4...): not read
         choices = _choices(envs.environment_variables[name])
         samples = list(ENV_SAMPLES)
         if choices is not None:
@@ -529,11 +521,13 @@ def switches() -> dict[str, Any]:
 
 
 def nvfp4_linear() -> dict[str, Any]:
-    import vllm.model_executor.kernels.linear as lin  # deferred: vLLM (oracle venv)
-    from vllm.platforms import PlatformEnum  # deferred: vLLM (oracle venv)
+    import vllm.model_executor.kernels.linear as lin
+    from vllm.platforms import PlatformEnum
 
     candidates = lin._POSSIBLE_NVFP4_KERNELS[PlatformEnum.CUDA]
-    classes = {k.__name__: k for k in [*candidates, *lin._NVFP4_BACKEND_TO_KERNEL.values()]}
+    # VLLM_NVFP4_GEMM_BACKEND's table (0.23); 0.32 has no such variable (--linear-backend)
+    env_table = getattr(lin, "_NVFP4_BACKEND_TO_KERNEL", None)
+    classes = {k.__name__: k for k in [*candidates, *(env_table or {}).values()]}
     gates = {}
     for name, cls in classes.items():
         gates[name] = {
@@ -543,13 +537,14 @@ def nvfp4_linear() -> dict[str, Any]:
         }
     return {
         "candidates": [k.__name__ for k in candidates],
-        "env_backends": {k: v.__name__ for k, v in lin._NVFP4_BACKEND_TO_KERNEL.items()},
+        "env_backends": (None if env_table is None
+                         else {k: v.__name__ for k, v in env_table.items()}),
         "gates": gates,
     }
 
 
 def linear_backends() -> dict[str, list[str]]:
-    import vllm.model_executor.kernels.linear as lin  # deferred: vLLM (oracle venv)
+    import vllm.model_executor.kernels.linear as lin
 
     return {b: sorted(k.__name__ for k in ks) for b, ks in lin._LINEAR_BACKEND_KERNEL_MAP.items()}
 
@@ -561,10 +556,10 @@ FP8_SCHEMES = {
 
 
 def fp8_linear() -> dict[str, Any]:
-    import torch  # deferred: vLLM (oracle venv)
-    import vllm.model_executor.kernels.linear as lin  # deferred: vLLM (oracle venv)
+    import torch
+    import vllm.model_executor.kernels.linear as lin
     import vllm.model_executor.layers.quantization.utils.quant_utils as qu
-    from vllm.platforms import PlatformEnum  # deferred: vLLM (oracle venv)
+    from vllm.platforms import PlatformEnum
 
     candidates = lin._POSSIBLE_FP8_KERNELS[PlatformEnum.CUDA]
     gates = {}
@@ -591,7 +586,7 @@ MOE_SCHEMES = {"nvfp4_w4a4": ("kNvfp4Static", "kNvfp4Dynamic"),
 
 
 def _experts_gate(cls: Any, variants: dict[str, Any], schemes: list[str]) -> dict[str, Any]:
-    import vllm.model_executor.layers.fused_moe.modular_kernel as mk  # deferred: vLLM (oracle venv)
+    import vllm.model_executor.layers.fused_moe.modular_kernel as mk
     import vllm.model_executor.layers.quantization.utils.quant_utils as qu
 
     def evaluate(scheme: str, layer: str) -> Any:
@@ -608,30 +603,32 @@ def _experts_gate(cls: Any, variants: dict[str, Any], schemes: list[str]) -> dic
 def _moe_backend_values() -> list[str]:
     from typing import get_args
 
-    from vllm.config.kernel import (  # deferred: vLLM (oracle venv)
-        MoEBackend,
-    )
+    from vllm.config.kernel import MoEBackend
 
     return list(get_args(MoEBackend))
 
 
 def nvfp4_moe(variants: dict[str, Any]) -> dict[str, Any]:
-    import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as o  # deferred: vLLM (oracle venv)
-    from vllm.model_executor.layers.quantization.utils.flashinfer_utils import (
-        get_flashinfer_moe_backend,
-    )
+    import vllm.model_executor.layers.fused_moe.oracle.nvfp4 as o
+    import vllm.model_executor.layers.quantization.utils.flashinfer_utils as fiu
+
+    # VLLM_FLASHINFER_MOE_BACKEND's reading (0.23); gone from 0.32
+    get_flashinfer_moe_backend = getattr(fiu, "get_flashinfer_moe_backend", None)
 
     mapping = {}
     for value in _moe_backend_values():
         if value != "auto":
             result = _outcome(functools.partial(_member_value, o.map_nvfp4_backend, value))
             mapping[value] = result
+
     def fi(value: str) -> Any:
+        assert get_flashinfer_moe_backend is not None  # only tabulated when it exists
         with vp.environment({"VLLM_FLASHINFER_MOE_BACKEND": value}):
             return o.fi_2_vllm_backend_map[get_flashinfer_moe_backend()].value
 
-    fi_env = tabulate(fi, {"value": ["throughput", "latency", "masked_gemm"]},
-                      sets=("VLLM_FLASHINFER_MOE_BACKEND",))
+    fi_env = (None if get_flashinfer_moe_backend is None else
+              tabulate(fi, {"value": ["throughput", "latency", "masked_gemm"]},
+                       sets=("VLLM_FLASHINFER_MOE_BACKEND",)))
     experts = {b.value: [k.__name__ for k in o.backend_to_kernel_cls(b)] for b in o.NvFp4MoeBackend}
     classes = {k.__name__: k for b in o.NvFp4MoeBackend for k in o.backend_to_kernel_cls(b)}
     return {
@@ -656,37 +653,32 @@ def unquantized_moe(variants: dict[str, Any]) -> dict[str, Any]:
                 functools.partial(_member_name, o.map_unquantized_backend, value))
     cuda_order = local_list(o._get_priority_backends, "_AVAILABLE_BACKENDS",
                             within="current_platform.is_cuda()")
-    classes = {}
+    classes: dict[str, list[Any]] = {}
     for member in cuda_order + ["AITER"]:
         b = o.UnquantizedMoeBackend[member]
         cls = _outcome(functools.partial(o.backend_to_kernel_cls, b))
-        if not isinstance(cls, dict):
-            classes[member] = cls
+        if not isinstance(cls, dict):  # one class (0.23) or a list of them (0.32)
+            classes[member] = list(cls) if isinstance(cls, list | tuple) else [cls]
     return {
         "cuda_order": cuda_order,
         "labels": {b.name: b.value for b in o.UnquantizedMoeBackend},
         "moe_backends": mapping,
-        "experts": {m: c.__name__ for m, c in classes.items()},
+        "experts": {m: (cs[0].__name__ if len(cs) == 1 else [c.__name__ for c in cs])
+                    for m, cs in classes.items()},
         "gates": {c.__name__: _experts_gate(c, variants, ["unquantized"])
-                  for c in classes.values()},
+                  for cs in classes.values() for c in cs},
     }
 
 
 def attention(archs: dict[str, Any]) -> dict[str, Any]:
     from typing import get_args
 
-    import torch  # deferred: vLLM (oracle venv)
-    from vllm.config.cache import CacheDType  # deferred: vLLM (oracle venv)
-    from vllm.platforms import cuda  # deferred: vLLM (oracle venv)
-    from vllm.platforms.interface import (  # deferred: vLLM (oracle venv)
-        DeviceCapability,
-    )
-    from vllm.v1.attention.backend import (  # deferred: vLLM (oracle venv)
-        AttentionType,
-    )
-    from vllm.v1.attention.backends.registry import (  # deferred: vLLM (oracle venv)
-        AttentionBackendEnum,
-    )
+    import torch
+    from vllm.config.cache import CacheDType
+    from vllm.platforms import cuda
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backend import AttentionType
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     priorities = {}
     for cc in GRID_CC:
@@ -770,41 +762,32 @@ def _tree(table: dict[str, Any], names: list[str]) -> Any:
     return {"by": name, "values": subtrees}
 
 
-def generate() -> dict[str, Any]:
+def _section(ctx: Context, name: str, fn: Callable[[], Any]) -> Any:
+    """One decision's facts; a decision this version's code makes differently (a renamed
+    table, a removed switch) is recorded as unrecorded with the error, not fatal: the
+    predictor then says it cannot predict that decision on this version."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - recorded, with a finding
+        ctx.finding(f"kernel_select: {name} not recorded: {type(exc).__name__}: {exc}")
+        return {"unrecorded": f"{type(exc).__name__}: {exc}"}
+
+
+def record(ctx: Context) -> dict[str, Any]:
     vp.install((12, 1))
-    import vllm  # deferred: vLLM (oracle venv)
 
     archs, moe_configs = archetypes()
     variants = moe_variants(moe_configs)
     return {
-        "vllm_version": vllm.__version__.split("+")[0],
-        "source": "vLLM's own selection code, run by imagebuild/preflight/kernel_select/"
-                  "generate.py with only the hardware and extension probes patched "
-                  "(vllm_probes.py); do not edit by hand",
+        **header("kernel_select", SOURCE),
         "grid": {"cc": list(GRID_CC), "probes": list(vp.PROBES), "env": list(ENV_DOMAIN)},
         "switches": switches(),
         "archetypes": archs,
         "moe_layers": {k: _moe_layer(v) for k, v in variants.items()},
-        "linear_backends": linear_backends(),
-        "nvfp4_linear": nvfp4_linear(),
-        "fp8_linear": fp8_linear(),
-        "nvfp4_moe": nvfp4_moe(variants),
-        "unquantized_moe": unquantized_moe(variants),
-        "attention": attention(archs),
+        "linear_backends": _section(ctx, "linear_backends", linear_backends),
+        "nvfp4_linear": _section(ctx, "nvfp4_linear", nvfp4_linear),
+        "fp8_linear": _section(ctx, "fp8_linear", fp8_linear),
+        "nvfp4_moe": _section(ctx, "nvfp4_moe", lambda: nvfp4_moe(variants)),
+        "unquantized_moe": _section(ctx, "unquantized_moe", lambda: unquantized_moe(variants)),
+        "attention": _section(ctx, "attention", lambda: attention(archs)),
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=None,
-                    help="file to write (default: facts_<vllm version>.json beside this)")
-    args = ap.parse_args(argv)
-    doc = generate()
-    out = args.out or HERE / f"facts_{doc['vllm_version']}.json"
-    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {out}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -27,7 +27,6 @@ The probes (vLLM 0.23 names):
 from __future__ import annotations
 
 import functools
-import importlib.machinery
 import os
 import sys
 import types
@@ -68,6 +67,8 @@ class _StandinFinder:
 
     @staticmethod
     def find_spec(fullname: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.machinery
+
         top = fullname.split(".")[0]
         if top not in STANDIN_PACKAGES or (top == "flashinfer" and not STATE["flashinfer"]):
             return None
@@ -104,10 +105,8 @@ def install(cc: tuple[int, int] = (12, 1), **probes: bool) -> None:
     # no separate CUDA stream for shared experts (there is no CUDA here); a debug switch
     # no kernel choice reads
     os.environ.setdefault("VLLM_DISABLE_SHARED_EXPERTS_STREAM", "1")
-    import vllm  # noqa: F401  # deferred: vLLM (oracle venv)
-    from vllm.platforms import (  # deferred: vLLM (oracle venv)
-        current_platform,
-    )
+    import vllm  # noqa: F401
+    from vllm.platforms import current_platform
 
     # the CPU build's own kernels (it picks _C_AVX512 or _C_AVX2 for this CPU); the CUDA
     # platform module imports the CUDA extension modules for their op registrations only
@@ -115,10 +114,8 @@ def install(cc: tuple[int, int] = (12, 1), **probes: bool) -> None:
     for name in ("vllm._C", "vllm._C_stable_libtorch"):
         sys.modules.setdefault(name, types.ModuleType(name))
     sys.meta_path.insert(0, _StandinFinder())
-    import vllm.platforms.cuda as cuda  # deferred: vLLM (oracle venv)
-    from vllm.platforms.interface import (  # deferred: vLLM (oracle venv)
-        DeviceCapability,
-    )
+    import vllm.platforms.cuda as cuda
+    from vllm.platforms.interface import DeviceCapability
 
     class ProbedCudaPlatform(cuda.CudaPlatformBase):
         @classmethod
@@ -134,33 +131,33 @@ def install(cc: tuple[int, int] = (12, 1), **probes: bool) -> None:
         @classmethod
         def current_device(cls) -> Any:
             # layers built on the meta device: no CUDA context exists here
-            import torch  # deferred: vLLM (oracle venv)
+            import torch
 
             return torch.device("meta")
 
     current_platform.__class__ = ProbedCudaPlatform
 
-    import vllm._custom_ops as ops  # deferred: vLLM (oracle venv)
+    import vllm._custom_ops as ops
     ops.cutlass_scaled_mm_supports_fp4 = _probe("cutlass_fp4")
     ops.cutlass_scaled_mm_supports_fp8 = _probe("cutlass_fp8")
     ops.cutlass_scaled_mm_supports_block_fp8 = _probe("cutlass_block_fp8")
     ops.cutlass_group_gemm_supported = _probe("cutlass_group_gemm")
-    import vllm.utils.flashinfer as fi  # deferred: vLLM (oracle venv)
+    import vllm.utils.flashinfer as fi
     for name in dir(fi):
         if name.startswith("has_flashinfer") and callable(getattr(fi, name)):
             setattr(fi, name, _probe("flashinfer"))
-    import vllm.utils.import_utils as iu  # deferred: vLLM (oracle venv)
+    import vllm.utils.import_utils as iu
     iu.has_fbgemm_gpu = _probe("fbgemm")
     iu.has_deep_gemm = _probe("deep_gemm")
     iu.has_cutedsl = _probe("cutedsl")
-    import vllm.utils.deep_gemm as dg  # deferred: vLLM (oracle venv)
+    import vllm.utils.deep_gemm as dg
     dg.has_deep_gemm = iu.has_deep_gemm
     # vllm_flash_attn imports its compiled FA2/FA3 modules at import time: stand-ins
     # let it load; which FA versions exist is then the probe (refresh() sets the flags)
     for version in (2, 3):
         name = f"vllm.vllm_flash_attn._vllm_fa{version}_C"
         sys.modules.setdefault(name, types.ModuleType(name))
-    import vllm.vllm_flash_attn.flash_attn_interface as fa  # deferred: vLLM (oracle venv)
+    import vllm.vllm_flash_attn.flash_attn_interface as fa
     for version in (2, 3, 4):
         check = getattr(fa, f"_is_fa{version}_supported")
 
@@ -168,7 +165,7 @@ def install(cc: tuple[int, int] = (12, 1), **probes: bool) -> None:
             READS.add(f"fa{version}")
             return check()
         setattr(fa, f"_is_fa{version}_supported", traced)
-    import vllm.envs as envs  # deferred: vLLM (oracle venv)
+    import vllm.envs as envs
 
     original_getattr, original_is_set = envs.__getattr__, envs.is_set
 

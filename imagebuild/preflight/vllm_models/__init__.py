@@ -1,1 +1,0 @@
-"""What vLLM's model registry says about architectures, recorded per vLLM version."""

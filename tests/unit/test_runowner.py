@@ -1,0 +1,181 @@
+"""Who started an object, and whether that run is gone (runowner.py); what the reaper does
+with each kind of object (reaper.py), on a fake engine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from imagebuild import runowner
+from imagebuild.errors import OperationFailed
+from imagebuild.reaper import UNOWNED_MAX_AGE_S, reap
+from imagebuild.runowner import (
+    HOST_LABEL,
+    OWNER_KEYS,
+    PID_LABEL,
+    RUN_LABEL,
+    START_LABEL,
+    owned_compose,
+    owner_labels,
+    process_start,
+    run_state,
+    start_ticks,
+)
+
+
+def _labels(host: str = "h1", pid: int = 4242, start: str = "boot/100") -> dict[str, str]:
+    return {HOST_LABEL: host, PID_LABEL: str(pid), START_LABEL: start, RUN_LABEL: "r1"}
+
+
+def test_start_ticks_reads_field_22_past_a_command_name_with_parentheses(tmp_path: Path):
+    (tmp_path / "77").mkdir()
+    # comm may hold ") (" and spaces: counting starts after its last ')'
+    rest = ["S"] + [str(i) for i in range(4, 22)] + ["987654"] + ["0"] * 30
+    (tmp_path / "77/stat").write_text("77 (py ) (x) " + " ".join(rest) + "\n")
+    assert start_ticks(77, tmp_path) == 987654
+    assert start_ticks(78, tmp_path) is None
+
+
+def test_this_process_start_is_stable_and_matches_proc():
+    mine = process_start(os.getpid())
+    assert mine and mine == process_start(os.getpid())
+    assert mine.endswith("/" + Path(f"/proc/{os.getpid()}/stat").read_text()
+                         .rsplit(")", 1)[1].split()[19])
+    assert owner_labels()[START_LABEL] == mine
+    assert set(owner_labels()) == set(OWNER_KEYS)
+
+
+def test_states_gone_reused_other_host_live_unowned():
+    starts = {4242: "boot/100", 4243: "boot/999"}  # 4243: pid reused by a later process
+    start_of = starts.get
+    assert run_state(_labels(pid=4242), host="h1", start_of=start_of) == "live"
+    assert run_state(_labels(pid=4243), host="h1", start_of=start_of) == "gone"
+    assert run_state(_labels(pid=5000), host="h1", start_of=start_of) == "gone"
+    # another host's dead pid: not ours to judge
+    assert run_state(_labels(host="h2", pid=5000), host="h1", start_of=start_of) == "other-host"
+    assert run_state({}, host="h1", start_of=start_of) == "unowned"
+    assert run_state({**_labels(), PID_LABEL: "x"}, host="h1", start_of=start_of) == "unowned"
+    # an alive pid whose start cannot be read is never taken for gone
+    assert run_state(_labels(), host="h1", start_of=lambda pid: "unknown") == "live"
+
+
+def test_real_processes_dead_and_alive():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        alive = _labels(host=runowner.host_name(), pid=child.pid,
+                        start=process_start(child.pid) or "")
+        assert run_state(alive) == "live"
+        # the same pid with another start time: a reused pid, not the same run
+        assert run_state({**alive, START_LABEL: alive[START_LABEL] + "1"}) == "gone"
+    finally:
+        child.kill()
+        child.wait()
+    assert run_state(alive) == "gone"
+    assert run_state(owner_labels()) == "live"
+
+
+def test_owned_compose_labels_services_volumes_networks():
+    text = yaml.safe_dump({
+        "services": {"vllm": {"image": "x", "labels": {"io.imagebuild.service": "a"}},
+                     "w": {"image": "y", "labels": ["k=v"]}},
+        "volumes": {"c-cache": {}, "ext": {"external": True}},
+        "networks": {"n": None}})
+    doc = yaml.safe_load(owned_compose(text))
+    mine = owner_labels()
+    assert doc["services"]["vllm"]["labels"] == {"io.imagebuild.service": "a", **mine}
+    assert doc["services"]["w"]["labels"] == {"k": "v", **mine}
+    assert doc["volumes"]["c-cache"]["labels"] == mine
+    assert "labels" not in doc["volumes"]["ext"]  # not made by the run
+    assert doc["networks"]["n"]["labels"] == mine
+
+
+class FakeEngine:
+    def __init__(self, rows: dict[str, list[dict[str, Any]]], fail: set[str] = frozenset()):
+        self.rows = rows
+        self.removed: list[tuple[str, str]] = []
+        self.fail = fail
+
+    def listing(self, kind: str, *, label: str | None = None) -> list[dict[str, Any]]:
+        key = label.split("=")[0] if label else None
+        return [r for r in self.rows.get(kind, [])
+                if key is None or key in (r.get("Labels") or {})]
+
+    def remove_object(self, kind: str, name: str) -> None:
+        if name in self.fail:
+            raise OperationFailed(f"{name} is in use")
+        self.removed.append((kind, name))
+
+
+def test_reap_removes_gone_runs_only_and_says_so():
+    now = 1_000_000.0
+    old = now - UNOWNED_MAX_AGE_S - 60
+    gone, live, other = _labels(pid=1), _labels(pid=2), _labels(host="h2", pid=1)
+    eng = FakeEngine({
+        "container": [
+            {"Name": "imagebuild-bench-dead", "Labels": gone, "State": "running"},
+            {"Name": "imagebuild-bench-live", "Labels": live, "State": "running"},
+            {"Name": "imagebuild-bench-other", "Labels": other, "State": "running"},
+            # before run labels: stopped/unhealthy and old go, the rest stays
+            {"Name": "imagebuild-bench-oldexit", "Labels": {}, "State": "exited",
+             "Status": "Exited (137)", "Created": old},
+            {"Name": "imagebuild-bench-oldsick", "Labels": {}, "State": "running",
+             "Status": "Up 9 hours (unhealthy)", "Created": old},
+            {"Name": "imagebuild-bench-oldup", "Labels": {}, "State": "running",
+             "Status": "Up 9 hours (healthy)", "Created": old},
+            {"Name": "imagebuild-bench-newexit", "Labels": {}, "State": "exited",
+             "Status": "Exited (1)", "Created": now - 60},
+            {"Name": "someone-elses", "Labels": {}, "State": "exited", "Created": old}],
+        "volume": [{"Name": "imagebuild-smoke-1_c-cache", "Labels": gone},
+                   {"Name": "imagebuild-smoke-2_c-cache", "Labels": live},
+                   {"Name": "imagebuild-smoke-3_c", "Labels": None}],
+        "network": [{"Name": "imagebuild-smoke-1_default", "Labels": gone}]})
+    lines: list[str] = []
+    out = reap(eng, log=lines.append, host="h1", start_of={2: "boot/100"}.get, now=now)
+    assert eng.removed == [("container", "imagebuild-bench-dead"),
+                           ("container", "imagebuild-bench-oldexit"),
+                           ("container", "imagebuild-bench-oldsick"),
+                           ("volume", "imagebuild-smoke-1_c-cache"),
+                           ("network", "imagebuild-smoke-1_default")]
+    assert out.kept_unowned == ["container imagebuild-bench-oldup",
+                                "container imagebuild-bench-newexit",
+                                "volume imagebuild-smoke-3_c"]
+    assert out.other_hosts == {"h2": 1}
+    assert sum(line.startswith("reaped ") for line in lines) == 5
+    assert any("reaped container imagebuild-bench-dead: run r1 (pid 1 on h1) is gone" == line
+               for line in lines)
+    assert any("h2" in line and "shared" in line for line in lines)
+
+
+def test_reap_dry_run_and_a_failed_removal_change_nothing_else():
+    eng = FakeEngine({"container": [{"Name": "a", "Labels": _labels(pid=1)}],
+                      "volume": [{"Name": "v", "Labels": _labels(pid=1)}]}, fail={"v"})
+    lines: list[str] = []
+    assert reap(eng, log=lines.append, host="h1", start_of=lambda p: None,
+                dry_run=True).removed == ["container a", "volume v"]
+    assert eng.removed == [] and lines[0].startswith("would reap container a")
+    out = reap(eng, log=lines.append, host="h1", start_of=lambda p: None)
+    assert out.removed == ["container a"]
+    assert any(line.startswith("could not reap volume v") for line in lines)
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_reap_on_this_host_uses_the_real_liveness(live: bool):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    labels = _labels(host=runowner.host_name(), pid=child.pid,
+                     start=process_start(child.pid) or "")
+    if not live:
+        child.kill()
+        child.wait()
+    try:
+        eng = FakeEngine({"container": [{"Name": "imagebuild-bench-x", "Labels": labels}]})
+        reap(eng, log=lambda s: None)
+        assert eng.removed == ([] if live else [("container", "imagebuild-bench-x")])
+    finally:
+        child.kill()
+        child.wait()
