@@ -79,8 +79,10 @@ def good(cpu_serve_image) -> dict:
     assert cpu_serve_image.ref == IMAGE
     prompt_set, load_kw, settings = load_settings(LEVELS, PROMPTS, requests=REQUESTS,
                                                   duration=None, max_tokens=MAX_TOKENS)
-    return bench_image(IMAGE, inspect_image(IMAGE), prompt_set=prompt_set, levels=LEVELS,
-                       load_kw=load_kw, settings=settings, label="good")
+    info = inspect_image(IMAGE)  # an image known by reference: its labels' expectations
+    return bench_image(IMAGE, info, limits=Limits.of(expectations_from_labels(IMAGE, info=info)),
+                       prompt_set=prompt_set, levels=LEVELS, load_kw=load_kw,
+                       settings=settings, label="good")
 
 
 def _measure(set_flags: tuple[tuple[str, str], ...]) -> list[dict]:
