@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 from imagebuild.bench import client, metrics, prompts  # noqa: E402
 from imagebuild.bench.results import cpu_model  # noqa: E402
 from imagebuild.docker import engine, inspect_image  # noqa: E402
+from imagebuild.expectations import expectations_from_labels  # noqa: E402
 from imagebuild.serving.container import serving  # noqa: E402
 from imagebuild.serving.runspec import Limits  # noqa: E402
-from imagebuild.smoke.expect import expectations_from_labels  # noqa: E402
 
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
 VLLM_PY = os.environ.get("IMAGEBUILD_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))

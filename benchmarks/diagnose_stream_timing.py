@@ -43,9 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 from imagebuild.bench import client, clientcpu, metrics, prompts  # noqa: E402
 from imagebuild.docker import engine, inspect_image  # noqa: E402
+from imagebuild.expectations import expectations_from_labels  # noqa: E402
 from imagebuild.serving.container import serving  # noqa: E402
 from imagebuild.serving.runspec import Limits  # noqa: E402
-from imagebuild.smoke.expect import expectations_from_labels  # noqa: E402
 
 HZ = os.sysconf("SC_CLK_TCK")
 _PKT = re.compile(r"^(\d+\.\d+) IP [\d.]+\.(\d+) > [\d.]+\.(\d+): .* length (\d+)")

@@ -1,7 +1,10 @@
 """Command line: `python build.py [COMMAND] ...`.
 
 One small function per command that turns arguments into a call of the module that does
-the work (the parser and its argument types are in cliparser.py). Every command that
+the work (the parser and its argument types are in cliparser.py). Each command imports its
+stage inside its function (`# deferred: per command`): `--help` and the quick commands
+(check, render --check, schema, lock --check) then load no Docker SDK, aiohttp, Hub client
+or matplotlib, and no command pays for the stages it does not run. Every command that
 works on a release gets its jobs the same way (`plan.load_plan`); ImagebuildError becomes
 one message and its exit code (0 ok, 1 a build/test/publish step failed, 2 bad input,
 130 interrupted).
@@ -25,21 +28,24 @@ from imagebuild.safetext import safe_lines
 
 
 def _plan(args: argparse.Namespace):
-    from imagebuild.plan import load_plan
+    from imagebuild.plan import load_plan  # deferred: per command (docstring)
 
     return load_plan(args.matrix, args.tag, args.target, args.only)
 
 
 def _writes_releases() -> None:
     """Commands that write releases read these before they ask the registry anything."""
-    from imagebuild.release.lease import lease_settle, lease_ttl
+    from imagebuild.release.lease import (  # deferred: per command (docstring)
+        lease_settle,
+        lease_ttl,
+    )
 
     lease_ttl()
     lease_settle()
 
 
 def _build_dir(plan) -> Path:
-    from imagebuild import buildfolder
+    from imagebuild import buildfolder  # deferred: per command (docstring)
 
     return buildfolder.default(plan.lm.root)
 
@@ -49,7 +55,7 @@ def _out(args: argparse.Namespace, plan) -> Path:
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from imagebuild.job import ReleaseOptions, run_release
+    from imagebuild.job import ReleaseOptions, run_release  # deferred: per command (docstring)
 
     _writes_releases()
 
@@ -64,8 +70,13 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from imagebuild.job import preflight
-    from imagebuild.plan import format_json, format_table, github_matrix, target_matrix
+    from imagebuild.job import preflight  # deferred: per command (docstring)
+    from imagebuild.plan import (  # deferred: per command (docstring)
+        format_json,
+        format_table,
+        github_matrix,
+        target_matrix,
+    )
 
     plan = _plan(args)
     preflight(plan)
@@ -81,8 +92,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from imagebuild.preflight.findings import MATRIX, Finding, has_errors
-    from imagebuild.preflight.run import render, run_checks
+    from imagebuild.preflight.findings import (  # deferred: per command (docstring)
+        MATRIX,
+        Finding,
+        has_errors,
+    )
+    from imagebuild.preflight.run import render, run_checks  # deferred: per command (docstring)
 
     try:
         plan = _plan(args)
@@ -103,9 +118,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from imagebuild.lock.lockfile import read_lock
-    from imagebuild.render import render_all, stale, write
-    from imagebuild.spec import matrix as mx
+    from imagebuild.lock.lockfile import read_lock  # deferred: per command (docstring)
+    from imagebuild.render import render_all, stale, write  # deferred: per command (docstring)
+    from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
     cells = mx.expand(lm)
@@ -136,10 +151,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from imagebuild.builder.builder import build_engines, build_jobs
-    from imagebuild.builder.enginepull import parse_engine_ref
-    from imagebuild.builder.engineship import ship_engines
-    from imagebuild.job import buildable
+    from imagebuild.builder.builder import (  # deferred: per command (docstring)
+        build_engines,
+        build_jobs,
+    )
+    from imagebuild.builder.enginepull import parse_engine_ref  # deferred: per command (docstring)
+    from imagebuild.builder.engineship import ship_engines  # deferred: per command (docstring)
+    from imagebuild.job import buildable  # deferred: per command (docstring)
 
     if args.push and not args.engine_only:
         raise UserError("--push goes with --engine-only",
@@ -186,7 +204,7 @@ def reap() -> None:
 
 def cmd_smoke(args: argparse.Namespace) -> int:
     """0 when every image passed, 1 when one failed (its verdict says why)."""
-    from imagebuild.smoke.runner import smoke_jobs, smoke_ref
+    from imagebuild.smoke.runner import smoke_jobs, smoke_ref  # deferred: per command (docstring)
 
     kw = {"boot_timeout_s": args.boot_timeout, "stall_s": args.stall_limit}
     if bool(args.image) == bool(args.tag):
@@ -198,7 +216,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
                         fix="drop --only/--target, or use --tag T")
     if args.image:
         reap()
-        verdicts = [smoke_ref(args.image, out_dir=args.out, **kw)]
+        verdicts = [smoke_ref(args.image, out_dir=args.out, matrix=args.matrix, **kw)]
     else:
         plan = _plan(args)
         reap()
@@ -212,8 +230,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 def cmd_gates(args: argparse.Namespace) -> int:
     """The release gates of a planned tag's local images: 0 when every cell passed (or a
     gate does not apply), 1 otherwise (its gates.json says why)."""
-    from imagebuild.gates.summary import passed
-    from imagebuild.job import run_gates
+    from imagebuild.gates.summary import passed  # deferred: per command (docstring)
+    from imagebuild.job import run_gates  # deferred: per command (docstring)
 
     plan = _plan(args)
     if plan.tag is None:
@@ -224,14 +242,14 @@ def cmd_gates(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from imagebuild.bench.command import run
+    from imagebuild.bench.command import run  # deferred: per command (docstring)
 
     plan = _plan(args) if args.tag else None
     return run(args, plan)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from imagebuild.job import (
+    from imagebuild.job import (  # deferred: per command (docstring)
         document_jobs,
         load_gates,
         load_verdicts,
@@ -261,7 +279,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from imagebuild.job import promote, registry_client
+    from imagebuild.job import promote, registry_client  # deferred: per command (docstring)
 
     _writes_releases()
 
@@ -275,10 +293,10 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 def _repositories(args: argparse.Namespace):
-    from imagebuild.plan import destination
-    from imagebuild.registry.client import RegistryClient
-    from imagebuild.release.repositories import repositories
-    from imagebuild.spec import matrix as mx
+    from imagebuild.plan import destination  # deferred: per command (docstring)
+    from imagebuild.registry.client import RegistryClient  # deferred: per command (docstring)
+    from imagebuild.release.repositories import repositories  # deferred: per command (docstring)
+    from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
     dest = destination(lm)
@@ -300,7 +318,10 @@ def _no_releases(args: argparse.Namespace, client) -> str:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from imagebuild.release.latest import Accept, set_latest_many
+    from imagebuild.release.latest import (  # deferred: per command (docstring)
+        Accept,
+        set_latest_many,
+    )
 
     _writes_releases()
 
@@ -318,8 +339,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    from imagebuild.registry.records import format_releases, list_releases
-    from imagebuild.release.compat import stored_verdict
+    from imagebuild.registry.records import (  # deferred: per command (docstring)
+        format_releases,
+        list_releases,
+    )
+    from imagebuild.release.compat import stored_verdict  # deferred: per command (docstring)
 
     client, repos = _repositories(args)
     found = {r: rels for r in repos if (rels := list_releases(client, r))}
@@ -337,8 +361,8 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from imagebuild.job import registry_client
-    from imagebuild.release import compat
+    from imagebuild.job import registry_client  # deferred: per command (docstring)
+    from imagebuild.release import compat  # deferred: per command (docstring)
 
     plan = _plan(args)
     if plan.tag is None:
@@ -358,7 +382,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """0 when everything stored with the release agrees with its image, 1 otherwise."""
-    from imagebuild.supplychain.verify import failed, verify
+    from imagebuild.release.verify import failed, verify  # deferred: per command (docstring)
 
     checks = verify(args.image)
     for check in checks:
@@ -369,15 +393,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     """0 when every node started; 2 for disagreeing files or hosts, 1 for a host without
     the image (or another one), or a node that did not start."""
-    from imagebuild.serving.launch import launch, parse_hosts
+    from imagebuild.serving.launch import launch, parse_hosts  # deferred: per command (docstring)
 
     return launch(args.image, args.files, parse_hosts(args.hosts),
                   master_addr=args.master_addr, dry_run=args.dry_run)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from imagebuild import REPO_ROOT, buildfolder
-    from imagebuild.bench import history
+    from imagebuild import REPO_ROOT, buildfolder  # deferred: per command (docstring)
+    from imagebuild.bench import history  # deferred: per command (docstring)
 
     client, repos = _repositories(args)
     shown = 0
@@ -394,7 +418,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from imagebuild.release.prune import prune
+    from imagebuild.release.prune import prune  # deferred: per command (docstring)
 
     _writes_releases()
 
@@ -410,7 +434,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_unlock(args: argparse.Namespace) -> int:
-    from imagebuild.release.lease import clear_lease, local_lock
+    from imagebuild.release.lease import (  # deferred: per command (docstring)
+        clear_lease,
+        local_lock,
+    )
 
     _writes_releases()
     client, repos = _repositories(args)
@@ -424,8 +451,8 @@ def cmd_unlock(args: argparse.Namespace) -> int:
 
 
 def cmd_runner_clean(args: argparse.Namespace) -> int:
-    from imagebuild.release.runnerclean import clean_runner
-    from imagebuild.spec import matrix as mx
+    from imagebuild.release.runnerclean import clean_runner  # deferred: per command (docstring)
+    from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     if args.keep < 1:
         raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
@@ -435,9 +462,9 @@ def cmd_runner_clean(args: argparse.Namespace) -> int:
 
 
 def cmd_notes(args: argparse.Namespace) -> int:
-    from imagebuild.job import registry_client
-    from imagebuild.release import compat
-    from imagebuild.release.notes import (
+    from imagebuild.job import registry_client  # deferred: per command (docstring)
+    from imagebuild.release import compat  # deferred: per command (docstring)
+    from imagebuild.release.notes import (  # deferred: per command (docstring)
         gather,
         release_notes,
         write_compose_files,
@@ -451,7 +478,10 @@ def cmd_notes(args: argparse.Namespace) -> int:
     plan = _plan(args)
     client = registry_client(plan)
     if args.not_promoted:
-        from imagebuild.release.notes import gather_not_promoted, not_promoted_notes
+        from imagebuild.release.notes import (  # deferred: per command (docstring)
+            gather_not_promoted,
+            not_promoted_notes,
+        )
 
         verdicts, latest = gather_not_promoted(client, plan.jobs,
                                                args.smoke_dir or _build_dir(plan))
@@ -475,8 +505,8 @@ def cmd_notes(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from imagebuild.job import registry_client
-    from imagebuild.release.resume import (
+    from imagebuild.job import registry_client  # deferred: per command (docstring)
+    from imagebuild.release.resume import (  # deferred: per command (docstring)
         cell_state,
         github_output,
         signing,
@@ -491,7 +521,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         for job in plan.jobs:
             write_recorded_verdict(client, job, args.verdict_dir)
     if args.pull:
-        from imagebuild.release.resume import pull_tested_image
+        from imagebuild.release.resume import pull_tested_image  # deferred: per command (docstring)
 
         for job, state in zip(plan.jobs, states, strict=True):
             # a bench, or the documents and signatures, still to make: from this image
@@ -507,16 +537,21 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_pins(args: argparse.Namespace) -> int:
     """Exit 0 whenever the watch ran: a failing head is news for an issue, not a CI error."""
-    from imagebuild.pinwatch import run_watch
+    from imagebuild.pinwatch import run_watch  # deferred: per command (docstring)
 
     print(as_invoked(run_watch(args.matrix, args.only, args.out, args.format)))
     return 0
 
 
 def cmd_lock(args: argparse.Namespace) -> int:
-    from imagebuild.lock.lockfile import LOCK_NAME, read_lock
-    from imagebuild.lock.resolve import build_lock, check_whole_lock, dumps, write_lock
-    from imagebuild.spec import matrix as mx
+    from imagebuild.lock.lockfile import LOCK_NAME, read_lock  # deferred: per command (docstring)
+    from imagebuild.lock.resolve import (  # deferred: per command (docstring)
+        build_lock,
+        check_whole_lock,
+        dumps,
+        write_lock,
+    )
+    from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
     mx.expand(lm)  # cross-references first: a lock cannot agree with a broken matrix
@@ -528,7 +563,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
         print(f"{LOCK_NAME} agrees with matrix.yaml: every input of every image is as "
               "locked")
         return 0
-    from imagebuild.lock.hub import HubClient
+    from imagebuild.lock.hub import HubClient  # deferred: per command (docstring)
 
     print(f"locking {lm.located.file}")
     data = build_lock(lm, HubClient(), update=set(args.update))
@@ -550,10 +585,10 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from imagebuild.spec.reference import markdown, schema_text
+    from imagebuild.spec.reference import markdown, schema_text  # deferred: per command (docstring)
 
     if args.format == "markdown":
-        from imagebuild import REPO_ROOT
+        from imagebuild import REPO_ROOT  # deferred: per command (docstring)
 
         print(markdown(REPO_ROOT), end="")
     else:
@@ -562,8 +597,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
-    from imagebuild.spec import matrix as mx
-    from imagebuild.spec.migrate import migrate
+    from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
+    from imagebuild.spec.migrate import migrate  # deferred: per command (docstring)
 
     path = mx.matrix_path(args.matrix)
     changes = migrate(path, dry_run=args.dry_run)
@@ -625,7 +660,7 @@ def cmd_facts(args: argparse.Namespace) -> int:
 
 
 def cmd_rehearse(args: argparse.Namespace) -> int:
-    from imagebuild.rehearse.run import main as run
+    from imagebuild.rehearse.run import main as run  # deferred: per command (docstring)
 
     return run(args)
 
@@ -654,7 +689,7 @@ def _default_command(argv: list[str]) -> list[str]:
 def _unknown_option(ap: argparse.ArgumentParser, argv: list[str]) -> None:
     """An option the command does not have is reported as such, before argparse would
     complain about a required option the typo left out (`plan --tga T`: not `--tag`)."""
-    import difflib
+    import difflib  # deferred: per command (docstring)
 
     p, i, names = ap, -1, []
     while True:  # down to the innermost command named (`pins watch`)
@@ -691,8 +726,8 @@ def _logging(verbose: int, quiet: int) -> None:
     """Our own loggers, one plain line each: by default each registry retry and wait;
     -q only warnings (-qq errors), -v debugging detail and every build step as it runs.
     Libraries' loggers (urllib3, docker, ...) stay at warnings whatever the level."""
-    import logging
-    import os
+    import logging  # deferred: per command (docstring)
+    import os  # deferred: per command (docstring)
 
     level = (logging.DEBUG if verbose else logging.ERROR if quiet >= 2 else
              logging.WARNING if quiet else logging.INFO)
@@ -719,7 +754,9 @@ def main(argv: list[str] | None = None) -> int:
         _command_parser(ap, args.command).print_help()  # its commands, as a missing one
         return 2
     _logging(args.verbose, args.quiet)
-    from imagebuild.interrupts import interrupts_as_keyboard_interrupt
+    from imagebuild.interrupts import (  # deferred: per command (docstring)
+        interrupts_as_keyboard_interrupt,
+    )
 
     try:
         with interrupts_as_keyboard_interrupt():  # SIGTERM cleans up like Ctrl-C

@@ -10,7 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from imagebuild import __version__
 from imagebuild.errors import UserError
+from imagebuild.errors import prog as invoked
+from imagebuild.spec.names import check_reference
+from imagebuild.spec.tags import check_tag_text
+from imagebuild.spec.values import BadValue
 
 
 class Parser(argparse.ArgumentParser):
@@ -85,9 +90,6 @@ def _run_dir(text: str) -> Path:
 
 
 def _image_ref(text: str) -> str:
-    from imagebuild.spec.names import check_reference
-    from imagebuild.spec.values import BadValue
-
     try:
         if UNSAFE_TEXT.search(text):
             raise BadValue("it holds a control character", "")
@@ -98,8 +100,6 @@ def _image_ref(text: str) -> str:
 
 
 def _release_tag(text: str) -> str:
-    from imagebuild.spec.tags import check_tag_text
-
     try:
         return check_tag_text(text, "")
     except UserError as exc:
@@ -292,8 +292,6 @@ def _verbosity(p: argparse.ArgumentParser, default: object) -> None:
 
 
 def _version(p: argparse.ArgumentParser) -> None:
-    from imagebuild import __version__
-
     p.add_argument("--version", action="version", version=f"imagebuild {__version__}",
                    help="print the version and exit")
 
@@ -313,8 +311,6 @@ def _subcommands(ap: argparse.ArgumentParser) -> Any:
 
 
 def parser(prog: str | None = None) -> argparse.ArgumentParser:
-    from imagebuild.errors import prog as invoked
-
     ap = Parser(
         prog=prog or invoked(),
         description="matrix.yaml -> tested, tagged, rollback-able vLLM serving images. "

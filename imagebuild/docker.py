@@ -10,8 +10,11 @@ the same methods; model: cog's single docker command interface, pkg/docker).
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import subprocess
+import tarfile
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -251,9 +254,6 @@ class Engine:
 
     def copy_from(self, name: str, path: str, dest: Path) -> Path:
         """Copy `path` out of a container into the directory `dest` (`docker cp`)."""
-        import io
-        import tarfile
-
         try:
             stream, _stat = self.api.get_archive(name, path)
         except ENGINE_ERRORS as exc:
@@ -422,8 +422,6 @@ def use_engine(new: Engine | None) -> Engine | None:
 
 def image_user(ref: str, user: str) -> tuple[int, int]:
     """uid and gid an image runs as; its USER may be a name only its /etc/passwd resolves."""
-    import re
-
     m = re.fullmatch(r"(\d+)(?::(\d+))?", user or "0")
     if m:
         return int(m[1]), int(m[2] or m[1])

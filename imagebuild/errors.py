@@ -11,6 +11,8 @@ import re
 import sys
 from typing import Any
 
+from imagebuild.safetext import safe_lines
+
 # The program's name as the user invoked it, for usage lines and every fix hint: `python
 # build.py` in a checkout, `python -m imagebuild`, or the installed `imagebuild`. Messages
 # are written with `python build.py ...`; as_invoked() rewrites that wording where a message
@@ -48,8 +50,6 @@ class ImagebuildError(Exception):
         self.where = where  # "file:line:col" when the cause sits in a file
 
     def render(self) -> str:
-        from imagebuild.safetext import safe_lines
-
         head = f"{self.where}: {self.message}" if self.where else self.message
         # messages may embed outside text (a registry's answer): no control reaches the tty
         return as_invoked(safe_lines(f"{head}\n  fix: {self.fix}" if self.fix else head))

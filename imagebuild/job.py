@@ -168,6 +168,7 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
         write_outputs,
     )
     from imagebuild.docker import inspect_image
+    from imagebuild.serving.runspec import Limits
 
     for job in jobs:
         b = job.cell.target.bench
@@ -186,7 +187,8 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
             b.concurrency, b.prompts, requests=b.requests, duration=None,
             max_tokens=b.max_tokens)
         with progress.stage("bench", job.id):
-            doc = bench_image(job.release_ref, info, prompt_set=prompt_set,
+            doc = bench_image(job.release_ref, info, limits=Limits.of(job.expect),
+                              prompt_set=prompt_set,
                               levels=b.concurrency, load_kw=load_kw, settings=settings,
                               label=str(job.tag), nodes=nodes_server(job, info, out))
         digest = store.put_results(client, repo, str(job.tag), doc)

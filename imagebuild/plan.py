@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import UserError
+from imagebuild.expectations import expectations_for
 from imagebuild.host import probe_host
 from imagebuild.lock.lockfile import Lock, read_lock
 from imagebuild.lock.resolve import sha256_file
@@ -204,8 +205,6 @@ def cell_pins(cell: Cell, lm: LoadedMatrix, lock: Lock | None) -> dict[str, Any]
 
 def make_jobs(lm: LoadedMatrix, cells: list[Cell] | tuple[Cell, ...], tag: ReleaseTag,
               lock: Lock | None) -> tuple[Job, ...]:
-    from imagebuild.smoke.expect import expectations_for
-
     dest = destination(lm)
     return tuple(Job(cell=c, tag=tag, image=dest.image(c.image), pins=cell_pins(c, lm, lock),
                      serve=serve_command(c), expect=expectations_for(c, lock),

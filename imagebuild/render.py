@@ -31,11 +31,11 @@ from imagebuild.serving.nodefiles import node_files
 from imagebuild.serving.runspec import RunSpec, compose_yaml
 from imagebuild.spec.config import CompileCache, EngineRealization
 from imagebuild.spec.matrix import Cell, LoadedMatrix
+from imagebuild.spec.names import LABEL_NS
 from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, serve_command
 from imagebuild.spec.yamlpos import unsafe_char
 from imagebuild.vllmsource.fetchcontent import source_dir_var
 
-LABEL_NS = "io.imagebuild"
 CAVEAT_LABEL = f"{LABEL_NS}.engine.caveat"  # what users must know about the patch set
 # Files the templates ship with (launcher, patch applier, arch gate): they belong to this
 # tool, not to a matrix, so they come from the repository even for a matrix elsewhere.

@@ -11,15 +11,23 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagebuild import buildfolder, progress
-from imagebuild.bench import apart, client, placement, prompts, results
+from imagebuild import REPO_ROOT, buildfolder, progress
+from imagebuild.bench import apart, client, compare, placement, prompts, results, store
 from imagebuild.bench.placement import Placement
+from imagebuild.bench.plot import plot
+from imagebuild.docker import inspect_image
 from imagebuild.errors import UserError
+from imagebuild.expectations import expectations_from_labels
 from imagebuild.plan import ImageRef, Job
+from imagebuild.registry.client import RegistryClient
+from imagebuild.serving import container  # called as container.X: tests swap in doubles
+from imagebuild.serving.container import Server
+from imagebuild.serving.runspec import Limits
+from imagebuild.spec.nodecmd import multi_node
+from imagebuild.spec.tags import parse_release_tag
 
 if TYPE_CHECKING:
     from imagebuild.plan import Plan
-    from imagebuild.serving.container import Server
 
 
 def measure(base_url: str, *, prompt_set: list[prompts.Prompt], levels: list[int],
@@ -70,27 +78,25 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
     paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     paths["md"].write_text(markdown)
     try:
-        from imagebuild.bench.plot import plot
         paths["png"] = plot([doc, *(others or [])], files["png"])
     except ImportError:  # matplotlib missing: the numbers still stand
         pass
     return paths
 
 
-def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prompt],
-                levels: list[int], load_kw: dict[str, Any], settings: dict[str, Any],
-                place: Placement | None = None, label: str | None = None,
-                nodes: Server | None = None,
+def bench_image(ref: str, info: dict[str, Any], *, limits: Limits,
+                prompt_set: list[prompts.Prompt], levels: list[int], load_kw: dict[str, Any],
+                settings: dict[str, Any], place: Placement | None = None,
+                label: str | None = None, nodes: Server | None = None,
                 log: Callable[[str], None] = print) -> dict[str, Any]:
     """Start `ref` hardened on loopback, measure every level, remove it: one results doc.
+    `limits`: the memory limit, GPUs and boot timeout it runs with, from its Job's
+    expectations (or, for an image known by reference only, the labels' and the matrix
+    in effect's: `expectations_from_labels`); bench reads no matrix itself.
     Server and client run on separate CPUs (`place`, by default split automatically).
     `nodes`: a multi-node cell's server (serving/container.py server_for: its nodes as its
     smoke runs them), which places each node on its own cores itself; the client is not
     pinned."""
-    from imagebuild.serving.container import serving
-    from imagebuild.serving.runspec import Limits
-    from imagebuild.smoke.expect import expectations_from_labels
-
     if nodes is not None:
         place = placement.Placement(None, None, "not placed: the cell's nodes are placed "
                                     "by their own run (serving/nodes.py)")
@@ -98,9 +104,8 @@ def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prom
     log(f"placement: {place.why}")
     started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
     meta = _image_meta(ref, info)
-    server = nodes(()) if nodes is not None else serving(
-        ref, info, Limits.of(expectations_from_labels(ref, info=info)),
-        cpuset=place.server_cpus, log=log)
+    server = nodes(()) if nodes is not None else container.serving(
+        ref, info, limits, cpuset=place.server_cpus, log=log)
     with server as c, place.client_pinned():
         measured, _model = measure(c.base_url, prompt_set=prompt_set, levels=levels,
                                    load_kw=load_kw, log=log)
@@ -111,13 +116,9 @@ def bench_image(ref: str, info: dict[str, Any], *, prompt_set: list[prompts.Prom
 
 def nodes_server(job: Job, info: dict[str, Any], out_dir: Path) -> Server | None:
     """A multi-node cell's server for the bench (all its nodes), None for one container."""
-    from imagebuild.serving.container import server_for
-    from imagebuild.serving.runspec import Limits
-    from imagebuild.spec.nodecmd import multi_node
-
     if multi_node(job.cell) is None:
         return None
-    return server_for(job.cell, job.release_ref, info, out_dir / job.cell.image,
+    return container.server_for(job.cell, job.release_ref, info, out_dir / job.cell.image,
                       limits=Limits.of(job.expect), what="bench")
 
 
@@ -138,9 +139,6 @@ def load_settings(concurrency: list[int], prompt_arg: str, *, requests: int | No
 
 def run(args: argparse.Namespace, plan: Plan | None) -> int:
     """`plan`: the jobs of --tag (None for IMAGE_REF or --url)."""
-    from imagebuild import REPO_ROOT
-    from imagebuild.docker import inspect_image
-
     if sum(bool(x) for x in (args.image, args.tag, args.url)) != 1:
         raise UserError("give one of IMAGE_REF, --tag T or --url URL",
                         fix="e.g. `build.py bench 127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:TAG`")
@@ -148,8 +146,6 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
         raise UserError("--store keeps results with a release, and --url measures a server "
                         "of no release", fix="give the release's IMAGE_REF or --tag T")
     if (args.store or args.baseline) and args.image:
-        from imagebuild.spec.tags import parse_release_tag
-
         _, tag = ImageRef.parse(args.image)
         if args.store and (tag is None or parse_release_tag(tag) is None):
             raise UserError(f"--store: IMAGE_REF {args.image} is not a release "
@@ -194,8 +190,11 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
         def one(ref: str) -> dict[str, Any]:
             info = inspect_image(ref)
             job = jobs.get(ref)
+            # --tag: the Job's expectations; IMAGE_REF: its labels and the matrix in effect
+            expect = job.expect if job else expectations_from_labels(ref, info,
+                                                                     matrix=args.matrix)
             with progress.stage("bench", ref):
-                return bench_image(ref, info, prompt_set=prompt_set,
+                return bench_image(ref, info, limits=Limits.of(expect), prompt_set=prompt_set,
                                    levels=concurrency, load_kw=load_kw, settings=settings,
                                    place=place, label=args.label,
                                    nodes=nodes_server(job, info, out_root) if job else None)
@@ -215,9 +214,6 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
 def _registry_steps(args: argparse.Namespace, ref: str, doc: dict[str, Any]
                     ) -> tuple[dict[int, dict[str, float]] | None, dict[str, Any] | None]:
     """Baseline deltas (and the baseline's results) and/or storing this run."""
-    from imagebuild.bench import compare, store
-    from imagebuild.registry.client import RegistryClient
-
     image, tag = ImageRef.parse(ref)
     repo = image.repository
     reg = RegistryClient(image.registry)

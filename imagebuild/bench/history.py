@@ -97,10 +97,10 @@ def _label(p: Point) -> str:
 
 def figure(h: History) -> Any:
     """The matplotlib Figure: left tok/s, right TTFT p50, one line per level."""
-    import matplotlib  # imported here: only the plots need it
+    import matplotlib  # deferred: matplotlib, optional and slow
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib, optional and slow
 
     xs = list(range(len(h.points)))
     panels = [("tok_s", "output tok/s (aggregate)"), ("ttft_p50_ms", "TTFT p50 (ms)")]
@@ -135,7 +135,7 @@ def figure(h: History) -> Any:
 
 
 def plot(h: History, out: Path) -> Path:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib, optional and slow
 
     fig = figure(h)
     out.parent.mkdir(parents=True, exist_ok=True)

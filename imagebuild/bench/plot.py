@@ -12,10 +12,10 @@ from imagebuild.bench import acceptance
 
 
 def plot(runs: list[dict[str, Any]], out: Path, title: str = "") -> Path:
-    import matplotlib  # imported here: only `bench` needs it
+    import matplotlib  # deferred: matplotlib, optional and slow
 
     matplotlib.use("Agg")  # no display; deterministic file output
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib, optional and slow
 
     speculative = any(acceptance.speculative(doc) for doc in runs)
     fig, axes = plt.subplots(1, 3 if speculative else 2, figsize=(16 if speculative else 11,

@@ -23,11 +23,14 @@ copied out of a multi-GB image; the rehearsal and tests import it.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -224,7 +227,9 @@ def table_for_image(image: str, expect: str, cuobjdump: str, probe=None) -> list
     cuobjdump mounted) over the image interpreter's site-packages. `probe`: how to run
     it (docker.DockerEngine.probe, the one Docker seam; tests pass another)."""
     if probe is None:
-        from imagebuild.docker import engine
+        from imagebuild.docker import (  # deferred: also runs inside the image
+            engine,
+        )
 
         probe = engine().probe
     script = Path(__file__).resolve()
@@ -239,8 +244,6 @@ def table_for_image(image: str, expect: str, cuobjdump: str, probe=None) -> list
 
 
 def site_packages() -> list[Path]:
-    import sysconfig
-
     paths = sysconfig.get_paths()
     return [Path(p) for p in sorted({paths["purelib"], paths["platlib"]})]
 
@@ -273,9 +276,6 @@ if __name__ == "__main__":
 
 def find_cuobjdump() -> str | None:
     """IMAGEBUILD_CUOBJDUMP, PATH, or the nvidia-cuda-cuobjdump wheel of this Python."""
-    import glob
-    import shutil
-
     wheel = [c for p in sys.path for c in glob.glob(os.path.join(p, "nvidia/cu*/bin/cuobjdump"))]
     for cand in (os.environ.get("IMAGEBUILD_CUOBJDUMP"), shutil.which("cuobjdump"), *wheel):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):

@@ -28,7 +28,7 @@ Log = Callable[[str], None]
 
 def docker_client() -> Any:
     """The Docker SDK client of the one Docker seam (imagebuild/docker.py)."""
-    from imagebuild.docker import engine
+    from imagebuild.docker import engine  # deferred: the Docker SDK, only when a runner is cleaned
 
     seam = engine()
     seam.info()  # one clear error when no engine answers
@@ -50,7 +50,7 @@ def _split(tag: str) -> tuple[str, str]:
 
 def _remove_tag(client: Any, tag: str) -> str | None:
     """Untag; an image goes with its last tag. None when done, else why it was kept."""
-    import docker
+    import docker  # deferred: the Docker SDK, only when a runner is cleaned
 
     try:
         client.images.remove(tag, noprune=False)

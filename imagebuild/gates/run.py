@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from imagebuild import progress
 from imagebuild.buildfolder import CAPTURE_FILE, GATES_FILE, cell_dir
 from imagebuild.errors import OperationFailed
+from imagebuild.gates.capture import load_capture
 from imagebuild.gates.prompts import GateRequest, gate_requests
 from imagebuild.gates.runrecord import Run
 from imagebuild.gates.send import send_all
@@ -86,7 +87,6 @@ def gate_image(image: str, info: dict[str, Any], expect: dict[str, Any],
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     reqs = gate_requests(settings)
     seed = settings.lossless.seed
-    from imagebuild.gates.capture import load_capture
 
     shipped = "speculative" if speculates(info) else "plain"  # the image as it ships
     recorded = load_capture(out_dir / CAPTURE_FILE, str(info.get("Id")), settings)

@@ -35,7 +35,9 @@ def metadata_dir(root: Path, repository: str, sha: str) -> Path:
 
 def _hub_entry(name: str, pin: Model | Drafter, root: Path, client: Any,
                log: Callable[[str], None]) -> dict[str, Any]:
-    from imagebuild.lock.hub import HubUnreachable
+    from imagebuild.lock.hub import (  # deferred: huggingface_hub (1.3 s), only `lock` asks the Hub
+        HubUnreachable,
+    )
 
     assert pin.repository, "only Hub pins are resolved here"
     base: dict[str, Any] = {"repository": pin.repository, "revision": pin.revision,
@@ -143,7 +145,9 @@ def resolve_image_digest(ref: str) -> str:
     """The digest `ref` has in its registry now (for a multi-platform image, that of its
     index), asked through the local Docker engine, which uses its own registry
     credentials, mirrors and proxy."""
-    from imagebuild.docker import engine
+    from imagebuild.docker import (  # deferred: the Docker SDK, only `lock` resolves base digests
+        engine,
+    )
 
     digest = engine().registry_digest(ref)
     if not str(digest).startswith("sha256:"):

@@ -34,8 +34,11 @@ import copy
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
 
+from imagebuild.errors import UserError
 from imagebuild.facts import locked_dir, record_command
+from imagebuild.lock.lockfile import read_lock
 from imagebuild.preflight.checkpoint import Checkpoint
 from imagebuild.preflight.findings import Finding, Rule
 from imagebuild.preflight.flags import CellView, flag_value
@@ -45,6 +48,7 @@ from imagebuild.preflight.kernel_select.facts import Facts, NotRecorded, VllmRai
 from imagebuild.preflight.kernel_select.facts import load as load_facts
 from imagebuild.preflight.kernel_select.fixes import Switch, search
 from imagebuild.preflight.kernel_select.predict import Decision, predict
+from imagebuild.spec.servecmd import serve_command
 
 SM121 = "sm_121"
 # the vLLM versions whose selection procedure the predictor composes (predict.py, checked
@@ -471,9 +475,6 @@ def _better_profiles(v: CellView, facts: Facts, model: Checkpoint | None,
                      drafter: Checkpoint | None, failed: list[Outcome]) -> dict[str, list[str]]:
     """For each failing layout, the other profiles of the matrix (same target, serving the
     cell's method) under which vLLM's choices meet every expectation."""
-    from dataclasses import replace as dc_replace
-
-    from imagebuild.spec.servecmd import serve_command
 
     if not failed:
         return {}
@@ -607,10 +608,12 @@ def _dedupe(findings: list[Finding]) -> list[Finding]:
 
 
 def _triton_ptxas(v: CellView, r: Rule) -> list[Finding]:
-    from imagebuild.errors import UserError
-    from imagebuild.lock.lockfile import read_lock
-    from imagebuild.rehearse.runtime_stage import read_runtime_stage
-    from imagebuild.render import render_engine
+    from imagebuild.rehearse.runtime_stage import (  # deferred: only this rule renders
+        read_runtime_stage,
+    )
+    from imagebuild.render import (  # deferred: only this rule renders
+        render_engine,
+    )
 
     overridden = [e for e in TRITON_ENV if e in v.env]
     if overridden:

@@ -16,6 +16,7 @@ nothing for `false`.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -137,8 +138,6 @@ HOST_NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-
 
 def _host_ok(text: str) -> bool:
     """What the health check and every client connect to: an IP address or a DNS name."""
-    import ipaddress
-
     try:
         ipaddress.ip_address(text)
         return True

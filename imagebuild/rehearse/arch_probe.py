@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,8 +146,6 @@ def configure(probe: Path, tools: Tools, arch_list: str, nvcc_threads: int | Non
     """Configure the probe as setup.py configures vLLM; raise ProbeFailed with the log."""
     build = probe / "build"
     if build.exists():
-        import shutil
-
         shutil.rmtree(build)
     cuda_home = tools.cuda_home
     args = [tools.cmake, "-S", str(probe), "-B", str(build),

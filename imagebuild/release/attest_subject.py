@@ -14,7 +14,9 @@ from pathlib import Path
 
 from imagebuild import buildfolder
 from imagebuild.errors import ImagebuildError, OperationFailed
+from imagebuild.plan import load_plan
 from imagebuild.registry import referrers
+from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.records import read_release
 from imagebuild.supplychain.attach import SBOM_FILE
 
@@ -43,9 +45,6 @@ def subject_files(client, job, out: Path) -> dict[str, str]:  # type: ignore[no-
 
 
 def main(argv: list[str] | None = None) -> int:
-    from imagebuild.job import registry_client
-    from imagebuild.plan import load_plan
-
     p = argparse.ArgumentParser(prog="python -m imagebuild.release.attest_subject")
     p.add_argument("--tag", required=True)
     p.add_argument("--target", required=True)
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = load_plan(args.matrix, args.tag, args.target, args.only)
         (job,) = plan.jobs
-        fields = subject_files(registry_client(plan), job, args.out)
+        fields = subject_files(RegistryClient(plan.destination.registry), job, args.out)
     except ImagebuildError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return exc.exit_code

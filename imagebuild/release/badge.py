@@ -9,23 +9,21 @@ from __future__ import annotations
 import sys
 
 from imagebuild.errors import ImagebuildError
+from imagebuild.plan import destination
+from imagebuild.registry.client import RegistryClient
+from imagebuild.registry.records import list_releases
+from imagebuild.release.repositories import repositories
+from imagebuild.spec import matrix as mx
+from imagebuild.spec.tags import parse_release_tag
 
 
 def badge_tag(latest_tags: list[str]) -> str | None:
     """The short tag of the newest of the full release tags `latest` holds."""
-    from imagebuild.spec.tags import parse_release_tag
-
     parsed = [t for t in (parse_release_tag(x) for x in latest_tags) if t is not None]
     return max(parsed, key=lambda t: t.sort_key()).short if parsed else None
 
 
 def main() -> int:
-    from imagebuild.plan import destination
-    from imagebuild.registry.client import RegistryClient
-    from imagebuild.registry.records import list_releases
-    from imagebuild.release.repositories import repositories
-    from imagebuild.spec import matrix as mx
-
     try:
         lm = mx.load(None)
         dest = destination(lm)

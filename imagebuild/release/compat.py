@@ -35,7 +35,10 @@ from imagebuild.registry.records import (
     list_releases,
     read_release,
 )
+from imagebuild.release.latest import acceptance_threshold_for, threshold_for
+from imagebuild.release.notes import previous_release
 from imagebuild.safetext import safe
+from imagebuild.spec.config import NO_SPECULATION
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
@@ -205,17 +208,12 @@ def table(tag: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def thresholds_for(job: Job, publish: Any) -> Thresholds:
-    from imagebuild.release.latest import acceptance_threshold_for, threshold_for
-
     return Thresholds(threshold_for(job, publish.regression_threshold),
                       acceptance_threshold_for(job, publish.acceptance_threshold))
 
 
 def gather(client: RegistryClient, jobs: tuple[Job, ...], publish: Any) -> dict[str, Any]:
     """The table of the jobs' release tag, from the registry."""
-    from imagebuild.release.notes import previous_release
-    from imagebuild.spec.config import NO_SPECULATION
-
     rows = []
     for job in jobs:
         repo = job.image.repository

@@ -13,18 +13,27 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imagebuild.bench import compare, history, results, store
+from imagebuild.bench.plot import plot
+from imagebuild.bench.store import A_ACCEPTED, A_ACCEPTED_DROP, A_UNCOMPARED, A_UNTRUSTED
+from imagebuild.builder.archtable import NONE, Row, markdown
 from imagebuild.buildfolder import record_path, verdict_path
 from imagebuild.plan import UNRESOLVED
+from imagebuild.registry import referrers
 from imagebuild.registry.documents import bench_table
+from imagebuild.registry.records import list_releases
+from imagebuild.render import render_compose
 from imagebuild.safetext import safe
+from imagebuild.serving.nodefiles import node_files
 from imagebuild.serving.runspec import RunSpec, docker_run_argv, docker_run_text
 from imagebuild.spec.nodecmd import MASTER_ADDR_VAR, NodeCommand, multi_node, node_commands
 from imagebuild.spec.servecmd import with_listen
 from imagebuild.spec.tags import ReleaseTag
+from imagebuild.supplychain.attach import A_FINDINGS, A_SIGNING, GITHUB_SIGNED
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
@@ -64,8 +73,6 @@ def run_spec(job: Job, ref: str) -> RunSpec:
 
 def compose_file(lm: LoadedMatrix, job: Job, ref: str) -> str:
     """The cell's rendered compose file, pinned to `ref` (the release's digest)."""
-    from imagebuild.render import render_compose
-
     return render_compose(lm, job.cell, image=ref).text
 
 
@@ -140,8 +147,6 @@ def _smoke(v: dict[str, Any] | None) -> list[str]:
 
 def _gpu_code(job: Job, f: ImageFacts) -> list[str]:
     """Which code each library with device code carries for the target (build record)."""
-    from imagebuild.builder.archtable import NONE, Row, markdown
-
     if f.gpu_code is None:
         return []
     expect = job.cell.target.expect_cuda_arch or NONE
@@ -152,8 +157,6 @@ def _gpu_code(job: Job, f: ImageFacts) -> list[str]:
 def _supply_chain(job: Job, f: ImageFacts, owner: str | None) -> list[str]:
     """Where the SBOM and provenance are, the commands that fetch them, and whether they
     are signed (docs/supply-chain.md)."""
-    from imagebuild.supplychain.attach import GITHUB_SIGNED
-
     sc = f.supply_chain
     if not f.digest:
         return []
@@ -193,8 +196,6 @@ def _history(job: Job, f: ImageFacts) -> list[str]:
 
 
 def _bench(f: ImageFacts) -> list[str]:
-    from imagebuild.bench import compare, results
-
     if f.unmeasured:
         return [f"**UNMEASURED:** promoted without a measurement: {f.unmeasured}", ""]
     if f.bench is None:
@@ -287,16 +288,11 @@ def previous_release(rels: list[Release], tag: ReleaseTag) -> str | None:
 
 def _stored_bench(client: Any, repo: str, tag: str | None
                   ) -> tuple[dict[str, Any] | None, dict[str, str]]:
-    from imagebuild.bench import store
-
     found = store.release_stored(client, repo, tag) if tag else None
     return found if found else (None, {})
 
 
 def _stored_documents(client: Any, repo: str, digest: str) -> dict[str, str]:
-    from imagebuild.registry import referrers
-    from imagebuild.supplychain.attach import A_FINDINGS, A_SIGNING
-
     found: dict[str, str] = {}
     for key, kind in (("sbom", referrers.SBOM_TYPE), ("provenance", referrers.PROVENANCE_TYPE)):
         descs = referrers.listed(client, repo, digest, kind)
@@ -311,9 +307,6 @@ def _stored_documents(client: Any, repo: str, digest: str) -> dict[str, str]:
 def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, ImageFacts]:
     """Digests, earlier releases and stored bench results from the registry, verdicts
     from the smoke reports."""
-    from imagebuild.bench.store import A_ACCEPTED, A_ACCEPTED_DROP, A_UNCOMPARED, A_UNTRUSTED
-    from imagebuild.registry.records import list_releases
-
     facts = {}
     for job in jobs:
         repo = job.image.repository
@@ -343,8 +336,6 @@ def write_compose_files(lm: LoadedMatrix, facts: dict[str, ImageFacts], jobs: tu
                         out_dir: Path) -> list[Path]:
     """The compose file of each image, by digest where it was pushed, and a multi-node
     cell's per-node files: release assets."""
-    from imagebuild.serving.nodefiles import node_files
-
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for job in jobs:
@@ -364,9 +355,6 @@ def write_plots(facts: dict[str, ImageFacts], jobs: tuple[Job, ...], out_dir: Pa
                 url_base: str) -> dict[str, ImageFacts]:
     """One PNG per image with benchmark results: this release and the one before it, one
     line each. The notes link `url_base + file name` (the release asset's URL on GitHub)."""
-    from dataclasses import replace
-
-    from imagebuild.bench.plot import plot
 
     done = dict(facts)
     for job in jobs:
@@ -384,9 +372,6 @@ def write_histories(client: Any, facts: dict[str, ImageFacts], jobs: tuple[Job, 
                     out_dir: Path, url_base: str) -> dict[str, ImageFacts]:
     """history-<image>.png/.md per image (every release's stored bench results), linked
     from the notes at `url_base + file name`."""
-    from dataclasses import replace
-
-    from imagebuild.bench import history
 
     done = dict(facts)
     for job in jobs:
@@ -431,8 +416,6 @@ def not_promoted_notes(jobs: tuple[Job, ...], verdicts: dict[str, dict[str, Any]
 def gather_not_promoted(client: Any, jobs: tuple[Job, ...], smoke_dir: Path
                         ) -> tuple[dict[str, dict[str, Any] | None], dict[str, str | None]]:
     """Each job's verdict from the run's smoke reports and where its `latest` stays."""
-    from imagebuild.registry.records import list_releases
-
     verdicts: dict[str, dict[str, Any] | None] = {}
     latest: dict[str, str | None] = {}
     for job in jobs:

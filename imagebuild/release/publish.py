@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from imagebuild.docker import engine
 from imagebuild.errors import OperationFailed, UserError
+from imagebuild.gates.summary import failures
 from imagebuild.registry.client import (
     OCI_MANIFEST,
     Credentials,
@@ -96,8 +97,6 @@ def gate(verdict: dict[str, Any], image_id: str, ref: str) -> None:
 
 def gates_gate(gates: dict[str, Any] | None, ref: str) -> None:
     """Refuse a cell whose release gates failed or could not be trusted, as smoke's."""
-    from imagebuild.gates.summary import failures
-
     if gates is not None and (bad := failures(gates)):
         raise OperationFailed(f"{ref} did not pass the release gates ({'; '.join(bad)}): "
                               "nothing pushed, no tag moved",

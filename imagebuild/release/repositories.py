@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import RegistryClient
+from imagebuild.registry.errors import Unreachable
 
 if TYPE_CHECKING:
     from imagebuild.plan import Destination
@@ -33,8 +34,6 @@ def repositories(client: RegistryClient, dest: Destination, images: list[str],
     roll back), else the images the matrix knows; filtered by `pattern`. None (an empty
     namespace) is an answer; a pattern matching no image the matrix or registry knows is
     bad input (exit 2)."""
-    from imagebuild.registry.errors import Unreachable
-
     try:
         repos = catalog_repositories(client, dest.namespace)
     except Unreachable:

@@ -16,10 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imagebuild.bench.store import release_stored
 from imagebuild.buildfolder import GATES_FILE, verdict_path
+from imagebuild.docker import engine
+from imagebuild.errors import OperationFailed
+from imagebuild.gates.summary import passed as gates_passed
 from imagebuild.plan import Job
+from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
+from imagebuild.registry.credentials import docker_auth_config, resolve_credentials
 from imagebuild.registry.records import A_CHECKS, A_GATES, A_IMAGE, LATEST, Release, read_release
+from imagebuild.release.publish import other_image
 
 # what GitHub's attestation actions sign in release.yml: the provenance and the SBOM
 SIGNED_PREDICATES = ("https://slsa.dev/provenance/v1", "https://cyclonedx.org/bom")
@@ -68,10 +75,6 @@ def decide(client: RegistryClient, job: Job, *, image_id: str | None = None,
     publish's own refusal, before any smoke. None (`resume --tag` on a runner without
     the image): the release tag as it stands. `force` (--resmoke): smoke and the release
     gates run again whatever the record says; documents, bench and latest still resume."""
-    from imagebuild.bench.store import release_stored
-    from imagebuild.gates.summary import passed as gates_passed
-    from imagebuild.release.publish import other_image
-
     repo, tag = job.image.repository, str(job.tag)
     rel = read_release(client, repo, tag)
     if rel is None or not rel.recorded:
@@ -161,8 +164,6 @@ def write_recorded_verdict(client: RegistryClient, job: Job, build_dir: Path) ->
 def attested(client: RegistryClient, rel: Release, signed: bool) -> bool:
     """SBOM and provenance stored for the release's image, and with `signed` a Sigstore
     bundle of each of SIGNED_PREDICATES attached to its digest as well."""
-    from imagebuild.registry import referrers
-
     image_id = rel.annotations.get(A_IMAGE) or rel.image_id
     found = referrers.listed_kinds(client, rel.repo, rel.digest, (
         referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE, referrers.SIGSTORE_BUNDLE_TYPE))
@@ -212,10 +213,6 @@ def pull_tested_image(client: RegistryClient, job: Job) -> str | None:
     not have it: the tested image pulled by digest and tagged as the release (what `bench
     --tag` runs). Refused unless its id is the one recorded smoke-passed. None: nothing
     to pull (not done, or already here)."""
-    from imagebuild.docker import engine
-    from imagebuild.errors import OperationFailed
-    from imagebuild.registry.credentials import docker_auth_config, resolve_credentials
-
     rel = read_release(client, job.image.repository, str(job.tag))
     seam = engine()
     if rel is None or not rel.passed or seam.image_id(job.release_ref) == rel.image_id:

@@ -170,7 +170,7 @@ def node_hosts(workers: int, *, cpu: bool) -> tuple[list[str | None], str, bool]
 def _engine_at(host: str | None) -> Engine:
     if host is None:
         return engine()
-    import docker
+    import docker  # deferred: the Docker SDK, only when a container is started
 
     return Engine(docker.DockerClient(base_url=host, use_ssh_client=host.startswith("ssh://"),
                                       version="auto", timeout=300))

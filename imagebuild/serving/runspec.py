@@ -50,7 +50,7 @@ class Limits:
 
     @classmethod
     def of(cls, expect: Mapping[str, Any]) -> Limits:
-        """From a cell's expectations (smoke/expect.py)."""
+        """From a cell's expectations (expectations.py)."""
         return cls(memory=expect.get("memory_limit"), gpu=bool(expect.get("gpu")),
                    boot_timeout_s=float(expect.get("boot_timeout_s") or 600),
                    port=int(expect.get("port") or 8000))
@@ -194,7 +194,7 @@ def sdk_run_kwargs(spec: RunSpec) -> dict[str, Any]:
         kw["mem_limit"] = spec.memory
         kw["memswap_limit"] = spec.memory
     if spec.gpu:
-        import docker.types
+        import docker.types  # deferred: the Docker SDK, only when a container is started
 
         kw["ipc_mode"] = "host"
         kw["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]

@@ -28,16 +28,18 @@ from rich.console import Console
 from imagebuild import PACKAGE_DIR, REPO_ROOT, buildfolder
 from imagebuild.buildfolder import CAPTURE_FILE, SMOKE_OUTPUTS, cell_dir, ref_dir
 from imagebuild.docker import inspect_image
+from imagebuild.expectations import expectations_from_labels
 from imagebuild.interrupts import held_interrupts, interrupts_as_keyboard_interrupt
+from imagebuild.render import render_compose
 from imagebuild.runowner import owned_compose
 from imagebuild.serving.compose import new_project, take_down
 from imagebuild.serving.container import image_run_spec
 from imagebuild.serving.nodes import NodeFile, cell_node_files, node_hosts, placement
 from imagebuild.serving.runspec import Limits, compose_yaml, free_port, speculates
 from imagebuild.smoke.checks import missing_checks
-from imagebuild.smoke.expect import expectations_from_labels
 from imagebuild.smoke.nodes import JudgedNodes, NodeJudge
 from imagebuild.smoke.report import read_junit, write_junit, write_verdict
+from imagebuild.spec.nodecmd import multi_node
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
@@ -224,9 +226,11 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
     return verdict
 
 
-def smoke_ref(image_ref: str, *, out_dir: Path | None = None, **kw: Any) -> dict[str, Any]:
-    """`build.py smoke IMAGE_REF`: expectations from the image's labels (and its cell)."""
-    expect = expectations_from_labels(image_ref)
+def smoke_ref(image_ref: str, *, out_dir: Path | None = None, matrix: Path | None = None,
+              **kw: Any) -> dict[str, Any]:
+    """`build.py smoke IMAGE_REF`: expectations from the image's labels (and its cell in
+    the matrix in effect: `matrix`, else spec.matrix.matrix_path's default)."""
+    expect = expectations_from_labels(image_ref, inspect_image(image_ref), matrix=matrix)
     return smoke_image(image_ref, expect,
                        out_dir or ref_dir(buildfolder.default(REPO_ROOT), image_ref), **kw)
 
@@ -236,9 +240,6 @@ def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw:
     """`build.py smoke --tag T [--only GLOB]` and the whole job: each job's local image
     (`job.release_ref`, as `build` tagged it) run from the cell's compose file, one
     container at a time."""
-    from imagebuild.render import render_compose
-    from imagebuild.spec.nodecmd import multi_node
-
     verdicts = {}
     for job in jobs:
         out = cell_dir(out_root, job.cell)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import UserError
+from imagebuild.spec.config import SCHEMA_VERSION
 from imagebuild.spec.renames import RENAMES, Rename
 from imagebuild.spec.yamlpos import load_located
 
@@ -50,8 +51,6 @@ def _rewrite(line: str, col: int, key: str, rename: Rename, value: Any) -> str |
 
 def migrate(path: Path, *, dry_run: bool = False) -> list[str]:
     """The changes made (or, with dry_run, that would be made), one line each."""
-    from imagebuild.spec.config import SCHEMA_VERSION
-
     located = load_located(path)
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     changes: list[str] = []

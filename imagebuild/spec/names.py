@@ -22,6 +22,8 @@ TAG = re.compile(rf"^{TAG_CHARS}\Z")
 DIGEST_CHARS = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
 DIGEST = re.compile(rf"^{DIGEST_CHARS}\Z")
 NAME_MAX = 255
+# the prefix of every label (and annotation) the images we build carry
+LABEL_NS = "io.imagebuild"
 # every image we build carries the digest of its inputs (recipe, patches, lock, base):
 # build avoidance, the engine handoff's check and publish's record read it
 INPUTS_LABEL = "io.imagebuild.inputs"

@@ -12,7 +12,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from imagebuild.spec.schemafile import REPO_COPY, build_schema
+from imagebuild.spec import config, gates
+from imagebuild.spec.config import NAME
+from imagebuild.spec.renames import RENAMES
+from imagebuild.spec.schemafile import REPO_COPY, build_schema, dumps
 from imagebuild.spec.values import ENV_NAME_JSON
 
 HEADER = """# matrix.yaml reference
@@ -45,8 +48,6 @@ def _nonnull(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def _type(node: dict[str, Any]) -> str:
-    from imagebuild.spec.config import NAME
-
     node = _nonnull(node)
     ref = _ref(node)
     if ref:
@@ -162,16 +163,12 @@ def _cell(text: str) -> str:
 
 def _model(name: str) -> type[BaseModel]:
     """A schema section's pydantic model: the matrix's own, or the gates' thresholds."""
-    from imagebuild.spec import config, gates
-
     cls = getattr(config, name, None) or getattr(gates, name)
     assert isinstance(cls, type) and issubclass(cls, BaseModel), name
     return cls
 
 
 def markdown(root: Path) -> str:
-    from imagebuild.spec.renames import RENAMES
-
     schema = build_schema()
     matrices = [yaml.safe_load(p.read_text(encoding="utf-8")) for p in
                 [root / "matrix.yaml", *sorted(root.glob("examples/*/matrix.yaml"))]
@@ -209,7 +206,5 @@ def markdown(root: Path) -> str:
 
 
 def schema_text() -> str:
-    from imagebuild.spec.schemafile import dumps
-
     return dumps(build_schema())
 

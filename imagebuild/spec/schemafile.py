@@ -15,6 +15,8 @@ import json
 from typing import Any
 
 from imagebuild import PACKAGE_DIR
+from imagebuild.spec.config import Matrix
+from imagebuild.spec.renames import RENAMES
 
 SCHEMA_FILE = PACKAGE_DIR / "spec" / "matrix.schema.json"
 REPO_COPY = "docs/matrix.schema.json"  # in a checkout, for its matrices' modelines
@@ -56,8 +58,6 @@ def _node_at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
 
 def _renamed_keys(schema: dict[str, Any]) -> None:
     """An old key is refused with its replacement in view (editors show the text)."""
-    from imagebuild.spec.renames import RENAMES
-
     for rename in RENAMES:
         node = _node_at(schema, rename.path[:-1])
         node["properties"][rename.path[-1]] = {"description": rename.hint, "deprecated": True,
@@ -65,8 +65,6 @@ def _renamed_keys(schema: dict[str, Any]) -> None:
 
 
 def build_schema() -> dict[str, Any]:
-    from imagebuild.spec.config import Matrix
-
     schema = Matrix.model_json_schema(by_alias=True, mode="validation")
     _name_keyed(schema)
     defs = schema["$defs"]

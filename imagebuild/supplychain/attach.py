@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from imagebuild import buildfolder
+from imagebuild.docker import engine
 from imagebuild.errors import OperationFailed
 from imagebuild.registry import referrers
 from imagebuild.registry.records import A_INPUTS, read_release
@@ -64,8 +65,6 @@ def signing(env: Mapping[str, str]) -> str:
 def probe_image(ref: str, weights: Mapping[str, str], runner: Any = None) -> dict[str, Any]:
     """probe.py run by the image's python3: no network, read-only, root (reads any file)."""
     if runner is None:
-        from imagebuild.docker import engine
-
         runner = engine().probe
     script = Path(__file__).with_name("probe.py").resolve()
     argv = [f"{PROBE_DIR}/probe.py"]
@@ -137,7 +136,6 @@ def attach(client: RegistryClient, job: Job, lock: Lock, *, root: Path, build_di
         res.reused = True
         log(f"{job.id}: SBOM and provenance already stored with {tag}")
         return res
-    from imagebuild.docker import engine
 
     local = engine().image_id(job.release_ref) if runner is None else rel.image_id
     if local != rel.image_id:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import sys
+import sysconfig
 
 DPKG_STATUS = "var/lib/dpkg/status"
 SLIM_RECORD = "opt/imagebuild/slim.json"  # images/engine/files/slim-torch-cuda.py writes it
@@ -88,8 +89,6 @@ def weight_files(folder: str) -> list[dict[str, object]] | None:
 
 
 def _site_dirs() -> list[str]:
-    import sysconfig
-
     # lib64 is often a link to lib: the same distributions once
     return sorted({os.path.realpath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")})
 

@@ -44,6 +44,7 @@ from imagebuild.bench.command import bench_image, load_settings, measure
 from imagebuild.bench.results import document
 from imagebuild.docker import inspect_image
 from imagebuild.errors import UserError
+from imagebuild.expectations import expectations_from_labels
 from imagebuild.plan import load_plan
 from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
@@ -52,7 +53,6 @@ from imagebuild.release import compat
 from imagebuild.release.latest import acceptance_threshold_for
 from imagebuild.serving.container import serving
 from imagebuild.serving.runspec import Limits
-from imagebuild.smoke.expect import expectations_from_labels
 from tests.support.memregistry import add_release
 from tests.support.registry import running_registry
 
@@ -79,8 +79,10 @@ def good(cpu_serve_image) -> dict:
     assert cpu_serve_image.ref == IMAGE
     prompt_set, load_kw, settings = load_settings(LEVELS, PROMPTS, requests=REQUESTS,
                                                   duration=None, max_tokens=MAX_TOKENS)
-    return bench_image(IMAGE, inspect_image(IMAGE), prompt_set=prompt_set, levels=LEVELS,
-                       load_kw=load_kw, settings=settings, label="good")
+    info = inspect_image(IMAGE)  # an image known by reference: its labels' expectations
+    return bench_image(IMAGE, info, limits=Limits.of(expectations_from_labels(IMAGE, info=info)),
+                       prompt_set=prompt_set, levels=LEVELS, load_kw=load_kw,
+                       settings=settings, label="good")
 
 
 def _measure(set_flags: tuple[tuple[str, str], ...]) -> list[dict]:

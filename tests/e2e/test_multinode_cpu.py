@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from imagebuild.buildfolder import GATES_FILE, cell_dir
+from imagebuild.docker import inspect_image
+from imagebuild.expectations import expectations_from_labels
 from imagebuild.gates.run import gate_jobs
 from imagebuild.plan import load_plan
 from imagebuild.serving.nodes import cell_node_files
 from imagebuild.serving.runspec import SPEC_FLAG
-from imagebuild.smoke.expect import expectations_from_labels
 from imagebuild.smoke.runner import smoke_nodes
 from tests.support.multinode import CPU_IMAGE, cpu_two_nodes
 
@@ -56,7 +57,7 @@ def nodes(cpu_serve_image, tmp_path_factory: pytest.TempPathFactory) -> dict:
     job = next(j for j in load_plan(matrix, CPU_TAG, "cpu").jobs if j.cell.image == CPU_IMAGE)
     ref = cpu_serve_image.ref
     assert job.release_ref == ref
-    return {"ref": ref, "expect": expectations_from_labels(ref),
+    return {"ref": ref, "expect": expectations_from_labels(ref, inspect_image(ref)),
             "files": cell_node_files(job.cell, ref), "job": job,
             "build": tmp_path_factory.mktemp("build")}
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from imagebuild.docker import inspect_image
+from imagebuild.expectations import expectations_from_labels
 from imagebuild.gates import FAIL
 from imagebuild.gates.prompts import gate_requests
 from imagebuild.gates.run import Run, judge, run_requests
 from imagebuild.plan import load_plan
 from imagebuild.serving.runspec import SPEC_FLAG, speculates
-from imagebuild.smoke.expect import expectations_from_labels
 from tests.support.cpu_build import TAG
 
 pytestmark = pytest.mark.slow

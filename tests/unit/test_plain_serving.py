@@ -16,11 +16,11 @@ import pytest
 from imagebuild import REPO_ROOT
 from imagebuild.cli import main
 from imagebuild.errors import UserError
+from imagebuild.expectations import expectations_for
 from imagebuild.plan import cell_pins, format_table, make_jobs
 from imagebuild.release.notes import release_notes
 from imagebuild.render import serve_labels
 from imagebuild.smoke.checks import expected_checks
-from imagebuild.smoke.expect import expectations_for
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.servecmd import serve_command
 from imagebuild.spec.tags import parse_tag

@@ -93,8 +93,8 @@ def test_a_bad_expect_backends_exits_2_at_its_line(new, expected, marker, matrix
 
 
 def test_the_cells_expectations_carry_the_profile_field(matrix_dir: Path):
+    from imagebuild.expectations import expectations_for
     from imagebuild.lock.lockfile import read_lock
-    from imagebuild.smoke.expect import expectations_for
     from imagebuild.spec import matrix as mx
 
     lm = mx.load(matrix_dir / "matrix.yaml")
@@ -141,8 +141,8 @@ def test_an_unquantized_moe_model_is_checked_on_its_unquantized_line():
 def test_a_plain_cell_of_a_speculative_profile_expects_no_speculation(matrix_dir: Path):
     """A profile extending the ngram one with `methods: [none]` inherits its
     `speculative: ngram`; the plain cell boots without speculation, so that is expected."""
+    from imagebuild.expectations import expectations_for
     from imagebuild.lock.lockfile import read_lock
-    from imagebuild.smoke.expect import expectations_for
     from imagebuild.spec import matrix as mx
 
     path = matrix_dir / "matrix.yaml"

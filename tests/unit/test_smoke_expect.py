@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from imagebuild.expectations import SMALL_FILE, expectations_for, expectations_from_labels
 from imagebuild.lock.lockfile import Lock
-from imagebuild.render import LABEL_NS
-from imagebuild.smoke.expect import SMALL_FILE, expectations_for, expectations_from_labels
 from imagebuild.spec import matrix as mx
+from imagebuild.spec.names import LABEL_NS
 from imagebuild.spec.servecmd import serve_command
 
 

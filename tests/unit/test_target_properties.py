@@ -189,7 +189,7 @@ def test_the_disk_estimate_follows_how_the_engine_is_built(locked: Path) -> None
 def test_an_image_outside_the_matrix_asks_for_gpus_by_what_it_is() -> None:
     """`smoke IMAGE_REF` of an image whose cell left matrix.yaml: GPUs are requested when
     the image is built on NVIDIA's CUDA images, whatever its target was called."""
-    from imagebuild.smoke.expect import expectations_from_labels
+    from imagebuild.expectations import expectations_from_labels
 
     def info(cell: str, env: list[str]) -> dict:
         return {"Id": "sha256:" + "9" * 64, "Config": {"Cmd": [], "Env": env, "Labels": {

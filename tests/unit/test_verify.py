@@ -14,8 +14,8 @@ from imagebuild.registry import referrers
 from imagebuild.registry.client import OCI_MANIFEST
 from imagebuild.registry.records import A_INPUTS, amended_manifest, read_release
 from imagebuild.release import compat
+from imagebuild.release import verify as v
 from imagebuild.supplychain import provenance, sbom
-from imagebuild.supplychain import verify as v
 from tests.support.memregistry import MemRegistry
 from tests.unit.test_supplychain import expected, image_tree, probe_tree
 

@@ -29,6 +29,7 @@ vLLM 0.23.0 sources followed:
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,8 +128,6 @@ class _Raise(Exception):
 def gemm_name(kernel: str) -> str:
     """CutlassNvFp4LinearKernel -> CUTLASS, FlashInferCutlassNvFp4LinearKernel ->
     FLASHINFER_CUTLASS (VLLM_NVFP4_GEMM_BACKEND's spelling, upper case)."""
-    import re
-
     stem = kernel.replace("NvFp4LinearKernel", "")
     words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", stem.replace("FlashInfer", "Flashinfer"))
     return words.upper()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from imagebuild.errors import UserError
+from imagebuild.preflight.kv.dtypes import ELEMENT_BYTES
 from imagebuild.preflight.kv.errors import CannotPredict
 
 
@@ -63,8 +64,6 @@ class ModelLayout:
 
 
 def state_bytes(shapes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...]) -> int:
-    from imagebuild.preflight.kv.dtypes import ELEMENT_BYTES
-
     return sum(math.prod(s) * ELEMENT_BYTES[d] for s, d in zip(shapes, dtypes, strict=True))
 
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from imagebuild.docker import engine
-from imagebuild.smoke.expect import SMALL_FILE
+from imagebuild.expectations import SMALL_FILE
 
 # Runs inside the container (its python3): size of every file, hashes of the small ones.
 HASHER = f"""

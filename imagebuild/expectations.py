@@ -2,6 +2,9 @@
 
 The expectations come from the cell (matrix.yaml + lock) when it is known, else from the
 image's own labels and CMD: `smoke IMAGE_REF` works on any image this project built.
+plan.py gives every Job its cell's expectations (`Job.expect`); a stage with a Job reads
+those, and only an image known by reference alone asks `expectations_from_labels`, with
+the matrix in effect (--matrix, $IMAGEBUILD_MATRIX, ./matrix.yaml, the repository's).
 """
 
 from __future__ import annotations
@@ -10,11 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from imagebuild.docker import inspect_image
 from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import Lock, read_lock, served_files
-from imagebuild.render import LABEL_NS
+from imagebuild.spec import matrix as mx
 from imagebuild.spec.matrix import Cell
+from imagebuild.spec.names import LABEL_NS
 from imagebuild.spec.servecmd import DRAFTER_DIR, MODEL_DIR, ServeCommand, serve_command
 
 SMALL_FILE = 50 * 2**20  # the weight_groups threshold: small files are hashed, shards sized
@@ -114,28 +117,25 @@ def expectations_for(cell: Cell, lock: Lock | None) -> dict[str, Any]:
     return exp
 
 
-def expectations_from_labels(image_ref: str, root: Path | None = None,
-                             info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Expectations for an image by reference: its cell (label io.imagebuild.cell) when
-    matrix.yaml still has it, else what its labels and CMD say."""
-    from imagebuild import REPO_ROOT
-    from imagebuild.spec import matrix as mx
-
-    info = info or inspect_image(image_ref)
+def expectations_from_labels(image_ref: str, info: dict[str, Any], *,
+                             matrix: Path | None = None) -> dict[str, Any]:
+    """Expectations for an image by reference (`info`: its inspect data): its cell (label
+    io.imagebuild.cell) when the matrix in effect (`matrix`, else spec.matrix.matrix_path's
+    default) still has it, else what its labels and CMD say."""
     labels = info.get("Config", {}).get("Labels") or {}
     cell_id = labels.get(f"{LABEL_NS}.cell")
     engine = labels.get(f"{LABEL_NS}.engine")
     if not cell_id:
         raise UserError(f"image {image_ref} has no {LABEL_NS}.cell label",
                         fix="smoke-test images built by `build.py build`")
-    root = root or REPO_ROOT
+    path = mx.matrix_path(matrix)
     try:
-        lm = mx.load(root / "matrix.yaml")
+        lm = mx.load(path)
         cells = [c for c in mx.expand(lm) if c.id == cell_id and c.engine_name == engine]
     except UserError:
         cells = []
     if cells:
-        exp = expectations_for(cells[0], read_lock(root))
+        exp = expectations_for(cells[0], read_lock(lm.root))
     else:
         cmd = list(info.get("Config", {}).get("Cmd") or [])
         target_name = cell_id.split("/", 1)[0]

@@ -19,6 +19,7 @@ from typing import Any
 
 from imagebuild.bench import store
 from imagebuild.errors import UserError
+from imagebuild.plan import ImageRef
 from imagebuild.registry import referrers
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.errors import NotFound
@@ -31,6 +32,7 @@ from imagebuild.registry.records import (
     Release,
     read_release,
 )
+from imagebuild.release.compat import table_of
 from imagebuild.safetext import safe
 from imagebuild.spec.tags import parse_release_tag
 
@@ -149,8 +151,6 @@ def _bench(client: RegistryClient, repo: str, rel: Release, tag: str) -> Check:
 
 
 def _table(client: RegistryClient, rel: Release, tag: str) -> Check:
-    from imagebuild.release.compat import table_of
-
     repo = rel.repo
     doc = table_of(client, rel)
     if doc is None:
@@ -190,7 +190,6 @@ def verify(text: str, *, client: RegistryClient | None = None,
            run: Runner = _run) -> list[Check]:
     """Every check of the release behind reference `text` (REGISTRY/NS/IMAGE:TAG or
     @sha256:...), in order; the registry's credentials as every registry command's."""
-    from imagebuild.plan import ImageRef
 
     image, tag = ImageRef.parse(text)
     digest = text.split("@", 1)[1] if "@" in text else None
