@@ -49,7 +49,10 @@ def distribution() -> dict[str, Any]:
             dist = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             continue
-        record = dist.read_text("RECORD") or ""
+        # the files under site-packages only: a console script's entry (../../../bin/vllm)
+        # carries the venv's own path in its shebang, so it differs from venv to venv
+        record = "".join(line + "\n" for line in (dist.read_text("RECORD") or "").splitlines()
+                         if not line.startswith("../"))
         out: dict[str, Any] = {"name": dist.metadata["Name"], "version": dist.version,
                                "record_sha256": hashlib.sha256(record.encode()).hexdigest()}
         direct = dist.read_text("direct_url.json")
