@@ -125,8 +125,11 @@ def _target_layout(num_spec: int) -> tuple[int, dict, dict]:
     mamba = {"kind": "mamba", "block_size": block, "shapes": [conv, ssm],
              "dtypes": ["bfloat16", "float32"],
              "page_size_padded": attn_page if attn_page != mamba_page else None}
+    # as tests/support/vllm_oracle/specs.py builds a layer: vLLM's own get_kv_cache_spec
+    # of an attention layer with these heads, the model's dtype and cache dtype auto
     full = {"kind": "full", "block_size": block, "num_kv_heads": TARGET_KV_HEADS,
-            "head_size": TARGET_HEAD_DIM, "dtype": "bfloat16", "sliding_window": None}
+            "head_size": TARGET_HEAD_DIM, "head_size_v": TARGET_HEAD_DIM,
+            "model_dtype": "bfloat16", "cache_dtype": "auto", "sliding_window": None}
     return block, mamba, full
 
 
@@ -137,7 +140,8 @@ def _specs(num_spec: int, drafter_kv_heads: int, window: int | None) -> dict:
         specs[f"model.layers.{i}"] = full if i % 4 == 3 else mamba
     drafter = {"kind": "sliding" if window else "full", "block_size": block,
                "num_kv_heads": drafter_kv_heads, "head_size": DRAFTER_HEAD_DIM,
-               "dtype": "bfloat16", "sliding_window": window}
+               "head_size_v": DRAFTER_HEAD_DIM, "model_dtype": "bfloat16",
+               "cache_dtype": "auto", "sliding_window": window}
     for i in range(DRAFTER_LAYERS):  # drafter layers join with the target's block size
         specs[f"drafter.layers.{i}"] = drafter
     return specs
