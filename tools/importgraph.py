@@ -51,6 +51,7 @@ import sys
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 # The declared order, bottom first, and the imports allowed to run back up against it:
 # docs/design.md "Layers" (its first fenced block after the heading, one unit a line) and
@@ -117,7 +118,7 @@ class _Walker(ast.NodeVisitor):
     """Collects (node, where) for every Import/ImportFrom with its scope."""
 
     def __init__(self) -> None:
-        self.found: list[tuple[ast.stmt, str]] = []
+        self.found: list[tuple[ast.Import | ast.ImportFrom, str]] = []
         self.fn_depth = 0
         self.typing_depth = 0
 
@@ -317,7 +318,8 @@ def figures(mods: list[str], imports: list[Import], folder: dict[str, str],
     if order is not None:
         rank = {name: r for r, name in enumerate(order)}
         unplaced = sorted(f for f in folders if f not in rank)
-        upward, allowed = [], []
+        upward: list[dict[str, Any]] = []
+        allowed: list[dict[str, Any]] = []
         for i in sorted(used, key=lambda i: (i.file, i.line)):
             a, b = folder[i.src], folder[i.dst]
             if a == b or a not in rank or b not in rank or rank[b] <= rank[a]:
