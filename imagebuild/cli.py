@@ -13,6 +13,7 @@ one message and its exit code (0 ok, 1 a build/test/publish step failed, 2 bad i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -757,9 +758,13 @@ def main(argv: list[str] | None = None) -> int:
     from imagebuild.interrupts import (  # deferred: per command (docstring)
         interrupts_as_keyboard_interrupt,
     )
+    from imagebuild.runowner import children_marked  # deferred: per command (docstring)
 
+    # every process a command starts carries its run's owner, so the next run can reap what
+    # a SIGKILLed one left going (reaper.py); `launch` starts what is meant to outlive it
+    marked = children_marked() if args.command != "launch" else contextlib.nullcontext()
     try:
-        with interrupts_as_keyboard_interrupt():  # SIGTERM cleans up like Ctrl-C
+        with interrupts_as_keyboard_interrupt(), marked:  # SIGTERM cleans up like Ctrl-C
             return COMMANDS[args.command](args)
     except ImagebuildError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)

@@ -1,11 +1,15 @@
-"""What runs that are gone left on this Docker engine, removed: the first step of every
-run that starts servers and of `runner-clean` (docs/runner-hygiene.md).
+"""What runs that are gone left on this host and its Docker engine, removed: the first
+step of every run that starts servers and of `runner-clean` (docs/commands.md, "Runs that
+were killed").
 
 A run cleans up after itself on failure, Ctrl-C and SIGTERM; a SIGKILL (the OOM killer,
-a cancelled runner) leaves its containers running. Every object a run makes names its
-run (runowner.py), so the next run removes those whose run is gone: same host, and its
-pid dead or reused. Never a live run's, never another host's (a Docker engine shared by
-several hosts: that host's own next run reaps them; they are counted, not touched).
+a cancelled runner) leaves its containers running and its child processes (the smoke
+suite, a `docker build` or `docker push` client, docker-compose) going on without it.
+Every object a run makes names its run (runowner.py), so the next run removes those whose
+run is gone: same host, and its pid dead or reused; processes first (they would make
+more objects), then containers, volumes and networks. Never a live run's, never this
+process or its parents, never another host's (a Docker engine shared by several hosts:
+that host's own next run reaps them; they are counted, not touched).
 
 Objects made before run labels existed (or by hand) under our names are judged by what
 they are: a container that is stopped, or running but unhealthy, and older than
@@ -13,20 +17,33 @@ UNOWNED_MAX_AGE_S goes; anything else of theirs is reported, never removed."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from imagebuild.docker import OWNER_LABEL, Engine, engine
 from imagebuild.errors import OperationFailed
-from imagebuild.runowner import HOST_LABEL, owner_of, process_start, run_state
+from imagebuild.runowner import (
+    HOST_LABEL,
+    PROC,
+    ancestors,
+    marked_processes,
+    owner_of,
+    process_start,
+    run_state,
+    start_ticks,
+)
 
 KINDS = ("container", "volume", "network")  # removal order: a volume in use stays
 NAME_PREFIXES = ("imagebuild-",)  # bench containers; smoke's compose projects
 UNOWNED_MAX_AGE_S = 6 * 3600  # the longest a healthy smoke, gates and bench run takes, x2
+EXIT_WAIT_S = 5.0  # for SIGKILLed processes to be gone before their containers are removed
 Log = Callable[[str], None]
 
 
@@ -57,15 +74,62 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr)  # stdout stays the command's own (read by scripts)
 
 
+def _gone_or_zombie(pid: int, ticks: int | None, proc: Path) -> bool:
+    if start_ticks(pid, proc) != ticks:
+        return True
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2:].startswith("Z")  # its parent (init) collects it
+
+
+def reap_processes(*, log: Log = _say, host: str | None = None,
+                   start_of: Any = process_start, proc: Path = PROC,
+                   dry_run: bool = False) -> list[str]:
+    """SIGKILL every process on this host started by a run that is gone (its RUN_ENV);
+    one line each. Waits up to EXIT_WAIT_S for them to be gone."""
+    verb = "would reap" if dry_run else "reaped"
+    mine = ancestors(os.getpid(), proc)
+    killed: list[tuple[int, int | None]] = []
+    removed: list[str] = []
+    for p in marked_processes(proc):
+        if p.pid in mine or run_state(p.labels, host=host, start_of=start_of) != "gone":
+            continue
+        owner = owner_of(p.labels)
+        if not dry_run:
+            if start_ticks(p.pid, proc) != p.ticks:  # it ended, its pid was reused
+                continue
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError) as exc:
+                log(f"could not reap process {p.pid} ({p.command}): {exc}")
+                continue
+            killed.append((p.pid, p.ticks))
+        removed.append(f"process {p.pid}")
+        log(f"{verb} process {p.pid} ({p.command}): {owner.describe() if owner else '?'} "
+            "is gone")
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while killed and time.monotonic() < deadline:
+        killed = [(pid, t) for pid, t in killed if not _gone_or_zombie(pid, t, proc)]
+        if killed:
+            time.sleep(0.05)
+    for pid, _ in killed:
+        log(f"process {pid} was sent SIGKILL and is still there after {EXIT_WAIT_S:.0f} s")
+    return removed
+
+
 def reap(eng: Engine | None = None, *, log: Log = _say, host: str | None = None,
          start_of: Any = process_start, now: float | None = None,
-         dry_run: bool = False) -> Reaped:
-    """Remove every container, volume and network of this host's gone runs; one line per
-    object removed, one per unowned object kept, one per other host. An object that
-    cannot be removed (a volume still in use) is said and left: the run goes on."""
+         dry_run: bool = False, proc: Path = PROC) -> Reaped:
+    """Remove every process, container, volume and network of this host's gone runs; one
+    line per object removed, one per unowned object kept, one per other host. An object
+    that cannot be removed (a volume still in use) is said and left: the run goes on."""
     eng = eng or engine()
     now = time.time() if now is None else now
     verb = "would reap" if dry_run else "reaped"
+    processes = reap_processes(log=log, host=host, start_of=start_of, proc=proc,
+                               dry_run=dry_run)
 
     def remove(kind: str, name: str, why: str) -> None:
         try:
@@ -103,4 +167,4 @@ def reap(eng: Engine | None = None, *, log: Log = _say, host: str | None = None,
     for other, n in sorted(others.items()):
         log(f"left {n} object(s) of runs on host {other}: this engine is shared, and only "
             f"that host can tell whether its runs are gone")
-    return Reaped(removed, kept, others)
+    return Reaped(processes + removed, kept, others)

@@ -11,15 +11,20 @@ that host's pids mean nothing on this one.
 Every creation path takes its labels from here: the Docker seam (docker.py) for the SDK's
 containers, `owned_compose` for every compose file a run starts (services, volumes,
 networks); `build.py launch` is the exception by design (a deployment meant to outlive
-the command; docs/runner-hygiene.md)."""
+the command; docs/commands.md, "Runs that were killed"). Processes carry the same owner in
+their environment (RUN_ENV, set for a command's duration by `children_marked`): every
+child inherits it, so the smoke suite, a `docker build` or `docker-compose` client that
+outlive a SIGKILLed run are found by it (`marked_processes`); /proc/PID/environ shows the
+environment a process was started with, which names the run that started it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +36,7 @@ PID_LABEL = "io.imagebuild.run.pid"
 START_LABEL = "io.imagebuild.run.start"  # BOOT_ID/TICKS of the process
 RUN_LABEL = "io.imagebuild.run.id"
 OWNER_KEYS = (HOST_LABEL, PID_LABEL, START_LABEL, RUN_LABEL)
+RUN_ENV = "IMAGEBUILD_RUN_OWNER"  # HOST|PID|START|RUN of the run a process belongs to
 PROC = Path("/proc")
 BOOT_ID = PROC / "sys/kernel/random/boot_id"
 
@@ -109,6 +115,77 @@ def owner_of(labels: Mapping[str, str] | None) -> Owner | None:
     except ValueError:
         return None
     return Owner(labels[HOST_LABEL], pid, labels[START_LABEL], labels.get(RUN_LABEL, "?"))
+
+
+def owner_marker() -> str:
+    """This process's owner as RUN_ENV holds it (a hostname holds no "|")."""
+    labels = owner_labels()
+    return "|".join(labels[k] for k in OWNER_KEYS)
+
+
+def labels_of_marker(marker: str) -> dict[str, str]:
+    """A RUN_ENV value as the labels it stands for ({} when it is not one)."""
+    parts = marker.split("|")
+    return dict(zip(OWNER_KEYS, parts, strict=True)) if len(parts) == len(OWNER_KEYS) else {}
+
+
+@contextlib.contextmanager
+def children_marked() -> Iterator[None]:
+    """Every process started meanwhile (and each of its own children) carries this run's
+    owner in RUN_ENV; the environment is as before afterwards (tests call commands
+    in-process)."""
+    before = os.environ.get(RUN_ENV)
+    os.environ[RUN_ENV] = owner_marker()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(RUN_ENV, None)
+        else:
+            os.environ[RUN_ENV] = before
+
+
+@dataclass(frozen=True)
+class MarkedProcess:
+    pid: int
+    ticks: int | None  # its own start: a pid reused before it is signalled is not it
+    labels: dict[str, str]  # of the run whose environment it was started with
+    command: str
+
+
+def marked_processes(proc: Path = PROC) -> Iterator[MarkedProcess]:
+    """Every process on this host started with RUN_ENV in its environment. A process
+    that ends while it is read, or whose environment cannot be read, is passed over."""
+    key = RUN_ENV.encode() + b"="
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        for var in env.split(b"\0"):
+            if var.startswith(key):
+                labels = labels_of_marker(var[len(key):].decode(errors="replace"))
+                if labels:
+                    command = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()
+                    pid = int(entry.name)
+                    yield MarkedProcess(pid, start_ticks(pid, proc), labels, command[:120])
+                break
+
+
+def ancestors(pid: int, proc: Path = PROC) -> set[int]:
+    """pid and every parent above it (field 4 of /proc/PID/stat)."""
+    out: set[int] = set()
+    while pid > 0 and pid not in out:
+        out.add(pid)
+        try:
+            text = (proc / str(pid) / "stat").read_text()
+            pid = int(text[text.rfind(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
 
 
 def run_state(labels: Mapping[str, str] | None, *, host: str | None = None,

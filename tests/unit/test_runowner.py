@@ -179,3 +179,83 @@ def test_reap_on_this_host_uses_the_real_liveness(live: bool):
     finally:
         child.kill()
         child.wait()
+
+
+# ------------------------------------------------------------------ processes of a run
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+def _marker_of(pid: int) -> str:
+    """RUN_ENV of a run whose process is `pid` on this host."""
+    labels = _labels(host=runowner.host_name(), pid=pid, start=process_start(pid) or "")
+    return "|".join(labels[k] for k in OWNER_KEYS)
+
+
+def _started_by(marker: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(SLEEP, env={**os.environ, runowner.RUN_ENV: marker})
+
+
+def _stop(*procs: subprocess.Popen[bytes]) -> None:
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_children_marked_reaches_grandchildren_and_is_undone():
+    before = os.environ.get(runowner.RUN_ENV)
+    with runowner.children_marked():
+        out = subprocess.run([sys.executable, "-c", (
+            "import os, subprocess, sys; subprocess.run([sys.executable, '-c', "
+            f"'import os; print(os.environ[\"{runowner.RUN_ENV}\"])'])")],
+            capture_output=True, text=True, check=True).stdout.strip()
+    assert os.environ.get(runowner.RUN_ENV) == before
+    assert runowner.labels_of_marker(out) == owner_labels()
+    assert runowner.labels_of_marker("a|b") == {}
+
+
+def test_reap_kills_a_gone_runs_processes_only():
+    gone_owner, live_owner = subprocess.Popen(SLEEP), subprocess.Popen(SLEEP)
+    gone_marker = _marker_of(gone_owner.pid)
+    _stop(gone_owner)
+    orphan, live_child = _started_by(gone_marker), _started_by(_marker_of(live_owner.pid))
+    try:
+        found = {p.pid: p for p in runowner.marked_processes()}
+        assert found[orphan.pid].labels == runowner.labels_of_marker(gone_marker)
+        lines: list[str] = []
+        out = reap(FakeEngine({}), log=lines.append, dry_run=True)
+        assert f"process {orphan.pid}" in out.removed and orphan.poll() is None
+        out = reap(FakeEngine({}), log=lines.append)
+        assert f"process {orphan.pid}" in out.removed
+        assert f"process {live_child.pid}" not in out.removed
+        assert orphan.wait(timeout=5) == -9 and live_child.poll() is None
+        assert any(line.startswith(f"reaped process {orphan.pid} (") and "is gone" in line
+                   for line in lines), lines
+    finally:
+        _stop(orphan, live_child, live_owner)
+
+
+def test_reap_never_kills_this_process_or_its_parents(tmp_path: Path):
+    """A run started by a run that is gone (its parent) reaps that run's other orphans,
+    never itself nor the parent chain it runs in: a fake /proc where this process's
+    parent is a real process marked by a gone run (this process is left unmarked there: a
+    broken exclusion would kill the test runner itself)."""
+    gone_owner = subprocess.Popen(SLEEP)
+    marker = _marker_of(gone_owner.pid)
+    _stop(gone_owner)
+    parent = _started_by(marker)
+    me = os.getpid()
+    for pid, ppid in ((me, parent.pid), (parent.pid, 1)):
+        d = tmp_path / str(pid)
+        d.mkdir()
+        d.joinpath("stat").write_text(
+            f"{pid} (python) S {ppid} " + " ".join(["0"] * 17) + f" {start_ticks(pid)} 0\n")
+        env = f"{runowner.RUN_ENV}={marker}\0" if pid == parent.pid else "HOME=/\0"
+        d.joinpath("environ").write_bytes(env.encode())
+        d.joinpath("cmdline").write_bytes(b"python\0")
+    try:
+        out = reap(FakeEngine({}), log=lambda s: None, proc=tmp_path,
+                   start_of=lambda pid: None)
+        assert out.removed == [] and parent.poll() is None
+    finally:
+        _stop(parent)

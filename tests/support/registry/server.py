@@ -48,6 +48,18 @@ class RunningRegistry:
         return RegistryClient(url or self.url, username=self.user, password=self.password,
                               **kw)
 
+    def restart(self, timeout: float = 15) -> None:
+        """Start it again after it died: same port, storage and credentials (a registry
+        killed mid-push and brought back, as a runner's service would be)."""
+        assert not self.alive(), "restart() is for a registry that died"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen([REGISTRY_BIN, "serve", str(self.root / "config.yml")],
+                                            stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL)
+        if not _wait_ready(self.url, self.process, timeout):
+            raise RuntimeError("docker-registry did not come back; log tail:\n"
+                               + self.log_text()[-2000:])
+
     def stop(self) -> None:
         if self.alive():
             self.process.terminate()
