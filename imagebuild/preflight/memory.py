@@ -35,7 +35,9 @@ from imagebuild.spec.values import memory_bytes
 GIB = 2**30
 VLLM_VERSION = "0.23.0"  # the version whose accounting is replayed here
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
-VLLM_DEFAULT_UTIL = 0.92  # config/cache.py CacheConfig.gpu_memory_utilization
+# CacheConfig.gpu_memory_utilization of 0.23.0 (config/cache.py): used only when the cell's
+# vLLM has no recorded serve parser (vllmfacts.py then says the facts are missing)
+VLLM_DEFAULT_UTIL = 0.92
 VLLM_DEFAULT_BATCHED = 8192  # the larger of vLLM's CUDA defaults: the safe side
 VLLM_DEFAULT_SEQS = 256
 MM_CACHE_GIB = 4.0  # config/multimodal.py mm_processor_cache_gb
@@ -140,7 +142,9 @@ def predict(v: CellView, lock: Lock | None, model: Checkpoint, drafter: Checkpoi
             weights=weights, drafter=drafter_w, kv=None if space is None else space * GIB,
             kv_one_request=one, activations=act, runtime=CPU_RUNTIME_BYTES, budget=limit,
             budget_text=f"memory_limit {target.memory_limit}")
-    util = as_float(v.flag("gpu-memory-utilization")) or VLLM_DEFAULT_UTIL
+    recorded = v.default("gpu-memory-utilization")  # the cell's vLLM's own default
+    util = as_float(v.flag("gpu-memory-utilization")) or (
+        float(recorded) if isinstance(recorded, int | float) else VLLM_DEFAULT_UTIL)
     # a discrete GPU's memory is no container setting: unknown unless the target says it
     size = target.memory or (target.memory_limit if target.unified_memory else None)
     if size is None:

@@ -124,3 +124,15 @@ def test_activations_are_batched_tokens_and_logits() -> None:
     text = {"hidden_size": 2048, "vocab_size": 248320}
     assert memory.activation_bytes(text, 16384, 64) == (
         16384 * 2048 * 2 * 16 + 64 * 248320 * 4)
+
+
+def test_an_unset_utilization_is_the_cells_vllm_default_as_recorded(locked: Path,
+                                                                     monkeypatch) -> None:
+    # the recorded serve parser's default (facts/recorded/<version>/serve_args.json),
+    # not the module's fallback for a version without facts
+    monkeypatch.setattr(memory, "VLLM_DEFAULT_UTIL", 0.5)
+    edit(locked, "      gpu-memory-utilization: 0.85\n", "")
+    shown = {f.cell: f.message for f in of(check(locked, target="gb10", engine="dflashfix"),
+                                           "memory-prediction")}
+    assert shown and all("budget gpu-memory-utilization 0.92 x 128g" in m
+                         for m in shown.values()), shown
