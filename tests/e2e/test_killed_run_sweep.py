@@ -1,7 +1,8 @@
 """The whole job SIGKILLed at every stage, then run again (issue 39): the next run reaps
 everything the killed one left (its containers, volumes, networks and the processes it
 started: the smoke suite, a `docker build` client), finishes, and `latest` points at a
-release that passed; the same with the registry killed mid-publish and started again.
+release that passed; the same with the registry killed mid-publish and started again (one
+link of the chain).
 
 One chain on one tag, as a runner killed by the OOM killer sees it: each run is killed at
 the next stage, so every stage is reached by a run that resumes the one before (resume
@@ -24,7 +25,7 @@ from tests.e2e.test_interrupts_e2e import Run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-TAG, NEXT_TAG = "2026-06-25-dflashfix", "2026-06-26-dflashfix"
+TAG = "2026-06-25-dflashfix"
 NAMESPACE = "vllm-spark-sweep"
 REPO = f"{NAMESPACE}/cpu-tiny-ngram"
 CELL = "cpu/cpu-tiny-ngram"
@@ -35,6 +36,7 @@ KILL_POINTS = (
     ("smoke", ("checks: the smoke suite runs",), 1.0),
     ("gates", (f"gates {CELL}", "started"), 6.0),
     ("publish", (f"publish {CELL}", "started"), 1.0),
+    ("registry", (), 0.0),  # not a SIGKILL: the registry process dies mid-publish
     ("sbom", (f"sbom {CELL}", "started"), 0.0),
     ("bench", ("bench c=",), 0.5),
     ("promote", ("stored with",), 0.0),  # bench stored; latest is moved next
@@ -101,44 +103,44 @@ def _latest_passed(client) -> str:
 def test_killed_at_every_stage_the_next_run_reaps_and_finishes(
         env, shared_registry, tmp_path: Path) -> None:
     out = tmp_path / "build"
-    killed: dict[str, tuple[int, str]] = {}
+    client = shared_registry.client()
+    killed: list[tuple[str, int, str]] = []  # (stage, pid, start) of each killed run
+    took: list[str] = []
     for stage, words, delay in KILL_POINTS:
+        begun = time.monotonic()
         run = _job(env, TAG, out)
         if killed:
-            prev_stage, (pid, start) = list(killed.items())[-1]
+            prev_stage, pid, start = killed[-1]
             run.wait_for(run.line(*REAPED_BY), limit=900)
             left = _left_by(pid, start)
             assert not left, f"the run killed at {prev_stage} left {left}:\n{run.output[-2000:]}"
-        killed[stage] = _kill_at(run, words, delay)
+        if stage == "registry":
+            killed.append((stage, *_registry_killed_at_publish(run, shared_registry)))
+        else:
+            killed.append((stage, *_kill_at(run, words, delay)))
+        took.append(f"{stage} {time.monotonic() - begun:.0f} s")
+    begun = time.monotonic()
     final = _job(env, TAG, out)
     assert final.proc.wait(timeout=1800) == 0, final.output[-4000:]
-    for stage, (pid, start) in killed.items():
+    took.append(f"final {time.monotonic() - begun:.0f} s")
+    print("runs:", ", ".join(took))
+    for stage, pid, start in killed:
         assert not _left_by(pid, start), (stage, _left_by(pid, start))
-    client = shared_registry.client()
-    assert _latest_passed(client).endswith("-v0.23.0-dflashfix")
+    assert _latest_passed(client) == "2026-06-25-v0.23.0-dflashfix"
     assert "Traceback" not in final.output, final.output[-4000:]
 
 
-def test_registry_killed_mid_publish_then_restarted(env, shared_registry,
-                                                    tmp_path: Path) -> None:
-    """The registry dies as publish starts: a clear error naming it (exit 1), nothing of
-    the run left; started again on the same port and storage, the next run finishes."""
-    client = shared_registry.client()
-    out = tmp_path / "build"
-    run = _job(env, NEXT_TAG, out)
+def _registry_killed_at_publish(run: Run, registry) -> tuple[int, str]:
+    """The registry dies as publish starts: a clear error naming it (exit 1) and nothing
+    of the run left; started again on the same port and storage for the next run."""
     run.wait_for(run.line(f"publish {CELL}", "started"), limit=900)
     start = _owner_start(run.proc.pid)
-    shared_registry.process.kill()
-    shared_registry.process.wait()
+    registry.process.kill()
+    registry.process.wait()
     try:
         assert run.proc.wait(timeout=600) == 1, run.output[-3000:]
-        assert "registry" in run.output and shared_registry.host in run.output, \
-            run.output[-3000:]
+        assert "registry" in run.output and registry.host in run.output, run.output[-3000:]
         assert "Traceback" not in run.output, run.output[-3000:]
-        assert not _left_by(run.proc.pid, start)
     finally:
-        shared_registry.restart()
-    again = _job(env, NEXT_TAG, out)
-    assert again.proc.wait(timeout=1800) == 0, again.output[-4000:]
-    assert _latest_passed(client) == "2026-06-26-v0.23.0-dflashfix"
-
+        registry.restart()
+    return run.proc.pid, start
