@@ -9,7 +9,9 @@ Stages open with `stage(name, cell)`; code deep inside a stage reports with
 `what` always prints a line. A new `detail` of the same `what` (a byte counter) redraws
 the line in place on a terminal, and elsewhere (a GitHub Actions log, a file) prints at
 most one line per HEARTBEAT_S: no carriage returns where they would pile up. Lines go to
-stderr, next to the stages' own output.
+stderr, next to the stages' own output; while a line waits to be redrawn, whatever else
+the stage prints to the terminal (stdout or stderr) first ends it, so a result never runs
+on into a counter (`_EndsRedraw`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Stage:
                 f"{now - self.started:5.1f}s  {text}")
 
     def _emit(self, text: str, *, redraw: bool = False) -> None:
+        global _redrawing
         if self.redrawing and not redraw:
             self.out.write("\n")
         if redraw:
@@ -60,8 +63,19 @@ class Stage:
         else:
             self.out.write(text + "\n")
         self.redrawing = redraw
+        _redrawing = self if redraw else None
         self.out.flush()
         self.printed_at = time.monotonic()
+
+    def end_redraw(self) -> None:
+        """End a line waiting to be redrawn: someone else writes to the terminal."""
+        global _redrawing
+        with self.lock:
+            if self.redrawing:
+                self.out.write("\n")
+                self.out.flush()
+                self.redrawing = False
+            _redrawing = None
 
     def wait(self, what: str, detail: str = "") -> None:
         with self.lock:
@@ -85,6 +99,44 @@ class Stage:
             self._emit(self.line(outcome))
 
 
+_redrawing: Stage | None = None  # the stage whose terminal line has no newline yet
+
+
+class _EndsRedraw:
+    """A terminal stream (stdout or stderr) that ends a pending progress line before it
+    writes; anything else is the stream's own."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        st = _redrawing
+        if st is not None and text:
+            st.end_redraw()
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def _unwrapped(stream: TextIO) -> TextIO:
+    return stream._stream if isinstance(stream, _EndsRedraw) else stream
+
+
+@contextlib.contextmanager
+def _terminal_writes_end_redraws(tty: bool) -> Iterator[None]:
+    """While a stage redraws on a terminal, sys.stdout and sys.stderr end its line first."""
+    if not tty or isinstance(sys.stdout, _EndsRedraw) or isinstance(sys.stderr, _EndsRedraw):
+        yield  # a log gets no redraws; an outer stage has wrapped them already
+        return
+    before = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _EndsRedraw(before[0]), _EndsRedraw(before[1])  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = before
+
+
 _current: contextvars.ContextVar[Stage | None] = contextvars.ContextVar("stage", default=None)
 
 
@@ -94,7 +146,7 @@ def stage(name: str, cell: str, out: TextIO | None = None,
     """A stage of one cell: a line when it starts, when it waits for something new, and
     when it ends (with how it ended). `poll`, asked every POLL_S from a thread, tells
     what the stage waits for when its code cannot say (it runs in another process)."""
-    out = out or sys.stderr
+    out = _unwrapped(out or sys.stderr)
     st = Stage(name, cell, out, tty=out.isatty())
     st._emit(st.line("started"))
     token = _current.set(st)
@@ -113,7 +165,8 @@ def stage(name: str, cell: str, out: TextIO | None = None,
     if poll:
         watcher.start()
     try:
-        yield st
+        with _terminal_writes_end_redraws(st.tty):
+            yield st
     except BaseException as exc:
         st.finish(f"stopped: {type(exc).__name__}")
         raise

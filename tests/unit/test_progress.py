@@ -85,3 +85,22 @@ def test_a_poll_reports_what_another_process_is_doing(tmp_path, monkeypatch) -> 
     lines = [ln.split("  ")[-1] for ln in out.getvalue().splitlines()]
     assert lines == ["started", "boot: loading weights", "checks: running", lines[-1]]
     assert lines[-1].startswith("done in")
+
+
+def test_a_result_printed_on_the_terminal_ends_the_counter_line(monkeypatch) -> None:
+    """`bench c=1: 40 of 40 requestsc=1: 47.8 tok/s`: what the stage prints to stdout or
+    stderr while a counter waits for its redraw starts on a line of its own."""
+    term = Term()
+    monkeypatch.setattr(progress.sys, "stdout", term)
+    monkeypatch.setattr(progress.sys, "stderr", term)
+    with progress.stage("bench", "cpu/cpu-tiny-ngram"):
+        progress.wait("bench c=1", "1 of 40 requests")
+        progress.wait("bench c=1", "40 of 40 requests")
+        print("c=1: 47.8 tok/s, 0 errors")
+        progress.wait("bench c=4", "1 of 40 requests")
+        progress.wait("bench c=4", "2 of 40 requests")
+        print("warning: slow", file=progress.sys.stderr)
+    assert progress.sys.stdout is term and progress.sys.stderr is term  # put back
+    lines = term.getvalue().split("\n")
+    assert any(ln.endswith("40 of 40 requests") for ln in lines), lines
+    assert "c=1: 47.8 tok/s, 0 errors" in lines and "warning: slow" in lines, lines
