@@ -345,17 +345,20 @@ def cmd_releases(args: argparse.Namespace) -> int:
         list_releases,
     )
     from imagebuild.release.compat import stored_verdict  # deferred: per command (docstring)
+    from imagebuild.release.rollbacks import rolled_back  # deferred: per command (docstring)
 
     client, repos = _repositories(args)
     found = {r: rels for r in repos if (rels := list_releases(client, r))}
     # the verdict of each release's stored compatibility table ("no table": none stored)
     verdicts = {r: {x.tag: stored_verdict(client, x) for x in rels} for r, rels in found.items()}
+    rolled = {r: rolled_back(client, r) for r in found}  # what `history` and notes mark too
     if args.format == "json":
-        print(json.dumps({r: [{**x.as_json(), "gates_verdict": verdicts[r][x.tag]}
+        print(json.dumps({r: [{**x.as_json(), "gates_verdict": verdicts[r][x.tag],
+                               "rolled_back": rolled[r].get(x.tag)}
                               for x in rels] for r, rels in found.items()}, indent=2))
         return 0
     for repo, rels in found.items():
-        print(safe_lines(format_releases(repo, rels, verdicts[repo])))
+        print(safe_lines(format_releases(repo, rels, verdicts[repo], rolled[repo])))
     if not found:  # an empty namespace is an answer, not an error
         print(safe_lines(_no_releases(args, client)))
     return 0
@@ -403,11 +406,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     from imagebuild import REPO_ROOT, buildfolder  # deferred: per command (docstring)
     from imagebuild.bench import history  # deferred: per command (docstring)
+    from imagebuild.release.rollbacks import rolled_back  # deferred: per command (docstring)
 
     client, repos = _repositories(args)
     shown = 0
     for repo in repos:
-        h = history.gather(client, repo)
+        h = history.gather(client, repo, rolled_back(client, repo))
         if not h.points:
             continue
         shown += 1

@@ -4,14 +4,15 @@ The answer to "did it get faster or slower since the last image?" without diggin
 result files: releases oldest to newest on the x axis, one line per concurrency level,
 output tok/s and TTFT p50 in two panels, and the drafter's acceptance rate in a third when
 any release has one (a collapse shows there while tok/s at c=1 hides it), `latest` marked,
-releases newer than latest (rolled back from) crossed out, flagged (untrusted) figures
-drawn hollow. A markdown table holds the same numbers.
+releases that were rolled back (the repository's rollbacks record) crossed out, flagged
+(untrusted) figures drawn hollow. A markdown table holds the same numbers.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ class Figures:
 class Point:
     tag: str
     is_latest: bool
-    rolled_back: bool  # newer than latest: latest was moved back past it
+    rolled_back: bool  # on the repository's rollbacks record (release/rollbacks.py)
     passed: bool
     levels: dict[int, Figures] = field(default_factory=dict)  # empty: no stored results
 
@@ -75,17 +76,16 @@ def figures(doc: dict[str, Any]) -> dict[int, Figures]:
     return out
 
 
-def gather(client: RegistryClient, repo: str) -> History:
+def gather(client: RegistryClient, repo: str, rolled_back: Collection[str] = ()) -> History:
+    """Every release of repo, oldest first; `rolled_back`: the tags the repository's
+    rollbacks record holds (release/rollbacks.py reads it: the caller passes it, so a
+    release reads "rolled back" here exactly where `releases` and the notes say so)."""
     rels = sorted(list_releases(client, repo),
                   key=lambda r: r.release_tag.sort_key())  # type: ignore[union-attr]
-    latest = next((r for r in rels if r.is_latest), None)
     points = []
     for r in rels:
         found = store.stored(client, repo, r.tag)
-        newer = (latest is not None and r.release_tag is not None
-                 and latest.release_tag is not None
-                 and r.release_tag.sort_key() > latest.release_tag.sort_key())
-        points.append(Point(r.tag, r.is_latest, newer, r.passed,
+        points.append(Point(r.tag, r.is_latest, r.tag in rolled_back, r.passed,
                             figures(found.doc) if found else {}))
     return History(repo, points)
 

@@ -273,8 +273,10 @@ def pins_text(pins: dict[str, Any]) -> str:
 
 
 def format_releases(repo: str, rels: list[Release],
-                    verdicts: dict[str, str] | None = None) -> str:
-    """`verdicts`: release tag -> the verdict of its compatibility table (release/compat.py)."""
+                    verdicts: dict[str, str] | None = None,
+                    rolled_back: dict[str, dict[str, str]] | None = None) -> str:
+    """`verdicts`: release tag -> the verdict of its compatibility table (release/compat.py);
+    `rolled_back`: the repository's rollbacks record (release/rollbacks.py)."""
     latest = next((r.tag for r in rels if r.is_latest), None)
     out = [f"{repo}  (latest -> {latest or 'no release'})"]
     for r in rels:
@@ -283,7 +285,10 @@ def format_releases(repo: str, rels: list[Release],
                    f"image {short_digest(r.image_id)}  smoke {safe(r.verdict)}"
                    + (f"  verdict {safe(verdicts[r.tag])}" if verdicts and r.tag in verdicts
                       else "")
-                   + (f"  bench UNMEASURED ({safe(r.unmeasured)})" if r.unmeasured else ""))
+                   + (f"  bench UNMEASURED ({safe(r.unmeasured)})" if r.unmeasured else "")
+                   + (f"  (rolled back to {safe(rolled_back[r.tag].get('to', '?'))} "
+                      f"{safe(rolled_back[r.tag].get('at', ''))})".replace(" )", ")")
+                      if rolled_back and r.tag in rolled_back else ""))
         out.append(f"      pins: {safe(pins_text(r.pins))}")
     if not rels:
         out.append("  (no releases)")

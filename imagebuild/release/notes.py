@@ -26,6 +26,8 @@ from imagebuild.plan import UNRESOLVED
 from imagebuild.registry import referrers
 from imagebuild.registry.documents import bench_table
 from imagebuild.registry.records import list_releases
+from imagebuild.release.resume import recorded_verdict
+from imagebuild.release.rollbacks import rolled_back
 from imagebuild.render import render_compose
 from imagebuild.safetext import safe
 from imagebuild.serving.nodefiles import node_files
@@ -61,6 +63,8 @@ class ImageFacts:
     # the SBOM and provenance stored with the release: {"sbom": artifact digest,
     # "provenance": ..., "signing": how, "findings": count} (supplychain/attach.py)
     supply_chain: dict[str, str] | None = None
+    latest: str | None = None  # the release tag `latest` is at now (None: no latest)
+    rolled_back: dict[str, str] | None = None  # {"to", "at"}: this release was rolled back
 
 
 def run_spec(job: Job, ref: str) -> RunSpec:
@@ -226,18 +230,27 @@ def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, Imag
     compatibility table's markdown (release/compat.py), shown first; `owner`: the GitHub
     owner `gh attestation verify` names (GITHUB_REPOSITORY_OWNER in the workflow)."""
     tag = str(jobs[0].tag) if jobs else "?"
+    empty = ImageFacts(None, None, None)
+    serving = [j for j in jobs if facts.get(j.id, empty).latest == tag]
+    latest = ("`latest` is at this release: moved last, after every check."
+              if serving and len(serving) == len(jobs) else
+              f"`latest` is at this release for {len(serving)} of {len(jobs)} image(s) (each "
+              "says where it is)." if serving else
+              "`latest` is not at this release (each image says where it is).")
     out = [f"# {tag}", "",
-           f"{len(jobs)} image(s), each smoke-tested before push; `latest` moved last.", ""]
+           f"{len(jobs)} image(s), each smoke-tested before push; {latest}", ""]
     if compatibility:
         out += ["## Compatibility", "", "Per cell: smoke, lossless speculative decoding, long "
                 "generation, tok/s, drafter acceptance (rate / mean accepted length per "
                 "concurrency level) and the verdict (`fail`, `incomplete`: not run or not "
                 "trustworthy, `accepted`: passed with a written reason, `pass`).", "",
                 compatibility.rstrip("\n"), ""]
-    previous = sorted({f.previous for f in facts.values() if f.previous})
+    # a rollback is offered from a release `latest` is at, never to where it is already
+    previous = sorted({f.previous for j in serving if (f := facts[j.id]).previous
+                       and f.previous != f.latest})
     for job in jobs:
         cell = job.cell
-        f = facts.get(job.id, ImageFacts(None, None, None))
+        f = facts.get(job.id, empty)
         by_digest = job.image.by_digest(f.digest) if f.digest else None
         out += [f"## {cell.image}", "",
                 f"`{job.id}` · {cell.target.platform} · model {cell.model_name} · drafter "
@@ -248,7 +261,8 @@ def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, Imag
                 "```sh", f"docker pull {job.release_ref}"]
         out += [f"docker pull {by_digest}"] if by_digest else [
             "# not pushed: no digest in the registry for this tag"]
-        out += ["```", "", "Run it hardened (weights are read-only layers of the image, the "
+        out += ["```", "", _latest_line(job, f), "",
+                "Run it hardened (weights are read-only layers of the image, the "
                 "server listens on 127.0.0.1 only, no credentials enter the container):", ""]
         # a multi-node cell runs on all its nodes at once: one command per node
         out += _nodes(job, by_digest or job.release_ref) or [
@@ -270,9 +284,27 @@ def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, Imag
     out += ["## Rollback", ""]
     if previous:
         out += ["```sh"] + [f"python build.py rollback --to {p}" for p in previous] + ["```"]
+    elif not serving:
+        out.append("_`latest` is not at this release: there is nothing of it to roll back_")
     else:
         out.append("_no earlier passing release in the registry: nothing to roll back to_")
     return "\n".join(out) + "\n"
+
+
+def _latest_line(job: Job, f: ImageFacts) -> str:
+    """Where this image's `latest` is, as the registry says now."""
+    tag = str(job.tag)
+    if f.latest == tag:
+        return "`latest` is at this release."
+    if f.rolled_back:
+        back = (f"`latest` is at `{f.latest}`: this release was rolled back to it"
+                if f.latest else "this release was rolled back")
+        at = f" ({safe(f.rolled_back.get('at', ''))})" if f.rolled_back.get("at") else ""
+        return (f"{back}{at}; to serve it again on purpose: `python build.py promote --tag "
+                f"{tag} --accept-rolled-back REASON`")
+    if f.latest:
+        return f"`latest` is at `{f.latest}`, not this release."
+    return "`latest`: none in the registry."
 
 
 def previous_release(rels: list[Release], tag: ReleaseTag) -> str | None:
@@ -314,6 +346,10 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
         mine = next((r for r in rels if r.tag == str(job.tag)), None)
         path = verdict_path(smoke_dir, job.cell)
         verdict = json.loads(path.read_text()) if path.exists() else None
+        # the registry's record is the release's state; a local report of this very image
+        # (this checkout's smoke run) says the same with its measurements
+        if mine is not None and (verdict is None or verdict.get("image_id") != mine.image_id):
+            verdict = recorded_verdict(mine, job)
         previous = previous_release(rels, job.tag)
         bench, ann = _stored_bench(client, repo, mine.tag if mine else None)
         ann = {k: safe(v) for k, v in ann.items()}  # registry text, shown in the notes
@@ -328,7 +364,9 @@ def gather(client: Any, jobs: tuple[Job, ...], smoke_dir: Path) -> dict[str, Ima
             accepted_drop=ann.get(A_ACCEPTED_DROP),
             unmeasured=safe(mine.unmeasured) if mine and mine.unmeasured else None,
             uncompared=ann.get(A_UNCOMPARED), gpu_code=gpu_code,
-            supply_chain=_stored_documents(client, repo, mine.digest) if mine else None)
+            supply_chain=_stored_documents(client, repo, mine.digest) if mine else None,
+            latest=next((r.tag for r in rels if r.is_latest), None),
+            rolled_back=rolled_back(client, repo).get(str(job.tag)))
     return facts
 
 
@@ -375,7 +413,9 @@ def write_histories(client: Any, facts: dict[str, ImageFacts], jobs: tuple[Job, 
 
     done = dict(facts)
     for job in jobs:
-        paths = history.write(history.gather(client, job.image.repository), out_dir, url_base)
+        repo = job.image.repository
+        paths = history.write(history.gather(client, repo, rolled_back(client, repo)), out_dir,
+                              url_base)
         done[job.id] = replace(done.get(job.id, ImageFacts(None, None, None)),
                                history=url_base + paths["md"].name)
     return done

@@ -120,6 +120,19 @@ def _keep(path: Path, image_id: str) -> bool:
         doc.get("passed", True) is not False
 
 
+def recorded_verdict(rel: Release, job: Job) -> dict[str, Any]:
+    """The smoke verdict a release records (its check names and outcomes), as smoke's
+    verdict.json holds one."""
+    checks = json.loads(rel.annotations.get(A_CHECKS) or "{}")
+    return {
+        "passed": rel.passed, "image_id": rel.image_id, "image_ref": job.release_ref,
+        "source": "release record",
+        "message": f"as recorded with release {rel.tag} ({rel.digest}); not run again"
+        if rel.passed else f"smoke {rel.verdict}, as recorded with release {rel.tag}",
+        "checks": {name: {"passed": bool(ok), "outcome": "passed" if ok else "failed"}
+                   for name, ok in checks.items()}}
+
+
 def record_files(rel: Release, job: Job, build_dir: Path, *,
                  replace: bool = False) -> dict[str, Any] | None:
     """A cell's smoke verdict as its release records it (check names and outcomes) at
@@ -130,13 +143,7 @@ def record_files(rel: Release, job: Job, build_dir: Path, *,
     if not rel.passed:
         return None
     path = verdict_path(build_dir, job.cell)
-    checks = json.loads(rel.annotations.get(A_CHECKS) or "{}")
-    verdict = {
-        "passed": True, "image_id": rel.image_id, "image_ref": job.release_ref,
-        "source": "release record",
-        "message": f"as recorded with release {rel.tag} ({rel.digest}); not run again",
-        "checks": {name: {"passed": bool(ok), "outcome": "passed" if ok else "failed"}
-                   for name, ok in checks.items()}}
+    verdict = recorded_verdict(rel, job)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or (replace and not _keep(path, rel.image_id)):
         path.write_text(json.dumps(verdict, indent=1))

@@ -155,7 +155,7 @@ UNEXPLAINED_IN_FUNCTION = {
     "builder/builder.py": 6,
     "cli.py": 7,
     "gates/run.py": 1,
-    "job.py": 30,
+    "job.py": 29,
     "preflight/flags.py": 3,
     "preflight/kernels.py": 2,
     "preflight/kvcache.py": 1,

@@ -26,7 +26,8 @@ def test_notes_per_image(matrix_dir):
     plan = _plan(matrix_dir, "gb10")
     jobs = plan.jobs
     first = jobs[0]
-    facts = {first.id: ImageFacts(DIGEST, "2026-06-11-v0.23.0-pr41703", VERDICT)}
+    facts = {first.id: ImageFacts(DIGEST, "2026-06-11-v0.23.0-pr41703", VERDICT,
+                                  latest="2026-06-18-v0.23.0-dflashfix")}
     text = release_notes(plan.lm, jobs, facts)
     repo = first.image.name
     assert f"docker pull {repo}:2026-06-18-v0.23.0-dflashfix" in text
@@ -56,7 +57,9 @@ def test_notes_per_image(matrix_dir):
 
 def test_cpu_notes_use_shm_not_gpus(matrix_dir):
     plan = _plan(matrix_dir, "cpu")
-    text = release_notes(plan.lm, plan.jobs, {})
+    text = release_notes(plan.lm, plan.jobs, {j.id: ImageFacts(DIGEST, None, VERDICT,
+                                                              latest=str(j.tag))
+                                              for j in plan.jobs})
     assert "--shm-size" in text and "--gpus" not in text
     assert "nothing to roll back to" in text
 
