@@ -17,7 +17,8 @@ from imagebuild.bench.results import document
 from imagebuild.errors import UserError
 from imagebuild.registry import referrers
 from imagebuild.registry.client import OCI_INDEX, OCI_MANIFEST, RegistryClient
-from imagebuild.registry.records import A_IMAGE, A_SMOKE, A_TAG
+from imagebuild.registry.records import A_IMAGE, A_SMOKE, A_TAG, read_release
+from imagebuild.release import rollbacks
 
 pytestmark = pytest.mark.slow
 REPO = "vllm-spark/cpu-tiny-ngram"
@@ -153,8 +154,11 @@ def test_history_of_three_releases_has_three_points_per_line(fresh_registry, tmp
         _release(client, tag)
         store.put_results(client, REPO, tag, _doc(tag, {1: 100.0 + i, 4: 300.0 + 10 * i},
                                                   flagged=(4,) if i == 2 else ()))
-    client.copy_tag(REPO, TAGS[1], "latest")  # rolled back from the third
-    h = history.gather(client, REPO)
+    client.copy_tag(REPO, TAGS[1], "latest")  # rolled back from the third, as recorded
+    config = json.loads(read_release(client, REPO, TAGS[1]).body)["config"]
+    rollbacks.record(client, REPO, TAGS[2], TAGS[1],
+                     {"digest": config["digest"], "size": config["size"]})
+    h = history.gather(client, REPO, rollbacks.rolled_back(client, REPO))
     assert [p.tag for p in h.points] == TAGS
     assert [(p.is_latest, p.rolled_back) for p in h.points] == [
         (False, False), (True, False), (False, True)]
