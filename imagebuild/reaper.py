@@ -38,6 +38,7 @@ from imagebuild.runowner import (
     process_start,
     run_state,
     start_ticks,
+    stat_fields,
 )
 
 KINDS = ("container", "volume", "network")  # removal order: a volume in use stays
@@ -75,13 +76,11 @@ def _say(line: str) -> None:
 
 
 def _gone_or_zombie(pid: int, ticks: int | None, proc: Path) -> bool:
-    if start_ticks(pid, proc) != ticks:
-        return True
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2:].startswith("Z")  # its parent (init) collects it
+    """No process `pid` of start `ticks` runs: none, another (its pid reused), or a zombie
+    (dead; its parent, init, collects it)."""
+    fields = stat_fields(pid, proc)
+    return (fields is None or len(fields) < 20 or fields[19] != str(ticks)
+            or fields[0] == "Z")
 
 
 def reap_processes(*, log: Log = _say, host: str | None = None,

@@ -54,17 +54,23 @@ def boot_id() -> str:
         return "unknown-boot"
 
 
-def start_ticks(pid: int, proc: Path = PROC) -> int | None:
-    """The process's start time in clock ticks since boot, None when there is no such
+def stat_fields(pid: int, proc: Path = PROC) -> list[str] | None:
+    """Fields 3 onwards of /proc/PID/stat (state, ppid, ...), None when there is no such
     process. The command name (field 2) may hold spaces and parentheses: the fields
     after its last ')' are counted."""
     try:
         text = (proc / str(pid) / "stat").read_text()
     except (OSError, ValueError):
         return None
-    fields = text[text.rfind(")") + 2:].split()
+    return text[text.rfind(")") + 2:].split()
+
+
+def start_ticks(pid: int, proc: Path = PROC) -> int | None:
+    """The process's start time in clock ticks since boot, None when there is no such
+    process."""
+    fields = stat_fields(pid, proc)
     try:
-        return int(fields[19])  # field 22 overall; field 3 (state) is fields[0]
+        return int(fields[19]) if fields else None  # field 22 overall; 3 (state) is [0]
     except (IndexError, ValueError):
         return None
 
@@ -180,10 +186,10 @@ def ancestors(pid: int, proc: Path = PROC) -> set[int]:
     out: set[int] = set()
     while pid > 0 and pid not in out:
         out.add(pid)
+        fields = stat_fields(pid, proc)
         try:
-            text = (proc / str(pid) / "stat").read_text()
-            pid = int(text[text.rfind(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
+            pid = int(fields[1]) if fields else 0
+        except (ValueError, IndexError):
             break
     return out
 
