@@ -272,6 +272,13 @@ def pins_text(pins: dict[str, Any]) -> str:
     return "; ".join(parts) or "-"
 
 
+def _rolled_back_text(entry: dict[str, str] | None) -> str:
+    if entry is None:
+        return ""
+    at = f" {safe(entry['at'])}" if entry.get("at") else ""
+    return f"  (rolled back to {safe(entry.get('to', '?'))}{at})"
+
+
 def format_releases(repo: str, rels: list[Release],
                     verdicts: dict[str, str] | None = None,
                     rolled_back: dict[str, dict[str, str]] | None = None) -> str:
@@ -286,9 +293,7 @@ def format_releases(repo: str, rels: list[Release],
                    + (f"  verdict {safe(verdicts[r.tag])}" if verdicts and r.tag in verdicts
                       else "")
                    + (f"  bench UNMEASURED ({safe(r.unmeasured)})" if r.unmeasured else "")
-                   + (f"  (rolled back to {safe(rolled_back[r.tag].get('to', '?'))} "
-                      f"{safe(rolled_back[r.tag].get('at', ''))})".replace(" )", ")")
-                      if rolled_back and r.tag in rolled_back else ""))
+                   + _rolled_back_text((rolled_back or {}).get(r.tag)))
         out.append(f"      pins: {safe(pins_text(r.pins))}")
     if not rels:
         out.append("  (no releases)")
