@@ -1,11 +1,16 @@
 """Where the suite's time goes: after the run, seconds per test module (its tests' set-up,
 call and teardown, module-scoped fixtures included) and per top folder, largest first.
 `--durations` names single tests; a module's session fixture or twenty 40 s cases show
-only here. Loaded by tests/conftest.py; `.ci/run` prints it at the end of every CI run."""
+only here. Loaded by tests/conftest.py; `.ci/run` prints it at the end of every CI run.
+Each module also gets one line on stderr as it ends (seconds, and since the session began),
+written unbuffered: a run cut off by CI's time limit still shows where its time went."""
 
 from __future__ import annotations
 
+import sys
+import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -57,9 +62,25 @@ def summarize(durations: list[tuple[str, str, float]], top: int = TOP) -> list[s
 class TimingReport:
     def __init__(self) -> None:
         self.durations: list[tuple[str, str, float]] = []
+        self.began = time.monotonic()
+        self.module_began: float | None = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.durations.append((report.nodeid, report.when, report.duration))
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item,
+                                nextitem: pytest.Item | None) -> Iterator[None]:
+        if self.module_began is None:
+            self.module_began = time.monotonic()
+        yield
+        mod = module_of(item.nodeid)
+        if nextitem is None or module_of(nextitem.nodeid) != mod:
+            now = time.monotonic()
+            sys.stderr.write(f"\n[timing] {mod} {now - self.module_began:.0f} s "
+                             f"(suite at {now - self.began:.0f} s)\n")
+            sys.stderr.flush()
+            self.module_began = now
 
     @pytest.hookimpl(trylast=True)  # after --durations: the last thing CI's log shows
     def pytest_terminal_summary(self, terminalreporter) -> None:  # type: ignore[no-untyped-def]
