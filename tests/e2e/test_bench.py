@@ -56,7 +56,9 @@ from imagebuild.serving.runspec import Limits
 from tests.support.memregistry import add_release
 from tests.support.registry import running_registry
 
-pytestmark = pytest.mark.slow
+# the tests read the load generator's trust flags, which a busy second core raises: no test
+# of the other lane runs beside them (tests/support/lanes.py)
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
 FAST, SLOW = "2026-06-11-v0.23.0-batched", "2026-06-18-v0.23.0-serial"
 REPO = "vllm-spark/cpu-tiny-ngram"

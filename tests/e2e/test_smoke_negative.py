@@ -25,6 +25,7 @@ import pytest
 
 from imagebuild import REPO_ROOT
 from imagebuild.smoke.runner import smoke_ref
+from tests.support.leftovers import smoke_leftovers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -34,12 +35,8 @@ BAD = "imagebuild-smoke-negative"
 
 
 def _leftovers(docker: str) -> list[str]:
-    """Containers of smoke's compose projects (imagebuild-smoke-*) still around."""
-    out = subprocess.run([docker, "ps", "-a", "--format",
-                          '{{.Names}} {{.Label "com.docker.compose.project"}}'],
-                         capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines()
-            if line.split()[1:2] and line.split()[1].startswith("imagebuild-smoke-")]
+    """Containers of smoke's compose projects still around, but another live run's."""
+    return smoke_leftovers(docker)
 
 
 @pytest.fixture(scope="module")
