@@ -76,12 +76,14 @@ def test_rollback_and_roll_forward_move_only_manifests(released):
     # host may be flagged untrusted (tests/e2e/test_bench_store.py tests that refusal),
     # which is not what this test is about: accept them with a reason, as a user would
     # the release rolled back from goes forward again only on purpose
+    # (so may a regression: the two releases were benched while the other test lane ran)
+    shared = ("--accept-untrusted-bench", "e2e roll-forward on a shared CI host",
+              "--accept-regression", "e2e roll-forward on a shared CI host")
     proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
-                "--accept-untrusted-bench", "e2e roll-forward on a shared CI host")
+                *shared)
     assert proc.returncode == 1 and "was rolled back" in proc.stderr, proc.stderr
     proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
-                "--accept-untrusted-bench", "e2e roll-forward on a shared CI host",
-                "--accept-rolled-back", "e2e: the rollback was a drill")
+                *shared, "--accept-rolled-back", "e2e: the rollback was a drill")
     assert proc.returncode == 0, proc.stderr
     assert _latest_line(_run(released, "releases", "--image", "cpu-*").stdout) == NEW
 

@@ -34,9 +34,10 @@ GOOD = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
 BAD = "imagebuild-smoke-negative"
 
 
-def _leftovers(docker: str) -> list[str]:
-    """Containers of smoke's compose projects still around, but another live run's."""
-    return smoke_leftovers(docker)
+def _leftovers(docker: str, run: subprocess.Popen[bytes] | None = None) -> list[str]:
+    """Containers of smoke's compose projects still around, but another live run's (the
+    smoke `run` this test started counts while it lives)."""
+    return smoke_leftovers(docker, mine=[run.pid] if run else [])
 
 
 @pytest.fixture(scope="module")
@@ -216,11 +217,11 @@ def test_ctrl_c_removes_the_container(good: dict, derive, docker_engine: str):
     deadline = time.monotonic() + 90
     while not any("booting" in x for x in lines) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _leftovers(docker_engine), "the smoke container never started"
+    assert _leftovers(docker_engine, proc), "the smoke container never started"
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=60)  # pytest's teardown gets 20 s, then the backstop
     except subprocess.TimeoutExpired:
         proc.kill()
         raise AssertionError("smoke did not stop on Ctrl-C:\n" + "".join(lines)[-2000:]) from None
-    assert _leftovers(docker_engine) == [], "".join(lines)[-2000:]
+    assert _leftovers(docker_engine, proc) == [], "".join(lines)[-2000:]

@@ -391,7 +391,7 @@ def test_bad_cli_input(case: Case, matrix_dir: Path, guarded, capsys, monkeypatc
     assert "Traceback" not in output, output
     assert case.expect in output, output
     assert "fix:" in output, output
-    assert elapsed < LIMIT_S, f"{case.id} took {elapsed:.2f} s"
+    assert elapsed < LIMIT_S, f"{case.id} took {elapsed:.2f} s of CPU"
     assert peak < LIMIT_BYTES, f"{case.id}: {peak / 2**20:.0f} MB allocated"
     assert tree_snapshot(matrix_dir) == before, "something was written"
     assert _repo_build() == build_before, "something was written under build/"
