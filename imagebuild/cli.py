@@ -601,6 +601,16 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from imagebuild.starter import init  # deferred: per command (docstring)
+
+    written = init(args.dir)
+    print(f"wrote {len(written)} file(s) into {args.dir}: matrix.yaml, {written[1].name}, "
+          "locked/, rendered/ and the files the matrix names")
+    print(as_invoked(f"next: cd {args.dir} && python build.py check"))
+    return 0
+
+
 def cmd_migrate(args: argparse.Namespace) -> int:
     from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
     from imagebuild.spec.migrate import migrate  # deferred: per command (docstring)
@@ -678,7 +688,8 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
             "history": cmd_history, "verify": cmd_verify, "launch": cmd_launch, "table": cmd_table,
             "rehearse": cmd_rehearse,
-            "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate,
+            "runner-clean": cmd_runner_clean, "schema": cmd_schema, "init": cmd_init,
+            "migrate": cmd_migrate,
             "facts": cmd_facts}
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "-qq", "--quiet")
 

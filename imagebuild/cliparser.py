@@ -116,7 +116,8 @@ def _url(text: str) -> str:
 def _matrix(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matrix", type=Path, default=None,
                    help="matrix.yaml to read (default: $IMAGEBUILD_MATRIX, else ./matrix.yaml "
-                        "in the current directory, else the repository's)")
+                        "in the current directory, else a checkout's own; installed, there "
+                        "is no default: `init` starts one)")
 
 
 def _release(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
@@ -278,6 +279,7 @@ EXAMPLES = {
     "runner-clean": "%(prog)s --keep 3 --dry-run",
     "lock": "%(prog)s --check     (or: %(prog)s --update tiny)",
     "schema": "%(prog)s > matrix.schema.json     (or: %(prog)s --format markdown)",
+    "init": "%(prog)s my-images     (then: cd my-images)",
     "migrate": "%(prog)s --matrix examples/cpu-tiny-llama/matrix.yaml --dry-run",
     "facts": "%(prog)s record --python .venv-vllm/bin/python     (or: %(prog)s list)",
 }
@@ -582,6 +584,12 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _verbosity(ls, argparse.SUPPRESS)
     _version(ls)
     _matrix(ls)
+    p = sub.add_parser("init", help="start a project folder from the example matrix the "
+                                    "package carries (the cpu target): matrix.yaml, its "
+                                    "lock, the files it names, the rendered files")
+    p.add_argument("dir", nargs="?", type=_out_dir, default=Path("."), metavar="DIR",
+                   help="the folder to write (default: the current one); refused when it "
+                        "already holds one of those files")
     p = sub.add_parser("migrate", help="rewrite an older matrix.yaml to the current schema "
                                        "in place (renamed fields; comments kept)")
     _matrix(p)
