@@ -340,25 +340,15 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    from imagebuild.registry.records import (  # deferred: per command (docstring)
-        format_releases,
-        list_releases,
-    )
-    from imagebuild.release.compat import stored_verdict  # deferred: per command (docstring)
-    from imagebuild.release.rollbacks import rolled_back  # deferred: per command (docstring)
+    from imagebuild.release.listing import rows, table  # deferred: per command (docstring)
 
     client, repos = _repositories(args)
-    found = {r: rels for r in repos if (rels := list_releases(client, r))}
-    # the verdict of each release's stored compatibility table ("no table": none stored)
-    verdicts = {r: {x.tag: stored_verdict(client, x) for x in rels} for r, rels in found.items()}
-    rolled = {r: rolled_back(client, r) for r in found}  # what `history` and notes mark too
+    found = {r: listed for r in repos if (listed := rows(client, r))}
     if args.format == "json":
-        print(json.dumps({r: [{**x.as_json(), "gates_verdict": verdicts[r][x.tag],
-                               "rolled_back": rolled[r].get(x.tag)}
-                              for x in rels] for r, rels in found.items()}, indent=2))
+        print(json.dumps(found, indent=2))
         return 0
-    for repo, rels in found.items():
-        print(safe_lines(format_releases(repo, rels, verdicts[repo], rolled[repo])))
+    for repo, listed in found.items():
+        print(safe_lines(table(repo, listed)))
     if not found:  # an empty namespace is an answer, not an error
         print(safe_lines(_no_releases(args, client)))
     return 0

@@ -22,8 +22,10 @@ def test_a_rolled_back_release_reads_alike_everywhere(monkeypatch, tmp_path, cap
 
     assert main(["releases", "--image", IMAGE]) == 0
     table = capsys.readouterr().out
-    line = next(ln for ln in table.splitlines() if NEW in ln and "smoke" in ln)
-    assert f"(rolled back to {OLD}" in line, table
+    lines = table.splitlines()
+    row = next(i for i, ln in enumerate(lines) if ln[2:].startswith(NEW))
+    detail = " ".join(ln.strip() for ln in lines[row + 1:row + 3] if ln.startswith("    "))
+    assert f"rolled back to {OLD} at " in detail, table
     assert f"(latest -> {OLD})" in table
 
     assert main(["releases", "--image", IMAGE, "--format", "json"]) == 0
