@@ -376,11 +376,18 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """0 when everything stored with the release agrees with its image, 1 otherwise."""
-    from imagebuild.release.verify import failed, verify  # deferred: per command (docstring)
+    from imagebuild.release.verify import (  # deferred: per command (docstring)
+        as_json,
+        failed,
+        summary,
+        verify,
+    )
 
     checks = verify(args.image)
-    for check in checks:
-        print(check.line())
+    if args.format == "json":
+        print(json.dumps(as_json(args.image, checks), indent=2))
+    else:
+        print("\n".join([*(check.line() for check in checks), summary(checks)]))
     return 1 if failed(checks) else 0
 
 

@@ -449,6 +449,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                                       "missing or disagrees)")
     p.add_argument("image", metavar="IMAGE_REF", type=_image_ref,
                    help="REGISTRY/NAMESPACE/IMAGE:TAG or REGISTRY/NAMESPACE/IMAGE@sha256:...")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {image, ok, counts, checks: [{status, what, detail}]}")
 
     p = sub.add_parser("launch", help="start a multi-node cell: check that its per-node "
                                       "files agree and every host has the same image, then "
