@@ -138,12 +138,10 @@ def cmd_render(args: argparse.Namespace) -> int:
                          "--update NAME` where the Hub is reachable"), file=sys.stderr)
     if args.check:
         bad = stale(rendered, out_dir)
-        if bad:
-            print(as_invoked("stale rendered files (run `python build.py render` and "
-                             "commit):"), file=sys.stderr)
-            for path in bad:
-                print(f"  {out_dir / path}", file=sys.stderr)
-            return 1
+        if bad:  # stale committed files are what a stale lock is: exit 2, as `lock --check`
+            raise UserError(f"{len(bad)} rendered file(s) differ from what matrix.yaml "
+                            "renders:\n" + "\n".join(f"  {out_dir / path}" for path in bad),
+                            fix="run `python build.py render` and commit the files")
         print(f"{len(rendered)} rendered file(s) up to date in {out_dir}")
         return 0
     write(rendered, out_dir)

@@ -351,7 +351,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _release(p, tag_required=False)
     p.add_argument("--out", type=_out_dir, default=None, help="output dir (default: rendered/)")
     p.add_argument("--check", action="store_true",
-                   help="exit 1 when the committed rendered files are stale")
+                   help="exit 2 when the committed rendered files are stale (as `lock "
+                        "--check` does for a stale lock)")
 
     p = sub.add_parser("check", help="preflight: KV-cache layout, serve-flag traps, "
                                      "checkpoint and pin rules (exit 2 on any error); with "
