@@ -211,8 +211,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
             f", not both (IMAGE_REF {args.image})" if args.image else ""),
                         fix="`build.py smoke IMAGE_REF` or `build.py smoke --tag T`")
     if args.image and (args.only or args.target):
-        raise UserError("--only and --target select cells of --tag; IMAGE_REF is one image",
-                        fix="drop --only/--target, or use --tag T")
+        raise UserError("--image and --target select cells of --tag; IMAGE_REF is one image",
+                        fix="drop --image/--target, or use --tag T")
     if args.image:
         reap()
         verdicts = [smoke_ref(args.image, out_dir=args.out, matrix=args.matrix, **kw)]
@@ -326,7 +326,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
     client, repos = _repositories(args)
     if not _published(client, repos):  # a state, not bad input: nothing published
-        raise OperationFailed(f"rollback --to {args.to}: {_no_releases(args, client)}; "
+        raise OperationFailed(f"rollback --tag {args.to}: {_no_releases(args, client)}; "
                               "nothing to roll back",
                               fix="publish a release first (`build.py releases` lists them)")
     moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run,
@@ -765,6 +765,10 @@ def main(argv: list[str] | None = None) -> int:
         _command_parser(ap, args.command).print_help()  # its commands, as a missing one
         return 2
     _logging(args.verbose, args.quiet)
+    for old, new in getattr(args, "renamed_options", None) or []:
+        logging.getLogger("imagebuild").warning(
+            f"warning: {old} is now {new} (named as in every other command); {old} still "
+            "works for now")
     from imagebuild.interrupts import (  # deferred: per command (docstring)
         interrupts_as_keyboard_interrupt,
     )

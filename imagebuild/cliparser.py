@@ -113,6 +113,23 @@ def _url(text: str) -> str:
     return text.rstrip("/")
 
 
+class _Renamed(argparse.Action):
+    """An option under its current name; an older spelling (`old`) still works, and the
+    command says once that it was renamed (cli.main prints it: -qq leaves it out)."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, old: tuple[str, ...] = (),
+                 **kw: Any) -> None:
+        super().__init__(option_strings, dest, **kw)
+        self.old = old
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        if option_string in self.old:
+            said = list(getattr(namespace, "renamed_options", None) or [])
+            namespace.renamed_options = [*said, (option_string, self.option_strings[0])]
+
+
 def _matrix(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matrix", type=Path, default=None,
                    help="matrix.yaml to read (default: $IMAGEBUILD_MATRIX, else ./matrix.yaml "
@@ -127,8 +144,10 @@ def _release(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
     p.add_argument("--target", default=None,
                    help="a target of matrix.yaml, or `all` (default: the target whose "
                         "properties fit this host)")
-    p.add_argument("--only", default=None, metavar="GLOB",
-                   help="only cells whose id (target/image) or image matches GLOB")
+    # --image, as every command that selects images by a glob names it (was --only)
+    p.add_argument("--image", "--only", dest="only", action=_Renamed, old=("--only",),
+                   default=None, metavar="GLOB",
+                   help="only cells whose image (or id, target/image) matches GLOB")
 
 
 def _positive_ints(text: str) -> list[int]:
@@ -254,14 +273,14 @@ EXAMPLES = {
     "plan": "%(prog)s --tag 2026-07-01-dflashfix --format json",
     "render": "%(prog)s --check",
     "check": "%(prog)s --format json",
-    "build": "%(prog)s --tag 2026-07-01-dflashfix --only 'cpu-*'",
+    "build": "%(prog)s --tag 2026-07-01-dflashfix --image 'cpu-*'",
     "smoke": "%(prog)s --tag 2026-07-01-dflashfix     (or: %(prog)s 127.0.0.1:5000/vllm-spark/"
              "cpu-tiny-ngram:latest)",
-    "gates": "%(prog)s --tag 2026-07-01-dflashfix --only 'cpu-*'",
+    "gates": "%(prog)s --tag 2026-07-01-dflashfix --image 'cpu-*'",
     "bench": "%(prog)s --tag 2026-07-01-dflashfix --concurrency 1,8 --requests 16",
     "publish": "%(prog)s --tag 2026-07-01-dflashfix --dry-run",
     "promote": "%(prog)s --tag 2026-07-01-dflashfix --dry-run",
-    "rollback": "%(prog)s --to 2026-06-18-dflashfix --image 'cpu-*' --dry-run",
+    "rollback": "%(prog)s --tag 2026-06-18-dflashfix --image 'cpu-*' --dry-run",
     "releases": "%(prog)s --image cpu-tiny-ngram",
     "table": "%(prog)s --tag 2026-07-01-dflashfix --store",
     "history": "%(prog)s --image cpu-tiny-ngram",
@@ -414,8 +433,10 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("rollback", help="move latest back to an older release (server-side)")
     _registry_args(p)
-    p.add_argument("--to", required=True, type=_release_tag,
-                   help="release tag, full or DATE-NAME")
+    # --tag, as every command that names a release names it (was --to)
+    p.add_argument("--tag", "--to", dest="to", action=_Renamed, old=("--to",), required=True,
+                   type=_release_tag, help="the release to go back to: its tag, full or "
+                                           "DATE-NAME")
     p.add_argument("--accept-unmeasured", dest="accept_unmeasured", default=None,
                    metavar="REASON", type=_reason,
                    help="roll back to a release that was never benched or was promoted "
