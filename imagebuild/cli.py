@@ -596,6 +596,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    from imagebuild.completion import script  # deferred: per command (docstring)
+
+    print(script(parser(), args.shell), end="")
+    return 0
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     from imagebuild.starter import init  # deferred: per command (docstring)
 
@@ -684,6 +691,7 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "history": cmd_history, "verify": cmd_verify, "launch": cmd_launch, "table": cmd_table,
             "rehearse": cmd_rehearse,
             "runner-clean": cmd_runner_clean, "schema": cmd_schema, "init": cmd_init,
+            "completion": cmd_completion,
             "migrate": cmd_migrate,
             "facts": cmd_facts}
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "-qq", "--quiet")

@@ -298,6 +298,8 @@ EXAMPLES = {
     "runner-clean": "%(prog)s --keep 3 --dry-run",
     "lock": "%(prog)s --check     (or: %(prog)s --update tiny)",
     "schema": "%(prog)s > matrix.schema.json     (or: %(prog)s --format markdown)",
+    "completion": "%(prog)s bash > ~/.imagebuild.bash     (or: %(prog)s zsh > "
+                  "~/.zfunc/_imagebuild)",
     "init": "%(prog)s my-images     (then: cd my-images)",
     "migrate": "%(prog)s --matrix examples/cpu-tiny-llama/matrix.yaml --dry-run",
     "facts": "%(prog)s record --python .venv-vllm/bin/python     (or: %(prog)s list)",
@@ -608,6 +610,10 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _verbosity(ls, argparse.SUPPRESS)
     _version(ls)
     _matrix(ls)
+    p = sub.add_parser("completion", help="print shell completion for bash or zsh, made "
+                                          "from this parser (commands, options, choices)")
+    p.add_argument("shell", choices=("bash", "zsh"),
+                   help="bash: eval it in ~/.bashrc; zsh: save it as _imagebuild in $fpath")
     p = sub.add_parser("init", help="start a project folder from the example matrix the "
                                     "package carries (the cpu target): matrix.yaml, its "
                                     "lock, the files it names, the rendered files")
