@@ -40,7 +40,7 @@ def test_a_rolled_back_release_reads_alike_everywhere(monkeypatch, tmp_path, cap
     notes = capsys.readouterr().out
     assert "`latest` is not at this release" in notes
     assert f"`latest` is at `{OLD}`: this release was rolled back to it" in notes, notes
-    assert f"rollback --to {OLD}" not in notes  # latest is there already
+    assert f"rollback --tag {OLD}" not in notes  # latest is there already
     assert "nothing of it to roll back" in notes
     assert "no smoke report was found" not in notes and "**PASSED**" in notes
     assert "as recorded with release" in notes
