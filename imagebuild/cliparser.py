@@ -24,8 +24,17 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        sys.stderr.write(f"error: {message}\n  fix: see `{self.prog} --help`\n")
-        raise SystemExit(2)
+        fix = f"see `{self.prog} --help`"
+        sys.stderr.write(f"error: {message}\n  fix: {fix}\n")
+        raise UsageError(message, fix)
+
+
+class UsageError(SystemExit):
+    """A usage error, said on stderr already; kept for `--format json`'s error document."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(2)
+        self.message, self.fix = message, fix
 
 
 # Argument types: each refuses a bad value at parse time, naming the option.
@@ -259,6 +268,12 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
                         "is recorded with the release and in its notes")
 
 
+def _moves_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {ok, tag, dry_run, moves: [{repository, from, to, digest, "
+                        "moved, dry_run, seconds}]}")
+
+
 def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
     _matrix(p)
     p.add_argument("--image", default=None, metavar="GLOB",
@@ -374,6 +389,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="exit 2 when the committed rendered files are stale (as `lock "
                         "--check` does for a stale lock)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {ok, out, files, unresolved_pins} (--check: and stale)")
 
     p = sub.add_parser("check", help="preflight: KV-cache layout, serve-flag traps, "
                                      "checkpoint and pin rules (exit 2 on any error); with "
@@ -432,6 +449,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "finishes after a newer one, a re-run after a rollback); without it "
                         "both refuse with exit 1")
     _gate_args(p)
+    _moves_format(p)
 
     p = sub.add_parser("rollback", help="move latest back to an older release (server-side)")
     _registry_args(p)
@@ -447,6 +465,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                    metavar="REASON", type=_reason,
                    help="let a rollback move latest forward (past the regression gate that "
                         "`promote` runs)")
+    _moves_format(p)
 
     p = sub.add_parser("releases", help="list releases in the registry, newest first")
     _registry_args(p, dry_run=False)
@@ -466,6 +485,9 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _registry_args(p, dry_run=False)
     p.add_argument("--out", type=_out_dir, default=None,
                    help="where history-<image>.png/.md go (default: build/bench/)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {repository: {releases: [{tag, latest, rolled_back, smoke, "
+                        "levels}], png, md}}")
 
     p = sub.add_parser("verify", help="check what is stored with a release against its "
                                       "image: record, SBOM, provenance, bench results, "
@@ -498,6 +520,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _registry_args(p)
     p.add_argument("--keep", type=_positive_int, required=True,
                    help="newest N releases to keep")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {repository: {dry_run, keep: [{tag, why}], delete, skipped}}")
 
     p = sub.add_parser("unlock", help="remove a registry lease that a gone run left "
                                       "behind (an unreadable or expired expiry; a live one "
@@ -517,6 +541,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--pull", action="store_true",
                    help="for a cell done before but not benched: pull the tested image by "
                         "digest (its id checked) so `bench --tag` finds it here")
+    p.add_argument("--format", choices=("github", "json"), default="github",
+                   help="github: name=value lines for $GITHUB_OUTPUT; json: {tag, cells}")
 
     p = sub.add_parser("notes", help="GitHub release notes of a release (markdown)")
     _release(p)
@@ -573,6 +599,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="re-resolve NAME (a model, drafter or target), moving a tracked branch")
     p.add_argument("--check", action="store_true",
                    help="exit 2 when the lock disagrees with matrix.yaml; resolve nothing")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {ok, lock, unresolved} (--check: {ok, lock, stale})")
 
     p = sub.add_parser("schema", help="print matrix.yaml's JSON Schema (for editors) or its "
                                       "reference page, both generated from the models")

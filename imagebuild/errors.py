@@ -43,11 +43,13 @@ class ImagebuildError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, fix: str | None = None, where: str | None = None):
+    def __init__(self, message: str, *, fix: str | None = None, where: str | None = None,
+                 details: dict[str, Any] | None = None):
         super().__init__(message)
         self.message = message
         self.fix = fix
         self.where = where  # "file:line:col" when the cause sits in a file
+        self.details = details  # what `--format json`'s error document adds (e.g. stale files)
 
     def render(self) -> str:
         head = f"{self.where}: {self.message}" if self.where else self.message

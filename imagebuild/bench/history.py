@@ -46,6 +46,17 @@ class History:
     repo: str
     points: list[Point]  # oldest first
 
+    def as_json(self) -> dict[str, Any]:
+        """`history --format json`: each release, newest first (as `releases`), with its
+        figures per concurrency level (the words of the table: smoke passed or not)."""
+        return {"repository": self.repo, "releases": [
+            {"tag": p.tag, "latest": p.is_latest, "rolled_back": p.rolled_back,
+             "smoke": "passed" if p.passed else "not passed",
+             "levels": {str(c): {"tok_s": f.tok_s, "ttft_p50_ms": f.ttft_p50_ms,
+                                 "acceptance": f.acceptance, "mean_length": f.mean_length,
+                                 "untrusted": list(f.flags)} for c, f in p.levels.items()}}
+            for p in reversed(self.points)]}
+
     @property
     def speculative(self) -> bool:
         """Whether any release has acceptance figures (a plain cell's never do)."""

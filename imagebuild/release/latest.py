@@ -23,7 +23,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from imagebuild.bench import store
 from imagebuild.bench.gate import DEFAULT_ACCEPTANCE_THRESHOLD, check_promotion
@@ -65,6 +65,12 @@ class Move:
     dry_run: bool
     seconds: float = 0.0
     bytes: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        """One image's move as `rollback`/`promote --format json` print it."""
+        return {"repository": self.repo, "from": self.before_tag, "to": self.target,
+                "digest": self.target_digest, "moved": self.moved, "dry_run": self.dry_run,
+                "seconds": round(self.seconds, 3)}
 
     def line(self) -> str:
         # before_tag is latest's annotation: registry text, printed only through safe()
