@@ -20,17 +20,10 @@ from imagebuild import __version__
 from imagebuild.cli import main
 from imagebuild.cliparser import EXAMPLES, parser
 from imagebuild.errors import UserError, as_invoked, prog
+from tests.support.parsertree import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples/cpu-tiny-llama"
-
-
-def _commands(ap: argparse.ArgumentParser, prefix: str = ""):
-    for action in ap._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield f"{prefix}{name}", sub
-                yield from _commands(sub, f"{prefix}{name} ")
 
 
 def test_version(capsys) -> None:
@@ -41,9 +34,9 @@ def test_version(capsys) -> None:
 
 
 def test_every_command_has_an_example_and_every_option_says_what_it_does() -> None:
-    commands = dict(_commands(parser()))
-    assert set(EXAMPLES) <= set(commands)
-    for name, sub in commands.items():
+    subs = dict(commands(parser()))
+    assert set(EXAMPLES) <= set(subs)
+    for name, sub in subs.items():
         assert "example:" in (sub.epilog or ""), f"{name}: no example in its help"
         assert "%(prog)s" in (sub.epilog or ""), name
         for action in sub._actions:

@@ -4,7 +4,6 @@ left out, errors still print and block."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 
@@ -12,16 +11,9 @@ import pytest
 
 from imagebuild import cli
 from imagebuild.cliparser import parser
+from tests.support.parsertree import commands
 
 TAG = "2026-07-01-dflashfix"
-
-
-def _commands(ap: argparse.ArgumentParser, prefix: str = ""):
-    for action in ap._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield f"{prefix}{name}", sub
-                yield from _commands(sub, f"{prefix}{name} ")
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +24,7 @@ def _restore_logging():
 
 @pytest.mark.parametrize("flag", ["-qq", "-vv", "-qqq"])
 def test_every_command_that_advertises_it_accepts_it(flag, capsys):
-    for name, sub in _commands(parser()):
+    for name, sub in commands(parser()):
         if "-qq" not in sub.format_help():
             continue
         assert cli.main([*name.split(), flag, "--help"]) == 0, name

@@ -7,7 +7,6 @@ section (its shape)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -18,6 +17,7 @@ from imagebuild import cli
 from imagebuild.cliparser import parser
 from imagebuild.release import verify
 from tests.support.cliregistry import cli_registry
+from tests.support.parsertree import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 OLD, NEW = "2026-06-18-v0.23.0-dflashfix", "2026-07-01-v0.23.0-dflashfix"
@@ -42,13 +42,7 @@ OK = {
 
 
 def _json_commands() -> list[str]:
-    def walk(ap: argparse.ArgumentParser, prefix: str = ""):
-        for action in ap._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for name, sub in action.choices.items():
-                    yield f"{prefix}{name}", sub
-                    yield from walk(sub, f"{prefix}{name} ")
-    return sorted(name for name, sub in walk(parser()) for a in sub._actions
+    return sorted(name for name, sub in commands(parser()) for a in sub._actions
                   if "--format" in a.option_strings and "json" in (a.choices or ()))
 
 

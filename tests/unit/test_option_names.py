@@ -4,7 +4,6 @@ release (rollback said `--to`); the old spellings still work and say they were r
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 
@@ -13,6 +12,7 @@ import pytest
 from imagebuild import cli
 from imagebuild.cliparser import parser
 from tests.support.cliregistry import cli_registry
+from tests.support.parsertree import commands
 
 TAGS = ("2026-06-18-v0.23.0-dflashfix", "2026-07-01-v0.23.0-dflashfix")
 
@@ -23,20 +23,12 @@ def _restore_logging():
     logging.getLogger("imagebuild").setLevel(logging.NOTSET)
 
 
-def _commands(ap: argparse.ArgumentParser, prefix: str = ""):
-    for action in ap._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield f"{prefix}{name}", sub
-                yield from _commands(sub, f"{prefix}{name} ")
-
-
 def test_one_name_per_thing_in_every_command() -> None:
-    for name, sub in _commands(parser()):
+    for name, sub in commands(parser()):
         for action in sub._actions:
             if action.metavar == "GLOB":  # selects images by a glob
                 assert action.option_strings[0] == "--image", (name, action.option_strings)
-    rollback = next(s for n, s in _commands(parser()) if n == "rollback")
+    rollback = next(s for n, s in commands(parser()) if n == "rollback")
     (tag,) = [a for a in rollback._actions if "--to" in a.option_strings]
     assert tag.option_strings[0] == "--tag"
 
