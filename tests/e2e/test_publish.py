@@ -244,7 +244,7 @@ def test_releases_rollback_and_roll_forward(registry, client, pub):
     rels = list_releases(client, pub.repo)
     assert [r.tag for r in rels] == [R3, R2, R1]
     assert [r.is_latest for r in rels] == [True, False, False]
-    text = listing.table(pub.repo, listing.rows(client, pub.repo))
+    text = " ".join(listing.table(pub.repo, listing.rows(client, pub.repo)).split())
     assert f"latest -> {R3}" in text and "engine dflashfix vLLM 0.23.0" in text
 
     client.bytes.reset()
