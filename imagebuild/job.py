@@ -209,10 +209,11 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
 def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
             accept_untrusted: str | None = None, accept_unmeasured: str | None = None,
             accept_rolled_back: str | None = None, forward_only: bool = False,
-            dry_run: bool = False, accept_acceptance_drop: str | None = None) -> None:
+            dry_run: bool = False, accept_acceptance_drop: str | None = None) -> list[Any]:
+    """The moves of latest (release/latest.py Move), one per image."""
     from imagebuild.release.latest import promote_jobs
 
-    promote_jobs(client, plan.jobs,
+    return promote_jobs(client, plan.jobs,
                  default_threshold=plan.lm.matrix.publish.regression_threshold,
                  default_acceptance_threshold=plan.lm.matrix.publish.acceptance_threshold,
                  accept_acceptance_drop=accept_acceptance_drop,

@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from imagebuild import REPO_ROOT, buildfolder, progress
 from imagebuild.bench import apart, client, compare, placement, prompts, results, store
@@ -68,12 +69,23 @@ def _image_meta(ref: str, info: dict[str, Any]) -> dict[str, Any]:
             "labels": labels, "pins": pins}
 
 
+def image_name(image: dict[str, Any]) -> str:
+    """What a run's files are named after: the image (its cell's, else its reference's
+    repository name), or the server's host and port for `--url`."""
+    if image.get("cell"):
+        return str(image["cell"]).rsplit("/", 1)[-1]
+    ref = str(image.get("ref") or "server")
+    if "://" in ref:
+        return urlsplit(ref).netloc
+    return ref.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+
+
 def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
                   others: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     """JSON + markdown of the run; the plot has one line per run (this one, then `others`,
     e.g. the baseline release)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = buildfolder.bench_files(out_dir, doc["started"])
+    files = buildfolder.bench_files(out_dir, image_name(doc["image"]))
     paths = {"json": files["json"], "md": files["md"]}
     paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     paths["md"].write_text(markdown)

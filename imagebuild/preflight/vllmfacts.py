@@ -8,6 +8,7 @@ The facts are imagebuild/facts (shipped) or `<matrix dir>/locked/vllm/<version>/
 
 from __future__ import annotations
 
+import difflib
 import re
 
 from imagebuild.facts import PARTS, record_command
@@ -32,7 +33,10 @@ RULES = (
          "version; without them those rules cannot check the cell, and none answers with "
          "another version's facts",
          f"record them: {record_command()}"),
-    Rule("vllm-env-unknown", "warning",
+    # refused, not warned: vLLM 0.23.0's envs.py `validate_environ` only logs "Unknown vLLM
+    # environment variable detected" (unless --fail-on-environ-validation), so a misspelt
+    # switch (a kernel disabled, a cache size) silently does nothing on the machine
+    Rule("vllm-env-unknown", "error",
          "vLLM reads only the environment variables its envs.py lists; any other VLLM_* "
          "variable is ignored (it only logs 'Unknown vLLM environment variable "
          "detected'), so a setting in the profile does nothing",
@@ -70,15 +74,10 @@ def _unknown_env(r: Rule, v: CellView) -> list[Finding]:
     out = []
     for name in v.env:
         if VLLM_ENV.match(name) and name not in known:
-            close = [k for k in known if _close(name, k)]
-            hint = f"; did you mean {' or '.join(close[:3])}?" if close else ""
+            close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.85)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
             out.append(r.finding(v.label, f"env {name}: vLLM {v.version} does not know this "
                                           f"variable ({facts.said}: envs){hint}",
-                                 where=v.where(env=name)))
+                                 where=v.where(env=name),
+                                 fix=f"write {close[0]}" if close else None))
     return out
-
-
-def _close(a: str, b: str) -> bool:
-    import difflib
-
-    return difflib.SequenceMatcher(None, a, b).ratio() > 0.85

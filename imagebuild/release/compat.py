@@ -49,7 +49,9 @@ FILE_NAME = "compat.json"
 A_VERDICT = "io.imagebuild.compat.verdict"  # the cell's verdict, on the artifact itself
 GATE_STATUSES = ("pass", "fail", "untrusted", "not-applicable")
 NOT_RUN = "not run"
-VERDICTS = ("pass", "accepted", "incomplete", "fail")  # worst last
+VERDICTS = ("passed", "accepted", "incomplete", "failed")  # worst last
+# what tables stored before the one vocabulary (smoke's "passed") said for the same verdicts
+OLD_VERDICTS = {"pass": "passed", "fail": "failed"}
 
 
 @dataclass(frozen=True)
@@ -174,12 +176,12 @@ def verdict(row: dict[str, Any]) -> tuple[str, list[str]]:
     elif a["status"] == "accepted":
         accepted.append(f"acceptance: {a['reason']}")
     if fail:
-        return "fail", fail + incomplete + accepted
+        return "failed", fail + incomplete + accepted
     if incomplete:
         return "incomplete", incomplete + accepted
     if accepted:
         return "accepted", accepted
-    return "pass", []
+    return "passed", []
 
 
 def make_row(*, image: str, cell: str, repo: str, drafter: bool, rel: Release | None,
@@ -286,8 +288,11 @@ def table_of(client: RegistryClient, rel: Release) -> dict[str, Any] | None:
         manifest = json.loads(raw)
         if manifest.get("artifactType") != ARTIFACT_TYPE or not manifest.get("layers"):
             continue
-        return documents.compat_table(client.get_blob(repo, manifest["layers"][0]["digest"]),
-                                      client.host, f"compatibility table {repo}@{digest}")
+        doc = documents.compat_table(client.get_blob(repo, manifest["layers"][0]["digest"]),
+                                     client.host, f"compatibility table {repo}@{digest}")
+        for row in doc["rows"]:  # an older table's words read as today's
+            row["verdict"] = OLD_VERDICTS.get(row["verdict"], row["verdict"])
+        return doc
     return None
 
 
@@ -309,7 +314,7 @@ def _num(v: float | None, digits: int = 1) -> str:
 
 def _gate_cell(g: dict[str, Any], detail: str) -> str:
     s = g["status"]
-    head = {"pass": "pass", "fail": "**FAIL**", "untrusted": "untrusted",
+    head = {"pass": "passed", "fail": "**FAILED**", "untrusted": "untrusted",
             "not-applicable": "n/a", NOT_RUN: "not run"}.get(s, s)
     return head + (f" ({detail})" if detail and s in ("pass", "fail", "untrusted") else "")
 
@@ -348,7 +353,7 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in rows:
         tok = r["bench"]["tok_s"]
         mark = " (untrusted)" if r["bench"]["status"] == "untrusted" else ""
-        verdict_cell = {"fail": "**FAIL**", "incomplete": "**incomplete**"}.get(
+        verdict_cell = {"failed": "**FAILED**", "incomplete": "**incomplete**"}.get(
             r["verdict"], r["verdict"])
         out.append("| " + " | ".join([
             f"`{r['image']}`", r["smoke"], _lossless(r["lossless"]),

@@ -237,7 +237,7 @@ def smoke_ref(image_ref: str, *, out_dir: Path | None = None, matrix: Path | Non
 
 def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw: Any
                ) -> dict[str, dict[str, Any]]:
-    """`build.py smoke --tag T [--only GLOB]` and the whole job: each job's local image
+    """`build.py smoke --tag T [--image GLOB]` and the whole job: each job's local image
     (`job.release_ref`, as `build` tagged it) run from the cell's compose file, one
     container at a time."""
     verdicts = {}

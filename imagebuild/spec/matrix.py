@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import imagebuild
 from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
 from imagebuild.spec.config import (
@@ -331,8 +332,10 @@ MATRIX_ENV = "IMAGEBUILD_MATRIX"
 
 
 def matrix_path(given: Path | None = None) -> Path:
-    """--matrix, else $IMAGEBUILD_MATRIX, else ./matrix.yaml, else the repository's (or,
-    installed, the package's own default)."""
+    """--matrix, else $IMAGEBUILD_MATRIX, else ./matrix.yaml, else a checkout's own (its
+    build.py and matrix.yaml are one project). An installed package has no project of its
+    own: the example it carries is read only when asked for (`init` copies it), never in
+    place of a matrix the user forgot (its rendered files would be site-packages')."""
     if given is not None:
         return given
     env = os.environ.get(MATRIX_ENV)
@@ -342,7 +345,14 @@ def matrix_path(given: Path | None = None) -> Path:
                             fix=f"point {MATRIX_ENV} at a matrix.yaml, or unset it")
         return Path(env)
     here = Path.cwd() / "matrix.yaml"
-    return here if here.is_file() else REPO_ROOT / "matrix.yaml"
+    if here.is_file():
+        return here
+    if not imagebuild.installed():
+        return REPO_ROOT / "matrix.yaml"
+    raise UserError(f"no matrix.yaml in {Path.cwd()}",
+                    fix="run where your matrix.yaml is, or give --matrix FILE (or "
+                        f"{MATRIX_ENV}); to start from the example the package carries: "
+                        "`python build.py init DIR`")
 
 
 def load(path: Path | None = None) -> LoadedMatrix:

@@ -189,7 +189,7 @@ CASES = [
          "YAML read yes as the boolean true", line_of="tool-call-parser: yes"),
     Case("quoted-boolean-for-unified-memory", sub("    unified_memory: true",
                                                   '    unified_memory: "true"'),
-         "valid boolean", line_of='unified_memory: "true"'),
+         "must be true or false", line_of='unified_memory: "true"'),
     Case("yes-as-timeout", sub("    boot_timeout_s: 300", "    boot_timeout_s: yes"),
          "YAML read yes as the boolean true", line_of="boot_timeout_s: yes"),
     # --- numbers out of range --------------------------------------------------------------------

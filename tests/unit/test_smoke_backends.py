@@ -72,7 +72,7 @@ def test_the_flashinfer_cutlass_gemm_name():
 @pytest.mark.parametrize("new,expected,marker", [
     ("    expect_backends: {attention: CPU_ATTN, speculative: ngram, samplr: NATIVE}",
      "samplr", "samplr"),
-    ("    expect_backends: {attention: 'CPU ATTN'}", "String should match pattern",
+    ("    expect_backends: {attention: 'CPU ATTN'}", "must match the pattern",
      "CPU ATTN"),
 ])
 def test_a_bad_expect_backends_exits_2_at_its_line(new, expected, marker, matrix_dir: Path,
