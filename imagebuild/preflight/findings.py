@@ -131,8 +131,10 @@ def group(findings: list[Finding]) -> list[tuple[Finding, list[str]]]:
 
 
 def _wrapped(text: str) -> list[str]:
+    """Lines of at most WIDTH, but a word longer than that (a file:line:column, a command,
+    a reference) stays whole on its own line: a user copies it and an editor opens it."""
     return textwrap.wrap(text, WIDTH, initial_indent=INDENT, subsequent_indent=INDENT,
-                         break_on_hyphens=False) or [INDENT.rstrip()]
+                         break_on_hyphens=False, break_long_words=False) or [INDENT.rstrip()]
 
 
 def _cells(cells: list[str]) -> str:
@@ -151,7 +153,8 @@ def format_table(findings: list[Finding], *, show_info: bool = True) -> str:
     for f, cells in group(shown):
         sev = f"waived {f.severity}" if f.waived else f.severity
         lines += textwrap.wrap(f"{sev:<8} {f.rule}  {_cells(cells)}", WIDTH,
-                               subsequent_indent=INDENT, break_on_hyphens=False)
+                               subsequent_indent=INDENT, break_on_hyphens=False,
+                               break_long_words=False)
         lines += _wrapped(f.message)
         place = "; ".join(x for x in (f"at {f.where}" if f.where else "", f.facts or "") if x)
         if place:

@@ -77,5 +77,6 @@ def table(repo: str, found: list[dict[str, Any]]) -> str:
                           + (f" at {back['at']}" if back.get("at") else ""))
         detail.append(f"pins: {pins_text(r['pins'])}")
         out += textwrap.wrap(safe("; ".join(detail), 1000), WIDTH, initial_indent=" " * 4,
-                             subsequent_indent=" " * 6, break_on_hyphens=False)
+                             subsequent_indent=" " * 6, break_on_hyphens=False,
+                             break_long_words=False)  # a digest or a reference stays whole
     return "\n".join(out)

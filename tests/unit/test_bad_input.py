@@ -497,3 +497,16 @@ def test_real_matrix_has_no_serve_flag_findings(matrix_dir: Path) -> None:
     assert {c.target_name for c in cells} == {"gb10", "cpu"}
     findings = run_checks(lm, cells, read_lock(lm.root))
     assert not [f for f in findings if f.rule.startswith("serve-flag")]
+
+
+def test_a_long_place_is_never_split_across_lines() -> None:
+    """A file:line:column longer than the table is wide stays whole on its line (under a
+    deep temp dir the table split `matrix.yaml:219` from `:15`)."""
+    from imagebuild.preflight.findings import WIDTH, Finding, format_table
+
+    where = "/tmp/" + "deep/" * 30 + "matrix.yaml:219:15"
+    table = format_table([Finding(cell="cpu/x", rule="serve-flag-value", severity="error",
+                                  message="bad value", fix="use another", where=where)])
+    assert any(line.strip() == f"at {where}" or line.strip() == where
+               for line in table.splitlines()), table
+    assert len(where) > WIDTH
