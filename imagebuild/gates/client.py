@@ -68,7 +68,8 @@ def parse_choice(gen: Generation, choice: dict[str, Any]) -> Generation:
 def generate(base_url: str, model: str, req: GateRequest, *, seed: int,
              timeout_s: float) -> Generation:
     gen = Generation(req.name, req.max_tokens)
-    body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens,
+    prompt = req.prompt if isinstance(req.prompt, str) else list(req.prompt)  # token ids
+    body = {"model": model, "prompt": prompt, "max_tokens": req.max_tokens,
             "temperature": 0.0, "seed": seed, "logprobs": TOP_LOGPROBS,
             "ignore_eos": True, "return_tokens_as_token_ids": True}
     t0 = time.monotonic()
