@@ -16,8 +16,6 @@ from typing import Any
 
 import requests
 
-from imagebuild.smoke.probes import METRIC_LINE
-
 PREFIX_HITS = "vllm:prefix_cache_hits"
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREEMPTIONS = "vllm:num_preemptions"
@@ -26,6 +24,7 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 CACHE_INFO = "vllm:cache_config_info"  # a gauge at 1 whose labels are CacheConfig's fields
 COUNTERS = (PREFIX_HITS, PREFIX_QUERIES, PREEMPTIONS, DRAFTS, ACCEPTED, PER_POS)
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")  # text format
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -71,7 +70,7 @@ def parse(text: str) -> tuple[Counters, dict[str, str]]:
     pos: dict[int, float] = {}
     info: dict[str, str] = {}
     for line in text.splitlines():
-        m = METRIC_LINE.match(line)
+        m = _SAMPLE.match(line)
         if not m:
             continue
         name = m.group(1)
@@ -81,7 +80,10 @@ def parse(text: str) -> tuple[Counters, dict[str, str]]:
         base = name.removesuffix("_total")
         if base not in COUNTERS or base == name:
             continue
-        value = float(m.group(3))
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
         if base == PER_POS:
             p = int(labels(m.group(2)).get("position", "0"))
             pos[p] = pos.get(p, 0.0) + value
