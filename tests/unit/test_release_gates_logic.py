@@ -425,3 +425,35 @@ def test_the_smoke_check_records_what_the_runner_asked_for(monkeypatch: pytest.M
         check.test_release_gate_requests_answered(smoke)
     with pytest.raises(pytest.skip.Exception):
         check.test_release_gate_requests_answered({})
+
+
+def test_the_thresholds_table_in_the_docs_is_the_schema_and_the_matrix():
+    """docs/release-gates.md's table: every field, its default and both targets' value."""
+    from imagebuild import REPO_ROOT
+    from imagebuild.plan import load_plan
+
+    plan = load_plan(None, "2026-06-18-dflashfix", "all", None)
+    gates = {j.cell.target_name: j.cell.target.gates.model_dump() for j in plan.jobs}
+    default = GateSettings().model_dump()
+
+    def at(d: dict, dotted: str) -> object:
+        for key in dotted.split("."):
+            d = d[key]
+        return d
+
+    rows = [ln.split("|")[1:5] for ln in
+            (REPO_ROOT / "docs/release-gates.md").read_text().splitlines()
+            if ln.startswith("| `lossless.") or ln.startswith("| `long_generation.")
+            or ln.startswith("| `conditions.")]
+    seen = set()
+    for field, dflt, gb10, cpu in rows:
+        name = field.strip().strip("`")
+        seen.add(name)
+        for want, got in ((at(default, name), dflt), (at(gates["gb10"], name), gb10),
+                          (at(gates["cpu"], name), cpu)):
+            assert float(got) == float(want), (name, got, want)  # type: ignore[arg-type]
+
+    def leaves(d: dict, pre: str = "") -> set[str]:
+        return set().union(*(leaves(v, f"{pre}{k}.") if isinstance(v, dict) else {pre + k}
+                             for k, v in d.items()))
+    assert seen == leaves(default)
