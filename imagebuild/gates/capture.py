@@ -46,6 +46,7 @@ def save_capture(path: Path, image_id: str, settings: GateSettings, run: Run) ->
         "shape": run.shape.as_json() if run.shape else None,
         "evidence": {k: v.as_json() for k, v in run.evidence.items()},
         "decay_readings": [c.as_json() for c in run.decay_readings],
+        "phase_seconds": run.phase_seconds,
         "generations": [_gen_json(g) for g in run.gens]}))
 
 
@@ -63,6 +64,7 @@ def load_capture(path: Path, image_id: str, settings: GateSettings) -> Run | Non
                    recorded=True, plan=Plan.from_json(d["plan"]) if d.get("plan") else None,
                    shape=ServerShape.from_json(d["shape"]) if d.get("shape") else None,
                    evidence={k: Counters.from_json(v) for k, v in d["evidence"].items()},
-                   decay_readings=[Counters.from_json(c) for c in d["decay_readings"]])
+                   decay_readings=[Counters.from_json(c) for c in d["decay_readings"]],
+                   phase_seconds={k: float(v) for k, v in d["phase_seconds"].items()})
     except (OSError, ValueError, KeyError, TypeError):
         return None

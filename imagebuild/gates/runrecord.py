@@ -28,6 +28,7 @@ class Run:
     shape: ServerShape | None = None  # this server's own
     evidence: dict[str, Counters] = field(default_factory=dict)  # per phase: counter deltas
     decay_readings: list[Counters] = field(default_factory=list)  # around each chained request
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase
 
     def gen(self, name: str) -> Generation | None:
         return next((g for g in self.gens if g.name == name), None)
@@ -40,4 +41,5 @@ class Run:
                 "server_after": self.after.as_json() if self.after else None,
                 "shape": self.shape.as_json() if self.shape else None,
                 "evidence": {k: v.as_json() for k, v in self.evidence.items()},
+                "phase_seconds": self.phase_seconds,
                 "requests": [g.as_json() for g in self.gens]}

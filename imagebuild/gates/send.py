@@ -10,6 +10,7 @@ condition happened: prefix-cache hits, preemptions) and, in a chain, after each 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -61,6 +62,7 @@ def _chain(run: Run, base_url: str, model: str, phase: Phase, seed: int) -> None
 
 
 def send_phase(run: Run, base_url: str, model: str, phase: Phase, seed: int) -> None:
+    t0 = time.monotonic()
     before = _counters(base_url)
     if phase.chained:
         run.decay_readings = [before or Counters()]
@@ -78,6 +80,7 @@ def send_phase(run: Run, base_url: str, model: str, phase: Phase, seed: int) -> 
     after = _counters(base_url)
     if before is not None and after is not None:
         run.evidence[phase.condition] = after.minus(before)
+    run.phase_seconds[phase.condition] = round(time.monotonic() - t0, 2)
 
 
 def plan_for(run: Run, base_url: str, model: str, settings: GateSettings,
