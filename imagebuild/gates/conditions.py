@@ -70,15 +70,20 @@ class Plan:
     phases: tuple[Phase, ...]
     not_run: dict[str, str] = field(default_factory=dict)  # condition -> why
     shape: ServerShape | None = None  # of the server the plan was cut for
+    # why no condition could be cut for a speculative server (it did not say its shape):
+    # every condition is then untrusted, never skipped
+    unplanned: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return {"phases": [p.as_json() for p in self.phases], "not_run": self.not_run,
-                "shape": self.shape.as_json() if self.shape else None}
+                "shape": self.shape.as_json() if self.shape else None,
+                "unplanned": self.unplanned}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Plan:
         return cls(tuple(Phase.from_json(p) for p in d["phases"]), dict(d.get("not_run") or {}),
-                   ServerShape.from_json(d["shape"]) if d.get("shape") else None)
+                   ServerShape.from_json(d["shape"]) if d.get("shape") else None,
+                   str(d.get("unplanned") or ""))
 
     @property
     def requests(self) -> list[GateRequest]:
@@ -212,8 +217,8 @@ def make_plan(s: GateSettings, shape: ServerShape | None, pool: tuple[int, ...],
     if not speculative:
         return Plan((fresh,), shape=shape)
     if shape is None or not pool:
-        unknown = why_no_shape or "the server's tokenizer gave no tokens for the pool text"
-        return Plan((fresh,), {c: unknown for c in CONDITIONS[1:]}, shape)
+        return Plan((fresh,), shape=shape, unplanned=why_no_shape or "the server's tokenizer "
+                    "gave no tokens for the pool text")
     phases, not_run = [fresh], {}
     shared, no_cache = _shared(s, shape, pool)
     phases += shared

@@ -111,7 +111,9 @@ def judge_conditions(spec: Run, plain: Run, s: GateSettings, *,
     for cond in CONDITIONS:
         if cond == FRESH:
             continue
-        if plan is not None and cond in plan.not_run:
+        if plan is not None and plan.unplanned:
+            out[cond] = GateResult(UNTRUSTED, plan.unplanned)
+        elif plan is not None and cond in plan.not_run:
             out[cond] = GateResult(NOT_RUN, plan.not_run[cond])
         elif cond in phases:
             out[cond] = _condition(cond, phases[cond], spec, plain, s, untrusted, prefix_said)

@@ -55,7 +55,11 @@ def _chain(run: Run, base_url: str, model: str, phase: Phase, seed: int) -> None
         progress.wait("gates", f"{r.name} ({r.max_tokens} tokens) on the {run.what} server")
         gen = _one(base_url, model, replace(r, prompt=r.prompt + sofar), seed)
         run.gens.append(gen)
-        run.decay_readings.append(_counters(base_url) or Counters())
+        reading = _counters(base_url)
+        if reading is None:  # a window missed: none can be told apart (decay.py: untrusted)
+            run.decay_readings = []
+        elif run.decay_readings:
+            run.decay_readings.append(reading)
         if gen.error or gen.truncated:
             break
         sofar += tuple(gen.tokens)
@@ -65,7 +69,7 @@ def send_phase(run: Run, base_url: str, model: str, phase: Phase, seed: int) -> 
     t0 = time.monotonic()
     before = _counters(base_url)
     if phase.chained:
-        run.decay_readings = [before or Counters()]
+        run.decay_readings = [before] if before is not None else []
         _chain(run, base_url, model, phase, seed)
     elif phase.at_once:
         progress.wait("gates", f"{phase.condition}: {len(phase.requests)} requests at once "

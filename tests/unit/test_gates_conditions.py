@@ -161,8 +161,14 @@ def test_a_condition_that_cannot_run_says_why():
     # a server that does not speculate is its own reference: the fresh requests only
     assert [p.condition for p in make_plan(ST, CPU_SHAPE, POOL, speculative=False).phases] \
         == [FRESH]
+    # a server that does not say its shape cannot be skipped past: untrusted, not "not run"
     unknown = make_plan(ST, None, (), speculative=True, why_no_shape="no cache_config_info")
-    assert unknown.not_run == {c: "no cache_config_info" for c in CONDITIONS[1:]}
+    assert unknown.unplanned == "no cache_config_info" and not unknown.not_run
+    spec, plain = runs(ST)
+    spec.plan = unknown
+    res = judge_conditions(spec, plain, ST)
+    assert {r.status for r in res.values()} == {UNTRUSTED}
+    assert res[REPEAT].reason == "no cache_config_info"
 
 
 # ------------------------------------------------------------------ the verdicts
