@@ -51,7 +51,9 @@ DEFAULT_BATCHED = 2048  # vLLM 0.23.0's smallest default max-num-batched-tokens 
 class Phase:
     condition: str
     requests: tuple[GateRequest, ...]
-    at_once: bool = False  # all requests in flight together, else one after another
+    # all requests in flight together (one completion request with a list of prompts, of
+    # one max_tokens and one prompt kind), else one after another
+    at_once: bool = False
     # each request's prompt is the first's followed by every answer before it (token ids)
     chained: bool = False
 

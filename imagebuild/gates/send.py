@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import requests
 
 from imagebuild import progress
-from imagebuild.gates.client import Generation, generate, served_model
+from imagebuild.gates.client import Generation, generate, generate_batch, served_model
 from imagebuild.gates.conditions import Phase, Plan, make_plan
 from imagebuild.gates.identity import changed, identity
 from imagebuild.gates.metrics import Counters, read
@@ -74,9 +73,11 @@ def send_phase(run: Run, base_url: str, model: str, phase: Phase, seed: int) -> 
     elif phase.at_once:
         progress.wait("gates", f"{phase.condition}: {len(phase.requests)} requests at once "
                                f"on the {run.what} server")
-        with ThreadPoolExecutor(len(phase.requests)) as pool:
-            run.gens += list(pool.map(lambda r: _one(base_url, model, r, seed),
-                                      phase.requests))
+        longest = max(len(r.prompt) if isinstance(r.prompt, tuple) else 0
+                      for r in phase.requests)
+        run.gens += generate_batch(base_url, model, list(phase.requests), seed=seed,
+                                   timeout_s=request_timeout(phase.requests[0].max_tokens,
+                                                             longest * len(phase.requests)))
     else:
         for r in phase.requests:
             progress.wait("gates", f"{r.name} ({r.max_tokens} tokens) on the {run.what} server")
