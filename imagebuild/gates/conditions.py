@@ -30,21 +30,12 @@ SHARED_PREFIX, REPEAT, CONCURRENT = "shared-prefix", "repeat", "concurrent"
 PREEMPTION, NEAR_MAX_LEN, ACCEPTANCE_DECAY = "preemption", "near-max-len", "acceptance-decay"
 CONDITIONS = (FRESH, SHARED_PREFIX, REPEAT, CONCURRENT, PREEMPTION, NEAR_MAX_LEN,
               ACCEPTANCE_DECAY)
-WHAT = {
-    FRESH: "each prompt once, alone",
-    SHARED_PREFIX: "prompts sharing whole KV blocks, one after another (prefix-cache hits)",
-    REPEAT: "the same prompts again after a first pass (prefix-cache hits)",
-    CONCURRENT: "the short prompts at the profile's concurrency at once",
-    PREEMPTION: "more KV than the pool holds, at once (vLLM preempts)",
-    NEAR_MAX_LEN: "a prompt filling max-model-len but for the last tokens",
-    ACCEPTANCE_DECAY: "a long generation continued window by window: acceptance per "
-                      "draft position",
-}
 SUFFIX_TOKENS = 24  # what tells the shared-prefix prompts apart
 DECAY_PROMPT_TOKENS = 32  # the continued generation's first prompt
-DEFAULT_BATCHED = 2048  # vLLM 0.23.0's smallest default max-num-batched-tokens (cpu, API
-# server: engine/arg_utils.py _get_default_max_num_batched_tokens); a smaller budget only
-# widens the preemption load's slack below
+# vLLM 0.23.0's smallest API-server default max-num-batched-tokens on CUDA and CPU
+# (engine/arg_utils.py EngineArgs.get_batch_defaults): assumed when the command leaves it
+# to vLLM, it gives the preemption load's slack the most prefill steps, never too few
+DEFAULT_BATCHED = 2048
 
 
 @dataclass(frozen=True)
