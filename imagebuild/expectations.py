@@ -138,7 +138,7 @@ def expectations_from_labels(image_ref: str, info: dict[str, Any], *,
     else:
         cmd = list(info.get("Config", {}).get("Cmd") or [])
         target_name = cell_id.split("/", 1)[0]
-        exp = _from_command(_argv_command(cmd))
+        exp = _from_command(argv_command(cmd))
         exp.update({"source": "labels", "cell": cell_id, "engine": engine,
                     "image": cell_id.split("/", 1)[-1], "target": target_name,
                     **{k: v for k, v in DEFAULT_TARGET.items()},
@@ -158,7 +158,8 @@ def needs_gpu(info: dict[str, Any]) -> bool:
     return any(str(e).split("=", 1)[0] == "NVIDIA_VISIBLE_DEVICES" for e in env)
 
 
-def _argv_command(argv: list[str]) -> ServeCommand:
+def argv_command(argv: list[str]) -> ServeCommand:
+    """A serve command as an image's CMD holds it (its flags read by ServeCommand.flag)."""
     probe = ServeCommand(argv=tuple(argv), env=(), port=8000, host="127.0.0.1")
     port, host = probe.flag("port"), probe.flag("host")
     return ServeCommand(argv=tuple(argv), env=(),

@@ -5,6 +5,8 @@ Columns (docs/release-gates.md says what each proves):
 - smoke: the release record's smoke verdict (the image boots and answers);
 - lossless, long generation: the release record's gates annotation (`A_GATES`, written by
   the release gates); absent (an older release, gates not run) is `not run`, never pass;
+  the lossless cell also says which of its conditions (gates/conditions.py) failed, ran
+  and did not run;
 - tok/s at c=1 and at the highest concurrency: the stored bench results;
 - acceptance: the drafter's acceptance rate and mean accepted length per level, against
   the release before it (the acceptance gate, bench/acceptance.py);
@@ -20,11 +22,13 @@ manifest (artifact type below) beside the bench results: `oras discover` lists b
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from imagebuild.bench import acceptance, compare, store, trust
+from imagebuild.gates import NOT_RUN as NOT_RUN_CONDITION
 from imagebuild.registry import documents, referrers
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.errors import NotFound
@@ -48,6 +52,7 @@ ARTIFACT_TYPE = referrers.COMPAT_TYPE
 FILE_NAME = "compat.json"
 A_VERDICT = "io.imagebuild.compat.verdict"  # the cell's verdict, on the artifact itself
 GATE_STATUSES = ("pass", "fail", "untrusted", "not-applicable")
+CONDITION_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")  # gates/conditions.py's names
 NOT_RUN = "not run"
 VERDICTS = ("passed", "accepted", "incomplete", "failed")  # worst last
 # what tables stored before the one vocabulary (smoke's "passed") said for the same verdicts
@@ -84,6 +89,28 @@ def gate_checks(rel: Release | None) -> dict[str, dict[str, Any]]:
                     if k in ("status", "reason", "requests", "compared_tokens", "ties",
                              "tie_rate", "tokens")
                     and isinstance(v, str | int | float) and not isinstance(v, bool)}
+        if "conditions" in entry:
+            conds = _conditions(entry["conditions"])
+            if conds is None:
+                out[key] = {"status": "untrusted",
+                            "reason": f"the release record's {key} conditions are unreadable"}
+            else:
+                out[key]["conditions"] = conds
+    return out
+
+
+def _conditions(raw: object) -> dict[str, str] | None:
+    """The lossless gate's conditions as the record names them: name -> status; None when
+    any entry is not a condition name with a known status (registry text)."""
+    if not isinstance(raw, dict):
+        return None
+    out = {}
+    for name, entry in raw.items():
+        status = entry.get("status") if isinstance(entry, dict) else None
+        if not (isinstance(name, str) and CONDITION_NAME.fullmatch(name)
+                and status in (*GATE_STATUSES, NOT_RUN_CONDITION)):
+            return None
+        out[name] = str(status)
     return out
 
 
@@ -320,11 +347,18 @@ def _gate_cell(g: dict[str, Any], detail: str) -> str:
 
 
 def _lossless(g: dict[str, Any]) -> str:
+    """The fresh requests' figures, then which conditions failed, which ran, which not."""
     if "compared_tokens" not in g:
         return _gate_cell(g, "")
     ties = g.get("ties", 0)
+    conds: dict[str, str] = g.get("conditions") or {}
+    said = [(what, [n for n, s in conds.items() if s in statuses]) for what, statuses in
+            (("failed", ("fail",)), ("untrusted", ("untrusted",)),
+             ("ran", ("pass", "fail", "untrusted")), ("not run", (NOT_RUN_CONDITION,)))]
     return _gate_cell(g, f"{g.get('requests', '?')} req, {g['compared_tokens']:,} tokens"
-                         + (f", {ties} ties" if ties else ""))
+                         + (f", {ties} ties" if ties else "")
+                         + "".join(f"; {what}: {', '.join(names)}" for what, names in said
+                                   if names))
 
 
 def _long(g: dict[str, Any]) -> str:

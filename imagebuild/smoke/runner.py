@@ -191,7 +191,9 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
               "boot_timeout_s": timeout_s, "stall_s": stall_s or default_stall_s(timeout_s)}
     if gates is not None:
         config["gates_capture"] = {"settings": gates, "path": str(out_dir / CAPTURE_FILE),
-                                   "what": "speculative" if speculates(info) else "plain"}
+                                   "what": "speculative" if speculates(info) else "plain",
+                                   "command": list((info.get("Config") or {}).get("Cmd")
+                                                   or [])}
     env = {**(env or {}), "IMAGEBUILD_PORT": str(port), "IMAGEBUILD_IMAGE": image_ref}
     console.print(f"smoke {image_ref}: compose project {project} on 127.0.0.1:{port}",
                   markup=False, highlight=False)

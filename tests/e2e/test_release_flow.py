@@ -139,6 +139,7 @@ def test_each_release_records_its_release_gates(released, registry):
     """The whole job ran the gates between smoke and publish; the record carries them."""
     import json
 
+    from imagebuild.gates.conditions import CONDITIONS
     from imagebuild.registry.records import A_GATES, read_release
 
     client = registry.client()
@@ -149,6 +150,12 @@ def test_each_release_records_its_release_gates(released, registry):
         assert gates["long_generation"]["status"] == "pass", gates
         assert gates["lossless"]["compared_tokens"] >= 256
         assert gates["long_generation"]["tokens"] == 448
+        # every condition ran and passed, prefix caching on (vLLM's default for the model)
+        conds = gates["lossless"]["conditions"]
+        assert set(conds) == set(CONDITIONS), conds
+        assert all(c["status"] == "pass" for c in conds.values()), conds
+        assert "prompt tokens from the prefix cache" in conds["repeat"]["reason"]
+        assert "vLLM preempted" in conds["preemption"]["reason"]
 
 
 def test_whole_job_stores_the_sbom_and_provenance_read_from_the_image(released, registry,
