@@ -30,7 +30,7 @@ LATE_CREATE_S = 2.0
 
 def _ours(docker: str, run_pid: int | None = None) -> set[str]:
     """Containers smoke or bench started (by compose project or bench label), but another
-    live run's (tests/support/leftovers.py); the run under test counts while it lives."""
+    run's (tests/support/leftovers.py); the run under test's count, after it exits too."""
     project, bench = "com.docker.compose.project", "io.imagebuild.bench"
     return {name for name, got in containers(project, bench, docker=docker,
                                              mine=[run_pid] if run_pid else [])

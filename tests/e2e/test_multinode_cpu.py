@@ -42,7 +42,7 @@ LOST_BOUND_S = 30
 
 
 def _leftovers(docker: str) -> list[str]:
-    """Containers of smoke's compose projects still around, but another live run's."""
+    """Containers of smoke's compose projects still around, but another run's."""
     return smoke_leftovers(docker)
 
 

@@ -35,8 +35,8 @@ BAD = "imagebuild-smoke-negative"
 
 
 def _leftovers(docker: str, run: subprocess.Popen[bytes] | None = None) -> list[str]:
-    """Containers of smoke's compose projects still around, but another live run's (the
-    smoke `run` this test started counts while it lives)."""
+    """Containers of smoke's compose projects still around, but another run's (the
+    smoke `run` this test started counts, exited or not)."""
     return smoke_leftovers(docker, mine=[run.pid] if run else [])
 
 

@@ -281,7 +281,7 @@ def test_the_summary_and_the_table_say_which_conditions_ran_and_which_failed():
     rel = type("Rel", (), {"annotations": {"io.imagebuild.release.gates": json.dumps(s)}})()
     g = gate_checks(rel)["lossless"]  # type: ignore[arg-type]
     cell = _lossless(g)
-    assert cell.startswith("**FAIL** (5 req, 128 tokens; failed: shared-prefix, repeat; "), cell
+    assert cell.startswith("**FAILED** (5 req, 128 tokens; failed: shared-prefix, repeat; "), cell
     assert "ran: fresh, shared-prefix, repeat, concurrent, preemption, near-max-len, " \
            "acceptance-decay" in cell
 
