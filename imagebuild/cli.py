@@ -120,6 +120,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from imagebuild.lock.lockfile import read_lock  # deferred: per command (docstring)
+    from imagebuild.preflight.patchset import (  # deferred: per command (docstring)
+        refuse_unapplied,
+    )
     from imagebuild.render import render_all, stale, write  # deferred: per command (docstring)
     from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
@@ -130,6 +133,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     elif args.target or args.only:
         cells = mx.select(cells, target=args.target, only=args.only)
     out_dir = args.out or lm.root / "rendered"
+    # a patch that does not apply to its cached pinned vLLM: nothing rendered (exit 2)
+    refuse_unapplied(lm, cells, fetch=False, say=lambda text: print(as_invoked(text),
+                                                                     file=sys.stderr))
     rendered, skipped = render_all(lm, cells, read_lock(lm.root))
     if skipped and logging.getLogger("imagebuild").isEnabledFor(logging.WARNING):  # not -qq
         pins = sorted({exc.pin for exc in skipped})
@@ -556,6 +562,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
         dumps,
         write_lock,
     )
+    from imagebuild.preflight.patchset import (  # deferred: per command (docstring)
+        refuse_unapplied,
+    )
     from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
@@ -572,6 +581,8 @@ def cmd_lock(args: argparse.Namespace) -> int:
 
     print(f"locking {lm.located.file}")
     data = build_lock(lm, HubClient(), update=set(args.update))
+    # each engine's patches against the wheel or sdist it pins (fetched when missing)
+    refuse_unapplied(lm, mx.expand(lm), fetch=True, say=print)
     path = write_lock(lm, data)
     unresolved = [f"{kind}/{name}" for kind in ("models", "drafters", "bases")
                   for name, e in data[kind].items() if e.get("status") != "resolved"]

@@ -2,8 +2,8 @@
 
 Order of work per cell: its resolved serve command (servecmd), its model's and drafter's
 locked metadata (checkpoint.MetadataStore), then the flag, checkpoint and KV-cache rules;
-then the memory rule (preflight/memory.py); across cells: pins and served-name
-collisions; last, the families' waivers.
+then the memory rule (preflight/memory.py); across cells: pins, the engines' patch series
+(preflight/patchset.py) and served-name collisions; last, the families' waivers.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from imagebuild.preflight import (
     kernels,
     memory,
     multinode,
+    patchset,
     pins,
     serve_args,
     vllmfacts,
@@ -66,7 +67,8 @@ WAIVER_RULES = (
 )
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
                                   WAIVER_RULES, serve_args.RULES, caveats.RULES, kernels.RULES,
-                                  multinode.RULES, memory.RULES, vllmfacts.RULES)
+                                  multinode.RULES, memory.RULES, vllmfacts.RULES,
+                                  patchset.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -240,6 +242,8 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
     labels = cell_labels(cells)
     findings: list[Finding] = pins.check(lm, cells, lock, labels, building=building)
     findings += caveats.check(lm, cells, labels)
+    # a release about to be built fetches the pinned source its patches apply to
+    findings += patchset.check(lm, cells, labels, fetch=building)
     views = []
     for cell, label in zip(cells, labels, strict=True):
         model = store.get("models", cell.model_name, cell.model.repository)
