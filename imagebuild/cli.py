@@ -556,8 +556,10 @@ def cmd_pins(args: argparse.Namespace) -> int:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     from imagebuild.lock.lockfile import LOCK_NAME, read_lock  # deferred: per command (docstring)
+    from imagebuild.lock.requirements import write_sets  # deferred: per command (docstring)
     from imagebuild.lock.resolve import (  # deferred: per command (docstring)
         build_lock,
+        check_update_names,
         check_whole_lock,
         dumps,
         write_lock,
@@ -580,9 +582,12 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from imagebuild.lock.hub import HubClient  # deferred: per command (docstring)
 
     print(f"locking {lm.located.file}")
-    data = build_lock(lm, HubClient(), update=set(args.update))
+    check_update_names(lm, set(args.update))
     # each engine's patches against the wheel or sdist it pins (fetched when missing)
     refuse_unapplied(lm, mx.expand(lm), fetch=True, say=print)
+    # an engine named: its requirement sets first (the lock hashes them as inputs)
+    write_sets(lm, [n for n in args.update if n in lm.matrix.engines], say=print)
+    data = build_lock(lm, HubClient(), update=set(args.update))
     path = write_lock(lm, data)
     unresolved = [f"{kind}/{name}" for kind in ("models", "drafters", "bases")
                   for name, e in data[kind].items() if e.get("status") != "resolved"]

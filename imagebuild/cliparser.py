@@ -542,7 +542,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("lock", help="resolve every pin into matrix.lock.json")
     _matrix(p)
     p.add_argument("--update", action="append", default=[], metavar="NAME",
-                   help="re-resolve NAME (a model, drafter or target), moving a tracked branch")
+                   help="re-resolve NAME (a model, drafter or target), moving a tracked "
+                        "branch; an engine: write its wheel's hash-pinned requirement set")
     p.add_argument("--check", action="store_true",
                    help="exit 2 when the lock disagrees with matrix.yaml; resolve nothing")
 

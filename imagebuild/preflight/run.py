@@ -3,7 +3,8 @@
 Order of work per cell: its resolved serve command (servecmd), its model's and drafter's
 locked metadata (checkpoint.MetadataStore), then the flag, checkpoint and KV-cache rules;
 then the memory rule (preflight/memory.py); across cells: pins, the engines' patch series
-(preflight/patchset.py) and served-name collisions; last, the families' waivers.
+(preflight/patchset.py), their requirement sets (reqset.py) and served-name
+collisions; last, the families' waivers.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from imagebuild.preflight import (
     multinode,
     patchset,
     pins,
+    reqset,
     serve_args,
     vllmfacts,
 )
@@ -68,7 +70,7 @@ WAIVER_RULES = (
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
                                   WAIVER_RULES, serve_args.RULES, caveats.RULES, kernels.RULES,
                                   multinode.RULES, memory.RULES, vllmfacts.RULES,
-                                  patchset.RULES)
+                                  patchset.RULES, reqset.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -244,6 +246,7 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
     findings += caveats.check(lm, cells, labels)
     # a release about to be built fetches the pinned source its patches apply to
     findings += patchset.check(lm, cells, labels, fetch=building)
+    findings += reqset.check(lm, cells, labels, fetch=building)
     views = []
     for cell, label in zip(cells, labels, strict=True):
         model = store.get("models", cell.model_name, cell.model.repository)

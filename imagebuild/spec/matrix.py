@@ -144,7 +144,8 @@ def _check_refs(lm: LoadedMatrix) -> None:
             for i, patch in enumerate(real.patches):
                 _repo_file(lm, ("engines", ename, "realize", tname, "patches", i),
                            lm.root / "patches", patch, "patch")
-            if real.wheel:
+            # a requirement set not written yet is `lock --update ENGINE`'s to write
+            if real.wheel and (lm.root / real.wheel.requirements).exists():
                 _repo_file(lm, ("engines", ename, "realize", tname, "wheel", "requirements"),
                            lm.root, real.wheel.requirements, "requirements file")
 
