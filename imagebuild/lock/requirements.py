@@ -20,6 +20,7 @@ in the file's header:
 from __future__ import annotations
 
 import email.parser
+import importlib.metadata
 import json
 import platform
 import re
@@ -50,9 +51,16 @@ MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 
 def wheel_requires(wheel: Path) -> list[Requirement]:
     """The wheel's Requires-Dist, without the ones only an extra asks for."""
-    with zipfile.ZipFile(wheel) as zf:
-        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
-        msg = email.parser.Parser().parsestr(zf.read(meta).decode())
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            meta = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+            if len(meta) != 1:
+                raise OperationFailed(f"{wheel.name} holds {len(meta)} METADATA files",
+                                      fix=f"delete {wheel} and fetch it again")
+            msg = email.parser.Parser().parsestr(zf.read(meta[0]).decode())
+    except zipfile.BadZipFile as exc:
+        raise OperationFailed(f"{wheel.name} is not a wheel (zip): {exc}",
+                              fix=f"delete {wheel} and fetch it again") from None
     out = []
     for raw in msg.get_all("Requires-Dist") or []:
         req = Requirement(raw)
@@ -185,8 +193,6 @@ def resolve_set(pin: WheelPin, wheel: Path, target_platform: str,
 
 
 def _pip_version() -> str:
-    import importlib.metadata
-
     return importlib.metadata.version("pip")
 
 

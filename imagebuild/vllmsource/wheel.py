@@ -38,15 +38,16 @@ def cached_wheel(sha256: str, cache_dir: Path | None = None) -> Path | None:
 
 
 def fetch_wheel(package: str, version: str, sha256: str, cache_dir: Path | None = None,
-                index_url: str | None = None) -> Path:
-    """The wheel `package==version` whose file has `sha256`, from the cache or the index."""
+                indexes: tuple[str, ...] | None = None) -> Path:
+    """The wheel `package==version` whose file has `sha256`, from the cache or the indexes
+    (default: pip's)."""
     found = cached_wheel(sha256, cache_dir)
     if found is not None:
         return found
     cache = (Path(cache_dir) if cache_dir else default_cache_dir()) / "wheels"
     cache.mkdir(parents=True, exist_ok=True)
     entry = None
-    indexes = index_urls(index_url)
+    indexes = indexes or index_urls(None)
     for index in indexes:
         page = f"{index.rstrip('/')}/{package}/"
         try:
@@ -89,12 +90,16 @@ def wheel_members(wheel: Path, paths: list[str], dest: Path) -> list[str]:
     """Write the members at `paths` (relative to site-packages, as a patch names them)
     under `dest`; returns the ones the wheel has."""
     found = []
-    with zipfile.ZipFile(wheel) as zf:
-        names = set(zf.namelist())
-        for rel in paths:
-            if rel in names:
-                out = dest / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(zf.read(rel))
-                found.append(rel)
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = set(zf.namelist())
+            for rel in paths:
+                if rel in names:
+                    out = dest / rel
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_bytes(zf.read(rel))
+                    found.append(rel)
+    except zipfile.BadZipFile as exc:
+        raise OperationFailed(f"{wheel.name} is not a wheel (zip): {exc}",
+                              fix=f"delete {wheel} and fetch it again") from None
     return found
