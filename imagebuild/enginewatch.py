@@ -105,14 +105,19 @@ class EngineReport:
                        "`lock --update ENGINE`, check, release)")
         if self.cells:
             out.append(f"- cells checked on {self.newest}: {', '.join(self.cells)}")
-        shown = [f for f in self.findings if f.severity != "info"]
-        if shown:
-            out += ["", "| cell | severity | rule | finding |", "|---|---|---|---|"]
-            for f in shown:
-                msg = f.message.replace("|", "\\|").replace("\n", " ")
-                out.append(f"| {f.cell} | {f.severity} | `{f.rule}` | {msg} |")
-        out += ["", "_Written by `python build.py pins watch`; updated on every run._", ""]
-        return "\n".join(out)
+        return "\n".join(out + findings_table(self.findings))
+
+
+def findings_table(findings: tuple[Finding, ...]) -> list[str]:
+    """An issue body's end: what preflight said per cell (infos left out), and who wrote it."""
+    out = []
+    shown = [f for f in findings if f.severity != "info"]
+    if shown:
+        out += ["", "| cell | severity | rule | finding |", "|---|---|---|---|"]
+        for f in shown:
+            msg = f.message.replace("|", "\\|").replace("\n", " ")
+            out.append(f"| {f.cell} | {f.severity} | `{f.rule}` | {msg} |")
+    return out + ["", "_Written by `python build.py pins watch`; updated on every run._", ""]
 
 
 def _version(text: str) -> Version | None:

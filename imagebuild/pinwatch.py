@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imagebuild.enginewatch import MARKER, EngineReport, watch_engines
+from imagebuild.enginewatch import MARKER, EngineReport, findings_table, watch_engines
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.hub import HubClient, HubUnreachable
 from imagebuild.lock.lockfile import LOCK_NAME, Lock, read_lock
@@ -133,14 +133,7 @@ class PinReport:
                        + ", ".join(f"`{c}`" for c in self.context))
         if self.cells:
             out.append(f"- cells checked: {', '.join(self.cells)}")
-        shown = [f for f in self.findings if f.severity != "info"]
-        if shown:
-            out += ["", "| cell | severity | rule | finding |", "|---|---|---|---|"]
-            for f in shown:
-                msg = f.message.replace("|", "\\|").replace("\n", " ")
-                out.append(f"| {f.cell} | {f.severity} | `{f.rule}` | {msg} |")
-        out += ["", "_Written by `python build.py pins watch`; updated on every run._", ""]
-        return "\n".join(out)
+        return "\n".join(out + findings_table(self.findings))
 
 
 def _hub_pins(lm: LoadedMatrix) -> list[tuple[str, str, Model | Drafter]]:

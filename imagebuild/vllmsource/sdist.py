@@ -180,28 +180,31 @@ def fetch_sdist(pin: SdistPin, cache_dir: Path | None = None) -> Path:
     if not pin.url:
         pin = sdist_pin(pin.version)
     assert pin.url
-    # Download beside the target, then rename: an interrupted fetch never looks complete.
-    fd, tmp_name = tempfile.mkstemp(prefix=pin.filename + ".", dir=cache)
+    download_verified(pin.url, pin.sha256, target)
+    return target
+
+
+def download_verified(url: str, sha256: str, target: Path) -> None:
+    """The file at an index `url` saved as `target` when its bytes have `sha256`.
+    Downloaded beside the target, then renamed: an interrupted fetch never looks complete."""
+    fd, tmp_name = tempfile.mkstemp(prefix=target.name + ".", dir=target.parent)
     tmp = Path(tmp_name)
     digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as out:
-            for chunk in download_chunks(pin.url):
+            for chunk in download_chunks(url):
                 digest.update(chunk)
                 out.write(chunk)
     except (requests.RequestException, OSError) as exc:
         tmp.unlink(missing_ok=True)
-        raise OperationFailed(f"cannot download {pin.url}: {exc}",
+        raise OperationFailed(f"cannot download {url}: {exc}",
                               fix="check network access to the package index") from exc
-    if digest.hexdigest() != pin.sha256:
+    if digest.hexdigest() != sha256:
         tmp.unlink(missing_ok=True)
         raise OperationFailed(
-            f"{pin.filename} from {pin.url} has sha256 {digest.hexdigest()}, "
-            f"expected {pin.sha256}",
-            fix="the index or a proxy served a different file; do not build from it",
-        )
+            f"{target.name} from {url} has sha256 {digest.hexdigest()}, expected {sha256}",
+            fix="the index or a proxy served a different file; do not build from it")
     tmp.replace(target)
-    return target
 
 
 def cached_tree(version: str, cache_dir: Path | None = None) -> Path | None:

@@ -9,9 +9,6 @@ to the installed package, so the files a series touches are tried against its me
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import requests
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.vllmsource.sdist import (
     default_cache_dir,
-    download_chunks,
+    download_verified,
     file_sha256,
     files_on,
     index_urls,
@@ -63,25 +60,8 @@ def fetch_wheel(package: str, version: str, sha256: str, cache_dir: Path | None 
         raise UserError(f"no file of {package} {version} with sha256 {sha256} on "
                         f"{', '.join(indexes)}",
                         fix="check the engine's wheel pin (package, version, sha256)")
-    fd, tmp_name = tempfile.mkstemp(prefix=entry["filename"] + ".", dir=cache)
-    tmp = Path(tmp_name)
-    digest = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for chunk in download_chunks(entry["url"]):
-                digest.update(chunk)
-                out.write(chunk)
-    except (requests.RequestException, OSError) as exc:
-        tmp.unlink(missing_ok=True)
-        raise OperationFailed(f"cannot download {entry['url']}: {exc}",
-                              fix="check network access to the package index") from exc
-    if digest.hexdigest() != sha256:
-        tmp.unlink(missing_ok=True)
-        raise OperationFailed(f"{entry['filename']} has sha256 {digest.hexdigest()}, the "
-                              f"engine pins {sha256}",
-                              fix="the index or a proxy served a different file")
     target = cache / entry["filename"]
-    tmp.replace(target)
+    download_verified(entry["url"], sha256, target)
     (cache / f"{sha256}.name").write_text(entry["filename"] + "\n")
     return target
 

