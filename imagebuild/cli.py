@@ -570,7 +570,10 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    mx.expand(lm)  # cross-references first: a lock cannot agree with a broken matrix
+    # an engine named: its requirement set is this run's to write
+    writing = frozenset(n for n in args.update if n in lm.matrix.engines)
+    cells = mx.expand(lm, writing)  # cross-references first: a lock cannot agree with a
+    # broken matrix
     if args.check:
         if args.update:
             raise UserError("--check resolves nothing, --update re-resolves: not both",
@@ -584,9 +587,9 @@ def cmd_lock(args: argparse.Namespace) -> int:
     print(f"locking {lm.located.file}")
     check_update_names(lm, set(args.update))
     # each engine's patches against the wheel or sdist it pins (fetched when missing)
-    refuse_unapplied(lm, mx.expand(lm), fetch=True, say=print)
-    # an engine named: its requirement sets first (the lock hashes them as inputs)
-    write_sets(lm, [n for n in args.update if n in lm.matrix.engines], say=print)
+    refuse_unapplied(lm, cells, fetch=True, say=print)
+    # the engines named: their requirement sets first (the lock hashes them as inputs)
+    write_sets(lm, sorted(writing), say=print)
     data = build_lock(lm, HubClient(), update=set(args.update))
     path = write_lock(lm, data)
     unresolved = [f"{kind}/{name}" for kind in ("models", "drafters", "bases")

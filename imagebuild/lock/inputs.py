@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import LOCK_NAME, Lock, hub_disagreement
 from imagebuild.spec.config import Drafter, Model, Target
 from imagebuild.spec.matrix import Cell, LoadedMatrix
@@ -50,18 +49,10 @@ def expected_engine(lm: LoadedMatrix, ename: str, tname: str) -> dict[str, Any]:
     if real.source:
         entry["source"] = {"repository": real.source.repository, "commit": real.source.commit}
     if real.wheel:
-        reqs = lm.root / real.wheel.requirements
-        if not reqs.is_file():
-            raise UserError(f"engine {ename}'s requirement set {real.wheel.requirements} "
-                            f"(for {tname}) does not exist yet",
-                            fix=f"write it: `python build.py lock --update {ename}` (its "
-                                "wheel's requirements, resolved by pip and hash-pinned)",
-                            where=lm.located.where(("engines", ename, "realize", tname,
-                                                    "wheel", "requirements")))
         entry["wheel"] = {"package": real.wheel.package, "version": real.wheel.version,
                           "sha256": real.wheel.sha256,
                           "requirements": real.wheel.requirements,
-                          "requirements_sha256": sha256_file(reqs)}
+                          "requirements_sha256": sha256_file(lm.root / real.wheel.requirements)}
     entry["recipe"] = recipe(lm.matrix.targets[tname])
     entry["status"] = "resolved"
     return entry

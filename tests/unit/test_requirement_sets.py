@@ -138,9 +138,9 @@ def test_a_missing_set_names_the_command_that_writes_it(locked: Path, capsys):
     (locked / "matrix.yaml").write_text(text.replace(block, block.replace(
         "requirements-vllm-cpu.txt", "requirements-vllm-cpu-new.txt")))
     assert main(["check", "--matrix", str(locked / "matrix.yaml"), "--target", "cpu"]) == 2
-    out = capsys.readouterr().out
-    assert "requirements-vllm-cpu-new.txt (for cpu) does not exist yet" in out
-    assert "python build.py lock --update pr41703" in out
+    err = capsys.readouterr().err
+    assert "requirements-vllm-cpu-new.txt' not found" in err
+    assert "fix: write it: `python build.py lock --update pr41703`" in err
 
 
 def test_lock_update_takes_an_engine_name(locked: Path, capsys):
