@@ -288,7 +288,9 @@ def cmd_check(site: Path) -> None:
         problems.append((kernels.stdout + kernels.stderr).strip()[-1500:])
     if problems:
         sys.exit("the slimmed environment is incomplete:\n" + "\n".join(problems))
-    print(f"{len(libs)} native libraries resolve; pip check lists only the deliberate drops")
+    registered = (kernels.stdout.strip().splitlines() or [""])[-1]  # after vLLM's own logs
+    print(f"{len(libs)} native libraries resolve; pip check lists only the deliberate drops; "
+          f"{registered}")
 
 
 def main(argv: list[str]) -> None:
