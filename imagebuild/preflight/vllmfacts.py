@@ -4,7 +4,7 @@ a part that failed to record, environment variables the version does not know, a
 smoke would read in a log or /metrics the version never prints (facts/signals.py).
 
 The facts are imagebuild/facts (shipped) or `<matrix dir>/locked/vllm/<version>/`
-(written by `build.py facts record` or `build.py lock --update ENGINE`).
+(written by `build.py facts record`).
 """
 
 from __future__ import annotations
