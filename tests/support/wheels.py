@@ -19,8 +19,10 @@ def cached(data: bytes, cache: Path, monkeypatch: pytest.MonkeyPatch,
     """Put the wheel `data` in a private cache as `lock` leaves a fetched one; its sha256."""
     sha = hashlib.sha256(data).hexdigest()
     (cache / "wheels").mkdir(parents=True, exist_ok=True)
-    (cache / "wheels" / filename).write_bytes(data)
-    (cache / "wheels" / f"{sha}.name").write_text(filename + "\n")
+    path = cache / "wheels" / filename
+    path.write_bytes(data)
+    st = path.stat()
+    (cache / "wheels" / f"{sha}.name").write_text(f"{filename} {st.st_size} {st.st_mtime_ns}\n")
     monkeypatch.setattr(wheel, "default_cache_dir", lambda: cache)
     return sha
 
