@@ -121,6 +121,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from imagebuild.lock.lockfile import read_lock  # deferred: per command (docstring)
+    from imagebuild.preflight.patchset import (  # deferred: per command (docstring)
+        refuse_unapplied,
+    )
     from imagebuild.render import render_all, stale, write  # deferred: per command (docstring)
     from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
@@ -131,6 +134,9 @@ def cmd_render(args: argparse.Namespace) -> int:
     elif args.target or args.only:
         cells = mx.select(cells, target=args.target, only=args.only)
     out_dir = args.out or lm.root / "rendered"
+    # a patch that does not apply to its cached pinned vLLM: nothing rendered (exit 2)
+    refuse_unapplied(lm, cells, fetch=False, say=lambda text: print(as_invoked(text),
+                                                                     file=sys.stderr))
     rendered, skipped = render_all(lm, cells, read_lock(lm.root))
     pins = sorted({exc.pin for exc in skipped})
     if skipped and logging.getLogger("imagebuild").isEnabledFor(logging.WARNING):  # not -qq
@@ -578,7 +584,10 @@ def cmd_lock(args: argparse.Namespace) -> int:
     from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    mx.expand(lm)  # cross-references first: a lock cannot agree with a broken matrix
+    # an engine named: its requirement set is this run's to write
+    writing = frozenset(n for n in args.update if n in lm.matrix.engines)
+    cells = mx.expand(lm, writing)  # cross-references first: a lock cannot agree with a
+    # broken matrix
     if args.check:
         if args.update:
             raise UserError("--check resolves nothing, --update re-resolves: not both",
@@ -589,23 +598,34 @@ def cmd_lock(args: argparse.Namespace) -> int:
               "input of every image is as locked")
         return 0
     with human_to_stderr(args):
-        unresolved = _write_lock(args, lm)
+        unresolved = _write_lock(args, lm, cells, writing)
     if args.format == "json":
         print(json.dumps({"ok": True, "lock": str(lm.root / LOCK_NAME),
                           "unresolved": unresolved}, indent=2))
     return 0
 
 
-def _write_lock(args: argparse.Namespace, lm) -> list[str]:
-    """`lock [--update NAME]`: resolve, write, say what is still unresolved (returned)."""
+def _write_lock(args: argparse.Namespace, lm, cells, writing: frozenset[str]) -> list[str]:
+    """`lock [--update NAME]`: the named engines' requirement sets, then resolve, write,
+    say what is still unresolved (returned)."""
     from imagebuild.lock.hub import HubClient  # deferred: per command (docstring)
+    from imagebuild.lock.requirements import write_sets  # deferred: per command (docstring)
     from imagebuild.lock.resolve import (  # deferred: per command (docstring)
         build_lock,
+        check_update_names,
         dumps,
         write_lock,
     )
+    from imagebuild.preflight.patchset import (  # deferred: per command (docstring)
+        refuse_unapplied,
+    )
 
     print(f"locking {lm.located.file}")
+    check_update_names(lm, set(args.update))
+    # each engine's patches against the wheel or sdist it pins (fetched when missing)
+    refuse_unapplied(lm, cells, fetch=True, say=print)
+    # the engines named: their requirement sets first (the lock hashes them as inputs)
+    write_sets(lm, sorted(writing), say=print)
     data = build_lock(lm, HubClient(), update=set(args.update))
     path = write_lock(lm, data)
     unresolved = [f"{kind}/{name}" for kind in ("models", "drafters", "bases")

@@ -596,7 +596,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("lock", help="resolve every pin into matrix.lock.json")
     _matrix(p)
     p.add_argument("--update", action="append", default=[], metavar="NAME",
-                   help="re-resolve NAME (a model, drafter or target), moving a tracked branch")
+                   help="re-resolve NAME (a model, drafter or target), moving a tracked "
+                        "branch; an engine: write its wheel's hash-pinned requirement set")
     p.add_argument("--check", action="store_true",
                    help="exit 2 when the lock disagrees with matrix.yaml; resolve nothing")
     p.add_argument("--format", choices=("table", "json"), default="table",

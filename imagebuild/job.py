@@ -93,10 +93,15 @@ def preflight(plan: Plan, *, building: bool = False) -> None:
 
 
 def buildable(plan: Plan) -> Plan:
-    """A plan that may build: a tag, pins locked and resolved, preflight clean; the same
-    findings `check --tag` prints (lock agreement and unresolved pins: preflight/pins.py)."""
+    """A plan that may build: a tag, the build's environment settings readable, pins
+    locked and resolved, preflight clean; the same findings `check --tag` prints (lock
+    agreement and unresolved pins: preflight/pins.py). The environment first: preflight
+    may fetch the pinned vLLM, and bad input reaches no index."""
+    from imagebuild.builder.builder import check_environment  # deferred: build stack
+
     if plan.tag is None:
         raise UserError("building needs a release tag", fix="pass --tag DATE-NAME")
+    check_environment()
     preflight(plan, building=True)
     return plan
 

@@ -207,7 +207,7 @@ def make_jobs(lm: LoadedMatrix, cells: list[Cell] | tuple[Cell, ...], tag: Relea
               lock: Lock | None) -> tuple[Job, ...]:
     dest = destination(lm)
     return tuple(Job(cell=c, tag=tag, image=dest.image(c.image), pins=cell_pins(c, lm, lock),
-                     serve=serve_command(c), expect=expectations_for(c, lock),
+                     serve=serve_command(c), expect=expectations_for(c, lock, lm.root),
                      nodes=node_commands(c)) for c in cells)
 
 

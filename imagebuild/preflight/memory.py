@@ -65,9 +65,11 @@ RULES = (
          "target's memory is OOM-killed mid-boot (cpu container) or wedges a unified-memory "
          "machine (DGX Spark) instead of failing cleanly",
          "lower --max-model-len, --max-num-seqs or --gpu-memory-utilization (cpu: "
-         "VLLM_CPU_KVCACHE_SPACE), or raise the target's memory_limit"),
+         "VLLM_CPU_KVCACHE_SPACE), or raise the target's memory_limit",
+         facts=("serve_args",)),
     Rule("memory-prediction", "info",
-         "each cell's predicted peak memory and its breakdown, printed for review", ""),
+         "each cell's predicted peak memory and its breakdown, printed for review", "",
+         facts=("serve_args",)),
 )
 BY_ID = {r.id: r for r in RULES}
 

@@ -98,7 +98,7 @@ def _err(located: Located, path: tuple, message: str, fix: str) -> UserError:
     return UserError(message, fix=fix, where=located.where(path))
 
 
-def _check_refs(lm: LoadedMatrix) -> None:
+def _check_refs(lm: LoadedMatrix, unwritten: frozenset[str] = frozenset()) -> None:
     m, loc = lm.matrix, lm.located
     seen_names: dict[str, str] = {}
     for mname, model in m.models.items():
@@ -145,9 +145,13 @@ def _check_refs(lm: LoadedMatrix) -> None:
             for i, patch in enumerate(real.patches):
                 _repo_file(lm, ("engines", ename, "realize", tname, "patches", i),
                            lm.root / "patches", patch, "patch")
-            if real.wheel:
+            # a requirement set is written by `lock --update ENGINE` (`unwritten`: that run)
+            if real.wheel and not (ename in unwritten
+                                   and not (lm.root / real.wheel.requirements).exists()):
                 _repo_file(lm, ("engines", ename, "realize", tname, "wheel", "requirements"),
-                           lm.root, real.wheel.requirements, "requirements file")
+                           lm.root, real.wheel.requirements, "requirements file",
+                           fix=f"write it: `python build.py lock --update {ename}` (the "
+                               "wheel's requirements, resolved by pip and hash-pinned)")
 
 
 def _check_parallel_args(loc: Located, pname: str, prof: Profile) -> None:
@@ -168,12 +172,15 @@ def _check_parallel_args(loc: Located, pname: str, prof: Profile) -> None:
                        "derives that flag for every node", fix)
 
 
-def _repo_file(lm: LoadedMatrix, path: tuple, folder: Path, rel: str, what: str) -> None:
-    """A file matrix.yaml names must exist inside the repository (symlinks included)."""
+def _repo_file(lm: LoadedMatrix, path: tuple, folder: Path, rel: str, what: str,
+               fix: str | None = None) -> None:
+    """A file matrix.yaml names must exist inside the repository (symlinks included);
+    `fix`: what writes it, when it is missing."""
     try:
         inside(lm.root, folder, rel, what)
     except BadValue as exc:
-        raise _err(lm.located, path, str(exc), exc.fix) from None
+        missing = fix is not None and not (folder / rel).exists()
+        raise _err(lm.located, path, str(exc), fix if missing and fix else exc.fix) from None
 
 
 # Environment overrides of `publish:` (plan.registry_for reads them), checked like the file
@@ -293,9 +300,10 @@ def _expand_family(lm: LoadedMatrix, fname: str, fam: ImageFamily) -> list[Cell]
     return cells
 
 
-def expand(lm: LoadedMatrix) -> list[Cell]:
-    """Every cell of every family, in matrix.yaml order; duplicate images are an error."""
-    _check_refs(lm)
+def expand(lm: LoadedMatrix, unwritten: frozenset[str] = frozenset()) -> list[Cell]:
+    """Every cell of every family, in matrix.yaml order; duplicate images are an error.
+    `unwritten`: engines whose requirement sets this run writes (`lock --update ENGINE`)."""
+    _check_refs(lm, unwritten)
     registry, namespace = publish_names(lm)
     cells: list[Cell] = []
     seen: dict[tuple[str, str], str] = {}

@@ -327,7 +327,7 @@ CASES = [
     Case("lock-check-and-update", ["lock", "--check", "--update", "tiny", "--matrix", "{m}"],
          "not both", "--update"),
     Case("lock-update-unknown", ["lock", "--update", "nonexistent", "--matrix", "{m}"],
-         "not a model, drafter or target", "--update"),
+         "not a model, drafter, target or engine", "--update"),
     Case("notes-asset-url-alone", ["notes", "--tag", TAG, "--asset-url",
                                    "https://example.invalid/dl/", "--matrix", "{m}"],
          "--asset-url is the prefix", "--asset-dir"),

@@ -272,7 +272,7 @@ CASES = [
     Case("requirements-missing", sub(
         "          requirements: images/engine/cpu/requirements-vllm-cpu.txt",
         "          requirements: images/engine/cpu/requirements.txt"),
-         "not found", line_of="requirements: images/engine/cpu/requirements.txt"),
+         "lock --update dflashfix", line_of="requirements: images/engine/cpu/requirements.txt"),
     Case("generator-absolute", sub("      script: scripts/make_tiny_model.py",
                                    "      script: /usr/bin/python3"),
          "is absolute", line_of="script: /usr/bin"),

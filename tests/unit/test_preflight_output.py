@@ -124,6 +124,8 @@ def test_json_lists_findings_counts_and_the_rules_used(locked: Path) -> None:
     assert set(first) == {"cell", "rule", "severity", "message", "fix", "where", "waived",
                           "facts"}
     # a rule that reads vLLM facts names the version and folder it read them from
-    assert first["facts"] is None  # attention-backend-flash-attn reads none
+    # attention-backend-flash-attn reads the flag through the version's parser
+    assert first["facts"] == "facts: vLLM 0.23.0 (imagebuild/facts/recorded/0.23.0)"
+    assert next(f for f in doc["findings"] if f["rule"] == "pin-unresolved")["facts"] is None
     kernels = next(f for f in doc["findings"] if f["rule"] == "kernels-expected")
     assert kernels["facts"] == "facts: vLLM 0.23.0 (imagebuild/facts/recorded/0.23.0)"
