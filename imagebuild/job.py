@@ -199,7 +199,8 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
             doc = bench_image(job.release_ref, info, limits=Limits.of(job.expect),
                               prompt_set=prompt_set,
                               levels=b.concurrency, load_kw=load_kw, settings=settings,
-                              label=str(job.tag), nodes=nodes_server(job, info, out))
+                              label=str(job.tag), nodes=nodes_server(job, info, out),
+                              plain=b.plain_baseline)
         digest = store.put_results(client, repo, str(job.tag), doc)
         md = results.markdown(doc)
         print(md + f"stored with {repo}:{job.tag} ({digest[:19]})")

@@ -1,6 +1,7 @@
-"""The PNG: output tok/s and TTFT p50 against concurrency, one line per release, and the
-drafter's acceptance rate when a run has one; levels whose figures are flagged as
-untrusted are drawn hollow (acceptance is the server's own count: timing flags aside)."""
+"""The PNG: output tok/s and TTFT p50 against concurrency, one line per release (and one
+for its plain twin, the same image measured without speculation), and the drafter's
+acceptance rate when a run has one; levels whose figures are flagged as untrusted are
+drawn hollow (acceptance is the server's own count: timing flags aside)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from imagebuild.bench import acceptance
+from imagebuild.bench import acceptance, results
 
 
 def plot(runs: list[dict[str, Any]], out: Path, title: str = "") -> Path:
+    """One line per run, each followed by its plain twin's when it has one."""
+    runs = [r for doc in runs for r in (doc, results.plain_run(doc)) if r is not None]
     import matplotlib  # deferred: matplotlib, optional and slow
 
     matplotlib.use("Agg")  # no display; deterministic file output

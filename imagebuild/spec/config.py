@@ -140,6 +140,10 @@ class BenchSettings(Strict):
     """Overrides publish.acceptance_threshold for this target: the relative drop in
     speculative acceptance (rate or mean accepted length, per concurrency level) that keeps
     a release from latest."""
+    plain_baseline: bool = True
+    """Also bench each speculating image without --speculative-config (one more boot per
+    cell), so the advice in the notes and the table can say whether its drafter beats
+    plain serving at each level."""
 
 
 # What serves a speculative method needs, and the word for none (plain serving).
