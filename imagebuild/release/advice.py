@@ -97,10 +97,30 @@ def _acc_text(c: dict[str, Any]) -> str:
             "step")
 
 
+def _tradeoff(win: dict[str, float] | None, other: dict[str, float] | None) -> str:
+    """Which of the two acceptance figures carried the level: the share of drafts the
+    target accepted (drafts verified in vain cost compute, which a batch feels) or the
+    tokens each verification step yields (what a lone request feels)."""
+    if win is None or other is None:
+        return ""
+    rate = f"{win['rate']:.0%} vs {other['rate']:.0%} of drafted tokens accepted"
+    length = f"{win['mean_length']:.2f} vs {other['mean_length']:.2f} tokens per step"
+    if win["rate"] >= other["rate"] and win["mean_length"] >= other["mean_length"]:
+        return f"it accepts more on both counts ({rate}, {length})"
+    if win["rate"] >= other["rate"]:
+        return (f"at this load fewer drafts verified in vain ({rate}) outweigh longer "
+                f"accepted runs ({length})")
+    if win["mean_length"] >= other["mean_length"]:
+        return (f"at this load longer accepted runs ({length}) outweigh a lower acceptance "
+                f"rate ({rate})")
+    return f"it wins with less accepted on both counts ({rate}, {length}): cheaper drafts"
+
+
 def _explain(win: dict[str, Any], other: dict[str, Any]) -> str:
     """Why `win` beats `other`: the drafters' acceptance (vLLM's counters at this level)."""
     if not win["plain"] and not other["plain"]:
-        return f"{_show(win)}: {_acc_text(win)}; {_show(other)}: {_acc_text(other)}"
+        return (_tradeoff(win["acceptance"], other["acceptance"])
+                or f"{_show(win)}: {_acc_text(win)}; {_show(other)}: {_acc_text(other)}")
     if not win["plain"]:
         return f"the {win['method']} drafter pays at this load: {_acc_text(win)}"
     if not other["plain"]:
@@ -154,9 +174,8 @@ def _versus_plain(m: Member, levels: list[dict[str, Any]]) -> dict[str, Any]:
             continue
         if plain is None:
             uncompared[key] = "no plain serving measured"
-        elif mine["why_untrusted"] or plain["why_untrusted"]:
-            uncompared[key] = "; ".join(f"{_show(x)}: {x['why_untrusted']}"
-                                        for x in (mine, plain) if x["why_untrusted"])
+        elif mine["why_untrusted"] or plain["why_untrusted"]:  # the level's line says why
+            uncompared[key] = "untrusted figures"
         else:
             deltas[key] = mine["tok_s"] / plain["tok_s"] - 1
     return {"image": m.image, "method": m.method, "deltas": deltas, "uncompared": uncompared,
@@ -188,7 +207,29 @@ def _flags(members: list[Member], versus: list[dict[str, Any]]) -> list[str]:
 
 
 def _levels_text_why(d: dict[str, str]) -> str:
-    return "; ".join(f"c={c} {why}" for c, why in d.items())
+    """`c=1, c=4 untrusted figures; c=8 no plain serving measured`: levels by reason."""
+    by_why: dict[str, list[str]] = {}
+    for c, why in d.items():
+        by_why.setdefault(why, []).append(f"c={c}")
+    return "; ".join(f"{', '.join(cs)} {why}" for why, cs in by_why.items())
+
+
+def _standing(m: Member, levels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a cell is fastest (by how much) and how far behind the fastest it is at every
+    other level with a winner (its own figure trusted)."""
+    wins: dict[str, float] = {}
+    behind: dict[str, dict[str, Any]] = {}
+    for lv in levels:
+        mine = next((x for x in lv["candidates"] if x["name"] == m.image), None)
+        if lv["winner"] is None or mine is None or mine["why_untrusted"]:
+            continue
+        if lv["winner"] == m.image:
+            wins[str(lv["concurrency"])] = lv["margin"]
+        else:
+            win = next(x for x in lv["candidates"] if x["name"] == lv["winner"])
+            behind[str(lv["concurrency"])] = {"delta": mine["tok_s"] / win["tok_s"] - 1,
+                                              "winner": win["name"]}
+    return {"image": m.image, "method": m.method, "wins": wins, "behind": behind}
 
 
 def _family(members: list[Member]) -> dict[str, Any]:
@@ -216,7 +257,8 @@ def _family(members: list[Member]) -> dict[str, Any]:
             "model": first.model, "target": first.target, "engine": first.engine,
             "cells": [{"image": m.image, "method": m.method, "measured": m.doc is not None}
                       for m in members],
-            "levels": levels, "versus_plain": versus, "flags": _flags(members, versus)}
+            "levels": levels, "versus_plain": versus, "flags": _flags(members, versus),
+            "standing": [_standing(m, levels) for m in measured]}
 
 
 def advise(members: Iterable[Member]) -> list[dict[str, Any]]:
@@ -299,9 +341,24 @@ def family_markdown(fam: dict[str, Any]) -> str:
         out += ["", f"Deploy: {_deploy(fam['levels'], many)}.", ""]
     else:
         out += ["_no bench results are stored for this family_", ""]
+    out += [f"- {_standing_text(st, fam['levels'], many)}" for st in fam["standing"]
+            if st["wins"] or st["behind"]]
     out += [f"- c={lv['concurrency']}: {lv['explanation']}" for lv in fam["levels"]]
     out += [f"- {f}" for f in fam["flags"]]
     return "\n".join(out) + "\n"
+
+
+def _standing_text(st: dict[str, Any], levels: list[dict[str, Any]], many: bool) -> str:
+    """`X` (dflash): fastest at c=1 (by 8.5%); behind at c=8 (-7.0% vs `Y`), ..."""
+    by_c = {str(lv["concurrency"]): lv for lv in levels}
+    wins = ", ".join(f"c={c} (by {m:.1%})" for c, m in st["wins"].items())
+    behind = ", ".join(
+        f"c={c} ({b['delta']:+.1%} vs {_short(_by_name(by_c[c], b['winner']), many)})"
+        for c, b in st["behind"].items())
+    method = "plain" if st["method"] == NO_SPECULATION else st["method"]
+    return (f"`{st['image']}` ({method}): "
+            + (f"fastest at {wins}" if wins else "fastest at no level")
+            + (f"; behind the fastest at {behind}" if behind else ""))
 
 
 def markdown(advice: list[dict[str, Any]]) -> str:
