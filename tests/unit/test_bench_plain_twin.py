@@ -99,3 +99,39 @@ def test_the_registry_reads_the_twin_with_the_levels_schema(served):
     bad = {**doc, "plain": {"levels": [{"concurrency": 1, "output_tok_s": "fast"}]}}
     with pytest.raises(RegistryFault, match="plain.levels.0.output_tok_s"):
         documents.bench_results(json.dumps(bad).encode(), "h", "x")
+
+
+@pytest.mark.parametrize("argv,setting,plain", [
+    ([], None, True), (["--no-plain-baseline"], None, False), ([], False, False),
+    (["--plain-baseline"], False, True)], ids=["target-default", "flag-off", "target-off",
+                                                "flag-on"])
+def test_bench_tag_follows_the_targets_plain_baseline(monkeypatch, matrix_dir, tmp_path,
+                                                      argv, setting, plain):
+    from imagebuild.cli import main
+
+    matrix = matrix_dir / "matrix.yaml"
+    if setting is not None:  # targets.cpu.bench.plain_baseline in the matrix
+        text = matrix.read_text()
+        matrix.write_text(text.replace("      acceptance_threshold: 0.05\n",
+                                       "      acceptance_threshold: 0.05\n"
+                                       f"      plain_baseline: {str(setting).lower()}\n", 1))
+    seen: list[bool] = []
+
+    def bench_image(ref: str, info: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        seen.append(kw["plain"])
+        return {"image": {"tag": "t"}, "hardware": {"model": "cpu"}, "started": "s",
+                "settings": {}, "levels": [_level(1, 1.0, spec=True)]}
+
+    monkeypatch.setattr(command, "bench_image", bench_image)
+    monkeypatch.setattr(command, "inspect_image", lambda ref: {"Id": "x", "Config": {}})
+    monkeypatch.setattr("imagebuild.reaper.reap", lambda: None)
+    assert main(["bench", "--tag", "2026-06-18-dflashfix", "--target", "cpu", "--matrix",
+                 str(matrix), "--out", str(tmp_path), *argv]) == 0
+    assert seen == [plain]
+
+
+def test_a_plain_baseline_needs_a_server_this_command_starts(capsys):
+    from imagebuild.cli import main
+
+    assert main(["bench", "--url", "http://127.0.0.1:9", "--plain-baseline"]) == 2
+    assert "--plain-baseline" in capsys.readouterr().err
