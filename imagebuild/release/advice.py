@@ -75,7 +75,7 @@ def _candidate(member: Member, lv: dict[str, Any], *, plain: bool,
     acc, acc_why = acceptance.level_acceptance(lv) if spec else (None, None)
     return {"name": f"{member.image} without speculation" if plain else member.image,
             "image": member.image, "method": NO_SPECULATION if plain else member.method,
-            "plain": plain or member.method == NO_SPECULATION,
+            "plain": plain or member.method == NO_SPECULATION, "twin": plain,
             "tok_s": float(lv.get("output_tok_s") or 0.0),
             "why_untrusted": mismatch or _distrust(lv),
             "acceptance": None if acc is None else {"rate": acc.rate,
@@ -84,7 +84,7 @@ def _candidate(member: Member, lv: dict[str, Any], *, plain: bool,
 
 
 def _show(c: dict[str, Any]) -> str:
-    if c["plain"] and c["method"] == NO_SPECULATION and c["name"] != c["image"]:
+    if c["twin"]:
         return f"{PLAIN} (`{c['image']}` without `--speculative-config`)"
     return f"`{c['name']}` ({'plain' if c['plain'] else c['method']})"
 
@@ -163,10 +163,9 @@ def _versus_plain(m: Member, levels: list[dict[str, Any]]) -> dict[str, Any]:
     uncompared: dict[str, str] = {}
     for lv in levels:
         mine = next((x for x in lv["candidates"] if x["name"] == m.image), None)
-        twin = next((x for x in lv["candidates"] if x["image"] == m.image and x["plain"]),
+        twin = next((x for x in lv["candidates"] if x["image"] == m.image and x["twin"]),
                     None)
-        plain = twin or max((x for x in lv["candidates"] if x["plain"] and
-                             x["method"] == NO_SPECULATION and x["name"] == x["image"]
+        plain = twin or max((x for x in lv["candidates"] if x["plain"] and not x["twin"]
                              and not x["why_untrusted"]),
                             key=lambda x: x["tok_s"], default=None)
         key = str(lv["concurrency"])
@@ -189,8 +188,9 @@ def _levels_text(d: dict[str, float]) -> str:
 def _flags(members: list[Member], versus: list[dict[str, Any]]) -> list[str]:
     out = [f"{m.label}: no bench results are stored with this release; not compared"
            for m in members if m.doc is None]
-    for m, v in zip([m for m in members if m.method != NO_SPECULATION and m.doc], versus,
-                    strict=True):
+    by_image = {m.image: m for m in members}
+    for v in versus:
+        m = by_image[v["image"]]
         if v["loses_everywhere"]:
             out.append(f"**{m.label} is slower than plain serving at every level "
                        f"{'measured' if not v['uncompared'] else 'compared'}** "
@@ -234,7 +234,7 @@ def _standing(m: Member, levels: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _family(members: list[Member]) -> dict[str, Any]:
     measured = [m for m in members if m.doc is not None]
-    ref = _comparable(measured[0].doc) if measured else {}  # type: ignore[arg-type]
+    ref = _comparable(measured[0].doc or {}) if measured else {}
     by_level: dict[int, list[dict[str, Any]]] = {}
     for m in measured:
         doc = m.doc or {}
@@ -275,7 +275,7 @@ def advise(members: Iterable[Member]) -> list[dict[str, Any]]:
 def _short(c: dict[str, Any], many: bool) -> str:
     """A candidate in a table cell: the image, or plain serving (of which image, when the
     family has several)."""
-    if c["plain"] and c["name"] != c["image"]:
+    if c["twin"]:
         return PLAIN + (f" (`{c['image']}`)" if many else "")
     return f"`{c['image']}`"
 
@@ -320,8 +320,7 @@ def family_markdown(fam: dict[str, Any]) -> str:
     cells = [c for c in fam["cells"] if c["measured"]]
     many = len(cells) > 1
     versus = {v["image"]: v["deltas"] for v in fam["versus_plain"]}
-    twins = any(x["plain"] and x["name"] != x["image"]
-                for lv in fam["levels"] for x in lv["candidates"])
+    twins = any(x["twin"] for lv in fam["levels"] for x in lv["candidates"])
     head = [f"`{c['image']}` ({'plain' if c['method'] == NO_SPECULATION else c['method']})"
             for c in cells] + ([PLAIN] if twins else []) + ["fastest"]
     out = [f"#### {fam['family']}", ""]
@@ -332,7 +331,7 @@ def family_markdown(fam: dict[str, Any]) -> str:
         row = [_figure(next((x for x in lv["candidates"] if x["name"] == c["image"]), None),
                        versus.get(c["image"], {}).get(key)) for c in cells]
         if twins:  # the fastest trusted twin (each cell's own is in its "vs plain")
-            best = sorted((x for x in lv["candidates"] if x["plain"] and x["name"] != x["image"]),
+            best = sorted((x for x in lv["candidates"] if x["twin"]),
                           key=lambda x: (bool(x["why_untrusted"]), -x["tok_s"]))
             row.append(_figure(best[0], None) + (f" (`{best[0]['image']}`)" if many else "")
                        if best else "-")
