@@ -41,6 +41,7 @@ class Member:
     method: str  # NO_SPECULATION for a plain cell
     doc: dict[str, Any] | None
     plain_baseline: bool = True  # its target benches plain twins (bench.plain_baseline)
+    tie_margin: float = 0.0  # its target's bench.tie_margin: a closer win is a tie
 
     @property
     def family(self) -> tuple[str, str, str]:
@@ -129,12 +130,12 @@ def _explain(win: dict[str, Any], other: dict[str, Any]) -> str:
     return "both serve without speculation"
 
 
-def _level(c: int, cands: list[dict[str, Any]]) -> dict[str, Any]:
+def _level(c: int, cands: list[dict[str, Any]], tie_margin: float) -> dict[str, Any]:
     trusted = sorted((x for x in cands if not x["why_untrusted"]), key=lambda x: -x["tok_s"])
     untrusted = [f"{_show(x)}: {x['why_untrusted']}" for x in cands if x["why_untrusted"]]
     out: dict[str, Any] = {"concurrency": c, "candidates": cands, "winner": None,
                            "runner_up": None, "margin": None, "margin_tok_s": None,
-                           "untrusted": untrusted}
+                           "tie": False, "untrusted": untrusted}
     if len(trusted) < 2:
         out["explanation"] = (f"no winner: {len(trusted)} trusted figure(s) of "
                               f"{len(cands)}" + (f" ({'; '.join(untrusted)})" if untrusted
@@ -144,8 +145,11 @@ def _level(c: int, cands: list[dict[str, Any]]) -> dict[str, Any]:
     out.update(winner=win["name"], runner_up=second["name"],
                margin=win["tok_s"] / second["tok_s"] - 1,
                margin_tok_s=win["tok_s"] - second["tok_s"])
+    out["tie"] = out["margin"] < tie_margin
     text = (f"{_show(win)} wins by {out['margin']:.1%} (+{out['margin_tok_s']:,.1f} tok/s: "
             f"{win['tok_s']:,.1f} vs {second['tok_s']:,.1f}) over {_show(second)}; "
+            + (f"a tie: under the target's tie margin of {tie_margin:.0%}, what back-to-back "
+               "benches of one image differ by there; " if out["tie"] else "")
             + _explain(win, second))
     higher = [x for x in cands if x["why_untrusted"] and x["tok_s"] > win["tok_s"]]
     if higher:
@@ -224,7 +228,7 @@ def _standing(m: Member, levels: list[dict[str, Any]]) -> dict[str, Any]:
         if lv["winner"] is None or mine is None or mine["why_untrusted"]:
             continue
         if lv["winner"] == m.image:
-            wins[str(lv["concurrency"])] = lv["margin"]
+            wins[str(lv["concurrency"])] = {"margin": lv["margin"], "tie": lv["tie"]}
         else:
             win = next(x for x in lv["candidates"] if x["name"] == lv["winner"])
             behind[str(lv["concurrency"])] = {"delta": mine["tok_s"] / win["tok_s"] - 1,
@@ -250,14 +254,16 @@ def _family(members: list[Member]) -> dict[str, Any]:
             for lv in (doc.get("plain") or {}).get("levels", []):
                 by_level.setdefault(int(lv["concurrency"]), []).append(
                     _candidate(m, lv, plain=True, mismatch=mismatch))
-    levels = [_level(c, cands) for c, cands in sorted(by_level.items())]
+    tie = max(m.tie_margin for m in members)
+    levels = [_level(c, cands, tie) for c, cands in sorted(by_level.items())]
     versus = [_versus_plain(m, levels) for m in measured if m.method != NO_SPECULATION]
     first = members[0]
     return {"family": f"{first.model} on {first.target}, engine {first.engine}",
             "model": first.model, "target": first.target, "engine": first.engine,
             "cells": [{"image": m.image, "method": m.method, "measured": m.doc is not None}
                       for m in members],
-            "levels": levels, "versus_plain": versus, "flags": _flags(members, versus),
+            "tie_margin": tie, "levels": levels, "versus_plain": versus,
+            "flags": _flags(members, versus),
             "standing": [_standing(m, levels) for m in measured]}
 
 
@@ -299,14 +305,15 @@ def _fastest(lv: dict[str, Any], many: bool) -> str:
     if lv["winner"] is None:
         return "_no winner_"
     return (f"**{_short(_by_name(lv, lv['winner']), many)}** by {lv['margin']:.1%} over "
-            f"{_short(_by_name(lv, lv['runner_up']), many)}")
+            f"{_short(_by_name(lv, lv['runner_up']), many)}" + (" (a tie)" if lv["tie"] else ""))
 
 
 def _deploy(levels: list[dict[str, Any]], many: bool) -> str:
     """`c=1: X; c=8, c=32: Y`: the winners, consecutive levels with one winner joined."""
     runs: list[tuple[list[int], str]] = []
     for lv in levels:
-        win = _short(_by_name(lv, lv["winner"]), many) if lv["winner"] else "no winner"
+        win = ((_short(_by_name(lv, lv["winner"]), many) + (" (a tie)" if lv["tie"] else ""))
+               if lv["winner"] else "no winner")
         if runs and runs[-1][1] == win:
             runs[-1][0].append(lv["concurrency"])
         else:
@@ -350,7 +357,8 @@ def family_markdown(fam: dict[str, Any]) -> str:
 def _standing_text(st: dict[str, Any], levels: list[dict[str, Any]], many: bool) -> str:
     """`X` (dflash): fastest at c=1 (by 8.5%); behind at c=8 (-7.0% vs `Y`), ..."""
     by_c = {str(lv["concurrency"]): lv for lv in levels}
-    wins = ", ".join(f"c={c} (by {m:.1%})" for c, m in st["wins"].items())
+    wins = ", ".join(f"c={c} (by {w['margin']:.1%}{', a tie' if w['tie'] else ''})"
+                     for c, w in st["wins"].items())
     behind = ", ".join(
         f"c={c} ({b['delta']:+.1%} vs {_short(_by_name(by_c[c], b['winner']), many)})"
         for c, b in st["behind"].items())

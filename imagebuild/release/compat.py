@@ -233,7 +233,8 @@ def gather(client: RegistryClient, jobs: tuple[Job, ...], publish: Any) -> dict[
         members.append(advice.Member(
             image=cell.image, target=cell.target_name, engine=cell.engine_name,
             model=cell.model_name, method=cell.method, doc=found[0] if found else None,
-            plain_baseline=bool(cell.target.bench and cell.target.bench.plain_baseline)))
+            plain_baseline=bool(cell.target.bench and cell.target.bench.plain_baseline),
+            tie_margin=cell.target.bench.tie_margin if cell.target.bench else 0.0))
     return table(str(jobs[0].tag) if jobs else "", rows, advice.advise(members))
 
 

@@ -144,6 +144,9 @@ class BenchSettings(Strict):
     """Also bench each speculating image without --speculative-config (one more boot per
     cell), so the advice in the notes and the table can say whether its drafter beats
     plain serving at each level."""
+    tie_margin: float = Field(default=0.05, ge=0, le=1)
+    """The advice calls a level's winner a tie when it beats the runner-up by less than
+    this fraction: how much back-to-back benches of one image differ on this target."""
 
 
 # What serves a speculative method needs, and the word for none (plain serving).

@@ -1,6 +1,7 @@
 """The whole job on the cpu cell against a real distribution registry with htpasswd auth:
 `build.py --tag` for two releases, `releases`, rollback (manifests only, seconds),
-roll-forward, prune --dry-run. Credentials only through the environment."""
+roll-forward, prune --dry-run; each release benched with its plain twin and its notes
+saying which cell to deploy per level. Credentials only through the environment."""
 
 from __future__ import annotations
 

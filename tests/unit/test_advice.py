@@ -107,6 +107,25 @@ def test_a_drafter_slower_than_plain_serving_at_every_level_is_flagged():
     assert "| 430.0 (`spark-heretic-zlab`) |" in md
 
 
+def test_a_win_under_the_targets_tie_margin_is_called_a_tie():
+    # one of the cpu cell's back-to-back benches (docs/advice.md): ngram 2.0% ahead of its
+    # plain twin at c=1, 15.3% behind it at c=4; cpu's tie_margin is 10%
+    cell = Member("cpu-tiny-ngram", "cpu", "dflashfix", "tiny", "ngram",
+                  _doc([_lv(1, 310.7, rate=0.52, k=3), _lv(4, 963.6, rate=0.52, k=3)],
+                       [_lv(1, 304.6), _lv(4, 1137.7)]), tie_margin=0.10)
+    (fam,) = advice.advise([cell])
+    c1, c4 = fam["levels"]
+    assert (c1["winner"], c1["tie"]) == ("cpu-tiny-ngram", True)
+    assert (c4["winner"], c4["tie"]) == ("cpu-tiny-ngram without speculation", False)
+    md = advice.markdown([fam])
+    assert "Deploy: c=1 `cpu-tiny-ngram` (a tie); c=4 plain serving." in md
+    assert "| **`cpu-tiny-ngram`** by 2.0% over plain serving (a tie) |" in md
+    assert "a tie: under the target's tie margin of 10%" in c1["explanation"]
+    assert ("- `cpu-tiny-ngram` (ngram): fastest at c=1 (by 2.0%, a tie); behind the "
+            "fastest at c=4 (-15.3% vs plain serving)") in md
+    assert not fam["flags"]  # faster than plain at c=1, if only just
+
+
 def test_untrusted_figures_never_pick_a_winner_and_are_said():
     zlab, mtp = _public()
     assert mtp.doc is not None
