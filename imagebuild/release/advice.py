@@ -117,11 +117,15 @@ def _tradeoff(win: dict[str, float] | None, other: dict[str, float] | None) -> s
     return f"it wins with less accepted on both counts ({rate}, {length}): cheaper drafts"
 
 
-def _explain(win: dict[str, Any], other: dict[str, Any]) -> str:
+def _explain(win: dict[str, Any], other: dict[str, Any], tie: bool) -> str:
     """Why `win` beats `other`: the drafters' acceptance (vLLM's counters at this level)."""
     if not win["plain"] and not other["plain"]:
         return (_tradeoff(win["acceptance"], other["acceptance"])
                 or f"{_show(win)}: {_acc_text(win)}; {_show(other)}: {_acc_text(other)}")
+    if tie and not (win["plain"] and other["plain"]):
+        spec = other if win["plain"] else win
+        return (f"the {spec['method']} drafter of `{spec['image']}` makes no measurable "
+                f"difference at this load: {_acc_text(spec)}")
     if not win["plain"]:
         return f"the {win['method']} drafter pays at this load: {_acc_text(win)}"
     if not other["plain"]:
@@ -150,7 +154,7 @@ def _level(c: int, cands: list[dict[str, Any]], tie_margin: float) -> dict[str, 
             f"{win['tok_s']:,.1f} vs {second['tok_s']:,.1f}) over {_show(second)}; "
             + (f"a tie: under the target's tie margin of {tie_margin:.0%}, what back-to-back "
                "benches of one image differ by there; " if out["tie"] else "")
-            + _explain(win, second))
+            + _explain(win, second, out["tie"]))
     higher = [x for x in cands if x["why_untrusted"] and x["tok_s"] > win["tok_s"]]
     if higher:
         text += "; " + "; ".join(f"{_show(x)} measured more ({x['tok_s']:,.1f} tok/s) but "

@@ -120,7 +120,10 @@ def test_a_win_under_the_targets_tie_margin_is_called_a_tie():
     md = advice.markdown([fam])
     assert "Deploy: c=1 `cpu-tiny-ngram` (a tie); c=4 plain serving." in md
     assert "| **`cpu-tiny-ngram`** by 2.0% over plain serving (a tie) |" in md
-    assert "a tie: under the target's tie margin of 10%" in c1["explanation"]
+    assert c1["explanation"].endswith(
+        "a tie: under the target's tie margin of 10%, what back-to-back benches of one image "
+        "differ by there; the ngram drafter of `cpu-tiny-ngram` makes no measurable "
+        "difference at this load: 52% of drafted tokens accepted, 2.56 tokens per step")
     assert ("- `cpu-tiny-ngram` (ngram): fastest at c=1 (by 2.0%, a tie); behind the "
             "fastest at c=4 (-15.3% vs plain serving)") in md
     assert not fam["flags"]  # faster than plain at c=1, if only just
