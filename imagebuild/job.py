@@ -167,8 +167,9 @@ def document_jobs(client: RegistryClient, plan: Plan, out: Path,
 
 def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
                skip: dict[str, dict[str, str]] | None = None) -> None:
-    """Measure each job's tested image with its target's `bench:` settings and store the
-    results with the release (kept when the registry already has them: a re-run)."""
+    """Measure each job's tested image with its target's `bench:` settings (and, with
+    `plain_baseline`, a speculating image's plain twin) and store the results with the
+    release (kept when the registry already has them: a re-run)."""
     from imagebuild.bench import results, store
     from imagebuild.bench.command import (
         bench_image,

@@ -108,7 +108,7 @@ def bench_image(ref: str, info: dict[str, Any], *, limits: Limits,
     place = place or placement.choose()
     log(f"placement: {place.why}")
 
-    def run(drop: tuple[str, ...], name: str) -> list[dict[str, Any]]:
+    def levels_of(drop: tuple[str, ...], name: str) -> list[dict[str, Any]]:
         server = nodes(drop) if nodes is not None else container.serving(
             ref, info, limits, drop_flags=drop, cpuset=place.server_cpus, log=log)
         with server as c, place.client_pinned():
@@ -120,11 +120,11 @@ def bench_image(ref: str, info: dict[str, Any], *, limits: Limits,
     meta["label"] = label
     started = _now()
     doc = results.document(image=meta, settings={**settings, **place.as_settings()},
-                           levels=run((), ""), started=started)
+                           levels=levels_of((), ""), started=started)
     if plain and speculates(info):
         started = _now()
         doc["plain"] = {"started": started, "without": [SPEC_FLAG],
-                        "levels": run((SPEC_FLAG,), "plain")}
+                        "levels": levels_of((SPEC_FLAG,), "plain")}
     return doc
 
 

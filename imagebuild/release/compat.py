@@ -206,8 +206,9 @@ def make_row(*, image: str, cell: str, repo: str, drafter: bool, rel: Release | 
 
 
 def table(tag: str, rows: list[dict[str, Any]],
-          advice: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"schema": SCHEMA, "tag": tag, "rows": rows, "advice": advice or [],
+          families: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`families`: which cell to deploy per image family and level (release/advice.py)."""
+    return {"schema": SCHEMA, "tag": tag, "rows": rows, "advice": families or [],
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
