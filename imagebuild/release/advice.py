@@ -225,7 +225,7 @@ def _levels_text_why(d: dict[str, str]) -> str:
 def _standing(m: Member, levels: list[dict[str, Any]]) -> dict[str, Any]:
     """Where a cell is fastest (by how much) and how far behind the fastest it is at every
     other level with a winner (its own figure trusted)."""
-    wins: dict[str, float] = {}
+    wins: dict[str, dict[str, Any]] = {}
     behind: dict[str, dict[str, Any]] = {}
     for lv in levels:
         mine = next((x for x in lv["candidates"] if x["name"] == m.image), None)
