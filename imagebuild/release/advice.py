@@ -335,8 +335,11 @@ def family_markdown(fam: dict[str, Any]) -> str:
     head = [f"`{c['image']}` ({'plain' if c['method'] == NO_SPECULATION else c['method']})"
             for c in cells] + ([PLAIN] if twins else []) + ["fastest"]
     out = [f"#### {fam['family']}", ""]
-    if fam["levels"]:
-        out += ["| c | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    if not any(len(lv["candidates"]) > 1 for lv in fam["levels"]):
+        one = "one configuration measured" if fam["levels"] else "no bench results stored"
+        return "\n".join(out + [f"_{one}: nothing to compare_", ""]
+                         + [f"- {f}" for f in fam["flags"]]) + "\n"
+    out += ["| c | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
     for lv in fam["levels"]:
         key = str(lv["concurrency"])
         row = [_figure(next((x for x in lv["candidates"] if x["name"] == c["image"]), None),
@@ -347,10 +350,7 @@ def family_markdown(fam: dict[str, Any]) -> str:
             row.append(_figure(best[0], None) + (f" (`{best[0]['image']}`)" if many else "")
                        if best else "-")
         out.append(f"| {key} | " + " | ".join(row + [_fastest(lv, many)]) + " |")
-    if fam["levels"]:
-        out += ["", f"Deploy: {_deploy(fam['levels'], many)}.", ""]
-    else:
-        out += ["_no bench results are stored for this family_", ""]
+    out += ["", f"Deploy: {_deploy(fam['levels'], many)}.", ""]
     out += [f"- {_standing_text(st, fam['levels'], many)}" for st in fam["standing"]
             if st["wins"] or st["behind"]]
     out += [f"- c={lv['concurrency']}: {lv['explanation']}" for lv in fam["levels"]]

@@ -182,7 +182,11 @@ def test_missing_results_and_plain_baselines_are_said():
         "measured)"]
     assert "plain serving |" not in advice.markdown([fam])  # no plain column
     (empty,) = advice.advise([gone])
-    assert "_no bench results are stored for this family_" in advice.markdown([empty])
+    assert "_no bench results stored: nothing to compare_" in advice.markdown([empty])
+    (alone,) = advice.advise([mtp])  # one cell, no plain twin: no table of one column
+    md = advice.markdown([alone])
+    assert "_one configuration measured: nothing to compare_" in md and "| c |" not in md
+    assert "not compared with plain serving (c=1 no plain serving measured)" in md
 
 
 def test_a_plain_cell_of_the_family_is_the_baseline_without_twins():
