@@ -231,6 +231,10 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", action="store_true",
                    help="store the results in the registry next to the image's release")
     p.add_argument("--label", default=None, help="legend name of this run in the plot")
+    p.add_argument("--plain-baseline", action=argparse.BooleanOptionalAction, default=None,
+                   help="also measure a speculating image without --speculative-config, "
+                        "stored with its results as the advice's baseline (default: the "
+                        "target's bench.plain_baseline with --tag, else off)")
     p.add_argument("--server-cpus", default=None, metavar="LIST", type=_cpuset,
                    help="pin the server container to these CPUs (docker --cpuset-cpus; "
                         "default: every CPU but the client's)")

@@ -172,8 +172,9 @@ def document_jobs(client: RegistryClient, plan: Plan, out: Path,
 
 def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
                skip: dict[str, dict[str, str]] | None = None) -> None:
-    """Measure each job's tested image with its target's `bench:` settings and store the
-    results with the release (kept when the registry already has them: a re-run)."""
+    """Measure each job's tested image with its target's `bench:` settings (and, with
+    `plain_baseline`, a speculating image's plain twin) and store the results with the
+    release (kept when the registry already has them: a re-run)."""
     from imagebuild.bench import results, store
     from imagebuild.bench.command import (
         bench_image,
@@ -204,7 +205,8 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
             doc = bench_image(job.release_ref, info, limits=Limits.of(job.expect),
                               prompt_set=prompt_set,
                               levels=b.concurrency, load_kw=load_kw, settings=settings,
-                              label=str(job.tag), nodes=nodes_server(job, info, out))
+                              label=str(job.tag), nodes=nodes_server(job, info, out),
+                              plain=b.plain_baseline)
         digest = store.put_results(client, repo, str(job.tag), doc)
         md = results.markdown(doc)
         print(md + f"stored with {repo}:{job.tag} ({digest[:19]})")

@@ -1,6 +1,8 @@
-"""The PNG: output tok/s and TTFT p50 against concurrency, one line per release, and the
-drafter's acceptance rate when a run has one; levels whose figures are flagged as
-untrusted are drawn hollow (acceptance is the server's own count: timing flags aside).
+"""The PNG: output tok/s and TTFT p50 against concurrency, one line per release (and one
+for its plain twin, the same image measured without speculation, in its run's colour,
+dashed), and the drafter's acceptance rate when a run has one; levels whose figures are
+flagged as untrusted are drawn hollow (acceptance is the server's own count: timing flags
+aside).
 
 Read at a glance: concurrency ticks are the levels measured, written as plain numbers
 (spaced by powers of two, so c=1 and c=8 stay apart); every y-axis starts at zero, so a
@@ -13,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from imagebuild.bench import acceptance
+from imagebuild.bench import acceptance, results
 
 
 def plot(runs: list[dict[str, Any]], out: Path, title: str = "") -> Path:
@@ -27,7 +29,8 @@ def plot(runs: list[dict[str, Any]], out: Path, title: str = "") -> Path:
 
 
 def figure(runs: list[dict[str, Any]], title: str = "") -> Any:
-    """The matplotlib Figure of `runs` (this run first, then e.g. its baseline)."""
+    """The matplotlib Figure of `runs` (this run first, then e.g. its baseline), each
+    followed by its plain twin when it has one."""
     import matplotlib  # deferred: matplotlib, optional and slow
 
     matplotlib.use("Agg")  # no display; deterministic file output
@@ -38,14 +41,18 @@ def figure(runs: list[dict[str, Any]], title: str = "") -> Any:
     fig, axes = plt.subplots(1, 3 if speculative else 2, figsize=(16 if speculative else 11,
                                                                   4.2))
     ax_tps, ax_ttft = axes[0], axes[1]
-    for i, doc in enumerate(runs):
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    series = [(run, colors[i % len(colors)], twin) for i, doc in enumerate(runs)
+              for run, twin in ((doc, False), (results.plain_run(doc), True))
+              if run is not None]
+    for i, (doc, color, twin) in enumerate(series):
         levels = sorted(doc["levels"], key=lambda lv: lv["concurrency"])
         cs = [lv["concurrency"] for lv in levels]
         levels_seen.update(cs)
-        style = series_style(i)
+        style = {**series_style(i), "color": color, **({"linestyle": "--"} if twin else {})}
         label = str(doc["image"].get("label") or doc["image"].get("tag")
                     or doc["image"].get("ref"))
-        if speculative:
+        if speculative and acceptance.speculative(doc):
             rates = [acc.rate if (acc := acceptance.level_acceptance(lv)[0]) else None
                      for lv in levels]
             axes[2].plot(cs, [math.nan if r is None else r for r in rates], label=label,

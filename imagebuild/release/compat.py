@@ -11,7 +11,9 @@ Columns (docs/release-gates.md says what each proves):
 - acceptance: the drafter's acceptance rate and mean accepted length per level, against
   the release before it (the acceptance gate, bench/acceptance.py);
 - verdict: `fail` (a gate failed), `incomplete` (something not run or not trustworthy),
-  `accepted` (passed only with a written reason), `pass`.
+  `accepted` (passed only with a written reason), `pass`;
+and under the rows, per image family, which cell to deploy at each bench level
+(release/advice.py).
 
 The table is built from the registry alone (release records and stored results), goes
 into the release notes, and is stored with each cell's release as an OCI referrer of its
@@ -39,6 +41,7 @@ from imagebuild.registry.records import (
     list_releases,
     read_release,
 )
+from imagebuild.release import advice
 from imagebuild.release.latest import acceptance_threshold_for, threshold_for
 from imagebuild.release.notes import previous_release
 from imagebuild.safetext import safe
@@ -231,8 +234,10 @@ def make_row(*, image: str, cell: str, repo: str, drafter: bool, rel: Release | 
     return row
 
 
-def table(tag: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"schema": SCHEMA, "tag": tag, "rows": rows,
+def table(tag: str, rows: list[dict[str, Any]],
+          families: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`families`: which cell to deploy per image family and level (release/advice.py)."""
+    return {"schema": SCHEMA, "tag": tag, "rows": rows, "advice": families or [],
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
@@ -243,19 +248,24 @@ def thresholds_for(job: Job, publish: Any) -> Thresholds:
 
 def gather(client: RegistryClient, jobs: tuple[Job, ...], publish: Any) -> dict[str, Any]:
     """The table of the jobs' release tag, from the registry."""
-    rows = []
+    rows, members = [], []
     for job in jobs:
-        repo = job.image.repository
+        repo, cell = job.image.repository, job.cell
         rels = list_releases(client, repo)
         mine = next((r for r in rels if r.tag == str(job.tag)), None)
         prev = previous_release(rels, job.tag)
         found = store.release_stored(client, repo, mine.tag) if mine else None
         base = store.release_results(client, repo, prev) if prev else None
-        rows.append(make_row(image=job.cell.image, cell=job.id, repo=repo,
-                             drafter=job.cell.method != NO_SPECULATION, rel=mine, bench=found,
+        rows.append(make_row(image=cell.image, cell=job.id, repo=repo,
+                             drafter=cell.method != NO_SPECULATION, rel=mine, bench=found,
                              baseline=base, baseline_tag=prev,
                              thresholds=thresholds_for(job, publish)))
-    return table(str(jobs[0].tag) if jobs else "", rows)
+        members.append(advice.Member(
+            image=cell.image, target=cell.target_name, engine=cell.engine_name,
+            model=cell.model_name, method=cell.method, doc=found[0] if found else None,
+            plain_baseline=bool(cell.target.bench and cell.target.bench.plain_baseline),
+            tie_margin=cell.target.bench.tie_margin if cell.target.bench else 0.0))
+    return table(str(jobs[0].tag) if jobs else "", rows, advice.advise(members))
 
 
 # ------------------------------------------------------------------ stored with the release
@@ -396,4 +406,6 @@ def markdown(doc: dict[str, Any]) -> str:
             verdict_cell]) + " |")
     why = [f"- `{r['image']}` {r['verdict']}: " + "; ".join(r["why"])
            for r in rows if r["why"]]
-    return "\n".join(out) + "\n" + ("\n" + "\n".join(why) + "\n" if why else "")
+    text = "\n".join(out) + "\n" + ("\n" + "\n".join(why) + "\n" if why else "")
+    section = advice.markdown(doc.get("advice") or [])
+    return text + ("\n" + section if section else "")

@@ -140,6 +140,13 @@ class BenchSettings(Strict):
     """Overrides publish.acceptance_threshold for this target: the relative drop in
     speculative acceptance (rate or mean accepted length, per concurrency level) that keeps
     a release from latest."""
+    plain_baseline: bool = True
+    """Also bench each speculating image without --speculative-config (one more boot per
+    cell), so the advice in the notes and the table can say whether its drafter beats
+    plain serving at each level."""
+    tie_margin: float = Field(default=0.05, ge=0, le=1)
+    """The advice calls a level's winner a tie when it beats the runner-up by less than
+    this fraction: how much back-to-back benches of one image differ on this target."""
 
 
 # What serves a speculative method needs, and the word for none (plain serving).

@@ -1,6 +1,7 @@
 """The whole job on the cpu cell against a real distribution registry with htpasswd auth:
 `build.py --tag` for two releases, `releases`, rollback (manifests only, seconds),
-roll-forward, prune --dry-run. Credentials only through the environment."""
+roll-forward, prune --dry-run; each release benched with its plain twin and its notes
+saying which cell to deploy per level. Credentials only through the environment."""
 
 from __future__ import annotations
 
@@ -113,7 +114,12 @@ def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registr
         doc = store.release_results(client, repo, tag)
         assert doc is not None, f"no bench results stored with {tag}"
         assert [lv["concurrency"] for lv in doc["levels"]] == [1, 4]  # matrix.yaml cpu.bench
-        assert all(lv["errors"] == 0 and lv["output_tok_s"] > 0 for lv in doc["levels"])
+        # ... and its plain twin: the same image without --speculative-config, same levels
+        twin = doc["plain"]["levels"]
+        assert [lv["concurrency"] for lv in twin] == [1, 4], doc["plain"]
+        assert all(lv["errors"] == 0 and lv["output_tok_s"] > 0 for lv in doc["levels"] + twin)
+        assert all(lv["spec_decode"] for lv in doc["levels"])
+        assert not any(lv["spec_decode"] for lv in twin)  # nothing drafted: plain decoding
     # the whole job stored each release's compatibility table beside its results; a gate
     # that did not run never reads as pass
     from imagebuild.release import compat
@@ -131,8 +137,22 @@ def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registr
     assert proc.returncode == 0, proc.stderr
     assert "## Compatibility" in proc.stdout
     bench = proc.stdout.split("Benchmark:")[1]
-    assert "| c | req | err | tok/s | vs baseline |" in bench
+    assert "| c | req | err | tok/s | vs baseline | vs plain |" in bench
     assert f"against `{OLD}`" in bench
+    # which cell to deploy per bench level, from the stored figures: the faster of the
+    # ngram cell and its plain twin where both are trusted, no winner where one is not
+    advice = proc.stdout.split("### Which cell to deploy")[1].split("\n## ")[0]
+    assert "#### tiny on cpu, engine dflashfix" in advice
+    doc = store.release_results(client, repo, NEW)
+    for lv, twin in zip(doc["levels"], doc["plain"]["levels"], strict=True):
+        row = next(ln for ln in advice.splitlines() if ln.startswith(f"| {lv['concurrency']} |"))
+        if lv["flags"] or twin["flags"]:
+            assert "_no winner_" in row and "untrusted" in row, row
+        else:
+            win = "plain serving" if twin["output_tok_s"] > lv["output_tok_s"] else \
+                "`cpu-tiny-ngram`"
+            assert f"| **{win}** by " in row, row
+    assert "Deploy: c=1" in advice
 
 
 def test_each_release_records_its_release_gates(released, registry):
