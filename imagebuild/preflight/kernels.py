@@ -486,7 +486,9 @@ def _better_profiles(v: CellView, facts: Facts, model: Checkpoint | None,
         if prof.methods is not None and cell.method not in prof.methods:
             continue
         try:
-            other = dc_replace(cell, profile=prof, profile_name=name)
+            other = dc_replace(cell, profile=prof.on_engine(cell.engine_name,
+                                                            cell.engine.vllm_version),
+                               profile_name=name)
             ov = CellView(lm=v.lm, cell=other, cmd=serve_command(other), family=v.family,
                           label=v.label)
             trial = CellPrediction(ov, facts, model, drafter)

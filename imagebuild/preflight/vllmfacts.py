@@ -55,8 +55,9 @@ RULES = (
          "the boot log and /metrics, in the words of the image's own vLLM version; a "
          "message or metric that version never prints would fail smoke on every image, "
          "or, for a check that reads an absence, could never fail",
-         "expect only what the cell's vLLM version logs (a profile per version), or use a "
-         "vLLM that logs it", facts=("logs", "metrics")),
+         "expect only what the cell's vLLM version logs: the profile's by_vllm (or "
+         "by_engine) says what differs on that version, or use a vLLM that logs it",
+         facts=("logs", "metrics")),
 )
 BY_ID = {r.id: r for r in RULES}
 
@@ -89,11 +90,18 @@ def _signals(v: CellView) -> list[Finding]:
     platform = "cuda" if v.cell.target.gpu else "cpu"
     unread = unreadable(v.facts, platform)
     out = []
-    for kind, want in expected_backends(v.cell).items():
+    expected = expected_backends(v.cell)
+    readable = {k: w for k, w in expected.items() if kind_unreadable(k, unread) is None}
+    version = v.cell.engine.vllm_version
+    fix = (f"say what vLLM {version} logs in profile {v.cell.profile_name}: by_vllm: "
+           f"{{'>={version}': {{expect_backends: "
+           f"{{{', '.join(f'{k}: {w}' for k, w in readable.items())}}}}}}} (or by_engine: "
+           f"{{{v.cell.engine_name}: ...}}), or use a vLLM that logs it")
+    for kind, want in expected.items():
         why = kind_unreadable(kind, unread)
         if why is not None:
             out.append(r.finding(v.label, f"expect_backends.{kind} ({want}) cannot be checked "
-                                          f"by smoke: {why}",
+                                          f"by smoke: {why}", fix=fix,
                                  where=v.lm.located.where(("profiles", v.cell.profile_name,
                                                            "expect_backends", kind))))
     if "weights_skipped" in unread:

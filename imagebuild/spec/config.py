@@ -57,6 +57,7 @@ from imagebuild.spec.values import (
     mirror_url,
     package_name,
     pep440,
+    version_range,
 )
 from imagebuild.spec.yamlpos import Located, load_located
 
@@ -81,6 +82,7 @@ Namespace = Annotated[str, AfterValidator(check_path), Schema(pattern=PATH_JSON,
 MemorySize = Annotated[str, AfterValidator(lambda v: memory_bytes(v) and v),
                        Schema(pattern=MEMORY_JSON)]
 PEP440 = Annotated[str, AfterValidator(pep440), Schema(pattern=PEP440_JSON)]
+VersionRange = Annotated[str, AfterValidator(version_range)]
 EnvName = Annotated[str, AfterValidator(env_name), Schema(pattern=ENV_NAME_JSON)]
 BuildArgName = Annotated[str, AfterValidator(build_arg_name),
                          Schema(pattern=ENV_NAME_JSON, **{"not": {"enum": list(BUILD_PY_ARGS)}})]
@@ -683,10 +685,36 @@ class Parallel(Strict):
         return self.tensor_parallel_size // self.nodes
 
 
+ArgValue = str | int | float | bool | list[str | int | float] | dict[str, Any]
+# what a profile variant may change; every other field is the profile's on every engine
+VARIANT_FIELDS = ("args", "env", "acceptance_floor", "reasoning", "tools", "expect_backends")
+
+
+class ProfileVariant(Strict):
+    """What a profile says differently on some engines (by_vllm, by_engine): `args` and
+    `env` merged key by key over the profile's (null drops a flag or variable), each other
+    field given replaces the profile's (`expect_backends: null` expects nothing)."""
+
+    args: dict[str, ArgValue | None] = Field(default_factory=dict)
+    """Serve flags set (or, null, dropped) on these engines."""
+    env: dict[EnvName, str | None] = Field(default_factory=dict)
+    """Environment variables set (or, null, dropped) on these engines."""
+    acceptance_floor: float | None = Field(default=None, ge=0, le=1)
+    """Accepted/draft token ratio smoke must see on these engines."""
+    reasoning: bool | None = None
+    """Smoke checks the reasoning parser's output on these engines."""
+    tools: bool | None = None
+    """Smoke checks tool calling on these engines."""
+    expect_backends: ExpectBackends | None = None
+    """Kernels vLLM must choose at boot on these engines (null: none asserted)."""
+
+
 class Profile(Strict):
     """How a server runs: serve flags, environment, what smoke expects. `extends` names a
     profile whose fields this one starts from (spec/profiles.py resolves it before this
-    schema sees the profile: args and env merged, the child's values win)."""
+    schema sees the profile: args and env merged, the child's values win). What differs
+    between vLLM versions is said once, in by_vllm or by_engine: each cell gets the
+    profile as its engine sees it (`on_engine`), no second profile and no excludes."""
 
     description: str
     """How the server runs, in words. Inherited through `extends`."""
@@ -717,6 +745,11 @@ class Profile(Strict):
     parallel: Parallel | None = None
     """Tensor parallelism and the nodes it spans; none: one GPU (or CPU engine) on one host.
     Derives --tensor-parallel-size and the multi-node flags, which `args` must not repeat."""
+    by_vllm: dict[VersionRange, ProfileVariant] = Field(default_factory=dict)
+    """What differs on engines whose vllm_version is in a range (PEP 440 specifiers, e.g.
+    '>=0.30'): every matching entry applies, in the order written, before by_engine."""
+    by_engine: dict[Name, ProfileVariant] = Field(default_factory=dict)
+    """What differs on the named engines, applied after by_vllm."""
 
     # _floor_for_speculation, for the JSON Schema: a profile that extends another is
     # checked once resolved (the CLI's part alone)
@@ -735,6 +768,46 @@ class Profile(Strict):
                            "add acceptance_floor: the accepted/draft token ratio smoke must "
                            "see, e.g. 0.2 (DFlash) or 0.4 (MTP)")
         return self
+
+
+    def variants(self, engine: str, vllm_version: str) -> list[tuple[tuple, ProfileVariant]]:
+        """The entries that apply on this engine, in the order they apply, each with its
+        path under the profile (for an error's line)."""
+        from packaging.specifiers import SpecifierSet  # deferred: only with by_vllm
+        from packaging.version import Version  # deferred: only with by_vllm
+
+        found = [(("by_vllm", spec), v) for spec, v in self.by_vllm.items()
+                 if SpecifierSet(spec).contains(Version(vllm_version), prereleases=True)]
+        if engine in self.by_engine:
+            found.append((("by_engine", engine), self.by_engine[engine]))
+        return found
+
+    def on_engine(self, engine: str, vllm_version: str) -> Profile:
+        """This profile as a cell of `engine` (vLLM `vllm_version`) runs it: its by_vllm and
+        by_engine entries applied. BadValue when the result is not a valid profile (the
+        caller names the last entry applied: variants())."""
+        variants = self.variants(engine, vllm_version)
+        if not variants:
+            return self
+        data = self.model_dump(exclude={"by_vllm", "by_engine"})
+        for _at, v in variants:
+            for field in VARIANT_FIELDS:
+                if field not in v.model_fields_set:
+                    continue
+                value = getattr(v, field)
+                if field in ("args", "env"):
+                    merged = {**data[field], **value}
+                    data[field] = {k: val for k, val in merged.items() if val is not None}
+                else:
+                    data[field] = value.model_dump() if isinstance(value, BaseModel) \
+                        else value
+        try:
+            return Profile.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise BadValue(f"on engine {engine} (vLLM {vllm_version}) the profile is not "
+                           f"valid: {first.get('msg')}",
+                           "change this entry so the profile it gives is valid") from None
 
 
 class Waiver(Strict):

@@ -130,6 +130,11 @@ def _check_refs(lm: LoadedMatrix, unwritten: frozenset[str] = frozenset()) -> No
             raise _err(loc, ("profiles", pname, "target"), f"unknown target {prof.target!r}",
                        f"use one of: {', '.join(m.targets)}")
         _check_parallel_args(loc, pname, prof)
+        for ename in prof.by_engine:
+            if ename not in m.engines:
+                raise _err(loc, ("profiles", pname, "by_engine", ename),
+                           f"profile {pname!r} says what differs on engine {ename!r}, which "
+                           "is not an engine", f"use one of: {', '.join(m.engines)}")
     for ename, engine in m.engines.items():
         for tname, real in engine.realize.items():
             if tname not in m.targets:
@@ -170,6 +175,19 @@ def _check_parallel_args(loc: Located, pname: str, prof: Profile) -> None:
             raise _err(loc, ("profiles", pname, "args", key),
                        f"profile {pname!r} sets --{key} in args, but its `parallel:` block "
                        "derives that flag for every node", fix)
+
+
+def _on_engine(loc: Located, pname: str, profile: Profile, ename: str, engine: Engine
+               ) -> Profile:
+    """The profile as this engine's cells run it (its by_vllm and by_engine entries)."""
+    try:
+        resolved = profile.on_engine(ename, engine.vllm_version)
+    except BadValue as exc:
+        at = profile.variants(ename, engine.vllm_version)[-1][0]
+        raise _err(loc, ("profiles", pname, *at), str(exc), exc.fix) from None
+    if resolved is not profile:
+        _check_parallel_args(loc, pname, resolved)
+    return resolved
 
 
 def _repo_file(lm: LoadedMatrix, path: tuple, folder: Path, rel: str, what: str,
@@ -262,6 +280,7 @@ def _expand_family(lm: LoadedMatrix, fname: str, fam: ImageFamily) -> list[Cell]
         where = f"{fname} {combo}"
         engine, model = m.engines[combo["engine"]], m.models[combo["model"]]
         drafter, profile = m.drafters.get(combo["drafter"]), m.profiles[combo["profile"]]
+        profile = _on_engine(loc, combo["profile"], profile, combo["engine"], engine)
         method = drafter.method if drafter else NO_SPECULATION
         checks = [
             (fam.target in engine.realize, "engine", f"engine {combo['engine']} has no "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from imagebuild.spec.schemahint import anycase
@@ -60,6 +61,19 @@ def pep440(text: str) -> str:
         raise BadValue(f"{text!r} is not a PEP 440 version",
                        "write a release version such as 0.23.0 (quoted if YAML would read "
                        "it as a number)") from None
+    return text
+
+
+def version_range(text: str) -> str:
+    """PEP 440 version specifiers, e.g. >=0.30 or >=0.30,<0.33 (a range of vLLM versions)."""
+    try:
+        spec = SpecifierSet(text)
+    except InvalidSpecifier:
+        spec = None
+    if spec is None or not str(spec):
+        raise BadValue(f"{text!r} is not a range of versions",
+                       "write PEP 440 specifiers such as '>=0.30' or '>=0.30,<0.33' "
+                       "(quoted)")
     return text
 
 

@@ -83,18 +83,28 @@ def test_walk_the_steps(locked: Path, tmp_path: Path, monkeypatch: pytest.Monkey
                                                                        "fails")
     assert "smoke-signal-missing" in {f["rule"] for f in report["findings"]}
 
-    # 2, 3: the engine, the profile, the family with it
+    # 2, 3: the engine; what differs on it, in the profile the cells use; the family's axis
     text = matrix.read_text()
     (engine,) = _yaml_blocks(steps[1])
     assert "under `engines:`" in steps[1]
     text = text.replace("\nengines:\n", "\nengines:\n" + engine, 1)
-    profile, family = _yaml_blocks(steps[2])
-    assert "`profiles:`" in steps[2] and "`images:`" in steps[2]
-    text = text.replace("\nprofiles:\n", "\nprofiles:\n" + profile, 1)
-    old = text[text.index("\n  cpu:\n    description: the tiny model"):]
-    text = text.replace(old, "\n" + family.rstrip("\n") + "\n")
+    variant, axis = _yaml_blocks(steps[2])
+    words = " ".join(steps[2].split())
+    assert "`cpu-ngram` profile under `profiles:`" in words and "`images:`" in words
+    start = text.index("\n  cpu-ngram:\n") + 1
+    end = start + re.search(r"\n(?=  \S|\S)", text[start + 1:]).end() + 1  # type: ignore[union-attr]
+    text = text[:end] + variant + text[end:]
+    family = text.index("\n  cpu:\n    description: the tiny model")
+    old_axis = re.compile(r"\n +engine: \[.*\]\n")
+    found = old_axis.search(text, family)
+    assert found, "the cpu family's engine axis"
+    text = text[:found.start()] + "\n" + axis + text[found.end():]
     matrix.write_text(text)
-    assert "vllm032" in yaml.safe_load(matrix.read_text())["engines"]
+    loaded = yaml.safe_load(matrix.read_text())
+    assert "vllm032" in loaded["engines"]
+    assert loaded["profiles"]["cpu-ngram"]["by_vllm"] == {
+        ">=0.32": {"expect_backends": {"speculative": "ngram"}}}
+    assert loaded["images"]["cpu"]["matrix"]["engine"][-1] == "vllm032"
 
     # 4: the requirement set and the lock (pip's answer: the set it wrote for 0.32.0)
     monkeypatch.setattr(requirements, "fetch_wheel", lambda *a, **k: tmp_path / "unused")
