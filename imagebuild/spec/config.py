@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -769,13 +771,9 @@ class Profile(Strict):
                            "see, e.g. 0.2 (DFlash) or 0.4 (MTP)")
         return self
 
-
     def variants(self, engine: str, vllm_version: str) -> list[tuple[tuple, ProfileVariant]]:
         """The entries that apply on this engine, in the order they apply, each with its
         path under the profile (for an error's line)."""
-        from packaging.specifiers import SpecifierSet  # deferred: only with by_vllm
-        from packaging.version import Version  # deferred: only with by_vllm
-
         found = [(("by_vllm", spec), v) for spec, v in self.by_vllm.items()
                  if SpecifierSet(spec).contains(Version(vllm_version), prereleases=True)]
         if engine in self.by_engine:
