@@ -1,5 +1,6 @@
 """imagebuild: one matrix.yaml -> tested, tagged, rollback-able vLLM serving images."""
 
+import os
 from pathlib import Path
 
 __version__ = "0.1.0"  # pyproject.toml reads it (one place to bump)
@@ -16,6 +17,15 @@ REPO_ROOT = (_CHECKOUT if (_CHECKOUT / "images").is_dir()
 def installed() -> bool:
     """An installed package (no checkout around it): its bundle is an example, no project."""
     return REPO_ROOT == BUNDLE_DIR
+
+
+def machine_cache() -> Path:
+    """What this machine downloads or derives once for every checkout and project (pinned
+    vLLM wheels and sdists, GPU-code tables): IMAGEBUILD_CACHE_DIR, else the XDG cache."""
+    if os.environ.get("IMAGEBUILD_CACHE_DIR"):
+        return Path(os.environ["IMAGEBUILD_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "imagebuild"
 
 
 def work_root(matrix_root: Path) -> Path:

@@ -34,7 +34,7 @@ RULES = (
          "the patch series could not be tried before the build: the pinned wheel or sdist "
          "is not on this machine (or could not be fetched)",
          "run `python build.py lock` where the package index is reachable (it fetches the "
-         "pinned source into .cache/vllm-src), then check again"),
+         "pinned source into the machine's cache), then check again"),
 )
 BY_ID = {r.id: r for r in RULES}
 

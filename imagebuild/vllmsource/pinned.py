@@ -5,9 +5,10 @@ A wheel realization (cpu): the members the series touches of the very wheel the 
 installs, found by its pinned sha256 (wheel.py); apply-patches.sh patches the installed
 package, whose paths are the wheel's. A source realization (gb10): the sdist of the
 engine's vLLM version, the tree `lock` proves the source pin was built from (sdist.py).
-Both come from the cache (.cache/vllm-src); `fetch` downloads what is missing (lock, and
-check or render of a release about to be built); without it an uncached source is None
-and the caller says the series was not tried.
+Both come from the machine's cache (imagebuild.machine_cache(), shared by every
+checkout); `fetch` downloads what is missing (lock, and check or render of a release
+about to be built); without it an uncached source is None and the caller says the series
+was not tried.
 """
 
 from __future__ import annotations

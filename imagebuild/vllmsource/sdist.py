@@ -25,7 +25,7 @@ from pathlib import Path
 
 import requests
 
-from imagebuild import REPO_ROOT, work_root
+from imagebuild import machine_cache
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.pipconfig import pip_indexes
 
@@ -59,7 +59,8 @@ RECORDED: dict[str, SdistPin] = {
 
 
 def default_cache_dir() -> Path:
-    return work_root(REPO_ROOT) / ".cache" / "vllm-src"
+    """Pinned wheels and sdists, shared by every checkout on the machine (fetched once)."""
+    return machine_cache() / "vllm-src"
 
 
 def index_urls(index_url: str | None) -> tuple[str, ...]:

@@ -1,5 +1,7 @@
-"""A patch that does not apply stops the engine build with one line naming it, exit 1,
-and moves no tag (the serve image's release tag keeps pointing where it did)."""
+"""A patch that does not apply is refused before anything builds: `lock` and `build` try
+the series against the pinned wheel (preflight/patchset.py; the engine build would stop on
+it minutes in), name the patch file and its matrix.yaml line, exit 2, write no lock and
+move no tag (the serve image's release tag keeps pointing where it did)."""
 
 from __future__ import annotations
 
@@ -35,10 +37,16 @@ def test_patch_that_does_not_apply_names_itself_and_tags_nothing(docker_engine, 
         "          - kv-page-size-pad-mamba.patch\n          - cpu-ngram-fp64-gumbel.patch",
         "          - kv-page-size-pad-mamba.patch\n          - stale-fix.patch", 1))
     env = {"HF_HUB_OFFLINE": "1"}
+    lock_file = matrix_dir / "matrix.lock.json"
+    locked_before = lock_file.read_bytes()
     lock = subprocess.run([sys.executable, "build.py", "lock", "--matrix", str(path)],
                           cwd=REPO_ROOT, capture_output=True, text=True,
                           env={**os.environ, **env})
-    assert lock.returncode == 0, lock.stderr
+    line = 1 + path.read_text()[:path.read_text().index("- stale-fix.patch")].count("\n")
+    assert lock.returncode == 2, lock.stdout[-2000:] + lock.stderr[-2000:]
+    assert "stale-fix.patch does not apply" in lock.stderr
+    assert f"matrix.yaml:{line}:" in lock.stderr and "Traceback" not in lock.stderr
+    assert lock_file.read_bytes() == locked_before  # nothing written
     before = _image_id(REF)
     engines_before = subprocess.run(
         ["/usr/bin/docker", "image", "ls", "-q", "imagebuild/engine-cpu-dflashfix"],
@@ -47,8 +55,9 @@ def test_patch_that_does_not_apply_names_itself_and_tags_nothing(docker_engine, 
         [sys.executable, "build.py", "build", "--matrix", str(path), "--tag", TAG,
          "--target", "cpu", "--out", str(tmp_path / "out")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=3000)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "stale-fix.patch" in proc.stderr
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # lock fetched the pinned wheel: the build's preflight tries the series from the cache
+    assert "stale-fix.patch does not apply" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert _image_id(REF) == before  # the release tag did not move (or appear)
     engines_after = subprocess.run(
