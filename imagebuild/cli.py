@@ -208,7 +208,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def reap() -> None:
     """What SIGKILLed runs on this host left on the engine goes before a run starts
     servers (reaper.py); a live run's and other hosts' stay."""
-    from imagebuild.reaper import reap as reap_gone_runs
+    from imagebuild.reaper import reap as reap_gone_runs  # deferred: per command (docstring)
 
     reap_gone_runs()
 
@@ -321,7 +321,7 @@ def _repositories(args: argparse.Namespace):
 
 def _published(client, repos: list[str]) -> list[str]:
     """The repositories holding a release (the matrix names images never published)."""
-    from imagebuild.registry.records import list_releases
+    from imagebuild.registry.records import list_releases  # deferred: per command (docstring)
 
     return [r for r in repos if list_releases(client, r)]
 
@@ -692,8 +692,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def _facts_root(args: argparse.Namespace) -> tuple[Path, list[Path]]:
     """(the matrix's own facts folder, the roots `check` reads) for --matrix."""
-    from imagebuild.facts import locked_dir
-    from imagebuild.spec import matrix as mx
+    from imagebuild.facts import locked_dir  # deferred: per command (docstring)
+    from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     root = mx.matrix_path(args.matrix.resolve() if args.matrix else None).resolve().parent
     return locked_dir(root), [locked_dir(root)]
@@ -701,7 +701,7 @@ def _facts_root(args: argparse.Namespace) -> tuple[Path, list[Path]]:
 
 def _engine_wheel(args: argparse.Namespace, version: str) -> dict | None:
     """The wheel pin of a matrix engine on this vLLM version (the facts' identity)."""
-    from imagebuild.spec import matrix as mx
+    from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     try:
         lm = mx.load(args.matrix.resolve() if args.matrix else None)
@@ -716,8 +716,8 @@ def _engine_wheel(args: argparse.Namespace, version: str) -> dict | None:
 
 
 def cmd_facts(args: argparse.Namespace) -> int:
-    from imagebuild.facts import record_facts, versions
-    from imagebuild.facts.record import identify
+    from imagebuild.facts import record_facts, versions  # deferred: per command (docstring)
+    from imagebuild.facts.record import identify  # deferred: per command (docstring)
 
     own, roots = _facts_root(args)
     if args.facts_command == "list":

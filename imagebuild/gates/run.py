@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagebuild import progress
+# docker.inspect_image looked up per call: tests swap in a double
+from imagebuild import docker, progress
 from imagebuild.buildfolder import CAPTURE_FILE, GATES_FILE, cell_dir
 from imagebuild.errors import OperationFailed
 from imagebuild.gates.capture import load_capture
@@ -148,11 +149,9 @@ def gate_jobs(jobs: tuple[Job, ...], out_root: Path, *, log: Log = print
               ) -> dict[str, dict[str, Any]]:
     """`build.py gates --tag T` and the whole job: each job's local image, one at a time;
     gates.json in its smoke cell dir."""
-    from imagebuild.docker import inspect_image
-
     docs = {}
     for job in jobs:
-        info = inspect_image(job.release_ref)
+        info = docker.inspect_image(job.release_ref)
         out = cell_dir(out_root, job.cell)
         with progress.stage("gates", job.id):
             serve = server_for(job.cell, job.release_ref, info, out,

@@ -9,6 +9,7 @@ collisions; last, the families' waivers.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from imagebuild.errors import UserError
@@ -189,8 +190,6 @@ def kv_prediction(v: CellView, model: checkpoint.Checkpoint,
 def stamp_facts(findings: list[Finding], views: list[CellView]) -> list[Finding]:
     """Each finding of a rule that reads vLLM facts names the facts it read: the cell's
     version and where they were recorded (or that none were)."""
-    from dataclasses import replace
-
     by_label = {v.label: v for v in views}
     out = []
     for f in findings:
