@@ -72,16 +72,16 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from imagebuild.job import preflight  # deferred: per command (docstring)
     from imagebuild.plan import (  # deferred: per command (docstring)
         format_json,
         format_table,
         github_matrix,
         target_matrix,
     )
+    from imagebuild.preflight.run import check_plan  # deferred: per command (docstring)
 
     plan = _plan(args)
-    preflight(plan)
+    check_plan(plan)
     if args.format == "github":
         print(json.dumps(github_matrix(plan.jobs), separators=(",", ":")))
     elif args.format == "targets":
@@ -241,8 +241,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 def cmd_gates(args: argparse.Namespace) -> int:
     """The release gates of a planned tag's local images: 0 when every cell passed (or a
     gate does not apply), 1 otherwise (its gates.json says why)."""
+    from imagebuild.gates.run import run_gates  # deferred: per command (docstring)
     from imagebuild.gates.summary import passed  # deferred: per command (docstring)
-    from imagebuild.job import run_gates  # deferred: per command (docstring)
 
     plan = _plan(args)
     if plan.tag is None:
@@ -264,10 +264,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
         document_jobs,
         load_gates,
         load_verdicts,
-        promote,
         publish_jobs,
-        registry_client,
     )
+    from imagebuild.plan import registry_client  # deferred: per command (docstring)
+    from imagebuild.release.latest import promote_plan  # deferred: per command (docstring)
 
     _writes_releases()
 
@@ -281,28 +281,30 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.dry_run:
         document_jobs(client, plan, out)
     if not args.no_latest:
-        promote(plan, client, accept_regression=args.accept_regression,
-                accept_untrusted=args.accept_untrusted,
-                accept_unmeasured=args.accept_unmeasured,
-                accept_rolled_back=args.accept_rolled_back, forward_only=True,
-                dry_run=args.dry_run, accept_acceptance_drop=args.accept_acceptance_drop)
+        promote_plan(plan, client, accept_regression=args.accept_regression,
+                     accept_untrusted=args.accept_untrusted,
+                     accept_unmeasured=args.accept_unmeasured,
+                     accept_rolled_back=args.accept_rolled_back, forward_only=True,
+                     dry_run=args.dry_run, accept_acceptance_drop=args.accept_acceptance_drop)
     return 0
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from imagebuild.job import promote, registry_client  # deferred: per command (docstring)
+    from imagebuild.plan import registry_client  # deferred: per command (docstring)
+    from imagebuild.release.latest import promote_plan  # deferred: per command (docstring)
 
     _writes_releases()
 
     plan = _plan(args)
     # a release slower than latest beyond the threshold needs a written reason
     with human_to_stderr(args):
-        moves = promote(plan, registry_client(plan), accept_regression=args.accept_regression,
-                        accept_untrusted=args.accept_untrusted,
-                        accept_unmeasured=args.accept_unmeasured,
-                        accept_rolled_back=args.accept_rolled_back,
-                        forward_only=args.forward_only, dry_run=args.dry_run,
-                        accept_acceptance_drop=args.accept_acceptance_drop)
+        moves = promote_plan(plan, registry_client(plan),
+                             accept_regression=args.accept_regression,
+                             accept_untrusted=args.accept_untrusted,
+                             accept_unmeasured=args.accept_unmeasured,
+                             accept_rolled_back=args.accept_rolled_back,
+                             forward_only=args.forward_only, dry_run=args.dry_run,
+                             accept_acceptance_drop=args.accept_acceptance_drop)
     _moves_json(args, str(plan.tag), moves)
     return 0
 
@@ -378,7 +380,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from imagebuild.job import registry_client  # deferred: per command (docstring)
+    from imagebuild.plan import registry_client  # deferred: per command (docstring)
     from imagebuild.release import compat  # deferred: per command (docstring)
 
     plan = _plan(args)
@@ -493,7 +495,7 @@ def cmd_runner_clean(args: argparse.Namespace) -> int:
 
 
 def cmd_notes(args: argparse.Namespace) -> int:
-    from imagebuild.job import registry_client  # deferred: per command (docstring)
+    from imagebuild.plan import registry_client  # deferred: per command (docstring)
     from imagebuild.release import compat  # deferred: per command (docstring)
     from imagebuild.release.notes import (  # deferred: per command (docstring)
         gather,
@@ -536,7 +538,7 @@ def cmd_notes(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from imagebuild.job import registry_client  # deferred: per command (docstring)
+    from imagebuild.plan import registry_client  # deferred: per command (docstring)
     from imagebuild.release.resume import (  # deferred: per command (docstring)
         cell_state,
         github_output,

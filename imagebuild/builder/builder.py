@@ -511,8 +511,8 @@ class Builder:
         t = cell.target
         if t.bootstrap:
             bootstrap.ensure_base_image(t.base_image, suite=t.bootstrap.suite,
-                              mirror=t.bootstrap.mirror,
-                              workdir=self.out_dir / "bootstrap", log=self.log)
+                                        mirror=t.bootstrap.mirror,
+                                        workdir=self.out_dir / "bootstrap", log=self.log)
         entry = self.lock.entry("bases", cell.target_name)
         rendered = render_base(self.lm, cell.target_name, self.lock)
         ctx = self._context(rendered, f"{cell.target_name}-base")

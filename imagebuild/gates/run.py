@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -160,3 +161,16 @@ def gate_jobs(jobs: tuple[Job, ...], out_root: Path, *, log: Log = print
                                       job.cell.target.gates, out, cell=job.id,
                                       serve=serve, log=log)
     return docs
+
+
+def run_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
+    """The release gates of every job (gate_jobs), one line per gate and cell; the
+    summaries, by job id."""
+    docs = gate_jobs(jobs, out)
+    for job_id, doc in docs.items():
+        s = doc["summary"]
+        for gate, v in s.items():
+            print(f"gates {v['status'].upper():<14} {job_id}  {gate}: {v['reason']}")
+        if not passed(s):
+            print(f"  details: {doc.get('path', '')}", file=sys.stderr)
+    return {job_id: doc["summary"] for job_id, doc in docs.items()}
