@@ -162,13 +162,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from imagebuild.buildable import buildable  # deferred: per command (docstring)
     from imagebuild.builder.builder import (  # deferred: per command (docstring)
         build_engines,
         build_jobs,
     )
     from imagebuild.builder.enginepull import parse_engine_ref  # deferred: per command (docstring)
     from imagebuild.builder.engineship import ship_engines  # deferred: per command (docstring)
-    from imagebuild.job import buildable  # deferred: per command (docstring)
 
     if args.push and not args.engine_only:
         raise UserError("--push goes with --engine-only",

@@ -6,8 +6,9 @@ the compatibility table (stored beside the release, also when a gate refused it)
 Nothing is pushed unless every job of the tag passed smoke and the release gates; `latest`
 moves only after the bench, past the regression gate, forward only. Each step is also its
 own command, and the commands take their stage's functions from the stage: preflight
-(preflight/run.py check_plan), the release gates (gates/run.py), promotion
-(release/latest.py promote_plan); build and publish take their helpers from here.
+(preflight/run.py check_plan), whether a plan may build (buildable.py), the release gates
+(gates/run.py), promotion (release/latest.py promote_plan); publish takes its helpers from
+here.
 
 A re-run resumes: after the build, each cell's release record is read once
 (release/resume.py `decide`, the decision `resume --tag` gives the workflow too) and every
@@ -26,14 +27,13 @@ from typing import Any
 from imagebuild import docker, progress, reaper
 from imagebuild.bench import results, store
 from imagebuild.bench.command import bench_image, load_settings, nodes_server, write_outputs
+from imagebuild.buildable import buildable
 from imagebuild.builder import builder
-from imagebuild.builder.builder import check_environment
 from imagebuild.buildfolder import bench_dir, cell_dir, gates_path, verdict_path
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.gates.run import run_gates
 from imagebuild.gates.summary import load_summary, passed
 from imagebuild.plan import Job, Plan, format_table, registry_client
-from imagebuild.preflight.run import check_plan
 from imagebuild.registry.client import RegistryClient
 from imagebuild.release import compat
 from imagebuild.release.latest import promote_plan
@@ -79,18 +79,6 @@ def refuse_unmeasured(plan: Plan, opts: ReleaseOptions) -> None:
             "which the regression gate refuses",
             fix='say so explicitly: --accept-unmeasured "why" (recorded in each release and '
                 "its notes)" + ("" if not opts.bench else ", or add `bench:` to the target"))
-
-
-def buildable(plan: Plan) -> Plan:
-    """A plan that may build: a tag, the build's environment settings readable, pins
-    locked and resolved, preflight clean; the same findings `check --tag` prints (lock
-    agreement and unresolved pins: preflight/pins.py). The environment first: preflight
-    may fetch the pinned vLLM, and bad input reaches no index."""
-    if plan.tag is None:
-        raise UserError("building needs a release tag", fix="pass --tag DATE-NAME")
-    check_environment()
-    check_plan(plan, building=True)
-    return plan
 
 
 def load_verdicts(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
