@@ -497,16 +497,17 @@ def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_thres
 
 
 def promote_plan(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
-            accept_untrusted: str | None = None, accept_unmeasured: str | None = None,
-            accept_rolled_back: str | None = None, forward_only: bool = False,
-            dry_run: bool = False, accept_acceptance_drop: str | None = None) -> list[Any]:
+                 accept_untrusted: str | None = None, accept_unmeasured: str | None = None,
+                 accept_rolled_back: str | None = None, forward_only: bool = False,
+                 dry_run: bool = False, accept_acceptance_drop: str | None = None
+                 ) -> list[Any]:
     """The moves of latest (Move), one per image of the plan, with its matrix's
     thresholds."""
-    return promote_jobs(client, plan.jobs,
-                 default_threshold=plan.lm.matrix.publish.regression_threshold,
-                 default_acceptance_threshold=plan.lm.matrix.publish.acceptance_threshold,
-                 accept_acceptance_drop=accept_acceptance_drop,
-                 accept_regression=accept_regression, accept_untrusted=accept_untrusted,
-                 accept_unmeasured=accept_unmeasured, accept_rolled_back=accept_rolled_back,
-                 forward_only=forward_only,
-                 dry_run=dry_run)
+    publish = plan.lm.matrix.publish
+    return promote_jobs(client, plan.jobs, default_threshold=publish.regression_threshold,
+                        default_acceptance_threshold=publish.acceptance_threshold,
+                        accept_acceptance_drop=accept_acceptance_drop,
+                        accept_regression=accept_regression, accept_untrusted=accept_untrusted,
+                        accept_unmeasured=accept_unmeasured,
+                        accept_rolled_back=accept_rolled_back, forward_only=forward_only,
+                        dry_run=dry_run)
