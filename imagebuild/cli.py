@@ -72,16 +72,16 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from imagebuild.job import preflight  # deferred: per command (docstring)
     from imagebuild.plan import (  # deferred: per command (docstring)
         format_json,
         format_table,
         github_matrix,
         target_matrix,
     )
+    from imagebuild.preflight.run import check_plan  # deferred: per command (docstring)
 
     plan = _plan(args)
-    preflight(plan)
+    check_plan(plan)
     if args.format == "github":
         print(json.dumps(github_matrix(plan.jobs), separators=(",", ":")))
     elif args.format == "targets":
@@ -162,13 +162,13 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from imagebuild.buildable import buildable  # deferred: per command (docstring)
     from imagebuild.builder.builder import (  # deferred: per command (docstring)
         build_engines,
         build_jobs,
     )
     from imagebuild.builder.enginepull import parse_engine_ref  # deferred: per command (docstring)
     from imagebuild.builder.engineship import ship_engines  # deferred: per command (docstring)
-    from imagebuild.job import buildable  # deferred: per command (docstring)
 
     if args.push and not args.engine_only:
         raise UserError("--push goes with --engine-only",
@@ -208,7 +208,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 def reap() -> None:
     """What SIGKILLed runs on this host left on the engine goes before a run starts
     servers (reaper.py); a live run's and other hosts' stay."""
-    from imagebuild.reaper import reap as reap_gone_runs
+    from imagebuild.reaper import reap as reap_gone_runs  # deferred: per command (docstring)
 
     reap_gone_runs()
 
@@ -241,8 +241,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 def cmd_gates(args: argparse.Namespace) -> int:
     """The release gates of a planned tag's local images: 0 when every cell passed (or a
     gate does not apply), 1 otherwise (its gates.json says why)."""
+    from imagebuild.gates.run import run_gates  # deferred: per command (docstring)
     from imagebuild.gates.summary import passed  # deferred: per command (docstring)
-    from imagebuild.job import run_gates  # deferred: per command (docstring)
 
     plan = _plan(args)
     if plan.tag is None:
@@ -264,10 +264,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
         document_jobs,
         load_gates,
         load_verdicts,
-        promote,
         publish_jobs,
-        registry_client,
     )
+    from imagebuild.plan import registry_client  # deferred: per command (docstring)
+    from imagebuild.release.latest import promote_plan  # deferred: per command (docstring)
 
     _writes_releases()
 
@@ -281,28 +281,30 @@ def cmd_publish(args: argparse.Namespace) -> int:
     if not args.dry_run:
         document_jobs(client, plan, out)
     if not args.no_latest:
-        promote(plan, client, accept_regression=args.accept_regression,
-                accept_untrusted=args.accept_untrusted,
-                accept_unmeasured=args.accept_unmeasured,
-                accept_rolled_back=args.accept_rolled_back, forward_only=True,
-                dry_run=args.dry_run, accept_acceptance_drop=args.accept_acceptance_drop)
+        promote_plan(plan, client, accept_regression=args.accept_regression,
+                     accept_untrusted=args.accept_untrusted,
+                     accept_unmeasured=args.accept_unmeasured,
+                     accept_rolled_back=args.accept_rolled_back, forward_only=True,
+                     dry_run=args.dry_run, accept_acceptance_drop=args.accept_acceptance_drop)
     return 0
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from imagebuild.job import promote, registry_client  # deferred: per command (docstring)
+    from imagebuild.plan import registry_client  # deferred: per command (docstring)
+    from imagebuild.release.latest import promote_plan  # deferred: per command (docstring)
 
     _writes_releases()
 
     plan = _plan(args)
     # a release slower than latest beyond the threshold needs a written reason
     with human_to_stderr(args):
-        moves = promote(plan, registry_client(plan), accept_regression=args.accept_regression,
-                        accept_untrusted=args.accept_untrusted,
-                        accept_unmeasured=args.accept_unmeasured,
-                        accept_rolled_back=args.accept_rolled_back,
-                        forward_only=args.forward_only, dry_run=args.dry_run,
-                        accept_acceptance_drop=args.accept_acceptance_drop)
+        moves = promote_plan(plan, registry_client(plan),
+                             accept_regression=args.accept_regression,
+                             accept_untrusted=args.accept_untrusted,
+                             accept_unmeasured=args.accept_unmeasured,
+                             accept_rolled_back=args.accept_rolled_back,
+                             forward_only=args.forward_only, dry_run=args.dry_run,
+                             accept_acceptance_drop=args.accept_acceptance_drop)
     _moves_json(args, str(plan.tag), moves)
     return 0
 
@@ -321,7 +323,7 @@ def _repositories(args: argparse.Namespace):
 
 def _published(client, repos: list[str]) -> list[str]:
     """The repositories holding a release (the matrix names images never published)."""
-    from imagebuild.registry.records import list_releases
+    from imagebuild.registry.records import list_releases  # deferred: per command (docstring)
 
     return [r for r in repos if list_releases(client, r)]
 
@@ -378,7 +380,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from imagebuild.job import registry_client  # deferred: per command (docstring)
+    from imagebuild.plan import registry_client  # deferred: per command (docstring)
     from imagebuild.release import compat  # deferred: per command (docstring)
 
     plan = _plan(args)
@@ -493,7 +495,7 @@ def cmd_runner_clean(args: argparse.Namespace) -> int:
 
 
 def cmd_notes(args: argparse.Namespace) -> int:
-    from imagebuild.job import registry_client  # deferred: per command (docstring)
+    from imagebuild.plan import registry_client  # deferred: per command (docstring)
     from imagebuild.release import compat  # deferred: per command (docstring)
     from imagebuild.release.notes import (  # deferred: per command (docstring)
         gather,
@@ -536,7 +538,7 @@ def cmd_notes(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from imagebuild.job import registry_client  # deferred: per command (docstring)
+    from imagebuild.plan import registry_client  # deferred: per command (docstring)
     from imagebuild.release.resume import (  # deferred: per command (docstring)
         cell_state,
         github_output,
@@ -692,8 +694,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def _facts_root(args: argparse.Namespace) -> tuple[Path, list[Path]]:
     """(the matrix's own facts folder, the roots `check` reads) for --matrix."""
-    from imagebuild.facts import locked_dir
-    from imagebuild.spec import matrix as mx
+    from imagebuild.facts import locked_dir  # deferred: per command (docstring)
+    from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     root = mx.matrix_path(args.matrix.resolve() if args.matrix else None).resolve().parent
     return locked_dir(root), [locked_dir(root)]
@@ -701,7 +703,7 @@ def _facts_root(args: argparse.Namespace) -> tuple[Path, list[Path]]:
 
 def _engine_wheel(args: argparse.Namespace, version: str) -> dict | None:
     """The wheel pin of a matrix engine on this vLLM version (the facts' identity)."""
-    from imagebuild.spec import matrix as mx
+    from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     try:
         lm = mx.load(args.matrix.resolve() if args.matrix else None)
@@ -716,8 +718,8 @@ def _engine_wheel(args: argparse.Namespace, version: str) -> dict | None:
 
 
 def cmd_facts(args: argparse.Namespace) -> int:
-    from imagebuild.facts import record_facts, versions
-    from imagebuild.facts.record import identify
+    from imagebuild.facts import record_facts, versions  # deferred: per command (docstring)
+    from imagebuild.facts.record import identify  # deferred: per command (docstring)
 
     own, roots = _facts_root(args)
     if args.facts_command == "list":

@@ -5,7 +5,10 @@ the compatibility table (stored beside the release, also when a gate refused it)
 
 Nothing is pushed unless every job of the tag passed smoke and the release gates; `latest`
 moves only after the bench, past the regression gate, forward only. Each step is also its
-own command; the helpers here are the ones those commands share.
+own command, and the commands take their stage's functions from the stage: preflight
+(preflight/run.py check_plan), whether a plan may build (buildable.py), the release gates
+(gates/run.py), promotion (release/latest.py promote_plan); publish takes its helpers from
+here.
 
 A re-run resumes: after the build, each cell's release record is read once
 (release/resume.py `decide`, the decision `resume --tag` gives the workflow too) and every
@@ -15,16 +18,31 @@ stage it already holds for this very image is skipped with one line naming that 
 
 from __future__ import annotations
 
-import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagebuild import progress
+# build_jobs, smoke_jobs, inspect_image and reap looked up per call: tests swap in doubles
+from imagebuild import docker, progress, reaper
+from imagebuild.bench import results, store
+from imagebuild.bench.command import bench_image, load_settings, nodes_server, write_outputs
+from imagebuild.buildable import buildable
+from imagebuild.builder import builder
+from imagebuild.buildfolder import bench_dir, cell_dir, gates_path, verdict_path
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.plan import Job, Plan, format_table
+from imagebuild.gates.run import run_gates
+from imagebuild.gates.summary import load_summary, passed
+from imagebuild.plan import Job, Plan, format_table, registry_client
 from imagebuild.registry.client import RegistryClient
+from imagebuild.release import compat
+from imagebuild.release.latest import promote_plan
+from imagebuild.release.publish import load_verdict, publish_job
+from imagebuild.release.resume import decide, record_files, recorded_gates, signing
+from imagebuild.serving.runspec import Limits
+from imagebuild.smoke import runner
+from imagebuild.stagewatch import BuildWatch, SmokeWatch
+from imagebuild.supplychain.attach import attach
 
 
 @dataclass(frozen=True)
@@ -63,77 +81,21 @@ def refuse_unmeasured(plan: Plan, opts: ReleaseOptions) -> None:
                 "its notes)" + ("" if not opts.bench else ", or add `bench:` to the target"))
 
 
-def preflight(plan: Plan, *, building: bool = False) -> None:
-    """Errors block (exit 2), warnings print: what plan and build run before anything.
-    `building`: unresolved pins are errors (the rule `check --tag` applies). A plan with a
-    tag that does not build (`plan --tag`) sees the findings `check --tag` sees, in its
-    words; the errors only a release raises (a rule that warns without a tag) are said to
-    fail the release, and planning goes on: the release's own jobs stop on them."""
-    from imagebuild.preflight.findings import format_table as findings_table
-    from imagebuild.preflight.run import RULES, run_checks
-
-    as_release = building or plan.tag is not None
-    findings = run_checks(plan.lm, list(plan.cells), plan.lock, building=as_release)
-    # -qq (our logger at errors only) leaves out the warnings: errors still block and print
-    quiet = not logging.getLogger("imagebuild").isEnabledFor(logging.WARNING)
-    shown = [f for f in findings if f.severity == "error" or
-             (f.severity != "info" and not quiet)]
-    if shown:
-        print(findings_table(shown, show_info=False), file=sys.stderr)
-    blocking = [f for f in findings if f.blocking]
-    release_only = [f for f in blocking if not building and RULES[f.rule].severity != "error"]
-    if len(blocking) > len(release_only):
-        raise UserError("preflight found errors (listed above)",
-                        fix="fix them, or waive a rule in matrix.yaml with a written reason; "
-                            "`python build.py check --tag T` shows the details")
-    if release_only:
-        print(f"plan: {len(release_only)} error(s) above fail release {plan.tag} "
-              "(its `build.py --tag` and `check --tag` stop on them); "
-              "this plan lists its jobs anyway", file=sys.stderr)
-
-
-def buildable(plan: Plan) -> Plan:
-    """A plan that may build: a tag, the build's environment settings readable, pins
-    locked and resolved, preflight clean; the same findings `check --tag` prints (lock
-    agreement and unresolved pins: preflight/pins.py). The environment first: preflight
-    may fetch the pinned vLLM, and bad input reaches no index."""
-    from imagebuild.builder.builder import check_environment  # deferred: build stack
-
-    if plan.tag is None:
-        raise UserError("building needs a release tag", fix="pass --tag DATE-NAME")
-    check_environment()
-    preflight(plan, building=True)
-    return plan
-
-
-def registry_client(plan: Plan) -> RegistryClient:
-    return RegistryClient(plan.destination.registry)
-
-
 def load_verdicts(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
-    from imagebuild.buildfolder import verdict_path
-    from imagebuild.release.publish import load_verdict
-
     return {j.id: load_verdict(verdict_path(out, j.cell)) for j in jobs}
 
 
 def load_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
     """Each job's release-gates summary from its gates.json, for its local image exactly
     (a missing or stale one stops publish: exit 1, nothing pushed)."""
-    from imagebuild.buildfolder import gates_path
-    from imagebuild.docker import inspect_image
-    from imagebuild.gates.summary import load_summary
-
     return {j.id: load_summary(gates_path(out, j.cell),
-                               inspect_image(j.release_ref)["Id"]) for j in jobs}
+                               docker.inspect_image(j.release_ref)["Id"]) for j in jobs}
 
 
 def publish_jobs(client: RegistryClient, jobs: tuple[Job, ...], verdicts: dict[str, Any], *,
                  dry_run: bool, gates: dict[str, dict[str, Any]] | None = None) -> None:
     """Push and record every job (each gated on its own smoke verdict and release-gates
     summary); `latest` stays."""
-    from imagebuild.release.publish import publish_job
-
     for job in jobs:
         with progress.stage("publish", job.id):
             result = publish_job(client, job, verdicts[job.id], dry_run=dry_run,
@@ -158,8 +120,6 @@ def document_jobs(client: RegistryClient, plan: Plan, out: Path,
     """Right after publish: each published image's SBOM and build provenance, read from
     the image, stored with its release (imagebuild/supplychain); nothing again on a
     re-run. A lock that disagrees with the image is printed as findings."""
-    from imagebuild.supplychain.attach import attach
-
     if plan.lock is None:
         raise UserError("no matrix.lock.json: the SBOM compares the image with the lock",
                         fix="run `build.py lock`")
@@ -175,16 +135,6 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
     """Measure each job's tested image with its target's `bench:` settings (and, with
     `plain_baseline`, a speculating image's plain twin) and store the results with the
     release (kept when the registry already has them: a re-run)."""
-    from imagebuild.bench import results, store
-    from imagebuild.bench.command import (
-        bench_image,
-        load_settings,
-        nodes_server,
-        write_outputs,
-    )
-    from imagebuild.docker import inspect_image
-    from imagebuild.serving.runspec import Limits
-
     for job in jobs:
         b = job.cell.target.bench
         if b is None:
@@ -194,7 +144,7 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
         if skipped("bench", job, skip or {}):
             continue
         repo = job.image.repository
-        info = inspect_image(job.release_ref)
+        info = docker.inspect_image(job.release_ref)
         if store.stored(client, repo, str(job.tag)) is not None:
             print(f"{job.id}: bench results for {job.tag} already stored")
             continue
@@ -213,50 +163,14 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
         write_outputs(doc, out, md)
 
 
-def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
-            accept_untrusted: str | None = None, accept_unmeasured: str | None = None,
-            accept_rolled_back: str | None = None, forward_only: bool = False,
-            dry_run: bool = False, accept_acceptance_drop: str | None = None) -> list[Any]:
-    """The moves of latest (release/latest.py Move), one per image."""
-    from imagebuild.release.latest import promote_jobs
-
-    return promote_jobs(client, plan.jobs,
-                 default_threshold=plan.lm.matrix.publish.regression_threshold,
-                 default_acceptance_threshold=plan.lm.matrix.publish.acceptance_threshold,
-                 accept_acceptance_drop=accept_acceptance_drop,
-                 accept_regression=accept_regression, accept_untrusted=accept_untrusted,
-                 accept_unmeasured=accept_unmeasured, accept_rolled_back=accept_rolled_back,
-                 forward_only=forward_only,
-                 dry_run=dry_run)
-
-
-def run_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
-    """The release gates of every job (gates/run.py), one line per gate and cell; the
-    summaries, by job id."""
-    from imagebuild.gates.run import gate_jobs
-    from imagebuild.gates.summary import passed
-
-    docs = gate_jobs(jobs, out)
-    for job_id, doc in docs.items():
-        s = doc["summary"]
-        for gate, v in s.items():
-            print(f"gates {v['status'].upper():<14} {job_id}  {gate}: {v['reason']}")
-        if not passed(s):
-            print(f"  details: {doc.get('path', '')}", file=sys.stderr)
-    return {job_id: doc["summary"] for job_id, doc in docs.items()}
-
-
 def resume_decisions(client: RegistryClient, plan: Plan,
                      opts: ReleaseOptions) -> dict[str, Any]:
     """Each job's release as the registry holds it for the image just built (one
     resume.decide per cell; a release of another image stops here, before smoke). A dry
     run reads nothing before publish: every stage runs."""
-    from imagebuild.docker import inspect_image
-    from imagebuild.release.resume import decide, signing
-
     if opts.dry_run:
         return {}
-    return {j.id: decide(client, j, image_id=inspect_image(j.release_ref)["Id"],
+    return {j.id: decide(client, j, image_id=docker.inspect_image(j.release_ref)["Id"],
                          signed=signing(), force=opts.resmoke) for j in plan.jobs}
 
 
@@ -264,11 +178,6 @@ def smoke_or_resume(plan: Plan, out: Path, decisions: dict[str, Any],
                     skip: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
     """Each job's smoke verdict: run, or the release record's (written where publish and
     the notes read it) when the record says this image passed."""
-    from imagebuild.buildfolder import cell_dir
-    from imagebuild.release.resume import record_files
-    from imagebuild.smoke.runner import smoke_jobs
-    from imagebuild.stagewatch import SmokeWatch
-
     verdicts: dict[str, dict[str, Any]] = {}
     for job in plan.jobs:
         if skipped("smoke", job, skip):
@@ -277,7 +186,7 @@ def smoke_or_resume(plan: Plan, out: Path, decisions: dict[str, Any],
             verdicts[job.id] = verdict
             continue
         with progress.stage("smoke", job.id, poll=SmokeWatch(cell_dir(out, job.cell)).poll):
-            verdicts.update(smoke_jobs(plan.lm, (job,), out_root=out))
+            verdicts.update(runner.smoke_jobs(plan.lm, (job,), out_root=out))
     return verdicts
 
 
@@ -285,8 +194,6 @@ def gates_or_resume(plan: Plan, out: Path, decisions: dict[str, Any],
                     skip: dict[str, dict[str, str]]) -> dict[str, dict[str, Any]]:
     """Each job's release-gates summary: run, or the one its release records as passed
     (a record without gates, older than them, runs them)."""
-    from imagebuild.release.resume import recorded_gates
-
     todo = tuple(j for j in plan.jobs if not skipped("gates", j, skip))
     gates = run_gates(todo, out) if todo else {}
     for job in plan.jobs:
@@ -298,20 +205,15 @@ def gates_or_resume(plan: Plan, out: Path, decisions: dict[str, Any],
 
 
 def run_release(plan: Plan, opts: ReleaseOptions) -> int:
-    from imagebuild.builder.builder import build_jobs
-    from imagebuild.buildfolder import bench_dir
-    from imagebuild.gates.summary import passed
-    from imagebuild.reaper import reap
-    from imagebuild.stagewatch import BuildWatch
 
     refuse_unmeasured(plan, opts)
     buildable(plan)
-    reap()  # what a SIGKILLed run on this host left: before this run starts its own
+    reaper.reap()  # what a SIGKILLed run on this host left: before this run starts its own
     print(format_table(plan.jobs, plan.header()))
     for job in plan.jobs:  # one progress line per stage and cell (stagewatch.py)
         watch = BuildWatch()
         with progress.stage("build", job.id, poll=watch.poll):
-            build_jobs(plan.lm, plan.lock, (job,), out_dir=opts.out, log=watch.log)
+            builder.build_jobs(plan.lm, plan.lock, (job,), out_dir=opts.out, log=watch.log)
     client = registry_client(plan)
     decisions = resume_decisions(client, plan, opts)
     skip = {job_id: d.skip for job_id, d in decisions.items()}
@@ -342,11 +244,11 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
             for job in plan.jobs:
                 skipped("latest", job, skip)
         else:
-            promote(plan, client, accept_regression=opts.accept_regression,
-                    accept_untrusted=opts.accept_untrusted,
-                    accept_unmeasured=opts.accept_unmeasured,
-                    accept_rolled_back=opts.accept_rolled_back, forward_only=True,
-                    accept_acceptance_drop=opts.accept_acceptance_drop)
+            promote_plan(plan, client, accept_regression=opts.accept_regression,
+                         accept_untrusted=opts.accept_untrusted,
+                         accept_unmeasured=opts.accept_unmeasured,
+                         accept_rolled_back=opts.accept_rolled_back, forward_only=True,
+                         accept_acceptance_drop=opts.accept_acceptance_drop)
     except (UserError, OperationFailed):
         compatibility_table(plan, client)  # a refused release's table says why
         raise
@@ -357,8 +259,6 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
 def compatibility_table(plan: Plan, client: RegistryClient) -> None:
     """The release's compatibility table from the registry: printed, and stored with each
     cell's release (release/compat.py)."""
-    from imagebuild.release import compat
-
     with progress.stage("table", plan.jobs[0].id if len(plan.jobs) == 1 else "all"):
         doc = compat.gather(client, plan.jobs, plan.lm.matrix.publish)
         compat.store_tables(client, plan.jobs, doc)

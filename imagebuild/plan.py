@@ -23,6 +23,7 @@ from imagebuild.expectations import expectations_for
 from imagebuild.host import probe_host
 from imagebuild.lock.lockfile import Lock, read_lock
 from imagebuild.lock.resolve import sha256_file
+from imagebuild.registry.client import RegistryClient
 from imagebuild.spec import hardware
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.hardware import Host, runner
@@ -152,6 +153,11 @@ class Plan:
     def meta(self) -> dict[str, Any]:
         return {"tag": None if self.tag is None else str(self.tag), "target": self.target,
                 "target_reason": self.target_reason}
+
+
+def registry_client(plan: Plan) -> RegistryClient:
+    """A client of the registry the plan's images are published to."""
+    return RegistryClient(plan.destination.registry)
 
 
 def detect_target(lm: LoadedMatrix, host: Host | None = None) -> tuple[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from imagebuild import REPO_ROOT, buildfolder, progress
+from imagebuild import REPO_ROOT, buildfolder, progress, reaper
 from imagebuild.bench import apart, client, compare, placement, prompts, results, store
 from imagebuild.bench.placement import Placement
 from imagebuild.bench.plot import plot
@@ -206,9 +206,7 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
     out_root = args.out or buildfolder.bench_dir(
         buildfolder.default(plan.lm.root if plan else REPO_ROOT))
     if not args.url:  # it starts servers: SIGKILLed runs' first (reaper.py)
-        from imagebuild.reaper import reap
-
-        reap()
+        reaper.reap()
     if args.url:
         started = _now()
         # a server we did not start: only the client can be placed

@@ -28,16 +28,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imagebuild import buildfolder, machine_cache
-from imagebuild.builder import hygiene, timestamps
+from imagebuild.builder import archtable, bootstrap, hygiene, timestamps
+from imagebuild.builder.aptsources import MIRROR_ENV
 from imagebuild.builder.buildjobs import choose_parallelism, host_resources
 from imagebuild.builder.enginepull import pull_engine
 from imagebuild.builder.hygiene import PARENT_LABEL, base_repo, engine_repo
+from imagebuild.docker import DOCKER_CLI
 from imagebuild.docker import engine as docker_engine
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.lockfile import Lock
 from imagebuild.lock.resolve import generate_model, sha256_file
+from imagebuild.pipconfig import pip_indexes
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.names import INPUTS_LABEL
+from imagebuild.spec.values import BadValue, mirror_url
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
@@ -139,8 +143,6 @@ def buildx_builder() -> str:
     whose current builder is another (`docker buildx create --use`, a docker-container
     driver) would build in its own store, look those FROMs up in a registry, and `--load`
     through a tarball export."""
-    from imagebuild.docker import DOCKER_CLI
-
     try:
         proc = subprocess.run([DOCKER_CLI, "context", "show"], capture_output=True, text=True,
                               timeout=30)
@@ -201,9 +203,6 @@ def check_environment(environ: dict[str, str] | None = None) -> None:
     """The build's settings from the environment, checked before anything runs: a CA
     bundle or compile-cache credentials file that cannot be read, or a Debian mirror that
     is not a URL, would otherwise fail half-way (or reach a build as text)."""
-    from imagebuild.builder.aptsources import MIRROR_ENV
-    from imagebuild.spec.values import BadValue, mirror_url
-
     env = os.environ if environ is None else environ
     for var, what in (("IMAGEBUILD_CA_BUNDLE", "a PEM file of extra CA certificates"),
                       ("IMAGEBUILD_SCCACHE_ENV_FILE", "a file of SCCACHE_*/AWS_* KEY=VALUE "
@@ -402,8 +401,6 @@ class Builder:
                    "sccache_env": b""}
         target = self.lm.matrix.targets.get(self._target_name or "")
         if kind == "engine":
-            from imagebuild.pipconfig import pip_indexes
-
             # the runner's package indexes (and any credentials in their URLs) as a secret:
             # every engine's pip installs from them, and no image keeps them
             secrets["pip_conf"] = pip_indexes().pip_conf().encode()
@@ -507,13 +504,11 @@ class Builder:
     def _base(self, cell: Cell) -> Pending:
         """The target's base as its inputs decide it (the upstream image made first where
         it is bootstrapped: its content is one of those inputs)."""
-        from imagebuild.builder.bootstrap import ensure_base_image
-
         t = cell.target
         if t.bootstrap:
-            ensure_base_image(t.base_image, suite=t.bootstrap.suite,
-                              mirror=t.bootstrap.mirror,
-                              workdir=self.out_dir / "bootstrap", log=self.log)
+            bootstrap.ensure_base_image(t.base_image, suite=t.bootstrap.suite,
+                                        mirror=t.bootstrap.mirror,
+                                        workdir=self.out_dir / "bootstrap", log=self.log)
         entry = self.lock.entry("bases", cell.target_name)
         rendered = render_base(self.lm, cell.target_name, self.lock)
         ctx = self._context(rendered, f"{cell.target_name}-base")
@@ -617,8 +612,6 @@ class Builder:
     def _gpu_code(self, cell: Cell, engine: BuildRecord) -> list[dict] | None:
         """The engine's GPU-code table (once per engine image), refused when a kernel
         family the cell's profile selects has no code for its GPU."""
-        from imagebuild.builder import archtable
-
         expect = cell.target.expect_cuda_arch or archtable.NONE
         cache = self._tables
         # an image id is its content: the table of an engine listed once on this machine

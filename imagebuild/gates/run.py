@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from imagebuild import progress
+# docker.inspect_image looked up per call: tests swap in a double
+from imagebuild import docker, progress
 from imagebuild.buildfolder import CAPTURE_FILE, GATES_FILE, cell_dir
 from imagebuild.errors import OperationFailed
 from imagebuild.gates.capture import load_capture
@@ -148,11 +150,9 @@ def gate_jobs(jobs: tuple[Job, ...], out_root: Path, *, log: Log = print
               ) -> dict[str, dict[str, Any]]:
     """`build.py gates --tag T` and the whole job: each job's local image, one at a time;
     gates.json in its smoke cell dir."""
-    from imagebuild.docker import inspect_image
-
     docs = {}
     for job in jobs:
-        info = inspect_image(job.release_ref)
+        info = docker.inspect_image(job.release_ref)
         out = cell_dir(out_root, job.cell)
         with progress.stage("gates", job.id):
             serve = server_for(job.cell, job.release_ref, info, out,
@@ -161,3 +161,16 @@ def gate_jobs(jobs: tuple[Job, ...], out_root: Path, *, log: Log = print
                                       job.cell.target.gates, out, cell=job.id,
                                       serve=serve, log=log)
     return docs
+
+
+def run_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
+    """The release gates of every job (gate_jobs), one line per gate and cell; the
+    summaries, by job id."""
+    docs = gate_jobs(jobs, out)
+    for job_id, doc in docs.items():
+        s = doc["summary"]
+        for gate, v in s.items():
+            print(f"gates {v['status'].upper():<14} {job_id}  {gate}: {v['reason']}")
+        if not passed(s):
+            print(f"  details: {doc.get('path', '')}", file=sys.stderr)
+    return {job_id: doc["summary"] for job_id, doc in docs.items()}

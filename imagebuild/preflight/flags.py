@@ -19,7 +19,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from imagebuild.facts import VllmFacts, facts_for, locked_dir
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from imagebuild.facts import VllmFacts, facts_for, locked_dir, record_command
 from imagebuild.preflight.families import Family, modalities
 from imagebuild.preflight.findings import Finding, Rule
 from imagebuild.smoke.probes import tool_probe
@@ -213,8 +216,6 @@ def as_int(value: str | bool | None) -> int | None:
 
 
 def record_fix(version: str) -> str:
-    from imagebuild.facts import record_command
-
     return f"record vLLM {version}'s facts: {record_command(version)}"
 
 
@@ -334,9 +335,6 @@ def _gpu_mem(r: Rule, v: CellView) -> list[Finding]:
 
 
 def observed_on(versions: str, version: str) -> bool:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
     try:
         return Version(version) in SpecifierSet(versions)
     except InvalidVersion:

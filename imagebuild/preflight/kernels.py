@@ -36,6 +36,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from imagebuild.errors import UserError
 from imagebuild.facts import locked_dir, record_command
 from imagebuild.lock.lockfile import read_lock
@@ -359,9 +362,6 @@ def unpredictable(version: str) -> str | None:
     COMPOSED_FROM's code and checked against its selection functions there; vLLM 0.32
     selects differently (no VLLM_NVFP4_GEMM_BACKEND table, a W4A16 path of its own, MoE
     oracles as classes), so its recorded facts are shown, not composed."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
     try:
         if Version(version) in SpecifierSet(COMPOSED_FROM):
             return None

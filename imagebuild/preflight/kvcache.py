@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import UserError
+from imagebuild.facts import facts_for
 from imagebuild.preflight.kv import families
 from imagebuild.preflight.kv.align import (
     MLA_BACKENDS,
@@ -126,8 +127,6 @@ class KVPrediction:
 def model_for(flags: KVFlags, patches: Iterable[Path] = (),
               extra_dirs: Iterable[Path] = ()) -> KVModel:
     """The KV model of flags.vllm_version from its recorded facts (CannotPredict without)."""
-    from imagebuild.facts import facts_for
-
     if not flags.vllm_version:
         raise UserError("the KV predictor needs the vLLM version it predicts for "
                         "(KVFlags.vllm_version)", fix="pass the cell's engine vllm_version")

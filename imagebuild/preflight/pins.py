@@ -7,7 +7,7 @@ verify_cells leaves to the build (unresolved entries, SHA shape).
 
 Unresolved pins are one rule for `check` and `build`: a warning while nothing is built
 (`check` without --tag: the matrix is reviewed, not released), an error for the cells a
-release builds (`check --tag`, `build`, `release`: job.buildable runs this check), whose
+release builds (`check --tag`, `build`, `release`: buildable.py runs this check), whose
 fix is the one `lock --update` command that resolves every such pin of a target, run
 where the pins can be read (the target's runner: its Docker engine reaches the base
 images' registry).

@@ -4,12 +4,17 @@ Order of work per cell: its resolved serve command (servecmd), its model's and d
 locked metadata (checkpoint.MetadataStore), then the flag, checkpoint and KV-cache rules;
 then the memory rule (preflight/memory.py); across cells: pins, the engines' patch series
 (preflight/patchset.py), their requirement sets (reqset.py) and served-name
-collisions; last, the families' waivers.
+collisions; last, the families' waivers. check_plan is what plan, build and the whole
+job run before anything: errors block, warnings print.
 """
 
 from __future__ import annotations
 
+import logging
+import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import Lock
@@ -40,6 +45,9 @@ from imagebuild.preflight.flags import CellView, as_int, flag_values
 from imagebuild.preflight.kvcache import CannotPredict, KVFlags, KVModel, KVPrediction, predict
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import serve_command
+
+if TYPE_CHECKING:
+    from imagebuild.plan import Plan
 
 KV_RULES = (
     Rule("kv-page-unify", "error",
@@ -189,8 +197,6 @@ def kv_prediction(v: CellView, model: checkpoint.Checkpoint,
 def stamp_facts(findings: list[Finding], views: list[CellView]) -> list[Finding]:
     """Each finding of a rule that reads vLLM facts names the facts it read: the cell's
     version and where they were recorded (or that none were)."""
-    from dataclasses import replace
-
     by_label = {v.label: v for v in views}
     out = []
     for f in findings:
@@ -288,3 +294,29 @@ def render(findings: list[Finding], fmt: str = "table", meta: dict | None = None
     if fmt == "json":
         return format_json(findings, meta, RULES)
     return format_table(findings)
+
+
+def check_plan(plan: Plan, *, building: bool = False) -> None:
+    """Errors block (exit 2), warnings print: what plan and build run before anything.
+    `building`: unresolved pins are errors (the rule `check --tag` applies). A plan with a
+    tag that does not build (`plan --tag`) sees the findings `check --tag` sees, in its
+    words; the errors only a release raises (a rule that warns without a tag) are said to
+    fail the release, and planning goes on: the release's own jobs stop on them."""
+    as_release = building or plan.tag is not None
+    findings = run_checks(plan.lm, list(plan.cells), plan.lock, building=as_release)
+    # -qq (our logger at errors only) leaves out the warnings: errors still block and print
+    quiet = not logging.getLogger("imagebuild").isEnabledFor(logging.WARNING)
+    shown = [f for f in findings if f.severity == "error" or
+             (f.severity != "info" and not quiet)]
+    if shown:
+        print(format_table(shown, show_info=False), file=sys.stderr)
+    blocking = [f for f in findings if f.blocking]
+    release_only = [f for f in blocking if not building and RULES[f.rule].severity != "error"]
+    if len(blocking) > len(release_only):
+        raise UserError("preflight found errors (listed above)",
+                        fix="fix them, or waive a rule in matrix.yaml with a written reason; "
+                            "`python build.py check --tag T` shows the details")
+    if release_only:
+        print(f"plan: {len(release_only)} error(s) above fail release {plan.tag} "
+              "(its `build.py --tag` and `check --tag` stop on them); "
+              "this plan lists its jobs anyway", file=sys.stderr)

@@ -51,7 +51,7 @@ from imagebuild.spec.config import NO_SPECULATION
 from imagebuild.spec.tags import ReleaseTag
 
 if TYPE_CHECKING:
-    from imagebuild.plan import Job
+    from imagebuild.plan import Job, Plan
 
 
 @dataclass
@@ -494,3 +494,20 @@ def promote_jobs(client: RegistryClient, jobs: tuple[Job, ...], *, default_thres
             rels = [rel if r.repo == repo else r for r in rels]
     return move_set(client, rels, mode="promote", accept=accept, dry_run=dry_run, log=log,
                     forward_only=forward_only)
+
+
+def promote_plan(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
+                 accept_untrusted: str | None = None, accept_unmeasured: str | None = None,
+                 accept_rolled_back: str | None = None, forward_only: bool = False,
+                 dry_run: bool = False, accept_acceptance_drop: str | None = None
+                 ) -> list[Any]:
+    """The moves of latest (Move), one per image of the plan, with its matrix's
+    thresholds."""
+    publish = plan.lm.matrix.publish
+    return promote_jobs(client, plan.jobs, default_threshold=publish.regression_threshold,
+                        default_acceptance_threshold=publish.acceptance_threshold,
+                        accept_acceptance_drop=accept_acceptance_drop,
+                        accept_regression=accept_regression, accept_untrusted=accept_untrusted,
+                        accept_unmeasured=accept_unmeasured,
+                        accept_rolled_back=accept_rolled_back, forward_only=forward_only,
+                        dry_run=dry_run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from typing import TYPE_CHECKING
 
@@ -44,8 +45,6 @@ def repositories(client: RegistryClient, dest: Destination, images: list[str],
     known = sorted(set(repos) | {dest.image(name).repository for name in images})
     if pattern and not chosen and not match_repositories(known, pattern):
         # a name neither the registry nor the matrix knows: a typo, not an empty answer
-        import difflib
-
         names = [r.rsplit("/", 1)[-1] for r in known]
         near = difflib.get_close_matches(pattern, names, n=1)
         raise UserError(f"--image {pattern}: no image of matrix.yaml or repository under "

@@ -9,6 +9,9 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from imagebuild.facts.signals import sample
 
 # the counters' samples; preflight checks the families against each version's metrics facts
@@ -125,9 +128,6 @@ def tool_text(parser: str, version: str | None) -> str | None:
 
 
 def _in(version: str, spec: str) -> bool:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
     try:
         return Version(version) in SpecifierSet(spec)
     except InvalidVersion:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from imagebuild import job
+from imagebuild import plan
 from imagebuild.registry import client as registry_client
 from tests.support.memregistry import MemRegistry
 
@@ -50,5 +50,5 @@ def cli_registry(monkeypatch, tmp_path, tags: tuple[str, ...] = ()) -> MemRegist
         return reg.client()
 
     monkeypatch.setattr(registry_client, "RegistryClient", client)
-    monkeypatch.setattr(job, "RegistryClient", client)
+    monkeypatch.setattr(plan, "RegistryClient", client)
     return reg

@@ -145,24 +145,6 @@ def test_the_layers_test_sees_an_upward_import() -> None:
 
 # ------------------------------------------------------- imports inside functions
 
-# In-function imports whose line does not say why they are deferred (`# deferred: why`),
-# per file, as the code has them today: a file may lose some, never gain one. Move an
-# import to the top (no circle forbids it now), or defer it with its reason on the line:
-# a heavy optional dependency (matplotlib, huggingface_hub, the Docker SDK, vLLM), a
-# command that loads only its own stage (cli.py), code that also runs inside an image.
-UNEXPLAINED_IN_FUNCTION = {
-    "bench/command.py": 1,
-    "builder/builder.py": 6,
-    "cli.py": 7,
-    "gates/run.py": 1,
-    "job.py": 29,
-    "preflight/flags.py": 3,
-    "preflight/kernels.py": 2,
-    "preflight/kvcache.py": 1,
-    "preflight/run.py": 1,
-    "release/repositories.py": 1,
-    "smoke/probes.py": 2,
-}
 # facts/recorder/ runs inside the described vLLM's own interpreter (`facts record`), where
 # vLLM is importable only there; its text is hashed into the recorded facts, so a comment
 # on each line would make every recorded version stale
@@ -183,14 +165,14 @@ def _in_function_lines() -> Counter[str]:
     return unexplained
 
 
-def test_imports_inside_functions_say_why_or_are_old() -> None:
-    found = _in_function_lines()
-    grown = {f: (n, UNEXPLAINED_IN_FUNCTION.get(f, 0)) for f, n in found.items()
-             if n > UNEXPLAINED_IN_FUNCTION.get(f, 0)}
-    assert grown == {}, ("an import inside a function without `# deferred: <reason>` on "
-                         "its line (file: (found, allowed)); move it to the top")
-    shrunk = {f: n for f, n in UNEXPLAINED_IN_FUNCTION.items() if found.get(f, 0) < n}
-    assert shrunk == {}, f"fewer now: lower UNEXPLAINED_IN_FUNCTION to {dict(found)}"
+def test_imports_inside_functions_say_why() -> None:
+    """An import inside a function defers something on purpose, said on its line
+    (`# deferred: <reason>`): a heavy optional dependency (matplotlib, huggingface_hub,
+    the Docker SDK, vLLM), a command that loads only its own stage (cli.py), code that
+    also runs inside an image. Any other import goes at the top."""
+    assert _in_function_lines() == {}, ("an import inside a function without `# deferred: "
+                                        "<reason>` on its line (file: count); move it to "
+                                        "the top")
 
 
 @pytest.mark.parametrize("line", ["    import json\n", "    from imagebuild import plan\n"])
