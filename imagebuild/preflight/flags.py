@@ -19,9 +19,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from imagebuild.facts import VllmFacts, facts_for, locked_dir, record_command
 from imagebuild.preflight.families import Family, modalities
 from imagebuild.preflight.findings import Finding, Rule
@@ -29,6 +26,7 @@ from imagebuild.smoke.probes import tool_probe
 from imagebuild.spec.hardware import traits
 from imagebuild.spec.matrix import Cell, LoadedMatrix
 from imagebuild.spec.servecmd import ServeCommand
+from imagebuild.spec.values import in_range
 
 # Hardware the traps are about (spec/hardware.py traits). GB10 is compute capability 12.1
 # with unified memory and native FP4.
@@ -335,10 +333,7 @@ def _gpu_mem(r: Rule, v: CellView) -> list[Finding]:
 
 
 def observed_on(versions: str, version: str) -> bool:
-    try:
-        return Version(version) in SpecifierSet(versions)
-    except InvalidVersion:
-        return False
+    return in_range(version, versions)
 
 
 def _mamba_block(r: Rule, v: CellView) -> list[Finding]:

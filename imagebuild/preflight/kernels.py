@@ -36,9 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from dataclasses import replace as dc_replace
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from imagebuild.errors import UserError
 from imagebuild.facts import locked_dir, record_command
 from imagebuild.lock.lockfile import read_lock
@@ -52,6 +49,7 @@ from imagebuild.preflight.kernel_select.facts import load as load_facts
 from imagebuild.preflight.kernel_select.fixes import Switch, search
 from imagebuild.preflight.kernel_select.predict import Decision, predict
 from imagebuild.spec.servecmd import serve_command
+from imagebuild.spec.values import in_range
 
 SM121 = "sm_121"
 # the vLLM versions whose selection procedure the predictor composes (predict.py, checked
@@ -362,11 +360,8 @@ def unpredictable(version: str) -> str | None:
     COMPOSED_FROM's code and checked against its selection functions there; vLLM 0.32
     selects differently (no VLLM_NVFP4_GEMM_BACKEND table, a W4A16 path of its own, MoE
     oracles as classes), so its recorded facts are shown, not composed."""
-    try:
-        if Version(version) in SpecifierSet(COMPOSED_FROM):
-            return None
-    except InvalidVersion:
-        pass
+    if in_range(version, COMPOSED_FROM):
+        return None
     return (f"the kernel predictor composes the selection procedure of vLLM {COMPOSED_FROM} "
             f"(read from its code); vLLM {version} selects in other steps, so its recorded "
             "kernel-selection facts are not composed into a prediction")

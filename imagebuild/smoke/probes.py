@@ -9,10 +9,8 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from imagebuild.facts.signals import sample
+from imagebuild.spec.values import in_range
 
 # the counters' samples; preflight checks the families against each version's metrics facts
 SPEC_DRAFT = sample("draft_tokens")
@@ -128,10 +126,7 @@ def tool_text(parser: str, version: str | None) -> str | None:
 
 
 def _in(version: str, spec: str) -> bool:
-    try:
-        return Version(version) in SpecifierSet(spec)
-    except InvalidVersion:
-        return False
+    return in_range(version, spec)
 
 
 def tool_probe(parser: str | None, facts: Any = None) -> tuple[str | None, str]:

@@ -9,8 +9,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -55,6 +53,7 @@ from imagebuild.spec.values import (
     env_name,
     git_url,
     hub_repository,
+    in_range,
     memory_bytes,
     mirror_url,
     package_name,
@@ -775,7 +774,7 @@ class Profile(Strict):
         """The entries that apply on this engine, in the order they apply, each with its
         path under the profile (for an error's line)."""
         found = [(("by_vllm", spec), v) for spec, v in self.by_vllm.items()
-                 if SpecifierSet(spec).contains(Version(vllm_version), prereleases=True)]
+                 if in_range(vllm_version, spec)]
         if engine in self.by_engine:
             found.append((("by_engine", engine), self.by_engine[engine]))
         return found

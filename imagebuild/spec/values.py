@@ -64,6 +64,15 @@ def pep440(text: str) -> str:
     return text
 
 
+def in_range(version: str, spec: str) -> bool:
+    """Whether `version` is in the PEP 440 range `spec` (a pre-release or dev build of a
+    version counts as that version); a version that is not PEP 440 is in no range."""
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
 def version_range(text: str) -> str:
     """PEP 440 version specifiers, e.g. >=0.30 or >=0.30,<0.33 (a range of vLLM versions)."""
     try:

@@ -18,12 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
-
 from imagebuild.facts import VllmFacts, patch_key, record_command
 from imagebuild.facts.record import touches
 from imagebuild.preflight.kv.errors import CannotPredict
+from imagebuild.spec.values import in_range
 
 # the page of these dtypes holds plain elements (no scales, no packing); a backend that
 # was not recorded is assumed to store them plainly only when every recorded one does
@@ -72,10 +70,7 @@ class KVModel:
 
     # --- versions of behaviour read (not executed) from code ------------------------------
     def within(self, spec: str) -> bool:
-        try:
-            return Version(self.version) in SpecifierSet(spec)
-        except InvalidVersion:
-            return False
+        return in_range(self.version, spec)
 
     def has_class(self, name: str) -> bool:
         return name in (self.kv.get("spec_classes") or {})
