@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from imagebuild.docker import ENGINE_FIX, PushEvent, run_labels, use_engine
 from imagebuild.errors import OperationFailed, UserError
@@ -27,6 +27,7 @@ from imagebuild.errors import OperationFailed, UserError
 if TYPE_CHECKING:
     from imagebuild.docker import DockerEngine
 
+E = TypeVar("E", bound="DockerEngine")
 BUILD_OUTPUT = "#5 [1/2] RUN true\n#5 DONE 0.1s\n"  # BuildKit's plain progress: one step
 
 
@@ -328,8 +329,9 @@ class MemoryEngine:
 
 
 @contextmanager
-def installed(double: MemoryEngine) -> Iterator[MemoryEngine]:
-    """`double` as the process-wide engine while the block runs."""
+def installed(double: E) -> Iterator[E]:
+    """`double` (or a real Engine on some socket) as the process-wide engine while the
+    block runs."""
     old = use_engine(double)
     try:
         yield double
