@@ -66,7 +66,8 @@ def image_doc(image_id: str, labels: Mapping[str, str] | None = None, **more: An
             "Config": {"Labels": dict(labels or {}), "Env": [], "Cmd": []}, **more}
 
 
-def _matches(labels: Mapping[str, str], label: str) -> bool:
+def _matches(labels: Mapping[str, str] | None, label: str) -> bool:
+    labels = labels or {}
     key, eq, value = label.partition("=")
     return key in labels and (not eq or labels[key] == value)
 
@@ -87,7 +88,8 @@ class MemoryEngine:
         self.digests: dict[str, str] = {}  # registry_digest's answers
         self.on_push: Callable[[str, str], str | None] | None = None  # -> the pushed digest
         self.containers: dict[str, Container] = {}
-        self.objects: dict[str, dict[str, dict[str, str]]] = {"volume": {}, "network": {}}
+        self.objects: dict[str, dict[str, dict[str, str] | None]] = {"volume": {},
+                                                                      "network": {}}
         self.in_use: set[str] = set()  # what removing fails for (a container uses it)
         self.run_error: BaseException | None = None  # what run() raises instead
         self.probe_answer: tuple[int, str] = (0, "")
