@@ -59,11 +59,13 @@ class Container:
     exec_answer: tuple[int, str] = (0, "")
 
 
-def image_doc(image_id: str, labels: Mapping[str, str] | None = None, **more: Any
-              ) -> dict[str, Any]:
-    """An inspect document: its id, labels and whatever else a test sets."""
+def image_doc(image_id: str, labels: Mapping[str, str] | None = None, *,
+              cmd: list[str] | None = None, user: str = "", **more: Any) -> dict[str, Any]:
+    """An inspect document: its id, labels, command and user, and whatever else (top
+    level keys) a test sets."""
     return {"Id": image_id, "RepoTags": [], "Size": 1,
-            "Config": {"Labels": dict(labels or {}), "Env": [], "Cmd": []}, **more}
+            "Config": {"Labels": dict(labels or {}), "Env": [], "Cmd": list(cmd or []),
+                       "User": user}, **more}
 
 
 def _matches(labels: Mapping[str, str] | None, label: str) -> bool:
@@ -111,6 +113,10 @@ class MemoryEngine:
         """The arguments of each call of `method`: the one positional one, else a tuple."""
         return [c.args[0] if len(c.args) == 1 else c.args
                 for c in self.calls if c.method == method]
+
+    def called_with(self, method: str) -> list[dict[str, Any]]:
+        """The keyword arguments of each call of `method` (run's: the SDK's options)."""
+        return [c.kwargs for c in self.calls if c.method == method]
 
     def add_image(self, doc: dict[str, Any], *refs: str) -> str:
         """An image known by its id and each of `refs`; its id."""
