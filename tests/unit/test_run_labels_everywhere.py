@@ -15,7 +15,7 @@ import yaml
 from imagebuild import docker as dk
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.runowner import owner_labels
-from tests.support.memengine import MemoryEngine, image_doc
+from tests.support.memengine import MemoryEngine, image_doc, installed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,13 +60,10 @@ def _carries(labels: dict[str, str]) -> None:
 def test_every_sdk_container_carries_the_run():
     client = FakeClient()
     eng = dk.Engine(client)  # type: ignore[arg-type]
-    old = dk.use_engine(eng)
-    try:
+    with installed(eng):  # the real seam, on an SDK client that records
         eng.run("img", ["serve"], name="imagebuild-bench-1", labels={"io.imagebuild.bench": "1"})
         eng.probe("img", ["true"], entrypoint="sh", mounts={})
         dk.image_user("img", "vllm")
-    finally:
-        dk.use_engine(old)
     assert len(client.containers.calls) == 3
     for kw in client.containers.calls:
         _carries(kw["labels"])
