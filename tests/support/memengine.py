@@ -14,6 +14,7 @@ breaks the double at type-check time, not in a test run.
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
 
 E = TypeVar("E", bound="DockerEngine")
 BUILD_OUTPUT = "#5 [1/2] RUN true\n#5 DONE 0.1s\n"  # BuildKit's plain progress: one step
+# a probe's answer for an engine whose vLLM kernels are built for GB10 (builder/archtable.py)
+SM121A_TABLE = json.dumps([{"library": lib, "verdict": "sm_121a", "files": 1,
+                            "cubins": ["sm_121a"], "ptx": [], "worst": "sm_121a"}
+                           for lib in ("vllm", "vllm/vllm_flash_attn")])
 
 
 @dataclass

@@ -17,16 +17,11 @@ from imagebuild import pipconfig
 from imagebuild.builder import builder
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.spec import matrix as mx
-from tests.support.memengine import MemoryEngine
+from tests.support.memengine import SM121A_TABLE, MemoryEngine
 
 CANARIES = {"hf_token": "hf_tokenCANARY41703", "pip_conf": "pipPasswordCANARY0815",
             "sccache_env": "redisPasswordCANARY4711", "ca_bundle": "caBundleCANARY1234"}
 BUILD_PY_ARGS = {"BASE_IMAGE", "ENGINE_IMAGE", "MAX_JOBS", "NVCC_THREADS"}
-
-
-GPU_TABLE = json.dumps([{"library": lib, "verdict": "sm_121a", "files": 1, "cubins": ["sm_121a"],
-                         "ptx": [], "worst": "sm_121a"}
-                        for lib in ("vllm", "vllm/vllm_flash_attn")])  # a fake engine's kernels
 
 
 @pytest.fixture
@@ -48,7 +43,7 @@ def built(locked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("IMAGEBUILD_SCCACHE_ENV_FILE", raising=False)
     pipconfig.pip_indexes.cache_clear()
     memory_engine.server = {"ServerVersion": "20.10.24", "DockerRootDir": str(tmp_path)}
-    memory_engine.probe_answer = (0, GPU_TABLE)
+    memory_engine.probe_answer = (0, SM121A_TABLE)
     monkeypatch.setattr(builder, "check_disk", lambda *a: None)
     import imagebuild.builder.bootstrap as bootstrap
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")

@@ -5,7 +5,6 @@ the serve layers are built. The real thing: tests/e2e/test_engine_handoff_e2e.py
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -18,6 +17,7 @@ from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import Rendered
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.names import INPUTS_LABEL
+from tests.support.memengine import SM121A_TABLE
 
 TAG = "2026-06-18-dflashfix"
 DIGEST = "sha256:" + "ab" * 32
@@ -75,11 +75,6 @@ def test_runners_agree_on_an_engine_digest_whatever_their_memory(tmp_path):
     assert builder.inputs_digest(r, ctx, {"BASE_IMAGE": "c", "MAX_JOBS": "4"}, "p", []) != small
 
 
-GPU_TABLE = json.dumps([{"library": lib, "verdict": "sm_121a", "files": 1, "cubins": ["sm_121a"],
-                         "ptx": [], "worst": "sm_121a"}
-                        for lib in ("vllm", "vllm/vllm_flash_attn")])  # vLLM's kernels
-
-
 def _image(image_id: str, labels: dict[str, str], layers: list[str]) -> dict[str, Any]:
     return {"Id": image_id, "Size": 7, "RootFS": {"Layers": layers},
             "Config": {"Labels": labels, "Env": ["PATH=/usr/bin"], "Cmd": ["/bin/bash"]}}
@@ -91,7 +86,7 @@ def seam(tmp_path, monkeypatch, memory_engine):
     BuildKit builds that record their arguments and write an image id."""
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:upstream")
     memory_engine.server = {"ServerVersion": "27.0", "DockerRootDir": str(tmp_path)}
-    memory_engine.probe_answer = (0, GPU_TABLE)  # the GPU-code table
+    memory_engine.probe_answer = (0, SM121A_TABLE)  # the GPU-code table
     # the bootstrapped upstream base: its content, not its id, is what digests see
     memory_engine.add_image(_image("sha256:" + "1" * 64, {}, ["sha256:rootfs"]),
                             bootstrap.DEFAULT_BASE_REF)
