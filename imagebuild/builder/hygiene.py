@@ -69,7 +69,7 @@ def _remove_tag(eng: DockerEngine, tag: str) -> str | None:
     try:
         eng.remove_image(tag)
         return None
-    except OperationFailed as exc:
+    except OperationFailed as exc:  # the line names the tag already: the reason alone
         return exc.message.removeprefix(f"cannot remove {tag}: ")
 
 
