@@ -62,6 +62,7 @@ class Container:
     created: float = 0.0
     status: str = "Up"  # `docker ps`' STATUS column
     exec_answer: tuple[int, str] = (0, "")
+    files: dict[str, bytes] = field(default_factory=dict)  # path in the container -> content
 
 
 def image_doc(image_id: str, labels: Mapping[str, str] | None = None, *,
@@ -257,6 +258,18 @@ class MemoryEngine:
     def exec(self, name: str, argv: list[str]) -> tuple[int, str]:
         self._call("exec", name, argv)
         return self.containers[name].exec_answer
+
+    def copy_from(self, name: str, path: str, dest: Path) -> Path:
+        """The container's files at or below `path`, into the directory `dest`."""
+        self._call("copy_from", name, path)
+        top = Path(path)
+        for where, content in self.containers[name].files.items():
+            inside = Path(where)
+            if inside == top or top in inside.parents:
+                out = dest / top.name / inside.relative_to(top)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_bytes(content)
+        return dest / top.name
 
     def run(self, image: str, command: list[str], *, name: str, labels: Mapping[str, str],
             **kw: Any) -> str:
