@@ -108,7 +108,7 @@ lint:
 	.venv/bin/ruff check .
 
 typecheck:
-	.venv/bin/mypy imagebuild tools
+	.venv/bin/mypy imagebuild tools tests/support/memengine.py
 
 workflows:
 	bash scripts/lint-workflows.sh

@@ -4,8 +4,10 @@ Everything that touches images and containers goes through `Engine`, built on th
 SDK (the `docker` package): inspect, tag, remove, list, history, push, pull, import,
 run, logs, stats, exec, and compose projects' clean-up. The Docker CLI is used in one
 place only, `Engine.buildkit_build`: BuildKit's secret and cache mounts are not reachable
-through the SDK's build API. Tests swap the engine with `use_engine` (a test double with
-the same methods; model: cog's single docker command interface, pkg/docker).
+through the SDK's build API. What the rest of the package may ask of an engine is the
+Protocol `DockerEngine`; `engine()` hands one out and tests install theirs with
+`use_engine`: the one shared double, tests/support/memengine.py, which mypy checks against
+the Protocol (model: cog's single docker command interface, pkg/docker).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self
 
 import docker
 import docker.errors
@@ -54,6 +56,55 @@ class PushEvent:
     layer: str = ""  # which layer a progress event is about
     current: int = 0  # bytes of it sent so far
     total: int = 0  # its size (0: not a progress event)
+
+
+class DockerEngine(Protocol):
+    """What callers may ask of a Docker engine (`Engine` is the real one; the tests' double
+    is tests/support/memengine.py). Methods raise OperationFailed/UserError, never the
+    SDK's errors."""
+
+    def info(self) -> dict[str, Any]: ...
+
+    # images
+    def inspect_image(self, ref: str) -> dict[str, Any] | None: ...
+    def image_id(self, ref: str) -> str | None: ...
+    def send_image(self, ref: str, to: Self) -> None: ...
+    def tag(self, image: str, repository: str, tag: str) -> None: ...
+    def remove_image(self, ref: str, *, force: bool = False) -> bool: ...
+    def images(self, *, label: str | None = None, reference: str | None = None
+               ) -> list[dict[str, Any]]: ...
+    def history(self, image_id: str) -> list[dict[str, Any]]: ...
+    def push(self, repository: str, tag: str, auth: Mapping[str, str] | None
+             ) -> Iterator[PushEvent]: ...
+    def registry_digest(self, ref: str) -> str: ...
+    def pull(self, ref: str, *, timeout: float = 120) -> str | None: ...
+    def pull_checked(self, ref: str, auth: Mapping[str, str] | None = None) -> str: ...
+    def import_tar(self, tar_path: Path, repository: str, tag: str,
+                   changes: list[str]) -> str: ...
+
+    # containers
+    def container_state(self, name: str) -> dict[str, Any] | None: ...
+    def container_env(self, name: str) -> list[str]: ...
+    def container_names(self, *, label: str) -> list[str]: ...
+    def logs(self, name: str, *, follow: bool = True) -> Iterator[bytes]: ...
+    def cpu_percent(self, name: str) -> float | None: ...
+    def exec(self, name: str, argv: list[str]) -> tuple[int, str]: ...
+    def copy_from(self, name: str, path: str, dest: Path) -> Path: ...
+    def run(self, image: str, command: list[str], *, name: str, labels: Mapping[str, str],
+            **kw: Any) -> str: ...
+    def probe(self, image: str, argv: list[str], *, entrypoint: str,
+              mounts: Mapping[str, str]) -> tuple[int, str]: ...
+    def resolve_user(self, ref: str) -> tuple[int, int]: ...
+    def remove_container(self, name: str) -> None: ...
+    def labelled_leftovers(self, label: str) -> list[str]: ...
+    def remove_labelled(self, label: str) -> list[str]: ...
+    def listing(self, kind: str, *, label: str | None = None) -> list[dict[str, Any]]: ...
+    def remove_object(self, kind: str, name: str) -> None: ...
+
+    # builds
+    def buildkit_build(self, argv: list[str], env: Mapping[str, str]
+                       ) -> subprocess.Popen[str]: ...
+    def has_buildx(self) -> bool: ...
 
 
 class Engine:
@@ -217,6 +268,13 @@ class Engine:
         except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot inspect container {name}: {exc}") from None
 
+    def container_env(self, name: str) -> list[str]:
+        """The container's environment as it was started (KEY=value lines)."""
+        try:
+            return list(self.api.inspect_container(name)["Config"]["Env"] or [])
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot inspect container {name}: {exc}") from None
+
     def container_names(self, *, label: str) -> list[str]:
         try:
             return [c["Names"][0].lstrip("/")
@@ -309,6 +367,17 @@ class Engine:
             with held_interrupts():
                 self._remove(str(c.name))
         return code, (out or b"").decode(errors="replace")
+
+    def resolve_user(self, ref: str) -> tuple[int, int]:
+        """uid and gid the image's USER resolves to, asked of the image (`id -u; id -g`)."""
+        try:
+            out = self.client.containers.run(ref, ["-c", "id -u; id -g"], entrypoint="sh",
+                                             remove=True, network_mode="host",
+                                             labels=run_labels())
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot tell which user {ref} runs as: {exc}") from None
+        uid, gid = out.decode().split()[:2]
+        return int(uid), int(gid)
 
     def remove_container(self, name: str) -> None:
         """Kill and delete with its anonymous volumes; fine if it is gone already. A
@@ -416,11 +485,11 @@ class Engine:
             return False
 
 
-_engine: Engine | None = None
+_engine: DockerEngine | None = None
 _engine_lock = threading.Lock()
 
 
-def engine() -> Engine:
+def engine() -> DockerEngine:
     """The process-wide engine (created on first use)."""
     global _engine
     with _engine_lock:
@@ -429,7 +498,7 @@ def engine() -> Engine:
         return _engine
 
 
-def use_engine(new: Engine | None) -> Engine | None:
+def use_engine(new: DockerEngine | None) -> DockerEngine | None:
     """Swap the process-wide engine (tests install a double); returns the old one."""
     global _engine
     with _engine_lock:
@@ -442,14 +511,7 @@ def image_user(ref: str, user: str) -> tuple[int, int]:
     m = re.fullmatch(r"(\d+)(?::(\d+))?", user or "0")
     if m:
         return int(m[1]), int(m[2] or m[1])
-    try:
-        out = engine().client.containers.run(ref, ["-c", "id -u; id -g"], entrypoint="sh",
-                                             remove=True, network_mode="host",
-                                             labels=run_labels())
-    except ENGINE_ERRORS as exc:
-        raise OperationFailed(f"cannot tell which user {ref} runs as: {exc}") from None
-    uid, gid = out.decode().split()[:2]
-    return int(uid), int(gid)
+    return engine().resolve_user(ref)
 
 
 def inspect_image(ref: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from imagebuild.docker import OWNER_LABEL, Engine, engine
+from imagebuild.docker import OWNER_LABEL, DockerEngine, engine
 from imagebuild.errors import OperationFailed
 from imagebuild.runowner import (
     HOST_LABEL,
@@ -118,7 +118,7 @@ def reap_processes(*, log: Log = _say, host: str | None = None,
     return removed
 
 
-def reap(eng: Engine | None = None, *, log: Log = _say, host: str | None = None,
+def reap(eng: DockerEngine | None = None, *, log: Log = _say, host: str | None = None,
          start_of: Any = process_start, now: float | None = None,
          dry_run: bool = False, proc: Path = PROC) -> Reaped:
     """Remove every process, container, volume and network of this host's gone runs; one

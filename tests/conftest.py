@@ -27,6 +27,7 @@ from tests.support.cpu_build import (
 from tests.support.hub.fake import FakeHub
 from tests.support.hub.server import ReplayServer
 from tests.support.matrices import copy_lock, copy_matrix, lock_matrix
+from tests.support.memengine import MemoryEngine, installed
 from tests.support.registry.server import RunningRegistry, start_registry
 
 # after the run: seconds per module and folder (`.ci/run` shows where CI's time goes);
@@ -123,6 +124,13 @@ def require(ok: bool, why: str) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"{why} (CI must provide it: scripts/setup-tests.sh)")
         pytest.skip(why)
+
+
+@pytest.fixture
+def memory_engine() -> Iterator[MemoryEngine]:
+    """The Docker seam's one double (tests/support/memengine.py), installed as the engine."""
+    with installed(MemoryEngine()) as double:
+        yield double
 
 
 @pytest.fixture(scope="session")

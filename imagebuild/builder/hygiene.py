@@ -16,23 +16,38 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from imagebuild.errors import OperationFailed
 from imagebuild.spec.tags import parse_release_tag
+
+if TYPE_CHECKING:
+    from imagebuild.docker import DockerEngine
 
 INPUTS_REPO = "imagebuild/inputs"  # builder.INPUTS_REPO (no import: builder imports us)
 PARENT_LABEL = "io.imagebuild.parent"
 Log = Callable[[str], None]
 
 
-def docker_client() -> Any:
-    """The Docker SDK client of the one Docker seam (imagebuild/docker.py)."""
+def docker_engine() -> DockerEngine:
+    """The one Docker seam (imagebuild/docker.py), once it answers."""
     from imagebuild.docker import engine  # deferred: the Docker SDK, only when a runner is cleaned
 
     seam = engine()
     seam.info()  # one clear error when no engine answers
-    return seam.client
+    return seam
+
+
+def _images(eng: DockerEngine, reference: str | None = None
+            ) -> list[tuple[str, list[str], dict[str, Any]]]:
+    """(id, tags, inspect document) of each local image (of `reference`'s repository)."""
+    found = []
+    for row in eng.images(reference=reference):
+        attrs = eng.inspect_image(str(row["Id"]))
+        if attrs is not None:  # not removed meanwhile
+            tags = [t for t in attrs.get("RepoTags") or [] if t != "<none>:<none>"]
+            found.append((str(attrs["Id"]), tags, attrs))
+    return found
 
 
 def base_repo(target: str) -> str:
@@ -48,32 +63,28 @@ def _split(tag: str) -> tuple[str, str]:
     return (repo, name) if repo and "/" not in name else (tag, "latest")
 
 
-def _remove_tag(client: Any, tag: str) -> str | None:
-    """Untag; an image goes with its last tag. None when done, else why it was kept."""
-    import docker  # deferred: the Docker SDK, only when a runner is cleaned
-
+def _remove_tag(eng: DockerEngine, tag: str) -> str | None:
+    """Untag; an image goes with its last tag. None when done (or gone), else why it was
+    kept (the engine's reason: e.g. a container still uses the image)."""
     try:
-        client.images.remove(tag, noprune=False)
+        eng.remove_image(tag)
         return None
-    except docker.errors.ImageNotFound:
-        return None
-    except docker.errors.APIError as exc:  # e.g. a container still uses the image
-        return str(exc.explanation or exc)
+    except OperationFailed as exc:  # the line names the tag already: the reason alone
+        return exc.message.removeprefix(f"cannot remove {tag}: ")
 
 
-def drop_orphan_inputs_tags(client: Any | None = None) -> list[str]:
+def drop_orphan_inputs_tags(eng: DockerEngine | None = None) -> list[str]:
     """Remove `imagebuild/inputs:*` tags from images that have no other tag: once every
     name of an image is gone, its build-avoidance tag must not keep it alive."""
     try:
-        client = client or docker_client()
-        images = client.images.list(name=INPUTS_REPO)
+        eng = eng or docker_engine()
+        images = _images(eng, INPUTS_REPO)
     except OperationFailed:
         return []
     done = []
-    for image in images:
-        tags = image.tags
+    for _id, tags, _attrs in images:
         if tags and all(_split(t)[0] == INPUTS_REPO for t in tags):
-            kept = [why for t in tags if (why := _remove_tag(client, t))]
+            kept = [why for t in tags if (why := _remove_tag(eng, t))]
             done.append(f"dropped {', '.join(tags)} (no other name left)"
                         + (f"; kept: {kept[0]}" if kept else ""))
     return done
@@ -116,11 +127,10 @@ def last_used(attrs: dict[str, Any]) -> str:
     return tagged if tagged and not tagged.startswith("0001-") else attrs.get("Created", "")
 
 
-def _locals(client: Any, serve_repos: set[str], chain_repos: set[str]) -> dict[str, Local]:
+def _locals(eng: DockerEngine, serve_repos: set[str], chain_repos: set[str]
+            ) -> dict[str, Local]:
     found: dict[str, Local] = {}
-    for image in client.images.list():
-        attrs = image.attrs
-        tags = list(image.tags)
+    for image_id, tags, attrs in _images(eng):
         releases, chain, ours = [], False, []
         for tag in tags:
             repo, name = _split(tag)
@@ -135,7 +145,7 @@ def _locals(client: Any, serve_repos: set[str], chain_repos: set[str]) -> dict[s
         if not releases and not chain:
             continue
         labels = (attrs.get("Config") or {}).get("Labels") or {}
-        found[image.id] = Local(image.id, tags, last_used(attrs),
+        found[image_id] = Local(image_id, tags, last_used(attrs),
                                 tuple((attrs.get("RootFS") or {}).get("Layers") or ()),
                                 labels.get(PARENT_LABEL), int(attrs.get("Size") or 0),
                                 releases, chain, ours)
@@ -204,17 +214,17 @@ def plan_clean(images: dict[str, Local], keep: int,
     return CleanPlan(why, drop, remove, kept_images)
 
 
-def runner_clean(client: Any, *, serve_repos: dict[str, str], chain_repos: set[str],
+def runner_clean(eng: DockerEngine, *, serve_repos: dict[str, str], chain_repos: set[str],
                  keep: int, protected: dict[tuple[str, str], str], dry_run: bool = False,
                  log: Log = print) -> CleanPlan:
     """serve_repos: local repository ("host/ns/image") -> registry path ("ns/image")."""
-    images = _locals(client, set(serve_repos), chain_repos)
+    images = _locals(eng, set(serve_repos), chain_repos)
     local_protected = {(local, tag): why for local, path in serve_repos.items()
                        for (p, tag), why in protected.items() if p == path}
     plan = plan_clean(images, keep, local_protected)
     for line in plan.lines():
         log(line)
-    root = client.info().get("DockerRootDir", "/var/lib/docker")
+    root = eng.info().get("DockerRootDir", "/var/lib/docker")
     before = shutil.disk_usage(root).free if os.path.isdir(root) else None
     verb = "would remove" if dry_run else "removed"
     for img_id, tags in sorted(plan.remove.items(), key=lambda kv: images[kv[0]].used):
@@ -225,13 +235,13 @@ def runner_clean(client: Any, *, serve_repos: dict[str, str], chain_repos: set[s
             log(f"{verb} {what} ({img.size / 1e9:.2f} GB)"
                 + (f"; the image stays tagged {', '.join(others)}" if others else ""))
             continue
-        kept = [why for t in tags if (why := _remove_tag(client, t))]
+        kept = [why for t in tags if (why := _remove_tag(eng, t))]
         note = (f" (image kept: {plan.kept_images[img_id]})" if img_id in plan.kept_images
                 else f"; the image stays tagged {', '.join(others)}" if others
                 else f"; kept: {kept[0]}" if kept else "")
         log(f"{verb} {what}{note}")
     if not dry_run:
-        plan.orphans = drop_orphan_inputs_tags(client)
+        plan.orphans = drop_orphan_inputs_tags(eng)
         for line in plan.orphans:
             log(line)
     if not plan.remove:

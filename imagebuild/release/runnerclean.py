@@ -11,7 +11,7 @@ from typing import Any
 from imagebuild.builder.hygiene import (
     CleanPlan,
     base_repo,
-    docker_client,
+    docker_engine,
     engine_repo,
     runner_clean,
 )
@@ -46,5 +46,5 @@ def clean_runner(lm: LoadedMatrix, keep: int, *, dry_run: bool = False,
         engine_repo(c.target_name, c.engine_name) for c in cells}
     # latest and its rollback target come from the registry: never guessed
     protected = protected_releases(RegistryClient(dest.registry), sorted(set(serve.values())))
-    return runner_clean(docker_client(), serve_repos=serve, chain_repos=chain, keep=keep,
+    return runner_clean(docker_engine(), serve_repos=serve, chain_repos=chain, keep=keep,
                         protected=protected, dry_run=dry_run, log=log)

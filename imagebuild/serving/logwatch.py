@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from imagebuild.docker import Engine, engine
+from imagebuild.docker import DockerEngine, engine
 
 # (name, pattern): the first match ends the boot wait at once.
 FATAL = (
@@ -127,7 +127,7 @@ class LogWatcher:
     """A thread copying the container's log (followed through the Docker seam) into a file
     and a LogState. The stream ends when the container stops or is removed."""
 
-    def __init__(self, container: str, log_path: Path, eng: Engine | None = None):
+    def __init__(self, container: str, log_path: Path, eng: DockerEngine | None = None):
         self.container = container
         self.eng = eng  # None: the process-wide engine (another: a partner node's)
         self.log_path = log_path

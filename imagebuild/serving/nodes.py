@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from imagebuild.docker import Engine, engine
+from imagebuild.docker import DockerEngine, Engine, engine
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.runowner import owned_compose
 from imagebuild.serving.boot import Container, wait_healthy
@@ -130,7 +130,7 @@ def partners_from_env(workers: int) -> list[str | None]:
     return list(hosts)
 
 
-def same_image(ref: str, partner: Engine, host: str) -> str:
+def same_image(ref: str, partner: DockerEngine, host: str) -> str:
     """The image on a partner's engine, with the ID it has here: sent when missing (smoke
     runs an image before it is pushed), then compared. Its ID."""
     mine = engine().image_id(ref)
@@ -167,7 +167,7 @@ def node_hosts(workers: int, *, cpu: bool) -> tuple[list[str | None], str, bool]
     return hosts, master, local
 
 
-def _engine_at(host: str | None) -> Engine:
+def _engine_at(host: str | None) -> DockerEngine:
     if host is None:
         return engine()
     import docker  # deferred: the Docker SDK, only when a container is started
@@ -183,7 +183,7 @@ class _Worker:
     project: str
     path: Path
     log: Path
-    eng: Engine
+    eng: DockerEngine
     container: str = ""
     watcher: LogWatcher | None = None
 

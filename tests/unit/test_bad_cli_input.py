@@ -21,6 +21,7 @@ import pytest
 
 from imagebuild import REPO_ROOT
 from tests.support.bad_input import LIMIT_BYTES, LIMIT_S, run_cli_measured, tree_snapshot
+from tests.support.memengine import MemoryEngine
 
 TAG = "2026-06-18-dflashfix"
 LOCATION = re.compile(r"(\S+?):(\d+):(\d+)")
@@ -342,13 +343,6 @@ CASES = [
 ]
 
 
-class Refuse:
-    """Docker and HTTP doubles: any use means the input was not refused early enough."""
-
-    def __getattr__(self, name: str):
-        raise AssertionError(f"Docker was asked for {name!r}")
-
-
 
 def _repo_build() -> list[str]:
     build = REPO_ROOT / "build"
@@ -356,12 +350,10 @@ def _repo_build() -> list[str]:
 
 
 @pytest.fixture
-def guarded(monkeypatch: pytest.MonkeyPatch) -> None:
+def guarded(monkeypatch: pytest.MonkeyPatch, memory_engine: MemoryEngine) -> None:
     import requests
 
-    from imagebuild import docker
-
-    monkeypatch.setattr(docker, "_engine", Refuse())
+    memory_engine.refuse = True  # Docker asked anything: the input was not refused early
 
     def no_network(self, method, url, *a, **kw):  # noqa: ANN001
         raise AssertionError(f"a request to {url} was made")

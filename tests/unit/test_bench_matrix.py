@@ -7,44 +7,19 @@ before the boot, so no Docker is needed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from imagebuild import cli, docker
+from imagebuild import cli
 from imagebuild.errors import OperationFailed
 from imagebuild.plan import Job, load_plan
 from imagebuild.smoke import runner
 from tests.support.matrices import edit
+from tests.support.memengine import MemoryEngine, image_doc
 
 TAG = "2026-06-18-dflashfix"
-
-
-class RecordingEngine(docker.Engine):
-    """Answers inspect for the job's image; records `run`'s settings, then stops."""
-
-    def __init__(self, job: Job) -> None:
-        super().__init__()
-        self.job = job
-        self.runs: list[dict[str, Any]] = []
-
-    def inspect_image(self, ref: str) -> dict[str, Any]:
-        return {"Id": "sha256:" + "a" * 64, "RepoDigests": [],
-                "Config": {"Cmd": list(self.job.serve.argv), "User": "1000",
-                           "Labels": {"io.imagebuild.cell": self.job.id,
-                                      "io.imagebuild.engine": self.job.cell.engine_name}}}
-
-    def run(self, image: str, command: Any, *, name: str, labels: Any, **kw: Any) -> Any:
-        self.runs.append(kw)
-        raise OperationFailed("stopped by the double before the boot")
-
-    def remove_container(self, name: str) -> None:
-        pass
-
-    def remove_labelled(self, label: str) -> list[str]:
-        return []
 
 
 @pytest.fixture
@@ -58,11 +33,14 @@ def other(locked: Path) -> tuple[Path, Job]:
 
 
 @pytest.fixture
-def engine(other: tuple[Path, Job]) -> Iterator[RecordingEngine]:
-    double = RecordingEngine(other[1])
-    old = docker.use_engine(double)
-    yield double
-    docker.use_engine(old)
+def engine(other: tuple[Path, Job], memory_engine: MemoryEngine) -> MemoryEngine:
+    """The Docker seam's double: the job's image; `run` is recorded, then stops."""
+    job = other[1]
+    memory_engine.add_image(image_doc("sha256:" + "a" * 64, {
+        "io.imagebuild.cell": job.id, "io.imagebuild.engine": job.cell.engine_name},
+        cmd=list(job.serve.argv), user="1000", RepoDigests=[]), job.release_ref)
+    memory_engine.run_error = OperationFailed("stopped by the double before the boot")
+    return memory_engine
 
 
 def _bench(argv: list[str], out: Path) -> int:
@@ -73,7 +51,7 @@ def _bench(argv: list[str], out: Path) -> int:
 def test_bench_tag_serves_with_the_matrix_it_was_given(other, engine, tmp_path):
     path, _ = other
     assert _bench(["--tag", TAG, "--target", "cpu", "--matrix", str(path)], tmp_path) == 1
-    assert engine.runs[0]["mem_limit"] == "6g"  # OTHER's, not the repository's 8g
+    assert engine.called_with("run")[0]["mem_limit"] == "6g"  # OTHER's, not the repository's 8g
 
 
 def test_bench_tag_serves_with_the_matrix_of_the_environment(other, engine, tmp_path,
@@ -81,14 +59,14 @@ def test_bench_tag_serves_with_the_matrix_of_the_environment(other, engine, tmp_
     path, _ = other
     monkeypatch.setenv("IMAGEBUILD_MATRIX", str(path))
     assert _bench(["--tag", TAG, "--target", "cpu"], tmp_path) == 1
-    assert engine.runs[0]["mem_limit"] == "6g"
+    assert engine.called_with("run")[0]["mem_limit"] == "6g"
 
 
 def test_bench_image_ref_takes_its_cell_from_the_matrix_it_was_given(other, engine,
                                                                      tmp_path):
     path, job = other
     assert _bench([job.release_ref, "--matrix", str(path)], tmp_path) == 1
-    assert engine.runs[0]["mem_limit"] == "6g"
+    assert engine.called_with("run")[0]["mem_limit"] == "6g"
 
 
 def test_smoke_image_ref_takes_its_cell_from_the_matrix_it_was_given(other, engine,

@@ -18,6 +18,7 @@ from imagebuild.registry import documents
 from imagebuild.registry.errors import RegistryFault
 from imagebuild.serving.boot import Container
 from imagebuild.serving.runspec import SPEC_FLAG, Limits
+from tests.support.memengine import image_doc
 
 SPEC_CMD = ["--model", "/model", SPEC_FLAG, '{"method":"ngram"}']
 FIGURES = {"": 300.0, "plain": 360.0}  # tok/s per run name
@@ -106,8 +107,9 @@ def test_the_registry_reads_the_twin_with_the_levels_schema(served):
     (["--plain-baseline"], False, True)], ids=["target-default", "flag-off", "target-off",
                                                 "flag-on"])
 def test_bench_tag_follows_the_targets_plain_baseline(monkeypatch, matrix_dir, tmp_path,
-                                                      argv, setting, plain):
+                                                      argv, setting, plain, memory_engine):
     from imagebuild.cli import main
+    from imagebuild.plan import load_plan
 
     matrix = matrix_dir / "matrix.yaml"
     if setting is not None:  # targets.cpu.bench.plain_baseline in the matrix
@@ -123,7 +125,8 @@ def test_bench_tag_follows_the_targets_plain_baseline(monkeypatch, matrix_dir, t
                 "settings": {}, "levels": [_level(1, 1.0, spec=True)]}
 
     monkeypatch.setattr(command, "bench_image", bench_image)
-    monkeypatch.setattr(command, "inspect_image", lambda ref: {"Id": "x", "Config": {}})
+    for job in load_plan(matrix, "2026-06-18-dflashfix", "cpu").jobs:  # the built images
+        memory_engine.add_image(image_doc("x"), job.release_ref)
     monkeypatch.setattr("imagebuild.reaper.reap", lambda: None)
     assert main(["bench", "--tag", "2026-06-18-dflashfix", "--target", "cpu", "--matrix",
                  str(matrix), "--out", str(tmp_path), *argv]) == 0

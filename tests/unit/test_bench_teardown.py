@@ -10,11 +10,11 @@ import os
 import subprocess
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from imagebuild import REPO_ROOT
+from tests.support.memengine import MemoryEngine, installed
 
 STANDIN = textwrap.dedent("""\
     #!/usr/bin/env python3
@@ -34,34 +34,23 @@ STANDIN = textwrap.dedent("""\
     """)
 
 
-def _started_labels(monkeypatch) -> dict[str, str]:
+def _started_labels() -> dict[str, str]:
     """The labels serving() gives the container it starts (the run is cancelled then)."""
     from imagebuild.serving import container as server
     from imagebuild.serving.runspec import Limits
 
-    seen: dict[str, Any] = {}
-
-    class Engine:
-        def run(self, image, command, *, name, labels, **kw):
-            seen.update(labels)
-            raise KeyboardInterrupt  # the job is cancelled while the server boots
-
-        def remove_container(self, name): pass
-
-        def remove_labelled(self, label): return []
-
-    monkeypatch.setattr(server, "engine", lambda: Engine())
-    monkeypatch.setattr(server, "image_user", lambda ref, user: (1000, 1000))
-    with pytest.raises(KeyboardInterrupt):
+    double = MemoryEngine()
+    double.run_error = KeyboardInterrupt()  # the job is cancelled while the server boots
+    with installed(double), pytest.raises(KeyboardInterrupt):
         with server.serving("img:t", {"Config": {"Cmd": ["vllm", "serve"]}},
                             Limits(memory=None, gpu=False, boot_timeout_s=5),
                             log=lambda _: None):
             pytest.fail("the server cannot have booted")
-    return seen
+    return dict(double.called_with("run")[0]["labels"])
 
 
-def test_make_teardown_removes_a_left_bench_container(monkeypatch, tmp_path: Path):
-    labels = _started_labels(monkeypatch)
+def test_make_teardown_removes_a_left_bench_container(tmp_path: Path):
+    labels = _started_labels()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     docker = bin_dir / "docker"

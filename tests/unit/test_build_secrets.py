@@ -7,86 +7,28 @@ every build of a gb10 and a cpu cell against the Docker seam's double."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from imagebuild import pipconfig
 from imagebuild.builder import builder
-from imagebuild.docker import Engine
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.spec import matrix as mx
+from tests.support.memengine import SM121A_TABLE, MemoryEngine
 
 CANARIES = {"hf_token": "hf_tokenCANARY41703", "pip_conf": "pipPasswordCANARY0815",
             "sccache_env": "redisPasswordCANARY4711", "ca_bundle": "caBundleCANARY1234"}
 BUILD_PY_ARGS = {"BASE_IMAGE", "ENGINE_IMAGE", "MAX_JOBS", "NVCC_THREADS"}
 
 
-class FakeBuild(io.StringIO):
-    """What `docker build` hands back: its output (one plain progress line) and an exit."""
-
-    def __init__(self) -> None:
-        super().__init__("#5 [1/2] RUN true\n#5 DONE 0.1s\n")
-        self.stdout = self
-
-    def wait(self) -> int:
-        return 0
-
-
-class Recorder(Engine):
+@pytest.fixture
+def built(locked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+          memory_engine: MemoryEngine):
     """The Docker seam's double: no image exists yet, every build succeeds; each build's
     command line, environment and secret files (read while they exist) are kept."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__()
-        self.root = root
-        self.builds: list[dict[str, Any]] = []
-
-    def info(self) -> dict[str, Any]:
-        return {"ServerVersion": "20.10.24", "DockerRootDir": str(self.root)}
-
-    def has_buildx(self) -> bool:
-        return False
-
-    def image_id(self, ref: str) -> str | None:
-        return None
-
-    def images(self, **kw: Any) -> list[dict[str, Any]]:
-        return []
-
-    def tag(self, image: str, repository: str, tag: str) -> None:
-        pass
-
-    def inspect_image(self, ref: str) -> dict[str, Any] | None:
-        return {"Id": ref, "Size": 1}
-
-    def probe(self, image: str, argv: list[str], **kw: Any) -> tuple[int, str]:
-        # the GPU-code table of a fake engine: vLLM's kernels for sm_121a
-        return 0, json.dumps([{"library": lib, "verdict": "sm_121a", "files": 1,
-                               "cubins": ["sm_121a"], "ptx": [], "worst": "sm_121a"}
-                              for lib in ("vllm", "vllm/vllm_flash_attn")])
-
-    def history(self, image_id: str) -> list[dict[str, Any]]:
-        return []
-
-    def buildkit_build(self, argv: list[str], env: dict[str, str]) -> FakeBuild:
-        secrets = {}
-        for i, arg in enumerate(argv):
-            if arg == "--secret":
-                spec = dict(kv.split("=", 1) for kv in argv[i + 1].split(","))
-                secrets[spec["id"]] = Path(spec["src"]).read_text()
-        iid = Path(argv[argv.index("--iidfile") + 1])
-        iid.write_text("sha256:" + hashlib.sha256(" ".join(argv).encode()).hexdigest())
-        self.builds.append({"argv": list(argv), "env": dict(env), "secrets": secrets})
-        return FakeBuild()
-
-
-@pytest.fixture
-def built(locked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     path = locked / "matrix.yaml"
     path.write_text(path.read_text().replace(
         "      local_max_size: 40G\n",
@@ -100,9 +42,8 @@ def built(locked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("IMAGEBUILD_CA_BUNDLE", str(bundle))
     monkeypatch.delenv("IMAGEBUILD_SCCACHE_ENV_FILE", raising=False)
     pipconfig.pip_indexes.cache_clear()
-    recorder = Recorder(tmp_path)
-    monkeypatch.setattr(builder, "docker_engine", lambda: recorder)
-    monkeypatch.setattr(builder.hygiene, "drop_orphan_inputs_tags", lambda: [])
+    memory_engine.server = {"ServerVersion": "20.10.24", "DockerRootDir": str(tmp_path)}
+    memory_engine.probe_answer = (0, SM121A_TABLE)
     monkeypatch.setattr(builder, "check_disk", lambda *a: None)
     import imagebuild.builder.bootstrap as bootstrap
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")
@@ -115,7 +56,7 @@ def built(locked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         cell = next(c for c in cells if c.image == image and c.engine_name == "dflashfix")
         b.build_cell(cell, f"127.0.0.1:5000/vllm-spark/{image}:t")
     pipconfig.pip_indexes.cache_clear()
-    return recorder.builds, out, logs
+    return [asdict(b) for b in memory_engine.builds], out, logs
 
 
 def _values(argv: list[str], flag: str) -> list[str]:

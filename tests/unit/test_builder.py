@@ -9,30 +9,25 @@ import pytest
 from imagebuild.builder import builder
 from imagebuild.errors import OperationFailed
 from imagebuild.render import Rendered
+from tests.support.memengine import MemoryEngine, image_doc, installed
 
 
-def test_missing_engine_is_one_line_with_fix(tmp_path, monkeypatch):
+def test_missing_engine_is_one_line_with_fix(tmp_path):
     import docker
 
     from imagebuild.docker import Engine
 
+    # the real seam on a socket nothing listens on: its error, not a double's
     nowhere = Engine(docker.DockerClient(base_url=f"unix://{tmp_path}/no-daemon.sock",
                                          version="1.41"))
-    monkeypatch.setattr(builder, "docker_engine", lambda: nowhere)
-    with pytest.raises(OperationFailed) as info:
+    with installed(nowhere), pytest.raises(OperationFailed) as info:
         builder.preflight_engine()
     assert "no Docker engine answers" in info.value.message
     assert "scripts/setup.sh" in info.value.fix
 
 
-def test_old_engine_without_buildkit(monkeypatch):
-    from imagebuild.docker import Engine
-
-    class Old(Engine):
-        def info(self):
-            return {"ServerVersion": "17.06.0", "DockerRootDir": "/"}
-
-    monkeypatch.setattr(builder, "docker_engine", Old)
+def test_old_engine_without_buildkit(memory_engine):
+    memory_engine.server = {"ServerVersion": "17.06.0", "DockerRootDir": "/"}
     with pytest.raises(OperationFailed, match="has no usable BuildKit"):
         builder.preflight_engine()
 
@@ -52,17 +47,9 @@ def test_not_enough_disk(tmp_path, monkeypatch):
     builder.check_disk(str(tmp_path), builder.disk_need("wheel", "serve", False), "serve")
 
 
-def test_buildkit_flavour_without_buildx(tmp_path, monkeypatch):
-    from imagebuild.docker import Engine
-
-    class Debian2010(Engine):
-        def info(self):
-            return {"ServerVersion": "20.10.24", "DockerRootDir": str(tmp_path)}
-
-        def has_buildx(self):
-            return False
-
-    monkeypatch.setattr(builder, "docker_engine", Debian2010)
+def test_buildkit_flavour_without_buildx(tmp_path, memory_engine):
+    memory_engine.server = {"ServerVersion": "20.10.24", "DockerRootDir": str(tmp_path)}
+    memory_engine.buildx = False
     assert builder.preflight_engine() == ("buildkit", str(tmp_path))
 
 
@@ -103,21 +90,8 @@ PLAIN_PROGRESS = """#1 [internal] load build definition from Dockerfile
 """
 
 
-def test_step_counting_from_plain_progress(tmp_path, monkeypatch):
-    import subprocess
-
-    from imagebuild.docker import Engine
-
-    sample = tmp_path / "progress.txt"
-    sample.write_text(PLAIN_PROGRESS)
-
-    class Replay(Engine):
-        """BuildKit's plain progress, replayed from a file instead of a build."""
-
-        def buildkit_build(self, argv, env):
-            return subprocess.Popen(["cat", str(sample)], stdout=subprocess.PIPE, text=True)
-
-    monkeypatch.setattr(builder, "docker_engine", Replay)
+def test_step_counting_from_plain_progress(tmp_path, memory_engine):
+    memory_engine.build_output = PLAIN_PROGRESS  # replayed instead of a build
     b = builder.Builder.__new__(builder.Builder)
     b.log = lambda _: None
     run, cached, tail = b._stream(["build", "."], tmp_path / "log.txt", "engine")
@@ -143,23 +117,10 @@ def test_inputs_digest_tracks_every_input(tmp_path):
     assert builder.inputs_digest(r2, ctx, {"A": "1"}, "parent", [{"k": 1}]) != changed_file
 
 
-def test_build_command_without_engine_exits_1(tmp_path, monkeypatch, capsys):
+def test_build_command_without_engine_exits_1(tmp_path, memory_engine, monkeypatch, capsys):
     from imagebuild.cli import main
-    from imagebuild.docker import Engine
 
-    class NoDaemon(Engine):
-        """The Docker seam's double: every call finds no engine."""
-
-        def info(self):
-            raise OperationFailed("no Docker engine answers (no daemon)", fix="start one")
-
-        def image_id(self, ref):
-            return None
-
-        def images(self, **kw):
-            return []
-
-    monkeypatch.setattr(builder, "docker_engine", NoDaemon)
+    memory_engine.answers = False  # no engine answers; no image exists
     import imagebuild.builder.bootstrap as bootstrap
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:0")
     code = main(["build", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
@@ -170,72 +131,32 @@ def test_build_command_without_engine_exits_1(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "out" / "records").exists()
 
 
-def test_a_source_engine_build_needs_an_engine_that_takes_run_network(tmp_path, monkeypatch):
+def test_a_source_engine_build_needs_an_engine_that_takes_run_network(tmp_path, memory_engine):
     """The offline compile's `RUN --network=none` is parsed by dockerd's built-in Dockerfile
     frontend: 20.10 rejects it (buildx or not), so a source engine is refused up front."""
     from imagebuild import REPO_ROOT
-    from imagebuild.docker import Engine
 
-    class Debian2010(Engine):
-        def info(self):
-            return {"ServerVersion": "20.10.24", "DockerRootDir": str(tmp_path)}
-
-        def has_buildx(self):
-            return True
-
-    class Docker27(Debian2010):
-        def info(self):
-            return {"ServerVersion": "27.5.1", "DockerRootDir": str(tmp_path)}
-
+    memory_engine.buildx = True
     gb10 = (REPO_ROOT / "rendered/gb10/dflashfix/engine.Dockerfile").read_text()
     cpu = (REPO_ROOT / "rendered/cpu/dflashfix/engine.Dockerfile").read_text()
     assert builder.uses_run_network(gb10) and not builder.uses_run_network(cpu)
-    monkeypatch.setattr(builder, "docker_engine", Debian2010)
+    memory_engine.server = {"ServerVersion": "20.10.24", "DockerRootDir": str(tmp_path)}
     with pytest.raises(OperationFailed) as info:
         builder.preflight_engine(run_network=True)
     assert "20.10.24 cannot build a source engine" in info.value.message
     assert "Docker Engine 23.0 or newer" in info.value.fix
     assert builder.preflight_engine() == ("buildx", str(tmp_path))  # a wheel engine builds
-    monkeypatch.setattr(builder, "docker_engine", Docker27)
+    memory_engine.server = {"ServerVersion": "27.5.1", "DockerRootDir": str(tmp_path)}
     assert builder.preflight_engine(run_network=True) == ("buildx", str(tmp_path))
 
 
-def _built_engine(tmp_path, version="20.10.24"):
-    """The Docker seam's double: an image with any inputs exists already; each build's
-    command line is kept in `.builds`."""
-    import subprocess
-
-    from imagebuild.docker import Engine
-
-    class Built(Engine):
-        builds: list[list[str]] = []
-
-        def info(self):
-            return {"ServerVersion": version, "DockerRootDir": str(tmp_path)}
-
-        def has_buildx(self):
-            return False
-
-        def image_id(self, ref):
-            return "sha256:" + "0" * 64
-
-        def images(self, **kw):
-            return [{"Id": "sha256:" + "0" * 64}]
-
-        def tag(self, image, repository, tag):
-            pass
-
-        def inspect_image(self, ref):
-            return {"Id": ref, "Size": 1}
-
-        def buildkit_build(self, argv, env):
-            Built.builds.append(list(argv))
-            iid = argv[argv.index("--iidfile") + 1]
-            with open(iid, "w") as fh:
-                fh.write("sha256:" + "1" * 64)
-            return subprocess.Popen(["true"], stdout=subprocess.PIPE, text=True)
-
-    return Built
+def _built_engine(double: MemoryEngine, tmp_path, version="20.10.24") -> MemoryEngine:
+    """The Docker seam's double: an image with the inputs "d"*64 exists already; every
+    build makes the image "1"*64 (each build is kept in `.builds`)."""
+    double.server = {"ServerVersion": version, "DockerRootDir": str(tmp_path)}
+    double.build_id = "sha256:" + "1" * 64
+    double.add_image(image_doc("sha256:" + "0" * 64), f"{builder.INPUTS_REPO}:{'d' * 64}")
+    return double
 
 
 def _cpu_builder(tmp_path, **kw):
@@ -250,11 +171,11 @@ def _cpu_builder(tmp_path, **kw):
     return b
 
 
-def test_no_cache_rebuilds_an_image_whose_inputs_are_built(tmp_path, monkeypatch):
+def test_no_cache_rebuilds_an_image_whose_inputs_are_built(tmp_path, monkeypatch,
+                                                           memory_engine):
     """`build --no-cache` (a reproducibility check) runs the build an image found by its
     inputs digest would skip, and tells BuildKit not to use its layer cache either."""
-    built = _built_engine(tmp_path)
-    monkeypatch.setattr(builder, "docker_engine", built)
+    built = _built_engine(memory_engine, tmp_path)
     monkeypatch.setattr(builder, "check_disk", lambda *a: None)
     ctx = tmp_path / "ctx"
     ctx.mkdir()
@@ -263,18 +184,17 @@ def test_no_cache_rebuilds_an_image_whose_inputs_are_built(tmp_path, monkeypatch
     for no_cache in (False, True):
         record = _cpu_builder(tmp_path, no_cache=no_cache)._build_one(pending)
         assert record.avoided is not no_cache
-    assert len(built.builds) == 1 and "--no-cache" in built.builds[0]
+    assert len(built.builds) == 1 and "--no-cache" in built.builds[0].argv
     assert record.image_id == "sha256:" + "1" * 64
 
 
 @pytest.mark.parametrize("version,config_epoch", [("20.10.24", False), ("23.0.6", True)])
 def test_one_build_time_for_context_label_and_config(tmp_path, monkeypatch, version,
-                                                    config_epoch):
+                                                    config_epoch, memory_engine):
     """SOURCE_DATE_EPOCH: the context's files clamped to it (a COPY keeps their mtimes),
     a label on every image, and the build arg only where BuildKit reads it (Docker 23+);
     never part of the inputs digest, so build avoidance is unchanged across commits."""
-    built = _built_engine(tmp_path, version)
-    monkeypatch.setattr(builder, "docker_engine", built)
+    built = _built_engine(memory_engine, tmp_path, version)
     monkeypatch.setattr(builder, "check_disk", lambda *a: None)
     monkeypatch.setattr(builder, "_find_by_inputs", lambda d: None)
     ctx = tmp_path / "ctx"
@@ -288,7 +208,7 @@ def test_one_build_time_for_context_label_and_config(tmp_path, monkeypatch, vers
         p = b._pending("serve", rendered, ctx, "r:t", {}, None, [])
         digests.add(p.digest)
         b._build_one(p)
-        argv = built.builds[-1]
+        argv = built.builds[-1].argv
         assert f"io.imagebuild.source-date-epoch={epoch}" in argv
         assert (f"SOURCE_DATE_EPOCH={epoch}" in argv) is config_epoch
         assert (ctx / "model" / "config.json").stat().st_mtime <= int(epoch)
@@ -309,15 +229,15 @@ def test_no_cache_with_push_exits_2_before_anything(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("context", ["default", "spark-local"])
-def test_buildx_builds_name_the_contexts_docker_driver_builder(tmp_path, monkeypatch, context):
+def test_buildx_builds_name_the_contexts_docker_driver_builder(tmp_path, monkeypatch, context,
+                                                               memory_engine):
     """A runner whose current buildx builder is a docker-container one (`buildx create
     --use`) cannot see the base built into the daemon: every build names the active
     context's docker-driver builder (issue 33, point 5)."""
     import subprocess
 
-    built = _built_engine(tmp_path)
-    built.has_buildx = lambda self: True
-    monkeypatch.setattr(builder, "docker_engine", built)
+    built = _built_engine(memory_engine, tmp_path)
+    built.buildx = True
     monkeypatch.setattr(builder, "check_disk", lambda *a: None)
     real_run = subprocess.run
 
@@ -332,4 +252,4 @@ def test_buildx_builds_name_the_contexts_docker_driver_builder(tmp_path, monkeyp
     pending = builder.Pending("base", Rendered("base", "b", "FROM x\n", ()), ctx,
                               "imagebuild/base-cpu:abc", {}, None, [], "d" * 64)
     _cpu_builder(tmp_path, no_cache=True)._build_one(pending)
-    assert built.builds[-1][:5] == ["buildx", "build", "--builder", context, "--load"]
+    assert built.builds[-1].argv[:5] == ["buildx", "build", "--builder", context, "--load"]

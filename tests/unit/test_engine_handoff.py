@@ -5,22 +5,19 @@ the serve layers are built. The real thing: tests/e2e/test_engine_handoff_e2e.py
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from imagebuild.builder import bootstrap, builder, enginepull, engineship
 from imagebuild.cli import main
-from imagebuild.docker import Engine, use_engine
-from imagebuild.errors import OperationFailed, UserError
+from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.render import Rendered
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.names import INPUTS_LABEL
+from tests.support.memengine import SM121A_TABLE
 
 TAG = "2026-06-18-dflashfix"
 DIGEST = "sha256:" + "ab" * 32
@@ -78,82 +75,22 @@ def test_runners_agree_on_an_engine_digest_whatever_their_memory(tmp_path):
     assert builder.inputs_digest(r, ctx, {"BASE_IMAGE": "c", "MAX_JOBS": "4"}, "p", []) != small
 
 
-class Seam(Engine):
-    """The Docker seam's double: images in a dict, a registry of pullable images, and
-    BuildKit builds that record their arguments and write an image id."""
-
-    def __init__(self, tmp: Path, pullable: dict[str, dict[str, Any]]):
-        super().__init__()
-        self.tmp = tmp
-        self.images_by_ref: dict[str, dict[str, Any]] = {}
-        self.pullable = pullable
-        self.builds: list[list[str]] = []
-        self.tags: list[tuple[str, str]] = []
-        self.removed: list[str] = []
-
-    @property
-    def client(self):  # runner hygiene asks for the SDK: there is none here
-        raise OperationFailed("no SDK in this double")
-
-    def info(self):
-        return {"ServerVersion": "27.0", "DockerRootDir": str(self.tmp)}
-
-    def has_buildx(self):
-        return False
-
-    def inspect_image(self, ref):
-        return self.images_by_ref.get(ref)
-
-    def probe(self, image, argv, **kw):  # the GPU-code table: vLLM's kernels for sm_121a
-        return 0, json.dumps([{"library": lib, "verdict": "sm_121a", "files": 1,
-                               "cubins": ["sm_121a"], "ptx": [], "worst": "sm_121a"}
-                              for lib in ("vllm", "vllm/vllm_flash_attn")])
-
-    def images(self, **kw):
-        return []
-
-    def history(self, image_id):
-        return []
-
-    def tag(self, image, repository, tag):
-        self.tags.append((image, f"{repository}:{tag}"))
-        self.images_by_ref[f"{repository}:{tag}"] = self.images_by_ref[image]
-
-    def remove_image(self, ref, *, force=False):
-        self.removed.append(ref)
-        return self.images_by_ref.pop(ref, None) is not None
-
-    def pull_checked(self, ref, auth=None):
-        info = self.pullable[ref]
-        self.images_by_ref[ref] = self.images_by_ref[info["Id"]] = info
-        return info["Id"]
-
-    def buildkit_build(self, argv, env):
-        self.builds.append(argv)
-        iid = Path(argv[argv.index("--iidfile") + 1])
-        image_id = f"sha256:{len(self.builds):064x}"
-        iid.write_text(image_id)
-        self.images_by_ref[image_id] = {"Id": image_id, "Size": 1}
-        return subprocess.Popen(["true"], stdout=subprocess.PIPE, text=True)
-
-
 def _image(image_id: str, labels: dict[str, str], layers: list[str]) -> dict[str, Any]:
     return {"Id": image_id, "Size": 7, "RootFS": {"Layers": layers},
             "Config": {"Labels": labels, "Env": ["PATH=/usr/bin"], "Cmd": ["/bin/bash"]}}
 
 
 @pytest.fixture
-def seam(tmp_path, monkeypatch):
+def seam(tmp_path, monkeypatch, memory_engine):
+    """The Docker seam's double: images in memory, a registry of pullable images, and
+    BuildKit builds that record their arguments and write an image id."""
     monkeypatch.setattr(bootstrap, "ensure_base_image", lambda *a, **k: "sha256:upstream")
-    double = Seam(tmp_path, {})
+    memory_engine.server = {"ServerVersion": "27.0", "DockerRootDir": str(tmp_path)}
+    memory_engine.probe_answer = (0, SM121A_TABLE)  # the GPU-code table
     # the bootstrapped upstream base: its content, not its id, is what digests see
-    double.images_by_ref[bootstrap.DEFAULT_BASE_REF] = _image("sha256:" + "1" * 64, {},
-                                                              ["sha256:rootfs"])
-    old = use_engine(double)
-    monkeypatch.setattr(builder, "docker_engine", lambda: double)
-    monkeypatch.setattr(enginepull, "docker_engine", lambda: double)
-    yield double
-    use_engine(old)
+    memory_engine.add_image(_image("sha256:" + "1" * 64, {}, ["sha256:rootfs"]),
+                            bootstrap.DEFAULT_BASE_REF)
+    return memory_engine
 
 
 def _cell_and_builder(tmp_path):
@@ -188,9 +125,10 @@ def test_engine_image_is_pulled_verified_and_only_serve_is_built(seam, tmp_path)
     engine, serve = records
     assert engine.pulled_from == REF and engine.image_id == engine_id and engine.avoided
     local = f"imagebuild/engine-cpu-dflashfix:{want[:16]}"
-    assert (engine_id, local) in seam.tags and (engine_id, f"imagebuild/inputs:{want}") in seam.tags
+    tags = seam.called("tag")
+    assert (engine_id, local) in tags and (engine_id, f"imagebuild/inputs:{want}") in tags
     assert len(seam.builds) == 1  # the serve image, FROM the pulled engine's local tag
-    argv = seam.builds[0]
+    argv = seam.builds[0].argv
     assert f"ENGINE_IMAGE={local}" in argv and f"io.imagebuild.parent={engine_id}" in argv
     assert not serve.avoided
     written = sorted(p.name for p in (tmp_path / "out" / "records" / "cpu" / "dflashfix")
@@ -207,8 +145,8 @@ def test_an_engine_of_other_inputs_is_refused_and_leaves_nothing(seam, tmp_path)
     assert re.search(r"is not the cpu/dflashfix engine this checkout builds: its "
                      r"io.imagebuild.inputs label is 0{16}", info.value.message)
     assert "--engine-image" in (info.value.fix or "")
-    assert seam.builds == [] and seam.tags == []  # nothing built, nothing tagged
-    assert seam.removed == [REF]  # the pull brought it in: it goes again
+    assert seam.builds == [] and seam.called("tag") == []  # nothing built, nothing tagged
+    assert seam.called("remove_image") == [REF]  # the pull brought it in: it goes again
     seam.pullable[REF] = _image("sha256:" + "f" * 64, {}, [])  # no label at all
     with pytest.raises(UserError, match=r"label is \(missing\)"):
         b.build_cell(cell, "registry.example:5000/team/cpu-tiny-ngram:rel", REF)

@@ -21,16 +21,15 @@ import pytest
 
 from imagebuild.bench import store
 from imagebuild.cli import main
-from imagebuild.docker import PushEvent
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.plan import load_plan
-from imagebuild.registry import push as push_mod
 from imagebuild.registry.credentials import Credentials
 from imagebuild.registry.records import read_release
 from imagebuild.release import publish as publish_mod
 from imagebuild.release.latest import promote_jobs
 from imagebuild.release.notes import gather, release_notes
 from imagebuild.spec.tags import parse_release_tag
+from tests.support.memengine import image_doc
 from tests.support.memregistry import MemRegistry, latest_and_candidate
 
 REPO = "vllm-spark/cpu-tiny-ngram"
@@ -327,20 +326,13 @@ def test_a_dry_run_records_nothing(reg, job):
     assert read_release(reg.client(), REPO, NEW).unmeasured is None
 
 
-class NoDocker:
-    def __getattr__(self, name: str):
-        raise AssertionError(f"Docker was asked for {name} before the refusal")
-
-
 @pytest.mark.parametrize("edit,args,words", [
     (None, ["--no-bench"], "--no-bench measures nothing"),
     ("      regression_threshold: 0.5\n", [], "target(s) cpu have no `bench:` settings"),
 ], ids=["no-bench", "target-without-bench"])
-def test_the_whole_job_refuses_to_start_without_a_reason(matrix_dir, capsys, monkeypatch,
+def test_the_whole_job_refuses_to_start_without_a_reason(matrix_dir, capsys, memory_engine,
                                                           edit, args, words):
-    from imagebuild import docker
-
-    monkeypatch.setattr(docker, "_engine", NoDocker())
+    memory_engine.refuse = True  # Docker asked anything before the refusal: a failure
     if edit:
         path = matrix_dir / "matrix.yaml"
         text = path.read_text()
@@ -357,34 +349,11 @@ def test_the_whole_job_refuses_to_start_without_a_reason(matrix_dir, capsys, mon
 # ----------------------------------------------------------------------- smoke gate
 
 
-class PushDouble:
-    """The Docker seam's double for publish: an image to inspect, and a push that writes
-    the image's manifest into the in-memory registry as dockerd would."""
-
-    def __init__(self, reg: MemRegistry, image_id: str, manifest: bytes):
-        self.reg, self.image_id, self.manifest = reg, image_id, manifest
-        self.pushed: list[str] = []
-
-    def inspect_image(self, ref: str) -> dict[str, Any]:
-        return {"Id": self.image_id, "Config": {"Labels": {}}}
-
-    def tag(self, image: str, repository: str, tag: str) -> None:
-        pass
-
-    def push(self, repository: str, tag: str, auth):
-        self.pushed.append(f"{repository}:{tag}")
-        digest = self.reg.client().put_manifest(repository.split("/", 1)[1], tag, self.manifest,
-                                                "application/vnd.docker.distribution"
-                                                ".manifest.v2+json")
-        yield PushEvent(status="pushed", digest=digest)
-
-    def remove_image(self, ref: str, *, force: bool = False) -> bool:
-        return True
-
-
 @pytest.fixture
-def pushing(monkeypatch):
-    """(registry, engine double, image id) for publishing a fresh release."""
+def pushing(memory_engine):
+    """(registry, engine double, image id) for publishing a fresh release: the Docker
+    seam's double has the image, and its push writes the image's manifest into the
+    in-memory registry as dockerd would."""
     import json
 
     reg = MemRegistry()
@@ -398,11 +367,12 @@ def pushing(monkeypatch):
                    "digest": image_id, "size": len(config)},
         "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
                     "digest": layer, "size": 5}]}).encode()
-    double = PushDouble(reg, image_id, manifest)
-    monkeypatch.setattr(publish_mod, "engine", lambda: double)
-    monkeypatch.setattr(push_mod, "engine", lambda: double)
+    memory_engine.add_image(image_doc(image_id), f"127.0.0.1:5999/{REPO}:{NEW}")
+    memory_engine.on_push = lambda repository, tag: reg.client().put_manifest(
+        repository.split("/", 1)[1], tag, manifest,
+        "application/vnd.docker.distribution.manifest.v2+json")
     reg.calls.clear()
-    return reg, double, image_id
+    return reg, memory_engine, image_id
 
 
 def _publish(reg: MemRegistry, verdict: dict[str, Any]):
@@ -424,14 +394,14 @@ def test_nothing_is_pushed_or_asked_unless_smoke_passed_for_this_image(pushing, 
     with pytest.raises(OperationFailed) as info:
         _publish(reg, verdict)
     assert "nothing pushed" in info.value.message or "not the one tested" in info.value.message
-    assert reg.calls == [] and double.pushed == []
+    assert reg.calls == [] and double.called("push") == []
 
 
 def test_a_passed_verdict_for_this_image_is_pushed_and_recorded(pushing):
     """The control: the same double and registry do record a push when smoke passed."""
     reg, double, image_id = pushing
     res = _publish(reg, {"passed": True, "image_id": image_id, "checks": {}})
-    assert res.pushed and double.pushed
+    assert res.pushed and double.called("push")
     rel = read_release(reg.client(), REPO, NEW)
     assert rel.passed and rel.image_id == image_id
     assert "latest" not in reg.tags[REPO]  # publish never moves latest itself

@@ -54,3 +54,28 @@ def test_nothing_local_to_age_out_keeps_every_chain_image():
     images = {"e": _img("e", "2026-06-01", ["imagebuild/engine-t-x:1"], chain=True)}
     plan = plan_clean(images, keep=2, protected={})
     assert plan.remove == {} and plan.keep == {}
+
+
+def test_runner_clean_removes_through_the_docker_seam():
+    """The clean asks the engine only through the seam (here its shared double): the old
+    release's tags go, a tag the engine refuses to remove is said with the engine's
+    reason, and an inputs tag left as an image's only name goes after it."""
+    from imagebuild.builder.hygiene import runner_clean
+    from tests.support.memengine import MemoryEngine, image_doc
+
+    eng = MemoryEngine()
+    for i, (day, release) in enumerate([("01", R[0]), ("02", R[1])]):
+        eng.add_image(image_doc(f"sha256:{i}", Metadata={"LastTagTime": f"2026-06-{day}"}),
+                      f"{S}:{release}", f"imagebuild/inputs:s{i}")
+    eng.add_image(image_doc("sha256:9"), "imagebuild/inputs:orphan")
+    eng.in_use = {"imagebuild/inputs:s0"}  # a container still uses the image
+    lines: list[str] = []
+    plan = runner_clean(eng, serve_repos={S: "ns/cell"}, chain_repos=set(), keep=1,
+                        protected={}, log=lines.append)
+    assert plan.drop == [R[0]]
+    assert f"removed {S}:{R[0]}, imagebuild/inputs:s0; kept: conflict: a container uses it" \
+        in lines
+    assert eng.image_id(f"{S}:{R[1]}") == "sha256:1" and eng.image_id(f"{S}:{R[0]}") is None
+    assert plan.orphans == ["dropped imagebuild/inputs:s0 (no other name left); kept: "
+                            "conflict: a container uses it",
+                            "dropped imagebuild/inputs:orphan (no other name left)"]

@@ -9,11 +9,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from imagebuild.interrupts import held_interrupts, interrupts_as_keyboard_interrupt
+from tests.support.memengine import MemoryEngine, installed
 
 
 def test_an_interrupt_waits_for_the_held_block_then_stops_the_run():
@@ -47,21 +49,18 @@ def test_sigterm_takes_the_ctrl_c_path():
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
-class LateEngine:
-    """A Docker engine whose create lands a moment after the client gave up waiting
-    (what a real engine does with a request it already accepted): the interrupt arrives
-    while the request is in flight."""
+class LateEngine(MemoryEngine):
+    """The Docker seam's double whose create lands a moment after the client gave up
+    waiting (what a real engine does with a request it already accepted): `run` is the
+    real seam's, on an SDK client whose interrupt arrives while the request is in flight."""
 
-    def __init__(self) -> None:
-        self.containers: dict[str, dict[str, str]] = {}
-
-    def run(self, image: str, command: list[str], *, name: str, labels: dict[str, str],
+    def run(self, image: str, command: list[str], *, name: str, labels: Mapping[str, str],
             **kw: Any) -> str:
         from imagebuild.docker import Engine
 
         def create() -> None:
             time.sleep(0.2)
-            self.containers[name] = dict(labels)
+            self.add_container(name, image, labels)
 
         class Client:
             class containers:  # noqa: N801 - the SDK's attribute name
@@ -75,25 +74,13 @@ class LateEngine:
         engine = Engine(Client())  # type: ignore[arg-type]
         return engine.run(image, command, name=name, labels=labels)
 
-    def remove_container(self, name: str) -> None:
-        self.containers.pop(name, None)
 
-    def remove_labelled(self, label: str) -> list[str]:
-        key, _, value = label.partition("=")
-        gone = [n for n, labels in self.containers.items() if labels.get(key) == value]
-        for n in gone:
-            del self.containers[n]
-        return gone
-
-
-def test_an_interrupt_during_creation_leaves_no_bench_container(monkeypatch):
+def test_an_interrupt_during_creation_leaves_no_bench_container():
     from imagebuild.serving import container as server
     from imagebuild.serving.runspec import Limits
 
     fake = LateEngine()
-    monkeypatch.setattr(server, "engine", lambda: fake)
-    monkeypatch.setattr(server, "image_user", lambda ref, user: (1000, 1000))
-    with pytest.raises(KeyboardInterrupt):
+    with installed(fake), pytest.raises(KeyboardInterrupt):
         with server.serving("img:t", {"Config": {"Cmd": ["vllm", "serve"]}},
                             Limits(memory=None, gpu=False, boot_timeout_s=5),
                             log=lambda _: None):

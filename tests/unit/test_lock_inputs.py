@@ -156,18 +156,9 @@ def test_a_lock_written_before_it_recorded_every_input_says_what_it_lacks(matrix
         in out
 
 
-class NoDocker:
-    """An engine double for tests that must stop before Docker: any use is a failure."""
-
-    def __getattr__(self, name: str):
-        raise AssertionError(f"Docker was asked for {name}: the check did not stop the build")
-
-
 def test_the_build_refuses_a_stale_lock_before_anything_runs(matrix_dir: Path, capsys,
-                                                              monkeypatch):
-    from imagebuild import docker
-
-    monkeypatch.setattr(docker, "_engine", NoDocker())
+                                                              memory_engine):
+    memory_engine.refuse = True  # Docker asked anything: the check did not stop the build
     _append(REQUIREMENTS)(matrix_dir)
     code = main(["build", "--tag", "2026-06-18-dflashfix", "--target", "cpu", "--matrix",
                  str(matrix_dir / "matrix.yaml"), "--out", str(matrix_dir / "out")])

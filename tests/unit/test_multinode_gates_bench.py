@@ -17,6 +17,7 @@ from imagebuild.plan import load_plan
 from imagebuild.serving import container
 from imagebuild.serving.nodes import cell_node_files, without_flags
 from imagebuild.serving.runspec import SERVICE, SPEC_FLAG, Limits
+from tests.support.memengine import MemoryEngine, image_doc
 from tests.support.multinode import CPU_IMAGE, cpu_two_nodes
 
 TAG = "2026-06-18-dflashfix"
@@ -84,10 +85,11 @@ def test_the_bench_of_a_two_node_cell_boots_its_nodes_as_shipped(calls: list,
 
 
 def test_gate_jobs_hands_the_node_server_to_the_gates(monkeypatch: pytest.MonkeyPatch,
-                                                      tmp_path: Path):
+                                                      tmp_path: Path,
+                                                      memory_engine: MemoryEngine):
     job = _job(cpu_two_nodes(tmp_path / "m"))
     got: dict[str, Any] = {}
-    monkeypatch.setattr("imagebuild.docker.inspect_image", lambda ref: {"Id": "x"})
+    memory_engine.add_image(image_doc("x"), job.release_ref)
     monkeypatch.setattr(gates_run, "server_for",
                         lambda cell, ref, info, out, *, limits, log=print: "NODES")
     monkeypatch.setattr(gates_run, "gate_image",

@@ -294,7 +294,7 @@ def test_matrix_yaml_sets_the_gates_of_both_targets():
 
 @pytest.mark.parametrize("status", [FAIL, UNTRUSTED])
 def test_the_whole_job_publishes_nothing_when_a_gate_does_not_pass(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys, status: str):
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys, status: str, memory_engine):
     """Build, smoke and the gates' servers replaced (they are the e2e tests' business):
     the job's own logic must stop before publish and say why."""
     from imagebuild import job as job_mod
@@ -310,6 +310,7 @@ def test_the_whole_job_publishes_nothing_when_a_gate_does_not_pass(
     monkeypatch.setattr(job_mod, "buildable", lambda plan: plan)
     monkeypatch.setattr(gates_run, "gate_jobs", lambda jobs, out, **k: {
         j.id: {"summary": summary(_doc(lg=status)), "path": "x/gates.json"} for j in jobs})
+    from tests.support.memengine import image_doc
     from tests.support.memregistry import MemRegistry
 
     pushed = []
@@ -317,7 +318,8 @@ def test_the_whole_job_publishes_nothing_when_a_gate_does_not_pass(
     # the registry is only read before smoke (the resume decision: no release yet)
     reg = MemRegistry()
     monkeypatch.setattr(job_mod, "registry_client", lambda plan: reg.client())
-    monkeypatch.setattr("imagebuild.docker.inspect_image", lambda ref: {"Id": "sha256:" + "a" * 64})
+    for j in plan.jobs:  # the local image each job built
+        memory_engine.add_image(image_doc("sha256:" + "a" * 64), j.release_ref)
     code = job_mod.run_release(plan, job_mod.ReleaseOptions(out=tmp_path, bench=False,
                                                             accept_unmeasured="unit test"))
     out = capsys.readouterr()

@@ -19,6 +19,7 @@ from imagebuild.plan import load_plan
 from imagebuild.registry import referrers
 from imagebuild.registry.records import read_release
 from imagebuild.release.resume import cell_state, decide, record_files
+from tests.support.memengine import image_doc
 from tests.support.memregistry import MemRegistry
 
 REPO = "vllm-spark/cpu-tiny-ngram"
@@ -127,16 +128,8 @@ def test_recorded_files_replace_another_images_verdict_but_keep_this_ones(matrix
 # ------------------------------------------------------------------ the whole job follows it
 
 
-class _Engine:
-    def __init__(self, image_id: str) -> None:
-        self.id = image_id
-
-    def inspect_image(self, ref: str):
-        return {"Id": self.id, "Config": {"Labels": {}}}
-
-
 @pytest.fixture
-def job_run(matrix_dir, tmp_path, monkeypatch):
+def job_run(matrix_dir, tmp_path, monkeypatch, memory_engine):
     """run_release on the cpu cell against `reg`, with the local image `image_id`: no
     build, no Docker; smoke and the gates recorded when they run."""
     ran: list[str] = []
@@ -147,9 +140,8 @@ def job_run(matrix_dir, tmp_path, monkeypatch):
         monkeypatch.setattr(whole_job, "buildable", lambda p: p)
         monkeypatch.setattr(whole_job, "registry_client", lambda p: reg.client())
         monkeypatch.setattr("imagebuild.builder.builder.build_jobs", lambda *a, **k: None)
-        monkeypatch.setattr("imagebuild.docker.inspect_image",
-                            lambda ref: _Engine(image_id).inspect_image(ref))
-        monkeypatch.setattr("imagebuild.release.publish.engine", lambda: _Engine(image_id))
+        for j in plan.jobs:  # the local image each job built
+            memory_engine.add_image(image_doc(image_id), j.release_ref)
 
         def smoke(lm, jobs, out_root):
             ran.append("smoke")

@@ -15,6 +15,7 @@ import yaml
 from imagebuild import docker as dk
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.runowner import owner_labels
+from tests.support.memengine import MemoryEngine, image_doc, installed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,13 +60,10 @@ def _carries(labels: dict[str, str]) -> None:
 def test_every_sdk_container_carries_the_run():
     client = FakeClient()
     eng = dk.Engine(client)  # type: ignore[arg-type]
-    old = dk.use_engine(eng)
-    try:
+    with installed(eng):  # the real seam, on an SDK client that records
         eng.run("img", ["serve"], name="imagebuild-bench-1", labels={"io.imagebuild.bench": "1"})
         eng.probe("img", ["true"], entrypoint="sh", mounts={})
         dk.image_user("img", "vllm")
-    finally:
-        dk.use_engine(old)
     assert len(client.containers.calls) == 3
     for kw in client.containers.calls:
         _carries(kw["labels"])
@@ -85,10 +83,11 @@ def _compose_doc(path: Path) -> dict[str, Any]:
 RENDERED = ROOT / "rendered/cpu/dflashfix/cpu-tiny-ngram.compose.yaml"
 
 
-def test_smoke_runs_a_labelled_compose_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_smoke_runs_a_labelled_compose_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            memory_engine: MemoryEngine):
     from imagebuild.smoke import runner
 
-    monkeypatch.setattr(runner, "inspect_image", lambda ref: {"Id": "sha256:x", "Config": {}})
+    memory_engine.add_image(image_doc("sha256:x"), "img")
     monkeypatch.setattr(runner, "take_down", lambda *a, **kw: None)
 
     def suite(out: Path, config: dict[str, Any], *a: Any) -> tuple[Path, int]:
@@ -110,7 +109,8 @@ def _node_files() -> list[Any]:
 
 
 def test_multinode_workers_and_head_run_labelled_files(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch):
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       memory_engine: MemoryEngine):
     from imagebuild.serving import nodes
 
     started: list[Path] = []
@@ -122,13 +122,6 @@ def test_multinode_workers_and_head_run_labelled_files(tmp_path: Path,
             return subprocess.CompletedProcess(args, 0 if len(started) == 1 else 1, "", "x")
         return subprocess.CompletedProcess(args, 0, "", "")
 
-    class Eng:
-        def container_names(self, **kw: Any) -> list[str]:
-            return ["w"]
-
-        def remove_labelled(self, label: str) -> list[str]:
-            return []
-
     class Watcher:
         def __init__(self, *a: Any, **kw: Any) -> None: ...
 
@@ -139,8 +132,6 @@ def test_multinode_workers_and_head_run_labelled_files(tmp_path: Path,
 
     monkeypatch.setattr(nodes.NodeRun, "_compose", compose)
     monkeypatch.setattr(nodes.NodeRun, "watch", lambda self: None)
-    monkeypatch.setattr(nodes, "_engine_at", lambda host: Eng())
-    monkeypatch.setattr(nodes, "engine", lambda: Eng())
     monkeypatch.setattr(nodes, "LogWatcher", Watcher)
     monkeypatch.setattr(nodes, "take_down", lambda *a, **kw: None)
     monkeypatch.setattr(nodes, "node_hosts", lambda n, cpu: ([None] * n, "127.0.0.1", False))

@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from imagebuild import runowner
-from imagebuild.errors import OperationFailed
 from imagebuild.reaper import UNOWNED_MAX_AGE_S, reap
 from imagebuild.runowner import (
     HOST_LABEL,
@@ -27,6 +26,7 @@ from imagebuild.runowner import (
     run_state,
     start_ticks,
 )
+from tests.support.memengine import MemoryEngine
 
 
 def _labels(host: str = "h1", pid: int = 4242, start: str = "boot/100") -> dict[str, str]:
@@ -95,28 +95,26 @@ def test_owned_compose_labels_services_volumes_networks():
     assert doc["networks"]["n"]["labels"] == mine
 
 
-class FakeEngine:
-    def __init__(self, rows: dict[str, list[dict[str, Any]]], fail: set[str] = frozenset()):
-        self.rows = rows
-        self.removed: list[tuple[str, str]] = []
-        self.fail = fail
-
-    def listing(self, kind: str, *, label: str | None = None) -> list[dict[str, Any]]:
-        key = label.split("=")[0] if label else None
-        return [r for r in self.rows.get(kind, [])
-                if key is None or key in (r.get("Labels") or {})]
-
-    def remove_object(self, kind: str, name: str) -> None:
-        if name in self.fail:
-            raise OperationFailed(f"{name} is in use")
-        self.removed.append((kind, name))
+def _engine(rows: dict[str, list[dict[str, Any]]], fail: set[str] = frozenset()
+            ) -> MemoryEngine:
+    """The Docker seam's double holding these `docker KIND ls` rows; removing a name in
+    `fail` fails (it is in use)."""
+    eng = MemoryEngine()
+    for row in rows.get("container", []):
+        eng.add_container(row["Name"], labels=row["Labels"],
+                          state={"Status": row.get("State", "running")},
+                          status=row.get("Status", ""), created=row.get("Created", 0.0))
+    for kind in ("volume", "network"):
+        eng.objects[kind] = {row["Name"]: row["Labels"] for row in rows.get(kind, [])}
+    eng.in_use = set(fail)
+    return eng
 
 
 def test_reap_removes_gone_runs_only_and_says_so():
     now = 1_000_000.0
     old = now - UNOWNED_MAX_AGE_S - 60
     gone, live, other = _labels(pid=1), _labels(pid=2), _labels(host="h2", pid=1)
-    eng = FakeEngine({
+    eng = _engine({
         "container": [
             {"Name": "imagebuild-bench-dead", "Labels": gone, "State": "running"},
             {"Name": "imagebuild-bench-live", "Labels": live, "State": "running"},
@@ -137,7 +135,7 @@ def test_reap_removes_gone_runs_only_and_says_so():
         "network": [{"Name": "imagebuild-smoke-1_default", "Labels": gone}]})
     lines: list[str] = []
     out = reap(eng, log=lines.append, host="h1", start_of={2: "boot/100"}.get, now=now)
-    assert eng.removed == [("container", "imagebuild-bench-dead"),
+    assert eng.called("remove_object") == [("container", "imagebuild-bench-dead"),
                            ("container", "imagebuild-bench-oldexit"),
                            ("container", "imagebuild-bench-oldsick"),
                            ("volume", "imagebuild-smoke-1_c-cache"),
@@ -153,12 +151,12 @@ def test_reap_removes_gone_runs_only_and_says_so():
 
 
 def test_reap_dry_run_and_a_failed_removal_change_nothing_else():
-    eng = FakeEngine({"container": [{"Name": "a", "Labels": _labels(pid=1)}],
+    eng = _engine({"container": [{"Name": "a", "Labels": _labels(pid=1)}],
                       "volume": [{"Name": "v", "Labels": _labels(pid=1)}]}, fail={"v"})
     lines: list[str] = []
     assert reap(eng, log=lines.append, host="h1", start_of=lambda p: None,
                 dry_run=True).removed == ["container a", "volume v"]
-    assert eng.removed == [] and lines[0].startswith("would reap container a")
+    assert eng.called("remove_object") == [] and lines[0].startswith("would reap container a")
     out = reap(eng, log=lines.append, host="h1", start_of=lambda p: None)
     assert out.removed == ["container a"]
     assert any(line.startswith("could not reap volume v") for line in lines)
@@ -173,9 +171,10 @@ def test_reap_on_this_host_uses_the_real_liveness(live: bool):
         child.kill()
         child.wait()
     try:
-        eng = FakeEngine({"container": [{"Name": "imagebuild-bench-x", "Labels": labels}]})
+        eng = _engine({"container": [{"Name": "imagebuild-bench-x", "Labels": labels}]})
         reap(eng, log=lambda s: None)
-        assert eng.removed == ([] if live else [("container", "imagebuild-bench-x")])
+        assert eng.called("remove_object") == (
+            [] if live else [("container", "imagebuild-bench-x")])
     finally:
         child.kill()
         child.wait()
@@ -223,9 +222,9 @@ def test_reap_kills_a_gone_runs_processes_only():
         found = {p.pid: p for p in runowner.marked_processes()}
         assert found[orphan.pid].labels == runowner.labels_of_marker(gone_marker)
         lines: list[str] = []
-        out = reap(FakeEngine({}), log=lines.append, dry_run=True)
+        out = reap(_engine({}), log=lines.append, dry_run=True)
         assert f"process {orphan.pid}" in out.removed and orphan.poll() is None
-        out = reap(FakeEngine({}), log=lines.append)
+        out = reap(_engine({}), log=lines.append)
         assert f"process {orphan.pid}" in out.removed
         assert f"process {live_child.pid}" not in out.removed
         assert orphan.wait(timeout=5) == -9 and live_child.poll() is None
@@ -254,7 +253,7 @@ def test_reap_never_kills_this_process_or_its_parents(tmp_path: Path):
         d.joinpath("environ").write_bytes(env.encode())
         d.joinpath("cmdline").write_bytes(b"python\0")
     try:
-        out = reap(FakeEngine({}), log=lambda s: None, proc=tmp_path,
+        out = reap(_engine({}), log=lambda s: None, proc=tmp_path,
                    start_of=lambda pid: None)
         assert out.removed == [] and parent.poll() is None
     finally:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
-from imagebuild.serving.boot import wait_ready
+import pytest
+
+from imagebuild.serving.boot import Container, wait_ready
 from imagebuild.serving.logwatch import LogState, exceptions, excerpt, fatal_of, phase_after
+from tests.support.memengine import MemoryEngine
 
 # Lines as vLLM 0.23 prints them (cpu boot of the tiny model, and docs/domain.md's failures).
 BOOT = [
@@ -70,17 +74,16 @@ def test_state_records_the_first_fatal_line():
     assert s.fatal == "engine init failed" and s.fatal_index == 3 and s.fatal_at == 3.0
 
 
-class FakeContainer:
-    base_url = "http://127.0.0.1:9"  # discard port: nothing answers /health
-
-    def __init__(self, cpu: float = 0.5):
-        self.cpu = cpu
-
-    def exit_code(self) -> int:
-        return 1
-
-    def cpu_percent(self) -> float:
-        return self.cpu
+@pytest.fixture
+def container(memory_engine: MemoryEngine) -> Callable[..., Container]:
+    """A serve container on the Docker seam's double: exited with code 1, using `cpu`
+    percent; on the discard port 9 unless told (nothing answers /health there)."""
+    def make(cpu: float = 0.5, port: int = 9) -> Container:
+        memory_engine.add_container("c", state={"Status": "exited", "Running": False,
+                                                "ExitCode": 1})
+        memory_engine.cpu["c"] = cpu
+        return Container("c", port)
+    return make
 
 
 class FakeWatcher:
@@ -110,10 +113,10 @@ class FakeWatcher:
                             s.last_line_at, s.started_at, s.ended_at)
 
 
-def test_a_fatal_line_ends_the_wait_within_seconds():
+def test_a_fatal_line_ends_the_wait_within_seconds(container):
     w = FakeWatcher([(0.2, BOOT[0]), (0.2, BOOT[2])] + [(0.05, line) for line in FAIL])
     t0 = time.monotonic()
-    out = wait_ready(FakeContainer(), w, timeout_s=300, stall_s=60)  # type: ignore[arg-type]
+    out = wait_ready(container(), w, timeout_s=300, stall_s=60)  # type: ignore[arg-type]
     assert out.kind == "fatal" and out.message.startswith("engine failed at boot: engine init "
                                                           "failed (log line 3): AssertionError")
     assert time.monotonic() - t0 < 5
@@ -121,32 +124,32 @@ def test_a_fatal_line_ends_the_wait_within_seconds():
     assert "unify_kv_cache_spec_page_size" in out.excerpt
 
 
-def test_container_exit_ends_the_wait():
-    out = wait_ready(FakeContainer(), FakeWatcher([(0.1, "usage: vllm serve")], end=True),  # type: ignore[arg-type]
+def test_container_exit_ends_the_wait(container):
+    out = wait_ready(container(), FakeWatcher([(0.1, "usage: vllm serve")], end=True),  # type: ignore[arg-type]
                      timeout_s=300, stall_s=60)
     assert out.kind == "exited" and out.exit_code == 1 and "usage" in out.excerpt
 
 
-def test_silent_idle_log_before_weights_is_the_spawn_hang():
-    out = wait_ready(FakeContainer(cpu=0.3), FakeWatcher([(0.0, BOOT[0])]),  # type: ignore[arg-type]
+def test_silent_idle_log_before_weights_is_the_spawn_hang(container):
+    out = wait_ready(container(cpu=0.3), FakeWatcher([(0.0, BOOT[0])]),  # type: ignore[arg-type]
                      timeout_s=30, stall_s=1.0)
     assert out.kind == "stalled" and "silent spawn hang" in out.message
     assert out.seconds < 5
 
 
-def test_a_busy_silent_engine_is_not_a_hang_but_times_out():
-    out = wait_ready(FakeContainer(cpu=180.0), FakeWatcher([(0.0, BOOT[0])]),  # type: ignore[arg-type]
+def test_a_busy_silent_engine_is_not_a_hang_but_times_out(container):
+    out = wait_ready(container(cpu=180.0), FakeWatcher([(0.0, BOOT[0])]),  # type: ignore[arg-type]
                      timeout_s=2.0, stall_s=0.5)
     assert out.kind == "timeout" and "engine starting" in out.message
 
 
-def test_silence_after_weights_load_is_not_a_hang():
-    out = wait_ready(FakeContainer(cpu=0.0), FakeWatcher([(0.0, line) for line in BOOT[:4]]),  # type: ignore[arg-type]
+def test_silence_after_weights_load_is_not_a_hang(container):
+    out = wait_ready(container(cpu=0.0), FakeWatcher([(0.0, line) for line in BOOT[:4]]),  # type: ignore[arg-type]
                      timeout_s=2.0, stall_s=0.5)
     assert out.kind == "timeout" and "loading weights" in out.message
 
 
-def test_health_is_asked_as_soon_as_the_log_says_ready():
+def test_health_is_asked_as_soon_as_the_log_says_ready(container):
     """/health answers from the moment the ready line is printed (1.3 s in, between two of
     the 1 s probes of a booting engine): the wait ends within a poll of it, not at the next
     1 s probe."""
@@ -164,12 +167,11 @@ def test_health_is_asked_as_soon_as_the_log_says_ready():
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    container = FakeContainer()
-    container.base_url = f"http://127.0.0.1:{server.server_address[1]}"
+    served = container(port=server.server_address[1])
     watcher = FakeWatcher([(0.0, line) for line in BOOT[:-1]] + [(1.3, BOOT[-1])])
     threading.Timer(1.3, ready.set).start()
     try:
-        out = wait_ready(container, watcher, timeout_s=30, stall_s=60)  # type: ignore[arg-type]
+        out = wait_ready(served, watcher, timeout_s=30, stall_s=60)  # type: ignore[arg-type]
     finally:
         server.shutdown()
     assert out.kind == "ready", out.message

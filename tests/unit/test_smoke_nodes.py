@@ -122,15 +122,15 @@ def test_render_gives_one_file_per_node_head_first(tmp_path: Path):
 # ------------------------------------------------------------------ the verdict
 
 def _run(tmp_path: Path, *, worker_log: list[str], lost: Lost | None = None) -> JudgedNodes:
-    from imagebuild.docker import Engine
     from imagebuild.serving.nodes import _Worker
+    from tests.support.memengine import MemoryEngine
 
     files = [NodeFile("head", 0, COMPOSE), NodeFile("worker1", 1, COMPOSE)]
     run = JudgedNodes("img", files, tmp_path, "imagebuild-smoke-x")
     log = tmp_path / "worker1.log"
     log.write_text("\n".join(worker_log) + "\n")
     run.workers.append(_Worker(files[1], None, "p-worker1", tmp_path / "w.yaml", log,
-                               Engine(), container="c1"))
+                               MemoryEngine(), container="c1"))
     run.lost = lost
     return run
 

@@ -9,18 +9,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild.serving import compose
-
-
-class Engine:
-    def __init__(self, left: list[str]):
-        self.left, self.removed = left, []
-
-    def labelled_leftovers(self, label: str) -> list[str]:
-        return list(self.left)
-
-    def remove_labelled(self, label: str) -> list[str]:
-        self.removed.append(label)
-        return []
+from tests.support.memengine import MemoryEngine
 
 
 @pytest.fixture
@@ -39,15 +28,17 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     (False, [], True),  # cut short (Ctrl-C, a crash): compose may still be creating
 ])
 def test_backstop_runs_unless_a_finished_suite_left_nothing(
-        monkeypatch: pytest.MonkeyPatch, calls: list[str], finished: bool, left: list[str],
+        memory_engine: MemoryEngine, calls: list[str], finished: bool, left: list[str],
         backstop: bool) -> None:
-    eng = Engine(left)
-    monkeypatch.setattr(compose, "engine", lambda: eng)
+    eng = memory_engine
+    for what in left:  # what the project's own `down` left behind
+        kind, name = what.split()
+        eng.objects[kind][name] = {compose.PROJECT_LABEL: "imagebuild-smoke-x"}
     compose.take_down("imagebuild-smoke-x", Path("compose.yaml"), suite_finished=finished)
     label = f"{compose.PROJECT_LABEL}=imagebuild-smoke-x"
     if backstop:
-        assert eng.removed == [label, label]
+        assert eng.called("remove_labelled") == [label, label]
         assert calls == ["docker-compose -f compose.yaml -p imagebuild-smoke-x down --volumes "
                          "--timeout 5", f"sleep {compose.SWEEP_SETTLE_S}"]
     else:
-        assert eng.removed == [] and calls == []
+        assert eng.called("remove_labelled") == [] and calls == []
