@@ -152,8 +152,8 @@ def cmd_requirements(reqs: Path, part: str = "all") -> None:
 def pruned(rel: str) -> bool:
     """Is REL (relative to site-packages), or a folder holding it, one of PRUNED?"""
     parts = rel.split("/")
-    return any(len(p.split("/")) <= len(parts)
-               and all(fnmatch(a, b) for a, b in zip(parts, p.split("/"))) for p in PRUNED)
+    return any(all(fnmatch(a, b) for a, b in zip(parts[:len(pat)], pat, strict=True))
+               for pat in (p.split("/") for p in PRUNED) if len(pat) <= len(parts))
 
 
 # -- what a native library defines, imports and needs (binutils' readelf) -----------------

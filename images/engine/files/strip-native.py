@@ -174,8 +174,8 @@ def main(argv: list[str]) -> None:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = list(pool.map(lambda p: strip_one(strip, p), todo))
     rel = {p: os.path.relpath(p, sys.prefix) for p in todo}
-    stripped = {rel[p]: [b, a] for p, (b, a, why) in zip(todo, results) if not why}
-    kept = {rel[p]: why for p, (_, _, why) in zip(todo, results) if why}
+    stripped = {rel[p]: [b, a] for p, (b, a, why) in zip(todo, results, strict=True) if not why}
+    kept = {rel[p]: why for p, (_, _, why) in zip(todo, results, strict=True) if why}
     saved = sum(b - a for b, a in stripped.values())
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"distributions": names, "stripped": stripped, "kept": kept,

