@@ -5,7 +5,7 @@ seconds, each layer's bytes, where the bytes of its Python environment are, and
 
 For each checkout given (default: this one; another is a clone or an export of another
 commit, run by this interpreter), in a namespace of its own (IMAGEBUILD_NAMESPACE=
-time-engine-N: no shared serve tag moves):
+time-engine-PID-N: no shared serve tag moves, no release of an earlier run is in the way):
   1. `build.py build --no-cache --tag T --target cpu --out OUT/N`: base, engine and serve
      image built from nothing but BuildKit's pip cache mount (the downloads come from
      it); the engine's BuildKit log gives each step's seconds (stages run side by side:
@@ -16,10 +16,12 @@ time-engine-N: no shared serve tag moves):
      cpu --out OUT/N`, which reuses the images of 1) and what it leaves: each smoke
      check's result, the gates' verdicts, the token ids of the speculative run the gates
      compare, and the bench's output tok/s per concurrency.
+  4. with --bench-rounds N, `build.py bench` of each checkout's serve image, taking turns N
+     times (a shared machine's load moves: turns spread it over both).
 Then the checkouts side by side, the token ids compared between them.
 
     python benchmarks/time_cpu_engine.py [--checkout DIR ...] [--tag T] [--release]
-        [--out DIR] [--json FILE]
+        [--bench-rounds N] [--out DIR] [--json FILE]
 
 Heavy (the engine built from nothing, vLLM booted three times per checkout): run it under
 `flock /tmp/imagebuild-heavy.lock`.
@@ -104,8 +106,10 @@ def build(checkout: Path, out: Path, namespace: str, tag: str, release: bool
         raise SystemExit(f"{checkout}: {' '.join(cmd[1:])} failed:\n{done.stderr[-3000:]}")
     wall = time.monotonic() - t0
     engine = json.loads(next((out / "records/cpu").glob("*/engine.json")).read_text())
+    serve = json.loads(next((out / "records/cpu").glob("*/cpu-tiny-ngram.json")).read_text())
     result: dict[str, Any] = {
         "checkout": str(checkout), "build_s": round(wall, 1), "engine": engine["ref"],
+        "serve": serve["ref"],
         "engine_build_s": engine["wall_s"], "bytes": engine["size_bytes"],
         "layers": layers(engine["ref"]), "steps": steps(Path(engine["log"])),
         "venv": where(engine["ref"])}
@@ -116,13 +120,30 @@ def build(checkout: Path, out: Path, namespace: str, tag: str, release: bool
         if job.returncode != 0:
             raise SystemExit(f"{checkout}: the main job failed:\n{job.stderr[-3000:]}")
         result["release_s"] = round(time.monotonic() - t0, 1)
-        result["reports"] = reports(out)
+        result["reports"] = reports(out, tag.split("-", 3)[-1])
     return result
 
 
-def reports(out: Path) -> dict[str, Any]:
+def bench_rounds(results: list[dict[str, Any]], out: Path, rounds: int) -> None:
+    """`build.py bench SERVE_REF` of each checkout's serve image, taking turns ROUNDS times
+    (the machine's load moves between runs: turns spread it over both): output tok/s per
+    concurrency, each run's, into each result's `bench_rounds`."""
+    for n in range(rounds):
+        for i, r in enumerate(results):
+            folder = out / str(i) / f"bench-round-{n}"
+            done = run([sys.executable, "build.py", "bench", r["serve"], "--out", str(folder)],
+                       cwd=r["checkout"])
+            if done.returncode != 0:
+                raise SystemExit(f"bench of {r['serve']} failed:\n{done.stderr[-3000:]}")
+            levels = json.loads(sorted(folder.glob("*.json"))[-1].read_text())["levels"]
+            for lv in levels:
+                r.setdefault("bench_rounds", {}).setdefault(str(lv["concurrency"]), []).append(
+                    round(lv["output_tok_s"], 1))
+
+
+def reports(out: Path, engine: str) -> dict[str, Any]:
     """What smoke, the gates and the bench of the main job left in OUT."""
-    cell = next((out / "smoke/cpu").glob("*/*/summary.md")).parent
+    cell = next((out / "smoke/cpu" / engine).glob("*/summary.md")).parent
     checks = {m.group(1): m.group(2) for line in (cell / "summary.md").read_text().splitlines()
               if (m := CHECK_ROW.match(line))}
     gates = json.loads((cell / "gates.json").read_text())
@@ -175,11 +196,19 @@ def table(results: list[dict[str, Any]]) -> str:
                 "{output_tok_s} / {errors} / {acceptance}".format(**x["bench"][level])
                 if level in x["bench"] else "-" for x in rep) + " |")
         first = rep[0]["token_ids"]
+        lines.append("")
         for x, n in zip(rep[1:], names[1:], strict=False):
             same = [k for k in first if x["token_ids"].get(k) == first[k]]
-            lines.append(f"\ntoken ids of the gates' speculative run, {n} vs #0: "
+            lines.append(f"token ids of the gates' speculative run, {n} vs #0: "
                          f"{len(same)} of {len(first)} requests identical "
                          f"({sum(len(first[k]) for k in same)} tokens)")
+    if any("bench_rounds" in r for r in results):
+        lines += ["", "| bench taking turns: output tok/s per run | "
+                  + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for level in sorted({k for r in results for k in r.get("bench_rounds", {})}, key=int):
+            lines.append(f"| c={level} | " + " | ".join(
+                ", ".join(map(str, r.get("bench_rounds", {}).get(level, []))) or "-"
+                for r in results) + " |")
     return "\n".join(lines)
 
 
@@ -190,6 +219,8 @@ def main() -> int:
     ap.add_argument("--tag", default="2026-06-18-dflashfix")
     ap.add_argument("--release", action="store_true",
                     help="also run the main job and compare smoke, gates and bench")
+    ap.add_argument("--bench-rounds", type=int, default=0, metavar="N",
+                    help="then bench each checkout's serve image N times, taking turns")
     ap.add_argument("--out", type=Path, help="build folders (default: a temporary one)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
@@ -197,8 +228,9 @@ def main() -> int:
     results = []
     for i, checkout in enumerate(args.checkout or [REPO]):
         print(f"building the cpu engine of {checkout} ...", file=sys.stderr, flush=True)
-        results.append(build(checkout.resolve(), out / str(i), f"time-engine-{i}", args.tag,
-                             args.release))
+        results.append(build(checkout.resolve(), out / str(i),
+                             f"time-engine-{os.getpid()}-{i}", args.tag, args.release))
+    bench_rounds(results, out, args.bench_rounds)
     print(table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")

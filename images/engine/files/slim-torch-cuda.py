@@ -55,6 +55,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
@@ -375,6 +376,7 @@ def cmd_stubs(reqs: Path, wheels: Path, out: Path) -> None:
 
 
 def cmd_finish(site: Path, stubs: Path) -> None:
+    start = time.monotonic()
     made = json.loads((stubs / STUBS_RECORD).read_text())
     for rel, dist in STUBBED.items():
         target = site / rel
@@ -403,7 +405,8 @@ def cmd_finish(site: Path, stubs: Path) -> None:
     RECORD.write_text(json.dumps(record, indent=1) + "\n")
     print(f"stubbed {len(STUBBED)} libraries "
           f"({sum(int(m['bytes']) for m in made.values()) / 1e6:.0f} MB real), pruned "
-          f"{sum(removed.values()) / 1e6:.0f} MB in {len(removed)} paths")
+          f"{sum(removed.values()) / 1e6:.0f} MB in {len(removed)} paths, in "
+          f"{time.monotonic() - start:.1f} s")
 
 
 def unbound(lib: Path, env: dict[str, str]) -> list[str]:

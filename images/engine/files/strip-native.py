@@ -34,6 +34,7 @@ import struct
 import subprocess
 import sys
 import sysconfig
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -170,6 +171,7 @@ def main(argv: list[str]) -> None:
     if not names:
         sys.exit(f"{reqs} names no distribution (name==version lines)")
     strip = strip_command(tools)
+    start = time.monotonic()
     todo = [p for p in installed_files(names) if strippable(p)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         results = list(pool.map(lambda p: strip_one(strip, p), todo))
@@ -180,9 +182,9 @@ def main(argv: list[str]) -> None:
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"distributions": names, "stripped": stripped, "kept": kept,
                                   "bytes_saved": saved}, indent=1) + "\n")
-    print(f"stripped {len(stripped)} native files of {len(names)} distributions: "
-          f"{saved / 1e6:.0f} MB less" + (f"; kept {len(kept)} as they were: "
-                                          + ", ".join(sorted(kept)) if kept else ""))
+    print(f"stripped {len(stripped)} native files of {len(names)} distributions in "
+          f"{time.monotonic() - start:.1f} s: {saved / 1e6:.0f} MB less"
+          + (f"; kept {len(kept)} as they were: " + ", ".join(sorted(kept)) if kept else ""))
 
 
 if __name__ == "__main__":
