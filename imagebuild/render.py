@@ -304,10 +304,8 @@ def render_engine(lm: LoadedMatrix, target_name: str, engine_name: str,
         files.append((f"files/{name}", str(TOOL_FILES / "engine/files" / name)))
     if real.wheel:
         files.append(("files/requirements.txt", real.wheel.requirements))
-        files.append(("files/slim-torch-cuda.py",
-                      str(TOOL_FILES / "engine/files/slim-torch-cuda.py")))
-        files.append(("files/download-wheels.py",
-                      str(TOOL_FILES / "engine/files/download-wheels.py")))
+        for name in ("slim-torch-cuda.py", "strip-native.py", "download-wheels.py"):
+            files.append((f"files/{name}", str(TOOL_FILES / "engine/files" / name)))
     if target.expect_cuda_arch:
         files.append(("files/check-cuda-arch.py",
                       str(TOOL_FILES / "engine/files/check-cuda-arch.py")))

@@ -113,8 +113,14 @@ def probe(root: str, sites: list[str], weights: dict[str, str]) -> dict[str, obj
         try:
             with open(under(SLIM_RECORD), encoding="utf-8") as f:
                 record = json.load(f)
+            stubbed = record.get("stubbed") or {}
+            # stubbed library -> the distribution whose file it stands in for; engines
+            # before issue 37 recorded distribution -> its stubbed libraries
             slim = {"not_installed": list(record.get("not_installed") or []),
-                    "stubbed": sorted(record.get("stubbed") or {})}
+                    "stubbed": {**{str(p): str(d) for d, paths in stubbed.items()
+                                   if isinstance(paths, list) for p in paths},
+                                **{str(p): str(m.get("from", "")) for p, m in stubbed.items()
+                                   if isinstance(m, dict)}}}
         except (OSError, ValueError, AttributeError):
             slim = None
     python: list[dict[str, object]] = []

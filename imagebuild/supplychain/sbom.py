@@ -214,7 +214,12 @@ def _left_out(snapshot: dict[str, Any]) -> dict[str, str]:
     them (slim.json of images/engine/files/slim-torch-cuda.py): name -> how."""
     slim = snapshot.get("slim") or {}
     out = {normalize(str(n)): "not installed" for n in slim.get("not_installed") or []}
-    out.update({normalize(str(n)): "stubbed" for n in slim.get("stubbed") or []})
+    for origin in (slim.get("stubbed") or {}).values():
+        # a stub of a library of a distribution not installed; one of torch's own files
+        # leaves torch in (older engines named the distribution alone: it was left out)
+        name = normalize(str(origin).split("==")[0])
+        if name in out or "==" not in str(origin):
+            out[name] = "stubbed"
     return out
 
 
@@ -278,6 +283,9 @@ def build_sbom(snapshot: dict[str, Any], ex: Expected, subject: Subject,
         bom.metadata.properties.add(CdxProperty(
             name=f"{P}left-out", value=f"{name}=={version} ({how}: slim-torch-cuda.py)"
             if version else f"{name} ({how}: slim-torch-cuda.py)"))
+    for path, origin in sorted(((snapshot.get("slim") or {}).get("stubbed") or {}).items()):
+        bom.metadata.properties.add(CdxProperty(  # a file that is a stub in this image
+            name=f"{P}stubbed", value=f"{path} (of {origin}: slim-torch-cuda.py)"))
     for i, text in enumerate(found):
         bom.metadata.properties.add(CdxProperty(name=f"{P}finding", value=f"{i + 1}: {text}"))
     parts = (_os(snapshot) + _python(snapshot, ex) + _engine(ex) + _bases(ex)

