@@ -1,5 +1,6 @@
 """imagebuild: one matrix.yaml -> tested, tagged, rollback-able vLLM serving images."""
 
+import os
 from pathlib import Path
 
 __version__ = "0.1.0"  # pyproject.toml reads it (one place to bump)
@@ -17,3 +18,12 @@ def work_root(matrix_root: Path) -> Path:
     """Where build/ and .cache/ go: beside the matrix, or the current directory when the
     matrix is the installed package's own default (site-packages is no place for them)."""
     return Path.cwd() if matrix_root.resolve() == BUNDLE_DIR else matrix_root
+
+
+def cache_dir(kind: str) -> Path:
+    """This machine's cache of one kind (GPU-code tables, pushed blobs): under
+    IMAGEBUILD_CACHE_DIR when set, else the XDG cache."""
+    if os.environ.get("IMAGEBUILD_CACHE_DIR"):
+        return Path(os.environ["IMAGEBUILD_CACHE_DIR"]) / kind
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "imagebuild" / kind

@@ -1,11 +1,12 @@
 """The one seam to the Docker engine.
 
 Everything that touches images and containers goes through `Engine`, built on the Docker
-SDK (the `docker` package): inspect, tag, remove, list, history, push, pull, import,
+SDK (the `docker` package): inspect, tag, remove, list, history, export, pull, import,
 run, logs, stats, exec, and compose projects' clean-up. The Docker CLI is used in one
 place only, `Engine.buildkit_build`: BuildKit's secret and cache mounts are not reachable
 through the SDK's build API. Tests swap the engine with `use_engine` (a test double with
-the same methods; model: cog's single docker command interface, pkg/docker).
+the same methods; model: cog's single docker command interface, pkg/docker). Beside it,
+dockerstore.py reads an image's layers for a push, from dockerd's files when it may.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import subprocess
 import tarfile
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +42,6 @@ def run_labels(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """What every container made through this seam carries: ours, and which run made it
     (runowner.py), so the next run reaps it if this one is killed."""
     return {**(extra or {}), OWNER_LABEL: "imagebuild", **owner_labels()}
-
-
-@dataclass(frozen=True)
-class PushEvent:
-    status: str
-    digest: str | None = None
-    error: str | None = None
-    layer: str = ""  # which layer a progress event is about
-    current: int = 0  # bytes of it sent so far
-    total: int = 0  # its size (0: not a progress event)
 
 
 class Engine:
@@ -110,6 +100,14 @@ class Engine:
             raise OperationFailed(f"cannot send {ref} to the Docker engine at "
                                   f"{to.api.base_url}: {exc}", fix=ENGINE_FIX) from None
 
+    def export_image(self, ref: str) -> Iterator[bytes]:
+        """`docker save REF`, streamed (dockerstore.py reads the layers from it)."""
+        try:
+            yield from self.api.get_image(ref, chunk_size=1 << 20)
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot export {ref} from the Docker engine: {exc}",
+                                  fix=ENGINE_FIX) from None
+
     def tag(self, image: str, repository: str, tag: str) -> None:
         try:
             self.api.tag(image, repository, tag)
@@ -144,21 +142,6 @@ class Engine:
             return list(self.api.history(image_id))
         except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot read the history of {image_id}: {exc}") from None
-
-    def push(self, repository: str, tag: str, auth: Mapping[str, str] | None
-             ) -> Iterator[PushEvent]:
-        """Push through dockerd; credentials travel in the X-Registry-Auth header only."""
-        try:
-            for event in self.api.push(repository, tag=tag, stream=True, decode=True,
-                                       auth_config=dict(auth) if auth else None):
-                detail = event.get("progressDetail") or {}
-                yield PushEvent(status=str(event.get("status", "")),
-                                digest=(event.get("aux") or {}).get("Digest"),
-                                error=event.get("error"), layer=str(event.get("id", "")),
-                                current=int(detail.get("current") or 0),
-                                total=int(detail.get("total") or 0))
-        except docker.errors.APIError as exc:
-            yield PushEvent(status="error", error=str(exc.explanation or exc))
 
     def registry_digest(self, ref: str) -> str:
         """The digest `ref` has in its registry now (a multi-platform image: its index's),

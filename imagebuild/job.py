@@ -25,6 +25,7 @@ from imagebuild import progress
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.plan import Job, Plan, format_table
 from imagebuild.registry.client import RegistryClient
+from imagebuild.registry.streams import encoding_for
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,9 @@ def buildable(plan: Plan) -> Plan:
 
 
 def registry_client(plan: Plan) -> RegistryClient:
+    """The plan's registry; a bad IMAGEBUILD_PUSH_COMPRESSION is refused here too, before
+    a command that may push asks it anything."""
+    encoding_for(plan.destination.registry)
     return RegistryClient(plan.destination.registry)
 
 
@@ -124,15 +128,16 @@ def load_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
 
 
 def publish_jobs(client: RegistryClient, jobs: tuple[Job, ...], verdicts: dict[str, Any], *,
-                 dry_run: bool, gates: dict[str, dict[str, Any]] | None = None) -> None:
+                 dry_run: bool, gates: dict[str, dict[str, Any]] | None = None,
+                 out: Path | None = None) -> None:
     """Push and record every job (each gated on its own smoke verdict and release-gates
-    summary); `latest` stays."""
+    summary); `latest` stays. `out`: the build folder (an engine handoff's ref)."""
     from imagebuild.release.publish import publish_job
 
     for job in jobs:
         with progress.stage("publish", job.id):
             result = publish_job(client, job, verdicts[job.id], dry_run=dry_run,
-                                 gates=(gates or {}).get(job.id))
+                                 gates=(gates or {}).get(job.id), out=out)
         if dry_run:
             print(f"{job.id}: dry run, nothing written")
         else:
@@ -297,6 +302,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
     from imagebuild.stagewatch import BuildWatch
 
     refuse_unmeasured(plan, opts)
+    encoding_for(plan.destination.registry)  # IMAGEBUILD_PUSH_COMPRESSION: refused now
     buildable(plan)
     reap()  # what a SIGKILLed run on this host left: before this run starts its own
     print(format_table(plan.jobs, plan.header()))
@@ -324,7 +330,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
         publish_jobs(client, plan.jobs, verdicts, dry_run=True, gates=gates)
         print("dry run: no bench stored, latest not moved")
         return 0
-    publish_jobs(client, plan.jobs, verdicts, dry_run=False, gates=gates)
+    publish_jobs(client, plan.jobs, verdicts, dry_run=False, gates=gates, out=opts.out)
     document_jobs(client, plan, opts.out, skip)
     if opts.bench:
         bench_jobs(client, plan.jobs, bench_dir(opts.out), skip)

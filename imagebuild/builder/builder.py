@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imagebuild import buildfolder
+from imagebuild import buildfolder, cache_dir
 from imagebuild.builder import hygiene, timestamps
 from imagebuild.builder.buildjobs import choose_parallelism, host_resources
 from imagebuild.builder.enginepull import pull_engine
@@ -310,12 +310,8 @@ def layer_sizes(image_id: str) -> list[dict]:
 
 
 def _gpu_code_cache() -> Path:
-    """Where GPU-code tables of engine images are kept, by image id: IMAGEBUILD_CACHE_DIR,
-    else the XDG cache."""
-    if os.environ.get("IMAGEBUILD_CACHE_DIR"):
-        return Path(os.environ["IMAGEBUILD_CACHE_DIR"]) / "gpu-code"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "imagebuild" / "gpu-code"
+    """Where GPU-code tables of engine images are kept, by image id."""
+    return cache_dir("gpu-code")
 
 
 class Builder:

@@ -21,7 +21,6 @@ import pytest
 
 from imagebuild.bench import store
 from imagebuild.cli import main
-from imagebuild.docker import PushEvent
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.plan import load_plan
 from imagebuild.registry import push as push_mod
@@ -31,6 +30,7 @@ from imagebuild.release import publish as publish_mod
 from imagebuild.release.latest import promote_jobs
 from imagebuild.release.notes import gather, release_notes
 from imagebuild.spec.tags import parse_release_tag
+from tests.support.localimage import MemImage, tar_of
 from tests.support.memregistry import MemRegistry, latest_and_candidate
 
 REPO = "vllm-spark/cpu-tiny-ngram"
@@ -358,51 +358,30 @@ def test_the_whole_job_refuses_to_start_without_a_reason(matrix_dir, capsys, mon
 
 
 class PushDouble:
-    """The Docker seam's double for publish: an image to inspect, and a push that writes
-    the image's manifest into the in-memory registry as dockerd would."""
+    """The Docker seam's double for publish: an image to inspect, and its layers to push
+    (what dockerstore.local_image gives), with a record of each push that read them."""
 
-    def __init__(self, reg: MemRegistry, image_id: str, manifest: bytes):
-        self.reg, self.image_id, self.manifest = reg, image_id, manifest
+    def __init__(self, image: MemImage):
+        self.image = image
         self.pushed: list[str] = []
 
     def inspect_image(self, ref: str) -> dict[str, Any]:
-        return {"Id": self.image_id, "Config": {"Labels": {}}}
+        return {"Id": self.image.image_id, "Config": {"Labels": {}}}
 
-    def tag(self, image: str, repository: str, tag: str) -> None:
-        pass
-
-    def push(self, repository: str, tag: str, auth):
-        self.pushed.append(f"{repository}:{tag}")
-        digest = self.reg.client().put_manifest(repository.split("/", 1)[1], tag, self.manifest,
-                                                "application/vnd.docker.distribution"
-                                                ".manifest.v2+json")
-        yield PushEvent(status="pushed", digest=digest)
-
-    def remove_image(self, ref: str, *, force: bool = False) -> bool:
-        return True
+    def local_image(self, image_id: str):
+        self.pushed.append(image_id)
+        return self.image.local_image(image_id)
 
 
 @pytest.fixture
-def pushing(monkeypatch):
+def pushing(monkeypatch, tmp_path):
     """(registry, engine double, image id) for publishing a fresh release."""
-    import json
-
+    monkeypatch.setenv("IMAGEBUILD_CACHE_DIR", str(tmp_path / "cache"))
     reg = MemRegistry()
-    client = reg.client()
-    config = b'{"fresh":1}'
-    image_id = client.put_blob(REPO, config)
-    layer = client.put_blob(REPO, b"layer")
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-        "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
-                   "digest": image_id, "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
-                    "digest": layer, "size": 5}]}).encode()
-    double = PushDouble(reg, image_id, manifest)
+    double = PushDouble(MemImage([tar_of({"layer": b"layer"})]))
     monkeypatch.setattr(publish_mod, "engine", lambda: double)
-    monkeypatch.setattr(push_mod, "engine", lambda: double)
-    reg.calls.clear()
-    return reg, double, image_id
+    monkeypatch.setattr(push_mod, "local_image", double.local_image)
+    return reg, double, double.image.image_id
 
 
 def _publish(reg: MemRegistry, verdict: dict[str, Any]):
