@@ -11,8 +11,8 @@ whose store this user may not read); --dockerd also times `docker push` of the s
 to a fresh registry (benchmarks/time_cpu_image.py's), the way before.
 
 Usage: flock -o /tmp/imagebuild-heavy.lock .venv/bin/python benchmarks/time_push.py
-         [IMAGE] [--runs 3] [--encoding none|gzip] [--source store|export] [--dockerd]
-         [--json FILE]
+         [IMAGE] [--runs 3] [--encoding none|gzip] [--gzip-level N] [--source store|export]
+         [--dockerd] [--json FILE]
 IMAGE defaults to the newest local image of the cpu-tiny-ngram cell.
 """
 
@@ -106,12 +106,14 @@ def main() -> int:
                     help="none: what a loopback registry gets (the default); gzip: any other")
     ap.add_argument("--source", choices=("store", "export"), default="store",
                     help="store: dockerd's files (when readable); export: `docker save`")
+    ap.add_argument("--gzip-level", type=int, default=streams.GZIP_LEVEL)
     ap.add_argument("--dockerd", action="store_true", help="also time `docker push`")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     image = args.image or newest_cell_image()
     image_id = docker("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
     os.environ[streams.ENCODING_ENV] = args.encoding
+    streams.GZIP_LEVEL = args.gzip_level
     if args.source == "export":
         push.local_image = lambda i: dockerstore.from_export(  # type: ignore[assignment]
             i, tuple(json.loads(docker("image", "inspect", "--format",
@@ -124,6 +126,7 @@ def main() -> int:
         "image": image, "image_id": image_id, "image_bytes": int(docker(
             "image", "inspect", "--format", "{{.Size}}", image).stdout),
         "encoding": args.encoding, "source": args.source, "runs": runs,
+        "gzip_level": args.gzip_level if args.encoding == "gzip" else None,
         "median_push_s": statistics.median(r["push_s"] for r in runs)}
     if args.dockerd:
         dockerd = [timed_push(image) for _ in range(args.runs)]

@@ -81,10 +81,11 @@ def prefetched(chunks: Iterator[bytes], depth: int = 8) -> Iterator[bytes]:
         stop.set()  # the reader stopped early: let the producer end
 
 
-def gzip_members(chunks: Iterator[bytes], *, level: int = GZIP_LEVEL,
+def gzip_members(chunks: Iterator[bytes], *, level: int | None = None,
                  workers: int | None = None, piece: int = PIECE) -> Iterator[bytes]:
     """The stream gzipped, one member per `piece` bytes, compressed `workers` at a time
     (default: every core), in order; never more than twice that many pieces in memory."""
+    level = GZIP_LEVEL if level is None else level
     workers = workers or os.cpu_count() or 1
     pending: deque = deque()
     with ThreadPoolExecutor(workers, thread_name_prefix="push-gzip") as pool:
