@@ -28,10 +28,10 @@ from typing import Any
 
 from imagebuild import progress
 from imagebuild.dockerstore import Layer, LocalImage, StoreUnreadable, from_export, local_image
-from imagebuild.errors import OperationFailed
+from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry import documents
 from imagebuild.registry.client import OCI_MANIFEST, RegistryClient
-from imagebuild.registry.errors import MissingBlob, NotFound, RegistryFault
+from imagebuild.registry.errors import MissingBlob, RegistryFault
 from imagebuild.registry.pushrecords import Blob, recall, remember
 from imagebuild.registry.records import Log, compact
 from imagebuild.registry.streams import (
@@ -136,8 +136,8 @@ def _known_blobs(client: RegistryClient, refs: Iterable[str]
             config = documents.json_object(
                 client.get_blob(repo, manifest["config"]["digest"]), client.host,
                 "image config", f"config of {ref}")
-        except NotFound:
-            continue  # gone since: the layers go the other ways
+        except UserError:  # gone since, or not one image: the layers go the other ways
+            continue
         diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
         layers = manifest.get("layers") or []
         if len(diff_ids) != len(layers):
