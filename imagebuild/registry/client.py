@@ -981,6 +981,7 @@ class RegistryClient:
         try after a 401 (the body is gone; the push retries whole). Bounded by progress,
         not by the command's deadline, which bounds waiting on the registry, not sending
         it gigabytes: each chunk within the socket timeout, the answer within it too."""
+        self._read_timeout(what)  # a spent deadline starts no stream
         scope = _scope_for(method, urlsplit(url).path)
         headers = {"Content-Type": "application/octet-stream"}
         auth = self.auth.header_for(scope) if self.own_origin(url) else None
