@@ -1,7 +1,7 @@
 """dockerstore.py without Docker: a layer rebuilt from a diff folder and its tar-split
 record is the exact tar (its hash the diff id), nothing outside the folder is ever read,
 and the image export is read by layout (legacy and OCI). The real store and export of a
-real dockerd are tests/e2e/test_push.py's."""
+real dockerd are tests/e2e/test_push_pull.py's."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The push (registry/push.py) against the in-memory registry: what is sent, found, mounted
 or refused, for an image in memory (tests/support/localimage.py). The real dockerd store,
-export and `docker pull` are tests/e2e/test_push.py's."""
+export and `docker pull` are tests/e2e/test_push_pull.py's."""
 
 from __future__ import annotations
 
