@@ -142,6 +142,7 @@ def assemble(split: Path, folder: Path) -> Iterator[bytes]:
     """The layer's tar, as dockerd would export it, in chunks of about CHUNK bytes."""
     buf = bytearray()
     base = os.path.realpath(folder)
+    parents: dict[str, str] = {}  # each directory resolved once (realpath is an lstat a part)
     try:
         with gzip.open(split, "rb") as records:
             for line in records:
@@ -150,7 +151,7 @@ def assemble(split: Path, folder: Path) -> Iterator[bytes]:
                     buf += base64.b64decode(entry.get("payload") or b"")
                 elif entry.get("type") == 1 and entry.get("size"):
                     size = int(entry["size"])
-                    with _open_payload(base, _entry_name(entry)) as fh:
+                    with _open_payload(base, _entry_name(entry), parents) as fh:
                         while size:
                             piece = fh.read(min(size, CHUNK))
                             if not piece:
@@ -180,14 +181,19 @@ def _entry_name(entry: dict[str, Any]) -> str:
     return str(entry["name"])
 
 
-def _open_payload(base: str, name: str) -> IO[bytes]:
+def _open_payload(base: str, name: str, parents: dict[str, str]) -> IO[bytes]:
     """A regular file inside the layer's diff folder, by the name its tar entry has;
     never a path that leaves the folder (a symlink in a layer points anywhere on this
-    host, read as root) and never a FIFO or a device."""
-    path = os.path.realpath(os.path.join(base, name))
-    if os.path.commonpath([base, path]) != base:
-        raise StoreUnreadable(f"{name} leaves the layer's folder {base}")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    host, read as root: its directory is resolved and must stay inside, the file itself
+    is opened without following one) and never a FIFO or a device."""
+    parent, leaf = os.path.split(name)
+    real = parents.get(parent)
+    if real is None:
+        real = os.path.realpath(os.path.join(base, parent))
+        if os.path.commonpath([base, real]) != base:
+            raise StoreUnreadable(f"{name} leaves the layer's folder {base}")
+        parents[parent] = real
+    fd = os.open(os.path.join(real, leaf), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise StoreUnreadable(f"{name} in {base} is not a regular file")
