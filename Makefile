@@ -150,7 +150,7 @@ accept-check:  ## the gates named in $$ACCEPT exist and $$ACCEPT_REASON says why
 
 cell-build:  ## $$CELL's serve layers FROM the engine its target's engine job pushed (build/engines/$$CELL_TARGET.ref)
 	ref=$$(cat "build/engines/$$CELL_TARGET.ref") && \
-	$(PY) build.py build --tag "$$RELEASE_TAG" --target "$$CELL_TARGET" --only "$$CELL" \
+	$(PY) build.py build --tag "$$RELEASE_TAG" --target "$$CELL_TARGET" --image "$$CELL" \
 	  --engine-image "$$ref"
 
 promote:  ## move latest to the release ($$RELEASE_TAG of $$RELEASE_TARGET), passing the gates $$ACCEPT names with $$ACCEPT_REASON; then store its compatibility table (also when a gate refused it: the table says why)
@@ -173,7 +173,7 @@ bootstrap-deps:  ## mmdebstrap where no bootstrapper is installed (a hosted runn
 resume-state:
 	mkdir -p build
 	$(PY) build.py resume --tag "$$RELEASE_TAG" --target "$${CELL_TARGET:-$$ENGINE_TARGET}" \
-	  $${CELL:+--only "$$CELL"} --verdict-dir build | tee build/resume-state.txt
+	  $${CELL:+--image "$$CELL"} --verdict-dir build | tee build/resume-state.txt
 
 # GitHub artifact attestations of a published cell, made by release.yml's sign job (a
 # GitHub-hosted runner; stand-ins under act): what it signs is read back from the
@@ -192,7 +192,7 @@ registry-login:
 
 attest-subject:  ## name=, digest=, sbom= of $$CELL's release as the registry holds it, for $$GITHUB_OUTPUT
 	$(PY) -m imagebuild.release.attest_subject --tag "$$RELEASE_TAG" --target "$$CELL_TARGET" \
-	  --only "$$CELL" --out build/supply-chain
+	  --image "$$CELL" --out build/supply-chain
 
 # By the release tag, as users run it: the attestations must be of the digest the tag
 # holds (a wrong subject digest fails here), recorded for this repository and signed by its
@@ -209,7 +209,7 @@ attest-verify:  ## both attestations of $$CELL's release verify for $$REPOSITORY
 # A resumed cell benches what its tag holds: the tested image, pulled by digest and checked
 # against the release record (after runner-clean, which may remove older releases' images)
 resume-pull:
-	$(PY) build.py resume --tag "$$RELEASE_TAG" --target "$$CELL_TARGET" --only "$$CELL" --pull \
+	$(PY) build.py resume --tag "$$RELEASE_TAG" --target "$$CELL_TARGET" --image "$$CELL" --pull \
 	  >/dev/null
 
 # Smoke and bench containers that compose started from this checkout (its working_dir
@@ -279,7 +279,7 @@ rehearse-release:  ## before pushing a tag: release.yml run by act on this machi
 	$(PY) -m tools.rehearse_release --tag "$(TAG)" $${RELEASE_TARGET:+--target "$$RELEASE_TARGET"}
 
 rollback:
-	$(PY) build.py rollback --to "$$ROLLBACK_TO" $${ROLLBACK_IMAGE:+--image "$$ROLLBACK_IMAGE"}
+	$(PY) build.py rollback --tag "$$ROLLBACK_TO" $${ROLLBACK_IMAGE:+--image "$$ROLLBACK_IMAGE"}
 
 # GitHub's "Latest" badge goes to the release the registry's latest holds (the newest
 # release any image's latest points to), after each move of latest: promote and rollback.

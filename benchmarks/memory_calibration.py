@@ -2,14 +2,17 @@
 rule's prediction (imagebuild/preflight/memory.py, docs/memory.md).
 
 For each VLLM_CPU_KVCACHE_SPACE given, the image is served the way the gates and the bench
-serve it (serving/container.py: hardened, the cell's memory_limit) and its memory cgroup is
-read: rss+shmem (what cannot be reclaimed) after the boot and sampled 4 times a second under
-the bench levels, and the kernel's high-water mark (v1 memory.max_usage_in_bytes, v2
-memory.peak), which also counts reclaimable page cache. A KV space the
-rule refuses is booted too when asked (--refused), to see the kill it predicts.
+serve it (serving/container.py: hardened, the cell's memory_limit) but without the
+profile's --num-gpu-blocks-override (which caps the pool below the space), and with
+--shipped once as it ships, and its memory cgroup is read: rss+shmem (what cannot be
+reclaimed) after the boot and sampled 4 times a second under the bench levels, and the
+kernel's high-water mark (v1 memory.max_usage_in_bytes, v2 memory.peak), which also
+counts reclaimable page cache. A KV space the rule refuses is booted too when asked
+(--refused), to see the kill it predicts.
 
     flock -o /tmp/imagebuild-heavy.lock .venv/bin/python benchmarks/memory_calibration.py \\
-        [--image REF] [--kv 1,6] [--refused 7] [--out build/memory-calibration.json]
+        [--image REF] [--kv 1,6] [--refused 7] [--shipped] \\
+        [--out build/memory-calibration.json]
 
 Prints one line per boot and writes the JSON; exits 1 if the rss+shmem peak under the
 bench is off the prediction by more than the rule's stated error (memory.CPU_ERROR).
@@ -34,6 +37,7 @@ from imagebuild.errors import OperationFailed  # noqa: E402
 from imagebuild.lock.lockfile import read_lock  # noqa: E402
 from imagebuild.preflight import checkpoint, memory  # noqa: E402
 from imagebuild.preflight.flags import CellView  # noqa: E402
+from imagebuild.preflight.run import kv_prediction  # noqa: E402
 from imagebuild.serving.container import serving  # noqa: E402
 from imagebuild.serving.runspec import Limits  # noqa: E402
 from imagebuild.spec.matrix import expand, load  # noqa: E402
@@ -78,8 +82,9 @@ class Sampler(threading.Thread):
             self.stop.wait(0.25)
 
 
-def predicted(kv_gib: int) -> tuple[int, str]:
-    """The rule's prediction for the matrix's cpu cell at this KV space, and its limit."""
+def predicted(kv_gib: int | None) -> tuple[int, str]:
+    """The rule's prediction for the matrix's cpu cell at this KV space (None: as it ships,
+    its pool from the predicted page layout), and its limit."""
     lm = load(REPO / "matrix.yaml")
     cell = next(c for c in expand(lm) if c.id == CELL)
     lock = read_lock(lm.root)
@@ -87,9 +92,11 @@ def predicted(kv_gib: int) -> tuple[int, str]:
                                                         cell.model.repository)
     v = CellView(lm=lm, cell=cell, cmd=serve_command(cell),
                  family=checkpoint.model_family(model), label=cell.id)
-    p = memory.predict(v, lock, model, None, None)
+    p = memory.predict(v, lock, model, None,
+                       kv_prediction(v, model, None) if kv_gib is None else None)
     assert p.need is not None and p.kv is not None
-    return p.need - p.kv + kv_gib * GIB, cell.target.memory_limit
+    return (p.need if kv_gib is None else p.need - p.kv + kv_gib * GIB), \
+        cell.target.memory_limit
 
 
 def default_image() -> str:
@@ -102,13 +109,16 @@ def default_image() -> str:
     return str(tagged[-1].tags[0])
 
 
-def boot(image: str, kv: int, limit: str, levels: list[int], requests: int) -> dict:
+def boot(image: str, kv: int | None, limit: str, levels: list[int], requests: int) -> dict:
+    """kv None: as the image ships; else that KV space, the block override dropped."""
     info = inspect_image(image)
     limits = Limits(memory=limit, gpu=False, boot_timeout_s=300)
     out: dict = {"kv_gib": kv}
+    env = None if kv is None else {memory.CPU_KV_ENV: str(kv)}
+    drop = () if kv is None else (f"--{memory.BLOCKS_FLAG}",)
     t0 = time.monotonic()
     try:
-        with serving(image, info, limits, environment={memory.CPU_KV_ENV: str(kv)},
+        with serving(image, info, limits, environment=env, drop_flags=drop,
                      log=lambda _m: None) as c:
             out["boot_s"] = round(time.monotonic() - t0, 1)
             d, peak_file = cgroup_dir(engine().client.containers.get(c.name).id)
@@ -136,6 +146,7 @@ def main() -> int:
     ap.add_argument("--kv", default="1,6", help="KV spaces (GiB) to boot")
     ap.add_argument("--refused", default="", help="KV spaces the rule refuses, booted to "
                                                   "see the predicted kill")
+    ap.add_argument("--shipped", action="store_true", help="also boot the image as it ships")
     ap.add_argument("--levels", default="1,4,8")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--out", type=Path, default=REPO / "build" / "memory-calibration.json")
@@ -143,12 +154,15 @@ def main() -> int:
     image = a.image or default_image()
     levels = [int(x) for x in a.levels.split(",")]
     runs, worst = [], 0.0
-    for kv in [int(x) for x in a.kv.split(",")] + [int(x) for x in a.refused.split(",") if x]:
+    spaces: list[int | None] = [int(x) for x in a.kv.split(",") if x]
+    spaces += [int(x) for x in a.refused.split(",") if x] + ([None] if a.shipped else [])
+    for kv in spaces:
         need, limit = predicted(kv)
         r = boot(image, kv, limit, levels, a.requests) | {"predicted": need, "limit": limit}
         runs.append(r)
+        what = "as shipped" if kv is None else f"KV {kv} GiB"
         if "failed" in r:
-            print(f"KV {kv} GiB: predicted {need / GIB:.3f} GiB vs limit {limit}: "
+            print(f"{what}: predicted {need / GIB:.3f} GiB vs limit {limit}: "
                   f"boot failed ({r['failed'][:120]})")
             continue
         # the error is on rss+shmem, what the kernel cannot reclaim before an OOM kill;
@@ -156,7 +170,7 @@ def main() -> int:
         # to whichever container first read them (docs/memory.md)
         errs = [(r[k] - need) / r[k] for k in ("boot_anon", "bench_anon_peak")]
         worst = max(worst, abs(errs[1]))  # the peak is predicted; the boot sits below it
-        print(f"KV {kv} GiB: predicted {need / GIB:.3f} GiB; rss+shmem at boot "
+        print(f"{what}: predicted {need / GIB:.3f} GiB; rss+shmem at boot "
               f"{r['boot_anon'] / GIB:.3f} ({errs[0]:+.1%}), peak under the bench "
               f"{r['bench_anon_peak'] / GIB:.3f} ({errs[1]:+.1%}); cgroup high-water mark "
               f"at boot {r['boot_peak'] / GIB:.3f}, after the bench "

@@ -69,13 +69,17 @@ def main() -> int:
                   f"{s['lossless']['ties']} ties), long generation "
                   f"{s['long_generation']['status']} ({s['long_generation']['tokens']} "
                   f"tokens); gates {doc['seconds']:.1f} s")
+            conds = s["lossless"].get("conditions") or {}
+            print("    conditions: " + ", ".join(f"{k} {v['status']}" for k, v in conds.items()))
             for r in doc["runs"]:
-                req_s = sum(q["seconds"] for q in r["requests"])
                 toks = sum(q["tokens"] for q in r["requests"])
+                phases = r.get("phase_seconds") or {}
+                fresh = phases.get("fresh", 0.0)
                 print(f"    {r['what']:<11} ({r.get('source', '')}) boot {r['boot_s']:5.1f} s, "
-                      f"requests {req_s:5.1f} s "
-                      f"({toks} tokens, {toks / req_s if req_s else 0:.0f} tok/s), "
-                      f"server total {r['seconds']:5.1f} s")
+                      f"requests {sum(phases.values()):5.1f} s ({toks} tokens): fresh "
+                      f"{fresh:.1f} s, conditions {sum(phases.values()) - fresh:.1f} s ("
+                      + ", ".join(f"{k} {v:.1f}" for k, v in phases.items() if k != "fresh")
+                      + f"); server total {r['seconds']:5.1f} s")
     return worst
 
 

@@ -14,6 +14,11 @@ REPO_ROOT = (_CHECKOUT if (_CHECKOUT / "images").is_dir()
              and (_CHECKOUT / "matrix.yaml").is_file() else BUNDLE_DIR)
 
 
+def installed() -> bool:
+    """An installed package (no checkout around it): its bundle is an example, no project."""
+    return REPO_ROOT == BUNDLE_DIR
+
+
 def work_root(matrix_root: Path) -> Path:
     """Where build/ and .cache/ go: beside the matrix, or the current directory when the
     matrix is the installed package's own default (site-packages is no place for them)."""

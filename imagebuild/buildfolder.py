@@ -89,7 +89,9 @@ def bench_dir(build_dir: Path) -> Path:
     return build_dir / "bench"
 
 
-def bench_files(out_dir: Path, started: str) -> dict[str, Path]:
-    """One bench run's files, named after when it started (unsafe characters replaced)."""
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", started)
+def bench_files(out_dir: Path, image: str) -> dict[str, Path]:
+    """One image's bench files, bench-<image>.json/.md/.png (the names the release notes'
+    assets have; unsafe characters replaced): the latest run of an image replaces its
+    last one, and each image of a run has its own."""
+    stem = "bench-" + re.sub(r"[^A-Za-z0-9_.-]+", "_", image)
     return {kind: out_dir / f"{stem}.{kind}" for kind in ("json", "md", "png")}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ import re
 import sys
 from pathlib import Path
 
-from imagebuild.cliparser import parser
+from imagebuild.cliparser import UsageError, parser
 from imagebuild.errors import ImagebuildError, OperationFailed, UserError, as_invoked
 from imagebuild.safetext import safe_lines
 
@@ -120,6 +121,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from imagebuild.lock.lockfile import read_lock  # deferred: per command (docstring)
+    from imagebuild.preflight.patchset import (  # deferred: per command (docstring)
+        refuse_unapplied,
+    )
     from imagebuild.render import render_all, stale, write  # deferred: per command (docstring)
     from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
@@ -130,24 +134,30 @@ def cmd_render(args: argparse.Namespace) -> int:
     elif args.target or args.only:
         cells = mx.select(cells, target=args.target, only=args.only)
     out_dir = args.out or lm.root / "rendered"
+    # a patch that does not apply to its cached pinned vLLM: nothing rendered (exit 2)
+    refuse_unapplied(lm, cells, fetch=False, say=lambda text: print(as_invoked(text),
+                                                                     file=sys.stderr))
     rendered, skipped = render_all(lm, cells, read_lock(lm.root))
+    pins = sorted({exc.pin for exc in skipped})
     if skipped and logging.getLogger("imagebuild").isEnabledFor(logging.WARNING):  # not -qq
-        pins = sorted({exc.pin for exc in skipped})
         print(as_invoked(f"skipped {len(skipped)} serve Dockerfile(s) whose pins the lock "
                          f"has not resolved ({', '.join(pins)}): run `python build.py lock "
                          "--update NAME` where the Hub is reachable"), file=sys.stderr)
+    doc = {"ok": True, "out": str(out_dir), "files": [r.path for r in rendered],
+           "unresolved_pins": pins}
     if args.check:
         bad = stale(rendered, out_dir)
-        if bad:
-            print(as_invoked("stale rendered files (run `python build.py render` and "
-                             "commit):"), file=sys.stderr)
-            for path in bad:
-                print(f"  {out_dir / path}", file=sys.stderr)
-            return 1
-        print(f"{len(rendered)} rendered file(s) up to date in {out_dir}")
-        return 0
-    write(rendered, out_dir)
-    print(f"rendered {len(rendered)} file(s) into {out_dir}")
+        if bad:  # stale committed files are what a stale lock is: exit 2, as `lock --check`
+            raise UserError(f"{len(bad)} rendered file(s) differ from what matrix.yaml "
+                            "renders:\n" + "\n".join(f"  {out_dir / path}" for path in bad),
+                            fix="run `python build.py render` and commit the files",
+                            details={"stale": bad})
+        said = f"{len(rendered)} rendered file(s) up to date in {out_dir}"
+    else:
+        write(rendered, out_dir)
+        said = f"rendered {len(rendered)} file(s) into {out_dir}"
+    print(json.dumps({**doc, "stale": []} if args.check else doc, indent=2)
+          if args.format == "json" else said)
     return 0
 
 
@@ -213,8 +223,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
             f", not both (IMAGE_REF {args.image})" if args.image else ""),
                         fix="`build.py smoke IMAGE_REF` or `build.py smoke --tag T`")
     if args.image and (args.only or args.target):
-        raise UserError("--only and --target select cells of --tag; IMAGE_REF is one image",
-                        fix="drop --only/--target, or use --tag T")
+        raise UserError("--image and --target select cells of --tag; IMAGE_REF is one image",
+                        fix="drop --image/--target, or use --tag T")
     if args.image:
         reap()
         verdicts = [smoke_ref(args.image, out_dir=args.out, matrix=args.matrix, **kw)]
@@ -286,10 +296,14 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
     plan = _plan(args)
     # a release slower than latest beyond the threshold needs a written reason
-    promote(plan, registry_client(plan), accept_regression=args.accept_regression,
-            accept_untrusted=args.accept_untrusted, accept_unmeasured=args.accept_unmeasured,
-            accept_rolled_back=args.accept_rolled_back, forward_only=args.forward_only,
-            dry_run=args.dry_run, accept_acceptance_drop=args.accept_acceptance_drop)
+    with human_to_stderr(args):
+        moves = promote(plan, registry_client(plan), accept_regression=args.accept_regression,
+                        accept_untrusted=args.accept_untrusted,
+                        accept_unmeasured=args.accept_unmeasured,
+                        accept_rolled_back=args.accept_rolled_back,
+                        forward_only=args.forward_only, dry_run=args.dry_run,
+                        accept_acceptance_drop=args.accept_acceptance_drop)
+    _moves_json(args, str(plan.tag), moves)
     return 0
 
 
@@ -328,37 +342,36 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
     client, repos = _repositories(args)
     if not _published(client, repos):  # a state, not bad input: nothing published
-        raise OperationFailed(f"rollback --to {args.to}: {_no_releases(args, client)}; "
+        raise OperationFailed(f"rollback --tag {args.to}: {_no_releases(args, client)}; "
                               "nothing to roll back",
                               fix="publish a release first (`build.py releases` lists them)")
-    moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run,
-                            accept=Accept(forward=args.accept_forward,
-                                          unmeasured=args.accept_unmeasured))
-    print(f"rollback to {args.to}: {len(moves)} image(s) in "
-          f"{sum(m.seconds for m in moves):.2f} s")
+    with human_to_stderr(args):
+        moves = set_latest_many(client, repos, args.to, mode="rollback", dry_run=args.dry_run,
+                                accept=Accept(forward=args.accept_forward,
+                                              unmeasured=args.accept_unmeasured))
+        print(f"rollback to {args.to}: {len(moves)} image(s) in "
+              f"{sum(m.seconds for m in moves):.2f} s")
+    _moves_json(args, args.to, moves)
     return 0
 
 
+def _moves_json(args: argparse.Namespace, tag: str, moves: list) -> None:
+    """rollback/promote --format json: {ok, tag, dry_run, moves: [...]}."""
+    if args.format == "json":
+        print(json.dumps({"ok": True, "tag": tag, "dry_run": args.dry_run,
+                          "moves": [m.as_json() for m in moves]}, indent=2))
+
+
 def cmd_releases(args: argparse.Namespace) -> int:
-    from imagebuild.registry.records import (  # deferred: per command (docstring)
-        format_releases,
-        list_releases,
-    )
-    from imagebuild.release.compat import stored_verdict  # deferred: per command (docstring)
-    from imagebuild.release.rollbacks import rolled_back  # deferred: per command (docstring)
+    from imagebuild.release.listing import rows, table  # deferred: per command (docstring)
 
     client, repos = _repositories(args)
-    found = {r: rels for r in repos if (rels := list_releases(client, r))}
-    # the verdict of each release's stored compatibility table ("no table": none stored)
-    verdicts = {r: {x.tag: stored_verdict(client, x) for x in rels} for r, rels in found.items()}
-    rolled = {r: rolled_back(client, r) for r in found}  # what `history` and notes mark too
+    found = {r: listed for r in repos if (listed := rows(client, r))}
     if args.format == "json":
-        print(json.dumps({r: [{**x.as_json(), "gates_verdict": verdicts[r][x.tag],
-                               "rolled_back": rolled[r].get(x.tag)}
-                              for x in rels] for r, rels in found.items()}, indent=2))
+        print(json.dumps(found, indent=2))
         return 0
-    for repo, rels in found.items():
-        print(safe_lines(format_releases(repo, rels, verdicts[repo], rolled[repo])))
+    for repo, listed in found.items():
+        print(safe_lines(table(repo, listed)))
     if not found:  # an empty namespace is an answer, not an error
         print(safe_lines(_no_releases(args, client)))
     return 0
@@ -386,11 +399,18 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """0 when everything stored with the release agrees with its image, 1 otherwise."""
-    from imagebuild.release.verify import failed, verify  # deferred: per command (docstring)
+    from imagebuild.release.verify import (  # deferred: per command (docstring)
+        as_json,
+        failed,
+        summary,
+        verify,
+    )
 
     checks = verify(args.image)
-    for check in checks:
-        print(check.line())
+    if args.format == "json":
+        print(json.dumps(as_json(args.image, checks), indent=2))
+    else:
+        print("\n".join([*(check.line() for check in checks), summary(checks)]))
     return 1 if failed(checks) else 0
 
 
@@ -409,15 +429,19 @@ def cmd_history(args: argparse.Namespace) -> int:
     from imagebuild.release.rollbacks import rolled_back  # deferred: per command (docstring)
 
     client, repos = _repositories(args)
-    shown = 0
+    shown: dict[str, object] = {}
     for repo in repos:
         h = history.gather(client, repo, rolled_back(client, repo))
         if not h.points:
             continue
-        shown += 1
         paths = history.write(h, args.out or buildfolder.bench_dir(buildfolder.default(REPO_ROOT)))
-        print(safe_lines(paths["md"].read_text()) + f"png: {paths['png']}\nmd: {paths['md']}\n")
-    if not shown:
+        shown[repo] = {**h.as_json(), "png": str(paths["png"]), "md": str(paths["md"])}
+        if args.format != "json":
+            print(safe_lines(paths["md"].read_text()) +
+                  f"png: {paths['png']}\nmd: {paths['md']}\n")
+    if args.format == "json":
+        print(json.dumps(shown, indent=2))  # {} for an empty namespace, as `releases`
+    elif not shown:
         print(safe_lines(_no_releases(args, client)) + ": no history to show")
     return 0
 
@@ -431,9 +455,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
         raise UserError("--keep must be at least 1", fix="keep the newest N >= 1 releases")
     client, repos = _repositories(args)
     repos = _published(client, repos)
-    for repo in repos:
-        prune(client, repo, args.keep, dry_run=args.dry_run)
-    if not repos:
+    with human_to_stderr(args):
+        plans = {repo: prune(client, repo, args.keep, dry_run=args.dry_run) for repo in repos}
+    if args.format == "json":
+        print(json.dumps({r: p.as_json(args.dry_run) for r, p in plans.items()}, indent=2))
+    elif not repos:
         print(safe_lines(_no_releases(args, client)) + ": nothing to prune")
     return 0
 
@@ -536,7 +562,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
     for s in states:
         print(f"{s.cell}: published={s.published} tested={s.tested} gated={s.gated} "
               f"attested={s.attested} benched={s.benched}", file=sys.stderr)
-    print(github_output(states), end="")
+    if args.format == "json":
+        print(json.dumps({"tag": str(plan.tag), "cells": [dataclasses.asdict(s)
+                                                          for s in states]}, indent=2))
+    else:
+        print(github_output(states), end="")
     return 0
 
 
@@ -550,27 +580,52 @@ def cmd_pins(args: argparse.Namespace) -> int:
 
 def cmd_lock(args: argparse.Namespace) -> int:
     from imagebuild.lock.lockfile import LOCK_NAME, read_lock  # deferred: per command (docstring)
-    from imagebuild.lock.resolve import (  # deferred: per command (docstring)
-        build_lock,
-        check_whole_lock,
-        dumps,
-        write_lock,
-    )
+    from imagebuild.lock.resolve import check_whole_lock  # deferred: per command (docstring)
     from imagebuild.spec import matrix as mx  # deferred: per command (docstring)
 
     lm = mx.load(args.matrix.resolve() if args.matrix else None)
-    mx.expand(lm)  # cross-references first: a lock cannot agree with a broken matrix
+    # an engine named: its requirement set is this run's to write
+    writing = frozenset(n for n in args.update if n in lm.matrix.engines)
+    cells = mx.expand(lm, writing)  # cross-references first: a lock cannot agree with a
+    # broken matrix
     if args.check:
         if args.update:
             raise UserError("--check resolves nothing, --update re-resolves: not both",
                             fix="run `lock --update NAME`, then `lock --check`")
         check_whole_lock(lm, read_lock(lm.root))
-        print(f"{LOCK_NAME} agrees with matrix.yaml: every input of every image is as "
-              "locked")
+        print(json.dumps({"ok": True, "lock": str(lm.root / LOCK_NAME), "stale": []})
+              if args.format == "json" else f"{LOCK_NAME} agrees with matrix.yaml: every "
+              "input of every image is as locked")
         return 0
+    with human_to_stderr(args):
+        unresolved = _write_lock(args, lm, cells, writing)
+    if args.format == "json":
+        print(json.dumps({"ok": True, "lock": str(lm.root / LOCK_NAME),
+                          "unresolved": unresolved}, indent=2))
+    return 0
+
+
+def _write_lock(args: argparse.Namespace, lm, cells, writing: frozenset[str]) -> list[str]:
+    """`lock [--update NAME]`: the named engines' requirement sets, then resolve, write,
+    say what is still unresolved (returned)."""
     from imagebuild.lock.hub import HubClient  # deferred: per command (docstring)
+    from imagebuild.lock.requirements import write_sets  # deferred: per command (docstring)
+    from imagebuild.lock.resolve import (  # deferred: per command (docstring)
+        build_lock,
+        check_update_names,
+        dumps,
+        write_lock,
+    )
+    from imagebuild.preflight.patchset import (  # deferred: per command (docstring)
+        refuse_unapplied,
+    )
 
     print(f"locking {lm.located.file}")
+    check_update_names(lm, set(args.update))
+    # each engine's patches against the wheel or sdist it pins (fetched when missing)
+    refuse_unapplied(lm, cells, fetch=True, say=print)
+    # the engines named: their requirement sets first (the lock hashes them as inputs)
+    write_sets(lm, sorted(writing), say=print)
     data = build_lock(lm, HubClient(), update=set(args.update))
     path = write_lock(lm, data)
     unresolved = [f"{kind}/{name}" for kind in ("models", "drafters", "bases")
@@ -586,7 +641,7 @@ def cmd_lock(args: argparse.Namespace) -> int:
                 print(as_invoked(f"  bases/{name}: {e['fix']}"))
         for name, e in engines:
             print(as_invoked(f"  {name}: {e['fix']}"))
-    return 0
+    return unresolved
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -598,6 +653,23 @@ def cmd_schema(args: argparse.Namespace) -> int:
         print(markdown(REPO_ROOT), end="")
     else:
         print(schema_text(), end="")
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    from imagebuild.completion import script  # deferred: per command (docstring)
+
+    print(script(parser(), args.shell), end="")
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from imagebuild.starter import init  # deferred: per command (docstring)
+
+    written = init(args.dir)
+    print(f"wrote {len(written)} file(s) into {args.dir}: matrix.yaml, {written[1].name}, "
+          "locked/, rendered/ and the files the matrix names")
+    print(as_invoked(f"next: cd {args.dir} && python build.py check"))
     return 0
 
 
@@ -678,7 +750,9 @@ COMMANDS = {"plan": cmd_plan, "render": cmd_render, "lock": cmd_lock, "build": c
             "notes": cmd_notes, "resume": cmd_resume, "pins": cmd_pins, "bench": cmd_bench,
             "history": cmd_history, "verify": cmd_verify, "launch": cmd_launch, "table": cmd_table,
             "rehearse": cmd_rehearse,
-            "runner-clean": cmd_runner_clean, "schema": cmd_schema, "migrate": cmd_migrate,
+            "runner-clean": cmd_runner_clean, "schema": cmd_schema, "init": cmd_init,
+            "completion": cmd_completion,
+            "migrate": cmd_migrate,
             "facts": cmd_facts}
 GLOBAL_OPTIONS = ("-v", "-vv", "-vvv", "--verbose", "-q", "-qq", "--quiet")
 
@@ -746,19 +820,53 @@ def _logging(verbose: int, quiet: int) -> None:
     own.propagate = False
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """`--format json` was asked for (read from the words: a usage error has no args)."""
+    return "--format=json" in argv or any(a == "--format" and b == "json"
+                                          for a, b in zip(argv, argv[1:], strict=False))
+
+
+def json_error(message: str, fix: str | None, where: str | None, code: int,
+               details: dict | None = None) -> None:
+    """What `--format json` prints on stdout when a command ends in an error: a script
+    reads JSON on every exit path (its shape: docs/commands.md#json-output)."""
+    print(json.dumps({"ok": False, "error": {
+        "message": as_invoked(safe_lines(message)), "fix": as_invoked(safe_lines(fix))
+        if fix else None, "where": where, "exit_code": code, **(details or {})}}, indent=2))
+
+
+@contextlib.contextmanager
+def human_to_stderr(args: argparse.Namespace):
+    """With `--format json` the JSON document is the only thing on stdout: what the
+    command says as it works goes to stderr."""
+    if getattr(args, "format", None) == "json":
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    else:
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = _default_command(list(sys.argv[1:] if argv is None else argv))
     ap = parser()
     try:
         _unknown_option(ap, argv)
         args = ap.parse_args(argv)
-    except SystemExit as exc:  # a usage error (2, already said) or --help (0)
+    except UsageError as exc:  # said on stderr already
+        if _wants_json(argv):
+            json_error(exc.message, exc.fix, None, 2)
+        return 2
+    except SystemExit as exc:  # --help (0)
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
     if args.command is None or (args.command == "pins" and args.pins_command is None) or (
             args.command == "facts" and args.facts_command is None):
         _command_parser(ap, args.command).print_help()  # its commands, as a missing one
         return 2
     _logging(args.verbose, args.quiet)
+    for old, new in getattr(args, "renamed_options", None) or []:
+        logging.getLogger("imagebuild").warning(
+            f"warning: {old} is now {new} (named as in every other command); {old} still "
+            "works for now")
     from imagebuild.interrupts import (  # deferred: per command (docstring)
         interrupts_as_keyboard_interrupt,
     )
@@ -772,9 +880,13 @@ def main(argv: list[str] | None = None) -> int:
             return COMMANDS[args.command](args)
     except ImagebuildError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
+        if getattr(args, "format", None) == "json":
+            json_error(exc.message, exc.fix, exc.where, exc.exit_code, exc.details)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
+        if getattr(args, "format", None) == "json":
+            json_error("interrupted", None, None, 130)
         return 130
     except BrokenPipeError:  # `build.py plan ... | head`: the reader left, nothing to say
         sys.stderr.close()

@@ -24,8 +24,17 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        sys.stderr.write(f"error: {message}\n  fix: see `{self.prog} --help`\n")
-        raise SystemExit(2)
+        fix = f"see `{self.prog} --help`"
+        sys.stderr.write(f"error: {message}\n  fix: {fix}\n")
+        raise UsageError(message, fix)
+
+
+class UsageError(SystemExit):
+    """A usage error, said on stderr already; kept for `--format json`'s error document."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(2)
+        self.message, self.fix = message, fix
 
 
 # Argument types: each refuses a bad value at parse time, naming the option.
@@ -113,10 +122,28 @@ def _url(text: str) -> str:
     return text.rstrip("/")
 
 
+class _Renamed(argparse.Action):
+    """An option under its current name; an older spelling (`old`) still works, and the
+    command says once that it was renamed (cli.main prints it: -qq leaves it out)."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, old: tuple[str, ...] = (),
+                 **kw: Any) -> None:
+        super().__init__(option_strings, dest, **kw)
+        self.old = old
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        if option_string in self.old:
+            said = list(getattr(namespace, "renamed_options", None) or [])
+            namespace.renamed_options = [*said, (option_string, self.option_strings[0])]
+
+
 def _matrix(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matrix", type=Path, default=None,
                    help="matrix.yaml to read (default: $IMAGEBUILD_MATRIX, else ./matrix.yaml "
-                        "in the current directory, else the repository's)")
+                        "in the current directory, else a checkout's own; installed, there "
+                        "is no default: `init` starts one)")
 
 
 def _release(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
@@ -126,8 +153,10 @@ def _release(p: argparse.ArgumentParser, *, tag_required: bool = True) -> None:
     p.add_argument("--target", default=None,
                    help="a target of matrix.yaml, or `all` (default: the target whose "
                         "properties fit this host)")
-    p.add_argument("--only", default=None, metavar="GLOB",
-                   help="only cells whose id (target/image) or image matches GLOB")
+    # --image, as every command that selects images by a glob names it (was --only)
+    p.add_argument("--image", "--only", dest="only", action=_Renamed, old=("--only",),
+                   default=None, metavar="GLOB",
+                   help="only cells whose image (or id, target/image) matches GLOB")
 
 
 def _positive_ints(text: str) -> list[int]:
@@ -202,6 +231,10 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", action="store_true",
                    help="store the results in the registry next to the image's release")
     p.add_argument("--label", default=None, help="legend name of this run in the plot")
+    p.add_argument("--plain-baseline", action=argparse.BooleanOptionalAction, default=None,
+                   help="also measure a speculating image without --speculative-config, "
+                        "stored with its results as the advice's baseline (default: the "
+                        "target's bench.plain_baseline with --tag, else off)")
     p.add_argument("--server-cpus", default=None, metavar="LIST", type=_cpuset,
                    help="pin the server container to these CPUs (docker --cpuset-cpus; "
                         "default: every CPU but the client's)")
@@ -239,6 +272,12 @@ def _gate_args(p: argparse.ArgumentParser) -> None:
                         "is recorded with the release and in its notes")
 
 
+def _moves_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {ok, tag, dry_run, moves: [{repository, from, to, digest, "
+                        "moved, dry_run, seconds}]}")
+
+
 def _registry_args(p: argparse.ArgumentParser, *, dry_run: bool = True) -> None:
     _matrix(p)
     p.add_argument("--image", default=None, metavar="GLOB",
@@ -253,14 +292,14 @@ EXAMPLES = {
     "plan": "%(prog)s --tag 2026-07-01-dflashfix --format json",
     "render": "%(prog)s --check",
     "check": "%(prog)s --format json",
-    "build": "%(prog)s --tag 2026-07-01-dflashfix --only 'cpu-*'",
+    "build": "%(prog)s --tag 2026-07-01-dflashfix --image 'cpu-*'",
     "smoke": "%(prog)s --tag 2026-07-01-dflashfix     (or: %(prog)s 127.0.0.1:5000/vllm-spark/"
              "cpu-tiny-ngram:latest)",
-    "gates": "%(prog)s --tag 2026-07-01-dflashfix --only 'cpu-*'",
+    "gates": "%(prog)s --tag 2026-07-01-dflashfix --image 'cpu-*'",
     "bench": "%(prog)s --tag 2026-07-01-dflashfix --concurrency 1,8 --requests 16",
     "publish": "%(prog)s --tag 2026-07-01-dflashfix --dry-run",
     "promote": "%(prog)s --tag 2026-07-01-dflashfix --dry-run",
-    "rollback": "%(prog)s --to 2026-06-18-dflashfix --image 'cpu-*' --dry-run",
+    "rollback": "%(prog)s --tag 2026-06-18-dflashfix --image 'cpu-*' --dry-run",
     "releases": "%(prog)s --image cpu-tiny-ngram",
     "table": "%(prog)s --tag 2026-07-01-dflashfix --store",
     "history": "%(prog)s --image cpu-tiny-ngram",
@@ -278,6 +317,9 @@ EXAMPLES = {
     "runner-clean": "%(prog)s --keep 3 --dry-run",
     "lock": "%(prog)s --check     (or: %(prog)s --update tiny)",
     "schema": "%(prog)s > matrix.schema.json     (or: %(prog)s --format markdown)",
+    "completion": "%(prog)s bash > ~/.imagebuild.bash     (or: %(prog)s zsh > "
+                  "~/.zfunc/_imagebuild)",
+    "init": "%(prog)s my-images     (then: cd my-images)",
     "migrate": "%(prog)s --matrix examples/cpu-tiny-llama/matrix.yaml --dry-run",
     "facts": "%(prog)s record --python .venv-vllm/bin/python     (or: %(prog)s list)",
 }
@@ -349,7 +391,10 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _release(p, tag_required=False)
     p.add_argument("--out", type=_out_dir, default=None, help="output dir (default: rendered/)")
     p.add_argument("--check", action="store_true",
-                   help="exit 1 when the committed rendered files are stale")
+                   help="exit 2 when the committed rendered files are stale (as `lock "
+                        "--check` does for a stale lock)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {ok, out, files, unresolved_pins} (--check: and stale)")
 
     p = sub.add_parser("check", help="preflight: KV-cache layout, serve-flag traps, "
                                      "checkpoint and pin rules (exit 2 on any error); with "
@@ -408,11 +453,14 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "finishes after a newer one, a re-run after a rollback); without it "
                         "both refuse with exit 1")
     _gate_args(p)
+    _moves_format(p)
 
     p = sub.add_parser("rollback", help="move latest back to an older release (server-side)")
     _registry_args(p)
-    p.add_argument("--to", required=True, type=_release_tag,
-                   help="release tag, full or DATE-NAME")
+    # --tag, as every command that names a release names it (was --to)
+    p.add_argument("--tag", "--to", dest="to", action=_Renamed, old=("--to",), required=True,
+                   type=_release_tag, help="the release to go back to: its tag, full or "
+                                           "DATE-NAME")
     p.add_argument("--accept-unmeasured", dest="accept_unmeasured", default=None,
                    metavar="REASON", type=_reason,
                    help="roll back to a release that was never benched or was promoted "
@@ -421,6 +469,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                    metavar="REASON", type=_reason,
                    help="let a rollback move latest forward (past the regression gate that "
                         "`promote` runs)")
+    _moves_format(p)
 
     p = sub.add_parser("releases", help="list releases in the registry, newest first")
     _registry_args(p, dry_run=False)
@@ -440,6 +489,9 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _registry_args(p, dry_run=False)
     p.add_argument("--out", type=_out_dir, default=None,
                    help="where history-<image>.png/.md go (default: build/bench/)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {repository: {releases: [{tag, latest, rolled_back, smoke, "
+                        "levels}], png, md}}")
 
     p = sub.add_parser("verify", help="check what is stored with a release against its "
                                       "image: record, SBOM, provenance, bench results, "
@@ -447,6 +499,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                                       "missing or disagrees)")
     p.add_argument("image", metavar="IMAGE_REF", type=_image_ref,
                    help="REGISTRY/NAMESPACE/IMAGE:TAG or REGISTRY/NAMESPACE/IMAGE@sha256:...")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {image, ok, counts, checks: [{status, what, detail}]}")
 
     p = sub.add_parser("launch", help="start a multi-node cell: check that its per-node "
                                       "files agree and every host has the same image, then "
@@ -470,6 +524,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _registry_args(p)
     p.add_argument("--keep", type=_positive_int, required=True,
                    help="newest N releases to keep")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {repository: {dry_run, keep: [{tag, why}], delete, skipped}}")
 
     p = sub.add_parser("unlock", help="remove a registry lease that a gone run left "
                                       "behind (an unreadable or expired expiry; a live one "
@@ -489,6 +545,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--pull", action="store_true",
                    help="for a cell done before but not benched: pull the tested image by "
                         "digest (its id checked) so `bench --tag` finds it here")
+    p.add_argument("--format", choices=("github", "json"), default="github",
+                   help="github: name=value lines for $GITHUB_OUTPUT; json: {tag, cells}")
 
     p = sub.add_parser("notes", help="GitHub release notes of a release (markdown)")
     _release(p)
@@ -542,9 +600,12 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("lock", help="resolve every pin into matrix.lock.json")
     _matrix(p)
     p.add_argument("--update", action="append", default=[], metavar="NAME",
-                   help="re-resolve NAME (a model, drafter or target), moving a tracked branch")
+                   help="re-resolve NAME (a model, drafter or target), moving a tracked "
+                        "branch; an engine: write its wheel's hash-pinned requirement set")
     p.add_argument("--check", action="store_true",
                    help="exit 2 when the lock disagrees with matrix.yaml; resolve nothing")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="json: {ok, lock, unresolved} (--check: {ok, lock, stale})")
 
     p = sub.add_parser("schema", help="print matrix.yaml's JSON Schema (for editors) or its "
                                       "reference page, both generated from the models")
@@ -582,6 +643,16 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     _verbosity(ls, argparse.SUPPRESS)
     _version(ls)
     _matrix(ls)
+    p = sub.add_parser("completion", help="print shell completion for bash or zsh, made "
+                                          "from this parser (commands, options, choices)")
+    p.add_argument("shell", choices=("bash", "zsh"),
+                   help="bash: eval it in ~/.bashrc; zsh: save it as _imagebuild in $fpath")
+    p = sub.add_parser("init", help="start a project folder from the example matrix the "
+                                    "package carries (the cpu target): matrix.yaml, its "
+                                    "lock, the files it names, the rendered files")
+    p.add_argument("dir", nargs="?", type=_out_dir, default=Path("."), metavar="DIR",
+                   help="the folder to write (default: the current one); refused when it "
+                        "already holds one of those files")
     p = sub.add_parser("migrate", help="rewrite an older matrix.yaml to the current schema "
                                        "in place (renamed fields; comments kept)")
     _matrix(p)

@@ -17,6 +17,7 @@ import re
 import subprocess
 import tarfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ OWNER_LABEL = "io.imagebuild.owner"
 # what talking to the engine can raise: the SDK's errors, and the transport's when the
 # socket is gone or the daemon stops answering
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException)
+REMOVAL_WAIT_S = 60.0  # a container another caller is removing is gone within this
 
 
 def run_labels(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -358,9 +360,24 @@ class Engine:
                 return
             except docker.errors.APIError as exc:
                 if "removal of container" in str(exc) and "in progress" in str(exc):
-                    return
+                    # another removal (an auto-remove, a second caller) is under way: it is
+                    # removed once it is gone, which on a busy engine takes seconds
+                    return self._wait_gone(name)
                 if attempt == 2:
                     raise OperationFailed(f"cannot remove container {name}: {exc}") from None
+
+    def _wait_gone(self, name: str, timeout: float = REMOVAL_WAIT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.api.inspect_container(name)
+            except docker.errors.NotFound:
+                return
+            except ENGINE_ERRORS as exc:
+                raise OperationFailed(f"cannot remove container {name}: {exc}") from None
+            time.sleep(0.2)
+        raise OperationFailed(f"container {name} is still being removed after {timeout:.0f} s",
+                              fix=f"`docker rm -f {name}` once the engine is less busy")
 
     # -- builds: the one use of the CLI
 

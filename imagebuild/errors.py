@@ -43,11 +43,13 @@ class ImagebuildError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str, *, fix: str | None = None, where: str | None = None):
+    def __init__(self, message: str, *, fix: str | None = None, where: str | None = None,
+                 details: dict[str, Any] | None = None):
         super().__init__(message)
         self.message = message
         self.fix = fix
         self.where = where  # "file:line:col" when the cause sits in a file
+        self.details = details  # what `--format json`'s error document adds (e.g. stale files)
 
     def render(self) -> str:
         head = f"{self.where}: {self.message}" if self.where else self.message
@@ -73,4 +75,20 @@ def validation_text(err: Any) -> str:
     cause = (err.get("ctx") or {}).get("error")
     if err.get("type") in ("value_error", "assertion_error") and cause is not None:
         return str(cause)
-    return str(err.get("msg", ""))
+    text = str(err.get("msg", ""))
+    for theirs, ours in PYDANTIC_WORDS:
+        text = text.replace(theirs, ours)
+    return text
+
+
+# pydantic's phrases, as the rest of our messages say the same things
+PYDANTIC_WORDS = (("Extra inputs are not permitted", "unknown key"),
+                  ("Field required", "missing (it is required)"),
+                  ("Input should be a valid dictionary", "must be a mapping (key: value)"),
+                  ("Input should be a valid list", "must be a list"),
+                  ("Input should be a valid integer", "must be a whole number"),
+                  ("Input should be a valid number", "must be a number"),
+                  ("Input should be a valid string", "must be text"),
+                  ("Input should be a valid boolean", "must be true or false"),
+                  ("String should match pattern", "must match the pattern"),
+                  ("Input should be", "must be"))

@@ -14,6 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild.errors import UserError
+from imagebuild.facts import facts_for, locked_dir
+from imagebuild.facts.signals import (
+    SPECULATIVE_METRICS,
+    missing_metrics,
+    readers,
+    unreadable,
+)
 from imagebuild.lock.lockfile import Lock, read_lock, served_files
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.matrix import Cell
@@ -70,7 +77,7 @@ def _from_command(cmd: ServeCommand) -> dict[str, Any]:
     }
 
 
-def _expected_backends(cell: Cell) -> dict[str, str]:
+def expected_backends(cell: Cell) -> dict[str, str]:
     """The profile's expect_backends; a cell without a drafter boots with no speculative
     method whatever a profile it extends expects (speculation is the cell's, not the
     profile's: a plain cell of a profile that extends a speculative one)."""
@@ -84,8 +91,23 @@ def _expected_backends(cell: Cell) -> dict[str, str]:
     return want
 
 
-def expectations_for(cell: Cell, lock: Lock | None) -> dict[str, Any]:
-    """The cell's promises: served names, parsers, speculation, limits, files to verify."""
+def signals(version: str | None, gpu: bool, root: Path | None) -> dict[str, Any]:
+    """How smoke reads this vLLM version's log and /metrics (facts/signals.py): the
+    readers of its messages on the platform, the signals none of them carries and why, and
+    the speculative-decoding metrics it does not register. The facts are the version's
+    (shipped, or recorded beside the matrix at `root`), never another version's."""
+    facts = facts_for(version, [locked_dir(root)] if root else []) if version else None
+    platform = "cuda" if gpu else "cpu"
+    read = readers(facts, platform)
+    return {"vllm_version": version, "log_readers": read,
+            "log_unreadable": unreadable(facts, platform, read),
+            "metrics_missing": missing_metrics(facts, SPECULATIVE_METRICS)}
+
+
+def expectations_for(cell: Cell, lock: Lock | None, root: Path | None = None
+                     ) -> dict[str, Any]:
+    """The cell's promises: served names, parsers, speculation, limits, files to verify.
+    `root`: the matrix's folder (its locked/vllm facts; default: beside the lock)."""
     cmd = serve_command(cell)
     exp = _from_command(cmd)
     prof, target = cell.profile, cell.target
@@ -104,11 +126,13 @@ def expectations_for(cell: Cell, lock: Lock | None) -> dict[str, Any]:
         "speculative_method": cell.drafter.method if cell.drafter else None,
         "acceptance_floor": prof.acceptance_floor,
         # kernels the boot must choose (smoke/backends.py); {} asserts none, reports all
-        "expect_backends": _expected_backends(cell),
+        "expect_backends": expected_backends(cell),
         "multimodal": cell.model.multimodal,
         "concurrency": list(target.smoke_concurrency),
         "boot_timeout_s": target.boot_timeout_s,
         "memory_limit": target.memory_limit,
+        **signals(cell.engine.vllm_version, target.gpu,
+                  root or (lock.path.parent if lock else None)),
     })
     model = _files(lock, "models", cell.model_name, MODEL_DIR, cell.model.exclude)
     drafter = (_files(lock, "drafters", cell.drafter_name, DRAFTER_DIR, cell.drafter.exclude)
@@ -128,22 +152,26 @@ def expectations_from_labels(image_ref: str, info: dict[str, Any], *,
     if not cell_id:
         raise UserError(f"image {image_ref} has no {LABEL_NS}.cell label",
                         fix="smoke-test images built by `build.py build`")
-    path = mx.matrix_path(matrix)
-    try:
+    path: Path | None = None
+    try:  # no matrix at all (an installed tool outside a project): the labels alone
+        path = mx.matrix_path(matrix)
         lm = mx.load(path)
         cells = [c for c in mx.expand(lm) if c.id == cell_id and c.engine_name == engine]
     except UserError:
         cells = []
     if cells:
-        exp = expectations_for(cells[0], read_lock(lm.root))
+        exp = expectations_for(cells[0], read_lock(lm.root), lm.root)
     else:
         cmd = list(info.get("Config", {}).get("Cmd") or [])
         target_name = cell_id.split("/", 1)[0]
-        exp = _from_command(_argv_command(cmd))
+        exp = _from_command(argv_command(cmd))
         exp.update({"source": "labels", "cell": cell_id, "engine": engine,
                     "image": cell_id.split("/", 1)[-1], "target": target_name,
                     **{k: v for k, v in DEFAULT_TARGET.items()},
-                    "gpu": needs_gpu(info), "acceptance_floor": 0.0, "files": None})
+                    "gpu": needs_gpu(info), "acceptance_floor": 0.0, "files": None,
+                    # the engine image's label, inherited by the serve image
+                    **signals(labels.get(f"{LABEL_NS}.vllm.version"), needs_gpu(info),
+                              path.parent if path else None)})
     # what the image itself claims; a disagreement with the cell is a finding in itself
     exp["labels"] = {
         "served_names": [n for n in labels.get(f"{LABEL_NS}.served-names", "").split(",") if n],
@@ -159,7 +187,8 @@ def needs_gpu(info: dict[str, Any]) -> bool:
     return any(str(e).split("=", 1)[0] == "NVIDIA_VISIBLE_DEVICES" for e in env)
 
 
-def _argv_command(argv: list[str]) -> ServeCommand:
+def argv_command(argv: list[str]) -> ServeCommand:
+    """A serve command as an image's CMD holds it (its flags read by ServeCommand.flag)."""
     probe = ServeCommand(argv=tuple(argv), env=(), port=8000, host="127.0.0.1")
     port, host = probe.flag("port"), probe.flag("host")
     return ServeCommand(argv=tuple(argv), env=(),

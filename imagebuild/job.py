@@ -94,10 +94,15 @@ def preflight(plan: Plan, *, building: bool = False) -> None:
 
 
 def buildable(plan: Plan) -> Plan:
-    """A plan that may build: a tag, pins locked and resolved, preflight clean; the same
-    findings `check --tag` prints (lock agreement and unresolved pins: preflight/pins.py)."""
+    """A plan that may build: a tag, the build's environment settings readable, pins
+    locked and resolved, preflight clean; the same findings `check --tag` prints (lock
+    agreement and unresolved pins: preflight/pins.py). The environment first: preflight
+    may fetch the pinned vLLM, and bad input reaches no index."""
+    from imagebuild.builder.builder import check_environment  # deferred: build stack
+
     if plan.tag is None:
         raise UserError("building needs a release tag", fix="pass --tag DATE-NAME")
+    check_environment()
     preflight(plan, building=True)
     return plan
 
@@ -172,8 +177,9 @@ def document_jobs(client: RegistryClient, plan: Plan, out: Path,
 
 def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
                skip: dict[str, dict[str, str]] | None = None) -> None:
-    """Measure each job's tested image with its target's `bench:` settings and store the
-    results with the release (kept when the registry already has them: a re-run)."""
+    """Measure each job's tested image with its target's `bench:` settings (and, with
+    `plain_baseline`, a speculating image's plain twin) and store the results with the
+    release (kept when the registry already has them: a re-run)."""
     from imagebuild.bench import results, store
     from imagebuild.bench.command import (
         bench_image,
@@ -204,7 +210,8 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
             doc = bench_image(job.release_ref, info, limits=Limits.of(job.expect),
                               prompt_set=prompt_set,
                               levels=b.concurrency, load_kw=load_kw, settings=settings,
-                              label=str(job.tag), nodes=nodes_server(job, info, out))
+                              label=str(job.tag), nodes=nodes_server(job, info, out),
+                              plain=b.plain_baseline)
         digest = store.put_results(client, repo, str(job.tag), doc)
         md = results.markdown(doc)
         print(md + f"stored with {repo}:{job.tag} ({digest[:19]})")
@@ -214,10 +221,11 @@ def bench_jobs(client: RegistryClient, jobs: tuple[Job, ...], out: Path,
 def promote(plan: Plan, client: RegistryClient, *, accept_regression: str | None,
             accept_untrusted: str | None = None, accept_unmeasured: str | None = None,
             accept_rolled_back: str | None = None, forward_only: bool = False,
-            dry_run: bool = False, accept_acceptance_drop: str | None = None) -> None:
+            dry_run: bool = False, accept_acceptance_drop: str | None = None) -> list[Any]:
+    """The moves of latest (release/latest.py Move), one per image."""
     from imagebuild.release.latest import promote_jobs
 
-    promote_jobs(client, plan.jobs,
+    return promote_jobs(client, plan.jobs,
                  default_threshold=plan.lm.matrix.publish.regression_threshold,
                  default_acceptance_threshold=plan.lm.matrix.publish.acceptance_threshold,
                  accept_acceptance_drop=accept_acceptance_drop,

@@ -1,5 +1,5 @@
 """`build.py pins watch`: has a pinned model or drafter moved upstream, and would the new head
-pass preflight?
+pass preflight? (Engines: is a newer vLLM on the package index, enginewatch.py.)
 
 For each Hub pin of matrix.yaml the watched branch is its `track:` branch, or `main` for a
 revision pin. When the branch head differs from the locked commit, the head's small metadata
@@ -15,6 +15,7 @@ updates one GitHub issue per pin; deciding and wording stay here, in tested Pyth
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import re
 import tempfile
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from imagebuild.enginewatch import MARKER, EngineReport, findings_table, watch_engines
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.lock.hub import HubClient, HubUnreachable
 from imagebuild.lock.lockfile import LOCK_NAME, Lock, read_lock
@@ -47,7 +49,6 @@ REASONS = {
     "max-model-len-supported": "max-model-len beyond the config",
     "metadata-matches-lock": "metadata does not match the listing",
 }
-MARKER = "<!-- imagebuild pins watch -->"  # lets the workflow find its own issues
 
 
 def reason_of(f: Finding) -> str:
@@ -132,14 +133,7 @@ class PinReport:
                        + ", ".join(f"`{c}`" for c in self.context))
         if self.cells:
             out.append(f"- cells checked: {', '.join(self.cells)}")
-        shown = [f for f in self.findings if f.severity != "info"]
-        if shown:
-            out += ["", "| cell | severity | rule | finding |", "|---|---|---|---|"]
-            for f in shown:
-                msg = f.message.replace("|", "\\|").replace("\n", " ")
-                out.append(f"| {f.cell} | {f.severity} | `{f.rule}` | {msg} |")
-        out += ["", "_Written by `python build.py pins watch`; updated on every run._", ""]
-        return "\n".join(out)
+        return "\n".join(out + findings_table(self.findings))
 
 
 def _hub_pins(lm: LoadedMatrix) -> list[tuple[str, str, Model | Drafter]]:
@@ -240,11 +234,16 @@ def watch(lm: LoadedMatrix, lock: Lock | None, client: Any, *,
                 for kind, name, pin in _hub_pins(lm) if only is None or only(kind, name)]
 
 
-def slug(report: PinReport) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{report.kind}-{report.name}")
+def slug(report: Report) -> str:
+    which = (f"{report.kind}-{report.name}" if isinstance(report, PinReport)
+             else f"{report.kind}-{report.name}-{report.target}")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", which)
 
 
-def write_issue_files(reports: list[PinReport], out: Path) -> list[Path]:
+Report = PinReport | EngineReport
+
+
+def write_issue_files(reports: list[Report], out: Path) -> list[Path]:
     """`<kind>-<name>.md` (issue body) and `.title` for each pin whose head moved: what the
     workflow turns into one open-or-updated issue per pin; and `watched.tsv`, the verdict
     and title of every pin watched, written last: the workflow closes a pin's issue only
@@ -263,22 +262,42 @@ def write_issue_files(reports: list[PinReport], out: Path) -> list[Path]:
     return written
 
 
-def render(reports: list[PinReport], fmt: str) -> str:
+def render(reports: list[Report], fmt: str) -> str:
     if fmt == "json":
-        return json.dumps({"pins": [r.as_json() for r in reports]}, indent=2)
+        return json.dumps({"pins": [r.as_json() for r in reports if isinstance(r, PinReport)],
+                           "engines": [r.as_json() for r in reports
+                                       if isinstance(r, EngineReport)]}, indent=2)
     if fmt == "markdown":
         return "\n".join(f"## {r.title}\n\n{r.markdown()}" for r in reports)
     return "\n".join(f"{r.label} ({r.repository}@{r.branch}): {r.verdict}: {r.headline}"
+                     if isinstance(r, PinReport) else f"{r.label}: {r.verdict}: {r.headline}"
                      for r in reports)
 
 
+def check_only(lm: LoadedMatrix, only: list[str]) -> None:
+    """`--only NAME`: a Hub-pinned model or drafter, or an engine (exit 2 otherwise)."""
+    known = [name for _, name, _ in _hub_pins(lm)] + list(lm.matrix.engines)
+    for name in only:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise UserError(f"--only {name}: no Hub-pinned model or drafter and no engine of "
+                            f"that name{hint}", fix=f"use one of: {', '.join(known)}")
+
+
 def run_watch(matrix: Path | None, only: list[str], out: Path | None, fmt: str) -> str:
-    """`pins watch`: every Hub pin of the matrix (or those named in `only`) against its
-    branch head; the issue files written to `out` when given; the report as text."""
+    """`pins watch`: every Hub pin of the matrix against its branch head, and every engine
+    against the newest release of its vLLM on the index (or those named in `only`); the
+    issue files written to `out` when given; the report as text."""
     lm = mx.load(matrix.resolve() if matrix else None)
+    check_only(lm, only)
     names = set(only)
-    reports = watch(lm, read_lock(lm.root), HubClient(),
-                    only=(lambda kind, name: name in names) if names else None)
+    lock = read_lock(lm.root)
+    reports: list[Report] = list(watch(lm, lock, HubClient(),
+                                       only=(lambda kind, name: name in names) if names
+                                       else None))
+    reports += watch_engines(lm, lock, {n for n in names if n in lm.matrix.engines}
+                             if names else None)
     if out:
         write_issue_files(reports, out)
     return render(reports, fmt)

@@ -207,7 +207,7 @@ def make_jobs(lm: LoadedMatrix, cells: list[Cell] | tuple[Cell, ...], tag: Relea
               lock: Lock | None) -> tuple[Job, ...]:
     dest = destination(lm)
     return tuple(Job(cell=c, tag=tag, image=dest.image(c.image), pins=cell_pins(c, lm, lock),
-                     serve=serve_command(c), expect=expectations_for(c, lock),
+                     serve=serve_command(c), expect=expectations_for(c, lock, lm.root),
                      nodes=node_commands(c)) for c in cells)
 
 
@@ -231,8 +231,8 @@ def load_plan(matrix: Path | None, tag: str | None, target: str | None = None,
         raise UserError(
             f"no cell matches (target {target}"
             + (f", engine {rtag.name}" if rtag else "")
-            + (f", --only {only}" if only else "") + ")",
-            fix="check --target/--only against `build.py plan --format json`")
+            + (f", --image {only}" if only else "") + ")",
+            fix="check --target/--image against `build.py plan --format json`")
     lock = read_lock(lm.root)
     jobs = make_jobs(lm, selected, rtag, lock) if rtag else ()
     return Plan(lm, lock, rtag, target, why, tuple(selected), jobs)

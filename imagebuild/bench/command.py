@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from imagebuild import REPO_ROOT, buildfolder, progress
 from imagebuild.bench import apart, client, compare, placement, prompts, results, store
@@ -22,7 +23,7 @@ from imagebuild.plan import ImageRef, Job
 from imagebuild.registry.client import RegistryClient
 from imagebuild.serving import container  # called as container.X: tests swap in doubles
 from imagebuild.serving.container import Server
-from imagebuild.serving.runspec import Limits
+from imagebuild.serving.runspec import SPEC_FLAG, Limits, speculates
 from imagebuild.spec.nodecmd import multi_node
 from imagebuild.spec.tags import parse_release_tag
 
@@ -31,27 +32,29 @@ if TYPE_CHECKING:
 
 
 def measure(base_url: str, *, prompt_set: list[prompts.Prompt], levels: list[int],
-            load_kw: dict[str, Any], log: Callable[[str], None] = print
+            load_kw: dict[str, Any], log: Callable[[str], None] = print, run: str = ""
             ) -> tuple[list[dict[str, Any]], str]:
-    """Run every level against a live server: (level summaries, served model name)."""
+    """Run every level against a live server: (level summaries, served model name).
+    `run` names it in progress and log lines (`plain`: the plain twin, bench_image)."""
     model = asyncio.run(client.served_model(base_url))
     load = client.Load(model=model, **load_kw)
     out = []
+    name = f"{run} " if run else ""
     for c in levels:
         done = [0]
 
         def tick(c: int = c, done: list[int] = done) -> None:
             done[0] += 1
             of = f" of {load.requests}" if load.requests is not None else ""
-            progress.wait(f"bench c={c}", f"{done[0]}{of} requests")
+            progress.wait(f"bench {name}c={c}", f"{done[0]}{of} requests")
 
-        progress.wait(f"bench c={c}", "warm-up request")
+        progress.wait(f"bench {name}c={c}", "warm-up request")
         # in a process of its own: nothing else this process runs delays its reads
         level = apart.run_level(base_url, prompt_set, c, load, tick=tick)
         out.append(results.summarize(level))
         lv = out[-1]
         flags = "; ".join(f["code"] for f in lv["flags"])
-        log(f"c={c}: {lv['output_tok_s']:,.1f} tok/s, {lv['errors']} errors"
+        log(f"{name}c={c}: {lv['output_tok_s']:,.1f} tok/s, {lv['errors']} errors"
             + (f", UNTRUSTED ({flags})" if flags else ""))
     return out, model
 
@@ -68,12 +71,23 @@ def _image_meta(ref: str, info: dict[str, Any]) -> dict[str, Any]:
             "labels": labels, "pins": pins}
 
 
+def image_name(image: dict[str, Any]) -> str:
+    """What a run's files are named after: the image (its cell's, else its reference's
+    repository name), or the server's host and port for `--url`."""
+    if image.get("cell"):
+        return str(image["cell"]).rsplit("/", 1)[-1]
+    ref = str(image.get("ref") or "server")
+    if "://" in ref:
+        return urlsplit(ref).netloc
+    return ref.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
+
+
 def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
                   others: list[dict[str, Any]] | None = None) -> dict[str, Path]:
     """JSON + markdown of the run; the plot has one line per run (this one, then `others`,
     e.g. the baseline release)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = buildfolder.bench_files(out_dir, doc["started"])
+    files = buildfolder.bench_files(out_dir, image_name(doc["image"]))
     paths = {"json": files["json"], "md": files["md"]}
     paths["json"].write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     paths["md"].write_text(markdown)
@@ -87,7 +101,7 @@ def write_outputs(doc: dict[str, Any], out_dir: Path, markdown: str,
 def bench_image(ref: str, info: dict[str, Any], *, limits: Limits,
                 prompt_set: list[prompts.Prompt], levels: list[int], load_kw: dict[str, Any],
                 settings: dict[str, Any], place: Placement | None = None,
-                label: str | None = None, nodes: Server | None = None,
+                label: str | None = None, nodes: Server | None = None, plain: bool = False,
                 log: Callable[[str], None] = print) -> dict[str, Any]:
     """Start `ref` hardened on loopback, measure every level, remove it: one results doc.
     `limits`: the memory limit, GPUs and boot timeout it runs with, from its Job's
@@ -96,22 +110,38 @@ def bench_image(ref: str, info: dict[str, Any], *, limits: Limits,
     Server and client run on separate CPUs (`place`, by default split automatically).
     `nodes`: a multi-node cell's server (serving/container.py server_for: its nodes as its
     smoke runs them), which places each node on its own cores itself; the client is not
-    pinned."""
+    pinned. `plain`: when the image speculates, measure it once more right after without
+    `--speculative-config` (its plain twin: the same weights and flags, placed the same,
+    one more boot), kept under the document's `plain`: the baseline the advice compares
+    its drafter with (release/advice.py)."""
     if nodes is not None:
         place = placement.Placement(None, None, "not placed: the cell's nodes are placed "
                                     "by their own run (serving/nodes.py)")
     place = place or placement.choose()
     log(f"placement: {place.why}")
-    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
+
+    def levels_of(drop: tuple[str, ...], name: str) -> list[dict[str, Any]]:
+        server = nodes(drop) if nodes is not None else container.serving(
+            ref, info, limits, drop_flags=drop, cpuset=place.server_cpus, log=log)
+        with server as c, place.client_pinned():
+            measured, _model = measure(c.base_url, prompt_set=prompt_set, levels=levels,
+                                       load_kw=load_kw, log=log, run=name)
+        return measured
+
     meta = _image_meta(ref, info)
-    server = nodes(()) if nodes is not None else container.serving(
-        ref, info, limits, cpuset=place.server_cpus, log=log)
-    with server as c, place.client_pinned():
-        measured, _model = measure(c.base_url, prompt_set=prompt_set, levels=levels,
-                                   load_kw=load_kw, log=log)
     meta["label"] = label
-    return results.document(image=meta, settings={**settings, **place.as_settings()},
-                            levels=measured, started=started)
+    started = _now()
+    doc = results.document(image=meta, settings={**settings, **place.as_settings()},
+                           levels=levels_of((), ""), started=started)
+    if plain and speculates(info):
+        started = _now()
+        doc["plain"] = {"started": started, "without": [SPEC_FLAG],
+                        "levels": levels_of((SPEC_FLAG,), "plain")}
+    return doc
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
 
 
 def nodes_server(job: Job, info: dict[str, Any], out_dir: Path) -> Server | None:
@@ -142,6 +172,10 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
     if sum(bool(x) for x in (args.image, args.tag, args.url)) != 1:
         raise UserError("give one of IMAGE_REF, --tag T or --url URL",
                         fix="e.g. `build.py bench 127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:TAG`")
+    if args.plain_baseline and args.url:
+        raise UserError("--plain-baseline starts the image without --speculative-config, "
+                        "and --url measures a server this command did not start",
+                        fix="give the image's IMAGE_REF or --tag T, or drop --plain-baseline")
     if args.store and args.url:
         raise UserError("--store keeps results with a release, and --url measures a server "
                         "of no release", fix="give the release's IMAGE_REF or --tag T")
@@ -163,6 +197,8 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
         target.requests if target else None)
     max_tokens = args.max_tokens or (target.max_tokens if target else 128)
     prompt_arg = args.prompts or (target.prompts if target else "structured,prose")
+    plain = args.plain_baseline if args.plain_baseline is not None else bool(
+        target and target.plain_baseline)
     place = placement.choose(args.server_cpus, args.client_cpus)
     prompt_set, load_kw, settings = load_settings(
         concurrency, prompt_arg, requests=requests, duration=args.duration,
@@ -174,7 +210,7 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
 
         reap()
     if args.url:
-        started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H-%M-%SZ")
+        started = _now()
         # a server we did not start: only the client can be placed
         place = placement.choose(client_cpus=args.client_cpus) if args.client_cpus else \
             placement.Placement(None, None, "not placed: --url")
@@ -196,7 +232,7 @@ def run(args: argparse.Namespace, plan: Plan | None) -> int:
             with progress.stage("bench", ref):
                 return bench_image(ref, info, limits=Limits.of(expect), prompt_set=prompt_set,
                                    levels=concurrency, load_kw=load_kw, settings=settings,
-                                   place=place, label=args.label,
+                                   place=place, label=args.label, plain=plain,
                                    nodes=nodes_server(job, info, out_root) if job else None)
         docs = ((ref, one(ref)) for ref in refs)
     for ref, doc in docs:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild.bench import acceptance, store, trust
+from imagebuild.bench.plot import from_zero, series_style
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.records import list_releases
 
@@ -44,6 +45,17 @@ class Point:
 class History:
     repo: str
     points: list[Point]  # oldest first
+
+    def as_json(self) -> dict[str, Any]:
+        """`history --format json`: each release, newest first (as `releases`), with its
+        figures per concurrency level (the words of the table: smoke passed or not)."""
+        return {"repository": self.repo, "releases": [
+            {"tag": p.tag, "latest": p.is_latest, "rolled_back": p.rolled_back,
+             "smoke": "passed" if p.passed else "not passed",
+             "levels": {str(c): {"tok_s": f.tok_s, "ttft_p50_ms": f.ttft_p50_ms,
+                                 "acceptance": f.acceptance, "mean_length": f.mean_length,
+                                 "untrusted": list(f.flags)} for c, f in p.levels.items()}}
+            for p in reversed(self.points)]}
 
     @property
     def speculative(self) -> bool:
@@ -111,8 +123,8 @@ def figure(h: History) -> Any:
     for ax, (what, ylabel) in zip(axes, panels, strict=True):
         for i, c in enumerate(h.concurrency):
             ys = h.series(c, what)
-            (line,) = ax.plot(xs, ys, marker="o", label=f"c={c}", gid=f"c={c}",
-                              color=f"C{i}")
+            (line,) = ax.plot(xs, ys, label=f"c={c}", gid=f"c={c}", color=f"C{i}",
+                              **series_style(i))
             bad = [(x, y) for x, y, p in zip(xs, ys, h.points, strict=True)
                    if p.levels.get(c) and p.levels[c].flags and what != "acceptance"]
             if bad:  # untrusted figures: hollow, so nobody reads them as equals
@@ -126,7 +138,7 @@ def figure(h: History) -> Any:
         ax.set_xticks(xs, [_label(p) for p in h.points], rotation=20, ha="right", fontsize=8)
         ax.set_ylabel(ylabel)
         ax.set_xlim(-0.5, len(xs) - 0.5)
-        ax.grid(True, alpha=0.3)
+        from_zero(ax, top=1.0 if what == "acceptance" else None)
         ax.legend(fontsize=8, title="concurrency", title_fontsize=8)
     fig.suptitle(f"{h.repo}: every release (yellow: latest, red: rolled back from; "
                  "hollow: untrusted figures)", fontsize=10)

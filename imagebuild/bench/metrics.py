@@ -1,7 +1,8 @@
 """vLLM's Prometheus `/metrics`: the counters and histograms a benchmark level reads.
 
-Read before and after each level; the difference is what that level did. Names from
-vLLM 0.23 (`vllm:` prefix, docs/domain.md "speculative decoding is firing").
+Read before and after each level; the difference is what that level did. The names are
+facts/signals.py's METRICS, which preflight checks against each engine's vLLM version's
+recorded metrics (rule smoke-signal-missing).
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-DRAFTS = "vllm:spec_decode_num_drafts_total"
-DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
-TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+from imagebuild.facts.signals import sample
+
+DRAFTS = sample("drafts")
+DRAFT_TOKENS = sample("draft_tokens")
+ACCEPTED = sample("accepted_tokens")
+TTFT_SUM = sample("ttft", "_sum")
+TTFT_COUNT = sample("ttft", "_count")
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 

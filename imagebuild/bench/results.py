@@ -97,20 +97,56 @@ def _f(v: float | None, digits: int = 1) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
+def plain_levels(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The plain twin's level summaries by concurrency (bench_image's `plain`: the same
+    image measured without --speculative-config); {} when it was not measured."""
+    return {int(lv["concurrency"]): lv for lv in (doc.get("plain") or {}).get("levels", [])}
+
+
+def plain_run(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The plain twin as a run of its own (a line of the plot), None when not measured."""
+    plain = doc.get("plain") or {}
+    if not plain.get("levels"):
+        return None
+    img = doc["image"]
+    name = img.get("label") or img.get("tag") or img.get("ref")
+    return {**doc, "image": {**img, "label": f"{name} without speculation"},
+            "started": plain.get("started"), "levels": plain["levels"], "plain": None}
+
+
 def markdown(doc: dict[str, Any], deltas: dict[int, dict[str, float]] | None = None) -> str:
-    """The table for release notes; with `deltas` a column of tok/s change vs a baseline."""
+    """The table for release notes; with `deltas` a column of tok/s change vs a baseline,
+    and with a plain twin a column of tok/s change against it and its own table."""
     img = doc["image"]
     head = (f"**{img.get('tag') or img.get('ref')}** on {doc['hardware']['model']} - "
             f"{doc['settings'].get('prompts')}, {doc['settings'].get('max_tokens')} output "
             f"tokens per request\n\n")
+    plain = plain_levels(doc)
+    out = head + _table(doc["levels"], deltas, plain)
+    if plain:
+        out += ("\nThe same image without `--speculative-config` (its plain twin), measured "
+                "right after:\n\n" + _table(list(plain.values()), None, {}))
+    why = trust.summary(doc) + "".join(
+        f"\nplain c={c}: " + "; ".join(f["reason"] for f in lv["flags"])
+        for c, lv in plain.items() if lv.get("flags"))
+    tail = ("\n**Untrusted figures** (the gate will not compare them silently):\n\n"
+            + "\n".join(f"- {line}" for line in why.strip().splitlines()) + "\n"
+            ) if why else ""
+    return out + tail
+
+
+def _table(levels: list[dict[str, Any]], deltas: dict[int, dict[str, float]] | None,
+           plain: dict[int, dict[str, Any]]) -> str:
     cols = ["c", "req", "err", "tok/s", "req/s", "TTFT p50 ms", "TTFT p90 ms",
             "TTFT mean ms (server's)", "TPOT p50 ms",
             "ITL p50 ms", "E2E p50 ms", "accept", "mean acc len", "client CPU ms/req",
             "figures"]
+    if plain:
+        cols.insert(4, "vs plain")
     if deltas is not None:
         cols.insert(4, "vs baseline")
     rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for lv in doc["levels"]:
+    for lv in levels:
         sd = lv.get("spec_decode") or {}
         cells = [str(lv["concurrency"]), str(lv["requests"]), str(lv["errors"]),
                  _f(lv["output_tok_s"]), _f(lv["request_rate"], 2),
@@ -124,13 +160,14 @@ def markdown(doc: dict[str, Any], deltas: dict[int, dict[str, float]] | None = N
                  _f(lv["client_cpu_ms_per_request"], 2),
                  ("**UNTRUSTED** (" + ", ".join(f["code"] for f in lv["flags"]) + ")"
                   if lv.get("flags") else "ok" if "flags" in lv else "not checked")]
+        if plain:
+            twin = plain.get(lv["concurrency"])
+            cells.insert(4, "-" if not twin or not twin["output_tok_s"] else
+                         f"{lv['output_tok_s'] / twin['output_tok_s'] - 1:+.1%}")
         if deltas is not None:
             dl = deltas.get(lv["concurrency"], {})
             d = dl.get("output_tok_s")
             cells.insert(4, ("-" if d is None else f"{d:+.1%}")
                          + (" (untrusted)" if dl.get("untrusted") else ""))
         rows.append("| " + " | ".join(cells) + " |")
-    why = trust.summary(doc)
-    tail = ("\n**Untrusted figures** (the gate will not compare them silently):\n\n"
-            + "\n".join(f"- {line}" for line in why.splitlines()) + "\n") if why else ""
-    return head + "\n".join(rows) + "\n" + tail
+    return "\n".join(rows) + "\n"

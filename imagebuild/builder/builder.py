@@ -676,7 +676,7 @@ def build_jobs(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,
     locally, the reference smoke, publish and bench then use. With `engine_image` (the
     digest an engine job pushed) the jobs' one engine is pulled, not built."""
     if not jobs:
-        raise UserError("nothing to build", fix="check --target/--only")
+        raise UserError("nothing to build", fix="check --target/--image")
     assert lock is not None, "buildable() refuses a plan without a lock"
     if engine_image:
         engines = sorted({f"{j.cell.target_name}/{j.cell.engine_name}" for j in jobs})
@@ -697,7 +697,7 @@ def build_engines(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], *,
     """Base and engine of each (target, engine) the jobs use, once each; no serve image
     (`build --engine-only`: a release's engine stage)."""
     if not jobs:
-        raise UserError("nothing to build", fix="check --target/--only")
+        raise UserError("nothing to build", fix="check --target/--image")
     assert lock is not None, "buildable() refuses a plan without a lock"
     builder = Builder(lm, lock, out_dir=out_dir, log=log, no_cache=no_cache)
     for job in jobs:

@@ -85,7 +85,7 @@ def ship_engines(lm: LoadedMatrix, lock: Lock | None, jobs: tuple[Job, ...], des
     """Each (target, engine) of the jobs once: taken from the registry when it already holds
     these inputs, else built (local build avoidance applies) and pushed. target -> ref."""
     if not jobs:
-        raise UserError("nothing to build", fix="check --target/--only")
+        raise UserError("nothing to build", fix="check --target/--image")
     assert lock is not None, "buildable() refuses a plan without a lock"
     client = RegistryClient(dest.registry)
     builder = Builder(lm, lock, out_dir=out_dir, log=log)

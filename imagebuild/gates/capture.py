@@ -3,8 +3,10 @@
 Smoke already boots the image exactly as it ships; the gates' requests sent to that
 server (suite/test_gates_capture.py) spare the gates a second boot of the same thing, so
 a cell with a drafter costs the gates one boot (the plain server), not two. The record
-holds every token, logprob and the server's identity before and after; the gates use it
-only for exactly the image and settings they judge, else they boot the image themselves."""
+holds every token, logprob and the server's identity before and after, the plan it sent
+(the plain server gets the same one) and vLLM's counters around each phase and during the
+long request; the gates use it only for exactly the image and settings they judge, else
+they boot the image themselves."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from imagebuild.gates.client import Generation
+from imagebuild.gates.conditions import Plan
 from imagebuild.gates.identity import Identity
+from imagebuild.gates.metrics import Counters
 from imagebuild.gates.runrecord import Run
+from imagebuild.gates.shape import ServerShape
 from imagebuild.spec.gates import GateSettings
 
 
@@ -37,6 +42,11 @@ def save_capture(path: Path, image_id: str, settings: GateSettings, run: Run) ->
         "untrusted": run.untrusted, "boot_s": run.boot_s, "seconds": run.seconds,
         "before": run.before.as_json() if run.before else None,
         "after": run.after.as_json() if run.after else None,
+        "plan": run.plan.as_json() if run.plan else None,
+        "shape": run.shape.as_json() if run.shape else None,
+        "evidence": {k: v.as_json() for k, v in run.evidence.items()},
+        "decay_readings": [c.as_json() for c in run.decay_readings],
+        "phase_seconds": run.phase_seconds,
         "generations": [_gen_json(g) for g in run.gens]}))
 
 
@@ -51,6 +61,10 @@ def load_capture(path: Path, image_id: str, settings: GateSettings) -> Run | Non
                    before=Identity(**d["before"]) if d.get("before") else None,
                    after=Identity(**d["after"]) if d.get("after") else None,
                    boot_s=float(d.get("boot_s") or 0.0), seconds=float(d.get("seconds") or 0.0),
-                   recorded=True)
+                   recorded=True, plan=Plan.from_json(d["plan"]) if d.get("plan") else None,
+                   shape=ServerShape.from_json(d["shape"]) if d.get("shape") else None,
+                   evidence={k: Counters.from_json(v) for k, v in d["evidence"].items()},
+                   decay_readings=[Counters.from_json(c) for c in d["decay_readings"]],
+                   phase_seconds={k: float(v) for k, v in d["phase_seconds"].items()})
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -67,21 +67,37 @@ def parse_choice(gen: Generation, choice: dict[str, Any]) -> Generation:
 
 def generate(base_url: str, model: str, req: GateRequest, *, seed: int,
              timeout_s: float) -> Generation:
-    gen = Generation(req.name, req.max_tokens)
-    body = {"model": model, "prompt": req.prompt, "max_tokens": req.max_tokens,
-            "temperature": 0.0, "seed": seed, "logprobs": TOP_LOGPROBS,
-            "ignore_eos": True, "return_tokens_as_token_ids": True}
+    return generate_batch(base_url, model, [req], seed=seed, timeout_s=timeout_s)[0]
+
+
+def generate_batch(base_url: str, model: str, reqs: list[GateRequest], *, seed: int,
+                   timeout_s: float) -> list[Generation]:
+    """Requests of one max_tokens and one prompt kind as one completion request with a
+    list of prompts: vLLM queues them together (separate HTTP requests arrive spread over
+    a busy API server's loop, and the first ones may finish before the last begin)."""
+    gens = [Generation(r.name, r.max_tokens) for r in reqs]
+    prompts = [r.prompt if isinstance(r.prompt, str) else list(r.prompt) for r in reqs]
+    body = {"model": model, "prompt": prompts[0] if len(prompts) == 1 else prompts,
+            "max_tokens": reqs[0].max_tokens, "temperature": 0.0, "seed": seed,
+            "logprobs": TOP_LOGPROBS, "ignore_eos": True, "return_tokens_as_token_ids": True}
     t0 = time.monotonic()
+    error = None
     try:
         r = requests.post(f"{base_url}/v1/completions", json=body, timeout=timeout_s)
         if r.status_code != 200:
-            gen.error = f"HTTP {r.status_code}: {r.text[:300]}"
+            error = f"HTTP {r.status_code}: {r.text[:300]}"
         else:
-            parse_choice(gen, r.json()["choices"][0])
+            choices = sorted(r.json()["choices"], key=lambda c: int(c["index"]))
+            if len(choices) != len(gens):
+                raise ValueError(f"{len(choices)} choices for {len(gens)} prompts")
+            for gen, choice in zip(gens, choices, strict=True):
+                parse_choice(gen, choice)
     except (requests.RequestException, ValueError, KeyError, IndexError, TypeError) as exc:
-        gen.error = f"{type(exc).__name__}: {str(exc)[:300]}"
-    gen.seconds = time.monotonic() - t0
-    return gen
+        error = f"{type(exc).__name__}: {str(exc)[:300]}"
+    for gen in gens:
+        gen.error = error or gen.error
+        gen.seconds = time.monotonic() - t0
+    return gens
 
 
 def served_model(base_url: str) -> str:

@@ -1,7 +1,10 @@
 """The gates' compact summary: what the release record carries (records.A_GATES), the
 table reads and publish checks. One shape, exactly:
-{"lossless": {"status", "reason", "requests", "compared_tokens", "ties", "tie_rate"},
- "long_generation": {"status", "reason", "tokens"}}"""
+{"lossless": {"status", "reason", "requests", "compared_tokens", "ties", "tie_rate",
+              "conditions": {name: {"status", "reason"}}},
+ "long_generation": {"status", "reason", "tokens"}}
+where the numbers are the fresh requests' and `conditions` holds each condition of the
+lossless gate (gates/conditions.py), fresh included, in the order they ran."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from imagebuild.errors import OperationFailed
 from imagebuild.gates import PASSING
 
 REASON_CHARS = 600  # the record is an annotation (64 KiB cap); reasons stay readable
+CONDITION_REASON_CHARS = 300
 
 
 def summary(doc: dict[str, Any]) -> dict[str, Any]:
@@ -22,7 +26,10 @@ def summary(doc: dict[str, Any]) -> dict[str, Any]:
                      "requests": int(loss.get("requests", 0)),
                      "compared_tokens": int(loss.get("compared_tokens", 0)),
                      "ties": int(loss.get("ties", 0)),
-                     "tie_rate": float(loss.get("tie_rate", 0.0))},
+                     "tie_rate": float(loss.get("tie_rate", 0.0)),
+                     "conditions": {name: {"status": c["status"],
+                                           "reason": c["reason"][:CONDITION_REASON_CHARS]}
+                                    for name, c in (loss.get("conditions") or {}).items()}},
         "long_generation": {"status": lg["status"], "reason": lg["reason"][:REASON_CHARS],
                             "tokens": int(lg.get("tokens", 0))},
     }

@@ -65,7 +65,9 @@ def lossless(spec: list[Generation], ref: list[Generation], s: LosslessGate, *,
     if compared < s.min_compared_tokens:
         return result(UNTRUSTED, f"only {compared} tokens compared (min_compared_tokens "
                                  f"{s.min_compared_tokens}): too little to call it lossless")
-    return result(PASS, f"{len(spec)} requests, {compared} tokens identical to plain decoding"
+    n = len(spec)
+    return result(PASS, f"{n} request{'s' if n != 1 else ''}, {compared} tokens identical to "
+                        "plain decoding"
                         + (f", {len(ties)} numerical tie(s) within epsilon "
                            f"{s.tie_logprob_epsilon}" if ties else ""))
 

@@ -156,12 +156,14 @@ def resolve_image_digest(ref: str) -> str:
 
 
 def check_update_names(lm: LoadedMatrix, update: set[str]) -> None:
-    """`lock --update NAME...`: each a model, drafter or target of the matrix (exit 2)."""
-    known = set(lm.matrix.models) | set(lm.matrix.drafters) | set(lm.matrix.targets)
+    """`lock --update NAME...`: each a model, drafter, target or engine of the matrix
+    (exit 2)."""
+    known = (set(lm.matrix.models) | set(lm.matrix.drafters) | set(lm.matrix.targets)
+             | set(lm.matrix.engines))
     unknown = update - known
     if unknown:
-        raise UserError(f"--update names {', '.join(sorted(unknown))}, not a model, drafter "
-                        "or target", fix=f"use one of: {', '.join(sorted(known))}")
+        raise UserError(f"--update names {', '.join(sorted(unknown))}, not a model, drafter, "
+                        "target or engine", fix=f"use one of: {', '.join(sorted(known))}")
 
 
 def build_lock(lm: LoadedMatrix, client: Any, *, update: set[str] | None = None,

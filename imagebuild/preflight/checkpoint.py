@@ -18,7 +18,7 @@ from typing import Any
 from imagebuild.lock.lockfile import LOCK_NAME, Lock
 from imagebuild.preflight.families import Family, family
 from imagebuild.preflight.findings import Finding, Rule
-from imagebuild.preflight.flags import CellView, flag_value, flag_values
+from imagebuild.preflight.flags import CellView, flag_values
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -34,10 +34,12 @@ RULES = (
     Rule("quantization-matches-checkpoint", "error",
          "--quantization must name the checkpoint's format (compressed-tensors from "
          "llm-compressor vs modelopt, whose checkpoints carry hf_quant_config.json)",
-         "set the model's quantization to the checkpoint's quant_method"),
+         "set the model's quantization to the checkpoint's quant_method",
+         facts=("serve_args",)),
     Rule("vision-weights-nested", "error",
-         "vision tensors under model.language_model.visual.* are skip-loaded by vLLM "
-         "('Parameter visual.* not found in params_dict'): images answer '!!!!'",
+         "vision tensors under model.language_model.visual.* are skip-loaded by vLLM 0.23 "
+         "('Parameter visual.* not found in params_dict'): images answer '!!!!' (0.32's "
+         "AutoWeightsLoader raises at load instead, models/utils.py _load_module)",
          "pin a revision whose weight_map keeps the vision tower under model.visual.*"),
     Rule("dflash-target-layers", "error",
          "a DFlash/EAGLE3 drafter reads hidden states of the target layers it lists; a layer "
@@ -48,7 +50,7 @@ RULES = (
          "vLLM refuses a --max-model-len beyond the config's max_position_embeddings "
          "(times its rope scaling factor)",
          "lower max-model-len to what the config supports, or pin a checkpoint with rope "
-         "scaling for longer contexts"),
+         "scaling for longer contexts", facts=("serve_args",)),
     Rule("served-name-collision", "error",
          "cells of one target and engine are meant to run side by side; two models answering "
          "to one served name make clients reach the wrong model",
@@ -260,7 +262,7 @@ def quantization(v: CellView, cp: Checkpoint) -> list[Finding]:
     if cp.config is None:
         return []
     r = BY_ID["quantization-matches-checkpoint"]
-    raw = flag_value(v.cmd.argv, "quantization")
+    raw = v.flag("quantization")  # any spelling the version's parser has
     flag = raw if isinstance(raw, str) else None
     method = quant_method(cp)
     where = v.where("quantization")
@@ -292,7 +294,7 @@ def nested_vision(v: CellView, cp: Checkpoint) -> list[Finding]:
 
 
 def max_model_len(v: CellView, cp: Checkpoint) -> list[Finding]:
-    raw = flag_value(v.cmd.argv, "max-model-len")
+    raw = v.flag("max-model-len")
     if cp.config is None or not isinstance(raw, str):
         return []
     r = BY_ID["max-model-len-supported"]

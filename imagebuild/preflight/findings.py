@@ -8,6 +8,7 @@ reason; the waiver stays visible in the output.
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -111,23 +112,57 @@ def sort_key(f: Finding) -> tuple:
     return (f.cell == MATRIX, f.cell, f.waived is not None, SEVERITY_ORDER[f.severity], f.rule)
 
 
+WIDTH = 100  # every line of the table fits (a finding's text wraps under its header)
+INDENT = " " * 9
+CELLS_SHOWN = 3  # a finding shared by more cells names these and counts the rest
+
+
+def group(findings: list[Finding]) -> list[tuple[Finding, list[str]]]:
+    """Each distinct finding once with every cell it concerns, in order of appearance: one
+    mistake in a profile is one entry, not one per cell (per engine) it reaches."""
+    out: dict[tuple, tuple[Finding, list[str]]] = {}
+    for f in findings:
+        key = (f.rule, f.severity, f.message, f.fix, f.where, f.waived, f.facts)
+        if key in out:
+            out[key][1].append(f.cell)
+        else:
+            out[key] = (f, [f.cell])
+    return list(out.values())
+
+
+def _wrapped(text: str) -> list[str]:
+    """Lines of at most WIDTH, but a word longer than that (a file:line:column, a command,
+    a reference) stays whole on its own line: a user copies it and an editor opens it."""
+    return textwrap.wrap(text, WIDTH, initial_indent=INDENT, subsequent_indent=INDENT,
+                         break_on_hyphens=False, break_long_words=False) or [INDENT.rstrip()]
+
+
+def _cells(cells: list[str]) -> str:
+    if len(cells) <= CELLS_SHOWN + 1:
+        return ", ".join(cells)
+    return (f"{', '.join(cells[:CELLS_SHOWN])} and {len(cells) - CELLS_SHOWN} more cells "
+            "(--format json lists each)")
+
+
 def format_table(findings: list[Finding], *, show_info: bool = True) -> str:
-    """One line per finding: cell, severity, rule id, message (where), fix; then a summary."""
+    """Per distinct finding: severity, rule id and the cells it concerns, then its message,
+    where it sits, the facts it read and its fix, wrapped to WIDTH; then a summary counting
+    one per cell (as `--format json` does)."""
     shown = [f for f in findings if show_info or f.severity != "info"]
     lines = []
-    if shown:
-        wc = max(len(f.cell) for f in shown)
-        wr = max(len(f.rule) for f in shown)
-        for f in shown:
-            sev = f"waived {f.severity}" if f.waived else f.severity
-            text = f.message + (f" [{f.where}]" if f.where else "")
-            if f.facts:
-                text += f" [{f.facts}]"
-            if f.waived:
-                text += f" -- waived: {f.waived}"
-            elif f.fix:
-                text += f" -- fix: {f.fix}"
-            lines.append(f"{f.cell:<{wc}}  {sev:<14}  {f.rule:<{wr}}  {text}")
+    for f, cells in group(shown):
+        sev = f"waived {f.severity}" if f.waived else f.severity
+        lines += textwrap.wrap(f"{sev:<8} {f.rule}  {_cells(cells)}", WIDTH,
+                               subsequent_indent=INDENT, break_on_hyphens=False,
+                               break_long_words=False)
+        lines += _wrapped(f.message)
+        place = "; ".join(x for x in (f"at {f.where}" if f.where else "", f.facts or "") if x)
+        if place:
+            lines += _wrapped(place)
+        if f.waived:
+            lines += _wrapped(f"waived: {f.waived}")
+        elif f.fix:
+            lines += _wrapped(f"fix: {f.fix}")
     n = counts(findings)
     lines.append(f"{n['error']} error(s), {n['warning']} warning(s), {n['waived']} waived, "
                  f"{n['info']} info" + (" -- check FAILED" if n["error"] else " -- check passed"))

@@ -228,7 +228,8 @@ RULES = (
     Rule("max-batched-tokens-ceiling", "error",
          f"--max-num-batched-tokens above {MAX_BATCHED_TOKENS} exceeds the compile-range "
          "ceiling measured on GB10 (compute capability 12.1)",
-         "set max-num-batched-tokens: 16384", hardware=MEASURED_ON_GB10),
+         "set max-num-batched-tokens: 16384", hardware=MEASURED_ON_GB10,
+         facts=("serve_args",)),
     Rule("gpu-mem-util-unified", "error",
          f"on unified memory (GB10: 128 GB shared by CPU and GPU) --gpu-memory-utilization "
          f"above {MAX_GPU_MEM_UTIL} (vLLM's default, 0.92 in 0.23 and 0.32, is above it) "
@@ -238,11 +239,12 @@ RULES = (
     Rule("no-mamba-block-size", "error",
          "--mamba-block-size breaks hybrid Gated DeltaNet models (Qwen3-Next, Qwen3.5/3.6); "
          f"observed on vLLM {MAMBA_BLOCK_SIZE_OBSERVED}, not verified on other versions",
-         "remove mamba-block-size from the profile args", model=("gdn",)),
+         "remove mamba-block-size from the profile args", model=("gdn",), facts=("serve_args",)),
     Rule("dflash-no-kv-cache-dtype", "error",
          "with DFlash, a --kv-cache-dtype other than auto collapses acceptance toward 0% "
          "(~6x slower)",
-         "remove kv-cache-dtype from the profile args", methods=("dflash",)),
+         "remove kv-cache-dtype from the profile args", methods=("dflash",),
+         facts=("serve_args",)),
     Rule("dflash-no-attention-backend-in-spec-config", "error",
          "attention_backend inside --speculative-config collapses DFlash acceptance toward 0% "
          "(~6x slower)",
@@ -258,18 +260,19 @@ RULES = (
          "smoke sends an image; --language-model-only or an image limit of 0 turns the "
          "tower off",
          "set the model's multimodal limits for the modalities its architecture takes",
-         model=("vision",), facts=("modalities",)),
+         model=("vision",), facts=("modalities", "serve_args")),
     Rule("multimodal-modalities", "error",
          "vLLM takes only the modalities an architecture's processor supports and ignores "
          "other keys of --limit-mm-per-prompt: a limit for one the model does not take "
          "promises input the server refuses (an image limit on a model without images "
          "fails smoke's image check)",
-         "keep only the modalities the model's architecture takes", facts=("modalities",)),
+         "keep only the modalities the model's architecture takes",
+         facts=("modalities", "serve_args")),
     Rule("attention-backend-flash-attn", "error",
          "DFlash KV sharing is only tested with the flash_attn backend (measured on GB10); "
          "flash_attn is a CUDA backend",
          "set attention-backend: flash_attn in the profile args", hardware=CUDA,
-         methods=("dflash",)),
+         methods=("dflash",), facts=("serve_args",)),
     Rule("aeon-max-num-seqs", "error",
          f"the AEON drafter on unified memory (the Spark) needs --max-num-seqs <= "
          f"{AEON_MAX_NUM_SEQS} (vLLM's default is larger: it picks one by device)",

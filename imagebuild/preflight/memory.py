@@ -10,7 +10,10 @@ Facts from vLLM 0.23.0 (read in its Python, the versions' files named):
   (v1/worker/cpu_worker.py determine_available_memory), skipping the utilization check
   (cpu_worker.py __init__); without it the pool is gpu-memory-utilization x the NUMA
   node's memory minus the worker's RSS: the host's memory, not the container's limit.
-  The budget is the container's `memory_limit`.
+  The budget is the container's `memory_limit`. `--num-gpu-blocks-override N` makes the
+  pool N blocks of every layer's page instead, checked like any pool against one
+  max-model-len request (v1/core/kv_cache_utils.py get_kv_cache_configs: the override
+  replaces the available memory before check_enough_kv_cache_memory).
 - cuda: vLLM requests gpu-memory-utilization (default 0.92, config/cache.py) x the
   device's total memory (v1/worker/utils.py request_memory) and gives the KV pool what
   its profile leaves (gpu_worker.py determine_available_memory); it refuses to start when
@@ -35,6 +38,7 @@ from imagebuild.spec.values import memory_bytes
 GIB = 2**30
 VLLM_VERSION = "0.23.0"  # the version whose accounting is replayed here
 CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+BLOCKS_FLAG = "num-gpu-blocks-override"
 # CacheConfig.gpu_memory_utilization of 0.23.0 (config/cache.py): used only when the cell's
 # vLLM has no recorded serve parser (vllmfacts.py then says the facts are missing)
 VLLM_DEFAULT_UTIL = 0.92
@@ -44,8 +48,10 @@ MM_CACHE_GIB = 4.0  # config/multimodal.py mm_processor_cache_gb
 # Everything of the cpu serve image that is not KV, weights or activations: the API
 # server, engine core and worker processes, torch and vLLM, in the container's cgroup.
 # Calibrated by benchmarks/memory_calibration.py on the cpu image (docs/memory.md): rss +
-# shmem under the bench minus the KV space, 1.30 GiB; rounded up to stay on the safe side.
-CPU_RUNTIME_BYTES = int(1.35 * GIB)
+# shmem under the bench minus the KV pool: 1.29 GiB with the profile's 1 MiB pool, 1.32 GiB
+# with a 1 GiB space (whose pages cost a little more than their size); the larger, rounded
+# up to stay on the safe side.
+CPU_RUNTIME_BYTES = int(1.33 * GIB)
 CPU_ERROR = 0.03  # the stated error of the cpu prediction against the measured peak
 # cuda: the CUDA context, cuBLAS/NCCL workspaces and CUDA graphs inside vLLM's request,
 # and the API server + engine core outside it. Not measurable here: a Spark calibrates
@@ -59,9 +65,11 @@ RULES = (
          "target's memory is OOM-killed mid-boot (cpu container) or wedges a unified-memory "
          "machine (DGX Spark) instead of failing cleanly",
          "lower --max-model-len, --max-num-seqs or --gpu-memory-utilization (cpu: "
-         "VLLM_CPU_KVCACHE_SPACE), or raise the target's memory_limit"),
+         "VLLM_CPU_KVCACHE_SPACE), or raise the target's memory_limit",
+         facts=("serve_args",)),
     Rule("memory-prediction", "info",
-         "each cell's predicted peak memory and its breakdown, printed for review", ""),
+         "each cell's predicted peak memory and its breakdown, printed for review", "",
+         facts=("serve_args",)),
 )
 BY_ID = {r.id: r for r in RULES}
 
@@ -138,8 +146,12 @@ def predict(v: CellView, lock: Lock | None, model: Checkpoint, drafter: Checkpoi
     if not gpu:
         # present and not empty: an explicit size, 0 included (platforms/cpu.py)
         space = as_int(v.env.get(CPU_KV_ENV) or None)
+        pool = None if space is None else space * GIB
+        blocks = as_int(v.flag(BLOCKS_FLAG))
+        if pool is not None and blocks is not None and kv is not None and kv.final_layers:
+            pool = min(pool, blocks * sum(f.page_bytes for f in kv.final_layers))
         return MemoryPrediction(
-            weights=weights, drafter=drafter_w, kv=None if space is None else space * GIB,
+            weights=weights, drafter=drafter_w, kv=pool,
             kv_one_request=one, activations=act, runtime=CPU_RUNTIME_BYTES, budget=limit,
             budget_text=f"memory_limit {target.memory_limit}")
     recorded = v.default("gpu-memory-utilization")  # the cell's vLLM's own default
@@ -183,18 +195,21 @@ def _cpu(v: CellView, p: MemoryPrediction) -> list[Finding]:
             fix=f"set {CPU_KV_ENV} (GiB) in the profile's env", where=where,
             severity="warning")]
     one = p.kv_one_request
+    blocks = as_int(v.flag(BLOCKS_FLAG))
+    kv_from = f"--{BLOCKS_FLAG} {blocks}" if blocks is not None else CPU_KV_ENV
     if one is not None and one > p.kv:
         # v1/core/kv_cache_utils.py check_enough_kv_cache_memory, after the model loaded
         return [admit.finding(
-            v.label, f"vLLM {VLLM_VERSION} refuses to start: {CPU_KV_ENV} {_gib(p.kv)} "
+            v.label, f"vLLM {VLLM_VERSION} refuses to start: {kv_from} {_gib(p.kv)} "
                      f"cannot hold one max-model-len request ({_gib(one)})",
-            fix=f"raise {CPU_KV_ENV} or lower --max-model-len", where=where)]
+            fix=f"raise {kv_from.split()[0]} or lower --max-model-len",
+            where=v.where(BLOCKS_FLAG) if blocks is not None else where)]
     if p.weights is None:
         return [info.finding(v.label, f"KV {_gib(p.kv)} + runtime {_gib(p.runtime)}; the "
                                       "model's weights are not locked yet", fix="")]
     need = p.need or 0
     shown = (f"predicted peak {_gib(need)} (+-{CPU_ERROR:.0%}) = weights {_gib(p.weights)}"
-             f" + drafter {_gib(p.drafter)} + KV ({CPU_KV_ENV}) {_gib(p.kv)} + activations "
+             f" + drafter {_gib(p.drafter)} + KV ({kv_from}) {_gib(p.kv)} + activations "
              f"{_gib(p.activations)} + runtime {_gib(p.runtime)}; budget {p.budget_text} = "
              f"{_gib(p.budget)}")
     if need <= p.budget:

@@ -54,7 +54,7 @@ RULES = (
          "across tensor-parallel ranks; a size they do not allow fails at model "
          "construction, minutes into a boot",
          "choose a tensor_parallel_size that divides the attention heads (and the KV "
-         "heads, or is a multiple of them)"),
+         "heads, or is a multiple of them)", facts=("serve_args",)),
     Rule("tp-memory-per-node", "error",
          "on unified memory each node holds its share of the weights plus the KV cache of "
          "one full-length request and a batch's activations within --gpu-memory-utilization "

@@ -2,7 +2,8 @@
 
 Order of work per cell: its resolved serve command (servecmd), its model's and drafter's
 locked metadata (checkpoint.MetadataStore), then the flag, checkpoint and KV-cache rules;
-then the memory rule (preflight/memory.py); across cells: pins and served-name
+then the memory rule (preflight/memory.py); across cells: pins, the engines' patch series
+(preflight/patchset.py), their requirement sets (reqset.py) and served-name
 collisions; last, the families' waivers.
 """
 
@@ -19,7 +20,9 @@ from imagebuild.preflight import (
     kernels,
     memory,
     multinode,
+    patchset,
     pins,
+    reqset,
     serve_args,
     vllmfacts,
 )
@@ -66,7 +69,8 @@ WAIVER_RULES = (
 )
 RULES: dict[str, Rule] = registry(flags.RULES, checkpoint.RULES, pins.RULES, KV_RULES,
                                   WAIVER_RULES, serve_args.RULES, caveats.RULES, kernels.RULES,
-                                  multinode.RULES, memory.RULES, vllmfacts.RULES)
+                                  multinode.RULES, memory.RULES, vllmfacts.RULES,
+                                  patchset.RULES, reqset.RULES)
 
 
 def kv_flags(v: CellView) -> KVFlags:
@@ -264,6 +268,13 @@ def run_checks(lm: LoadedMatrix, cells: list[Cell], lock: Lock | None, *,
                                           kv_prediction(v, model, drafter))
         findings += split
     findings += checkpoint.served_name_collisions(views)
+    # a release about to be built fetches the pinned source its patches apply to, last and
+    # only when nothing offline refused it already: bad input reaches no index
+    waivers, problems = _waivers(lm, cells, findings)
+    fetch = building and not any(f.blocking for f in waive(findings, waivers, RULES)
+                                 + problems)
+    findings += patchset.check(lm, cells, labels, fetch=fetch)
+    findings += reqset.check(lm, cells, labels, fetch=fetch)
     findings = stamp_facts(findings, views)
     waivers, problems = _waivers(lm, cells, findings)
     findings = waive(findings, waivers, RULES) + problems

@@ -27,33 +27,9 @@ from typing import Any
 from imagebuild.facts import facts_for, record_command
 from imagebuild.preflight.findings import Finding, Rule
 from imagebuild.preflight.flags import CellView
+from imagebuild.spec.argschema import HOST_NAME, OWNED, PLUGIN_FLAG, RANGES
 from imagebuild.spec.servecmd import speculative_config
 from imagebuild.spec.yamlpos import TAG, Scalar, explain, quote_fix, shorten
-
-# Flags imagebuild writes itself where a profile's copy would be wrong: --model would
-# replace the /model path the image serves, and a profile's --speculative-config is
-# silently overridden by the drafter's, written after it. (Served names, quantization
-# and multimodal limits in a profile do apply, and their own rules read them.)
-OWNED = {
-    "model": "the image serves /model (the cell's model); remove it",
-    "speculative-config": "set the drafter's method, num_speculative_tokens and options",
-}
-# Sanity ranges vLLM does not check in its parser, by dest (every spelling of the option):
-# (lowest, highest, lowest allowed itself)
-RANGES: dict[str, tuple[float, float | None, bool]] = {
-    "port": (1, 65535, True),
-    "gpu_memory_utilization": (0, 1, False),
-    "max_num_seqs": (1, None, True),
-    "max_num_batched_tokens": (1, None, True),
-    "max_model_len": (1, None, True),  # or -1 / auto, handled by the kind
-    "block_size": (1, None, True),
-    "tensor_parallel_size": (1, None, True),
-    "pipeline_parallel_size": (1, None, True),
-    "data_parallel_size": (1, None, True),
-}
-# vLLM checks these names only when the plugin flag adds none of its own
-PLUGIN_FLAG = {"tool-call-parser": "tool-parser-plugin",
-               "reasoning-parser": "reasoning-parser-plugin"}
 
 RULES = (
     Rule("serve-flag-unknown", "error",
@@ -130,10 +106,6 @@ def _number(spec: dict[str, Any], text: str) -> float | None:
     if kind == "human_int_or_auto":
         return None if text.strip() in ("-1", "auto", "AUTO", "Auto") else _human_int(text)
     return None
-
-
-HOST_NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                       r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 
 
 def _host_ok(text: str) -> bool:

@@ -1,16 +1,25 @@
 """Rules about the recorded facts themselves: a cell whose vLLM version has none (every
 rule that reads facts then cannot answer for it, and none answers from another version's),
-a part that failed to record, and environment variables the version does not know.
+a part that failed to record, environment variables the version does not know, and what
+smoke would read in a log or /metrics the version never prints (facts/signals.py).
 
 The facts are imagebuild/facts (shipped) or `<matrix dir>/locked/vllm/<version>/`
-(written by `build.py facts record` or `build.py lock --update ENGINE`).
+(written by `build.py facts record`).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 
+from imagebuild.expectations import expected_backends
 from imagebuild.facts import PARTS, record_command
+from imagebuild.facts.signals import (
+    SPECULATIVE_METRICS,
+    kind_unreadable,
+    missing_metrics,
+    unreadable,
+)
 from imagebuild.preflight.findings import Finding, Rule
 from imagebuild.preflight.flags import CellView
 
@@ -32,12 +41,22 @@ RULES = (
          "version; without them those rules cannot check the cell, and none answers with "
          "another version's facts",
          f"record them: {record_command()}"),
-    Rule("vllm-env-unknown", "warning",
+    # refused, not warned: vLLM 0.23.0's envs.py `validate_environ` only logs "Unknown vLLM
+    # environment variable detected" (unless --fail-on-environ-validation), so a misspelt
+    # switch (a kernel disabled, a cache size) silently does nothing on the machine
+    Rule("vllm-env-unknown", "error",
          "vLLM reads only the environment variables its envs.py lists; any other VLLM_* "
          "variable is ignored (it only logs 'Unknown vLLM environment variable "
          "detected'), so a setting in the profile does nothing",
          "remove the variable, or use the serve flag or variable this vLLM version has",
          facts=("envs",)),
+    Rule("smoke-signal-missing", "error",
+         "smoke reads what vLLM chose (expect_backends) and whether speculation fires in "
+         "the boot log and /metrics, in the words of the image's own vLLM version; a "
+         "message or metric that version never prints would fail smoke on every image, "
+         "or, for a check that reads an absence, could never fail",
+         "expect only what the cell's vLLM version logs (a profile per version), or use a "
+         "vLLM that logs it", facts=("logs", "metrics")),
 )
 BY_ID = {r.id: r for r in RULES}
 
@@ -59,7 +78,39 @@ def check_cell(v: CellView, *, building: bool = False) -> list[Finding]:
         why = "; ".join(v.facts.missing(p) for p in missing)
         out.append(rule.finding(v.label, f"{what} unchecked: {why}", fix=fix, where=where,
                                 severity=severity))
-    return out + _unknown_env(BY_ID["vllm-env-unknown"], v)
+    return out + _unknown_env(BY_ID["vllm-env-unknown"], v) + _signals(v)
+
+
+def _signals(v: CellView) -> list[Finding]:
+    """What smoke will read for this cell that its vLLM version does not print."""
+    if v.facts is None:
+        return []
+    r = BY_ID["smoke-signal-missing"]
+    platform = "cuda" if v.cell.target.gpu else "cpu"
+    unread = unreadable(v.facts, platform)
+    out = []
+    for kind, want in expected_backends(v.cell).items():
+        why = kind_unreadable(kind, unread)
+        if why is not None:
+            out.append(r.finding(v.label, f"expect_backends.{kind} ({want}) cannot be checked "
+                                          f"by smoke: {why}",
+                                 where=v.lm.located.where(("profiles", v.cell.profile_name,
+                                                           "expect_backends", kind))))
+    if "weights_skipped" in unread:
+        out.append(r.finding(v.label, "smoke's no_weights_skipped_at_load cannot see a "
+                                      f"skipped weight: {unread['weights_skipped']}; the "
+                                      "check is skipped as not applicable",
+                             severity="warning", fix="check the served model's answers "
+                             "(images: smoke's image_request) before relying on this cell",
+                             where=v.lm.located.where(("engines", v.cell.engine_name,
+                                                       "vllm_version"))))
+    missing = missing_metrics(v.facts, SPECULATIVE_METRICS) if v.method != "none" else {}
+    if missing:
+        out.append(r.finding(v.label, "speculative decoding cannot be seen firing: "
+                                      f"{'; '.join(missing.values())} (smoke's "
+                                      "speculative_decoding_fires and bench's acceptance "
+                                      "read them)", where=v.where("speculative-config")))
+    return out
 
 
 def _unknown_env(r: Rule, v: CellView) -> list[Finding]:
@@ -70,15 +121,10 @@ def _unknown_env(r: Rule, v: CellView) -> list[Finding]:
     out = []
     for name in v.env:
         if VLLM_ENV.match(name) and name not in known:
-            close = [k for k in known if _close(name, k)]
-            hint = f"; did you mean {' or '.join(close[:3])}?" if close else ""
+            close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.85)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
             out.append(r.finding(v.label, f"env {name}: vLLM {v.version} does not know this "
                                           f"variable ({facts.said}: envs){hint}",
-                                 where=v.where(env=name)))
+                                 where=v.where(env=name),
+                                 fix=f"write {close[0]}" if close else None))
     return out
-
-
-def _close(a: str, b: str) -> bool:
-    import difflib
-
-    return difflib.SequenceMatcher(None, a, b).ratio() > 0.85

@@ -150,11 +150,18 @@ class Hardware(_Doc):
     machine: StrictStr | None = None
 
 
+class PlainTwin(_Doc):
+    """The same image measured without --speculative-config (bench_image's `plain`)."""
+
+    levels: list[BenchLevel] = []
+
+
 class BenchResults(_Doc):
     image: BenchImage | None = None
     hardware: Hardware | None = None
     settings: dict[StrictStr, Any] | None = None
     levels: list[BenchLevel] = []
+    plain: PlainTwin | None = None
 
 
 def _describe(exc: ValidationError) -> str:
@@ -306,11 +313,16 @@ class _TableHardware(_Doc):
     model: StrictStr
 
 
+class _TablePlain(_Doc):
+    levels: list[_TableLevel]
+
+
 class _BenchTable(_Doc):
     image: dict[StrictStr, Any]
     hardware: _TableHardware
     settings: dict[StrictStr, Any]
     levels: list[_TableLevel]
+    plain: _TablePlain | None = None
 
 
 def bench_table(doc: dict[str, Any], host: str, what: str) -> dict[str, Any]:
@@ -342,6 +354,7 @@ class _CompatRow(_Doc):
 class _CompatTable(_Doc):
     tag: StrictStr
     rows: list[_CompatRow]
+    advice: list[dict[StrictStr, Any]] = []  # release/advice.py, one per image family
 
 
 def compat_table(body: bytes, host: str, what: str) -> dict[str, Any]:

@@ -26,7 +26,6 @@ from imagebuild.registry.client import (
     NotFound,
     RegistryClient,
 )
-from imagebuild.safetext import safe
 from imagebuild.spec.tags import FULL, SHORT, ReleaseTag, parse_release_tag
 
 DATE_SKEW = dt.timedelta(days=1)  # a tag dated beyond tomorrow (UTC) is a typo
@@ -272,29 +271,3 @@ def pins_text(pins: dict[str, Any]) -> str:
     return "; ".join(parts) or "-"
 
 
-def _rolled_back_text(entry: dict[str, str] | None) -> str:
-    if entry is None:
-        return ""
-    at = f" {safe(entry['at'])}" if entry.get("at") else ""
-    return f"  (rolled back to {safe(entry.get('to', '?'))}{at})"
-
-
-def format_releases(repo: str, rels: list[Release],
-                    verdicts: dict[str, str] | None = None,
-                    rolled_back: dict[str, dict[str, str]] | None = None) -> str:
-    """`verdicts`: release tag -> the verdict of its compatibility table (release/compat.py);
-    `rolled_back`: the repository's rollbacks record (release/rollbacks.py)."""
-    latest = next((r.tag for r in rels if r.is_latest), None)
-    out = [f"{repo}  (latest -> {latest or 'no release'})"]
-    for r in rels:
-        mark = "*" if r.is_latest else " "
-        out.append(f"  {mark} {r.tag:<34} {short_digest(r.digest)}  "
-                   f"image {short_digest(r.image_id)}  smoke {safe(r.verdict)}"
-                   + (f"  verdict {safe(verdicts[r.tag])}" if verdicts and r.tag in verdicts
-                      else "")
-                   + (f"  bench UNMEASURED ({safe(r.unmeasured)})" if r.unmeasured else "")
-                   + _rolled_back_text((rolled_back or {}).get(r.tag)))
-        out.append(f"      pins: {safe(pins_text(r.pins))}")
-    if not rels:
-        out.append("  (no releases)")
-    return "\n".join(out)

@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m imagebuild.release.attest_subject")
     p.add_argument("--tag", required=True)
     p.add_argument("--target", required=True)
-    p.add_argument("--only", required=True, help="the cell")
+    p.add_argument("--image", "--only", dest="only", required=True,
+                   help="the cell (its image, as `build.py --image`)")
     p.add_argument("--out", type=Path, default=Path(buildfolder.BUILD, buildfolder.SUPPLY_CHAIN))
     p.add_argument("--matrix", type=Path, default=None)
     args = p.parse_args(argv)

@@ -5,11 +5,15 @@ Columns (docs/release-gates.md says what each proves):
 - smoke: the release record's smoke verdict (the image boots and answers);
 - lossless, long generation: the release record's gates annotation (`A_GATES`, written by
   the release gates); absent (an older release, gates not run) is `not run`, never pass;
+  the lossless cell also says which of its conditions (gates/conditions.py) failed, ran
+  and did not run;
 - tok/s at c=1 and at the highest concurrency: the stored bench results;
 - acceptance: the drafter's acceptance rate and mean accepted length per level, against
   the release before it (the acceptance gate, bench/acceptance.py);
 - verdict: `fail` (a gate failed), `incomplete` (something not run or not trustworthy),
-  `accepted` (passed only with a written reason), `pass`.
+  `accepted` (passed only with a written reason), `pass`;
+and under the rows, per image family, which cell to deploy at each bench level
+(release/advice.py).
 
 The table is built from the registry alone (release records and stored results), goes
 into the release notes, and is stored with each cell's release as an OCI referrer of its
@@ -20,11 +24,13 @@ manifest (artifact type below) beside the bench results: `oras discover` lists b
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from imagebuild.bench import acceptance, compare, store, trust
+from imagebuild.gates import NOT_RUN as NOT_RUN_CONDITION
 from imagebuild.registry import documents, referrers
 from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.errors import NotFound
@@ -35,6 +41,7 @@ from imagebuild.registry.records import (
     list_releases,
     read_release,
 )
+from imagebuild.release import advice
 from imagebuild.release.latest import acceptance_threshold_for, threshold_for
 from imagebuild.release.notes import previous_release
 from imagebuild.safetext import safe
@@ -48,8 +55,11 @@ ARTIFACT_TYPE = referrers.COMPAT_TYPE
 FILE_NAME = "compat.json"
 A_VERDICT = "io.imagebuild.compat.verdict"  # the cell's verdict, on the artifact itself
 GATE_STATUSES = ("pass", "fail", "untrusted", "not-applicable")
+CONDITION_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")  # gates/conditions.py's names
 NOT_RUN = "not run"
-VERDICTS = ("pass", "accepted", "incomplete", "fail")  # worst last
+VERDICTS = ("passed", "accepted", "incomplete", "failed")  # worst last
+# what tables stored before the one vocabulary (smoke's "passed") said for the same verdicts
+OLD_VERDICTS = {"pass": "passed", "fail": "failed"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,28 @@ def gate_checks(rel: Release | None) -> dict[str, dict[str, Any]]:
                     if k in ("status", "reason", "requests", "compared_tokens", "ties",
                              "tie_rate", "tokens")
                     and isinstance(v, str | int | float) and not isinstance(v, bool)}
+        if "conditions" in entry:
+            conds = _conditions(entry["conditions"])
+            if conds is None:
+                out[key] = {"status": "untrusted",
+                            "reason": f"the release record's {key} conditions are unreadable"}
+            else:
+                out[key]["conditions"] = conds
+    return out
+
+
+def _conditions(raw: object) -> dict[str, str] | None:
+    """The lossless gate's conditions as the record names them: name -> status; None when
+    any entry is not a condition name with a known status (registry text)."""
+    if not isinstance(raw, dict):
+        return None
+    out = {}
+    for name, entry in raw.items():
+        status = entry.get("status") if isinstance(entry, dict) else None
+        if not (isinstance(name, str) and CONDITION_NAME.fullmatch(name)
+                and status in (*GATE_STATUSES, NOT_RUN_CONDITION)):
+            return None
+        out[name] = str(status)
     return out
 
 
@@ -174,12 +206,12 @@ def verdict(row: dict[str, Any]) -> tuple[str, list[str]]:
     elif a["status"] == "accepted":
         accepted.append(f"acceptance: {a['reason']}")
     if fail:
-        return "fail", fail + incomplete + accepted
+        return "failed", fail + incomplete + accepted
     if incomplete:
         return "incomplete", incomplete + accepted
     if accepted:
         return "accepted", accepted
-    return "pass", []
+    return "passed", []
 
 
 def make_row(*, image: str, cell: str, repo: str, drafter: bool, rel: Release | None,
@@ -202,8 +234,10 @@ def make_row(*, image: str, cell: str, repo: str, drafter: bool, rel: Release | 
     return row
 
 
-def table(tag: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"schema": SCHEMA, "tag": tag, "rows": rows,
+def table(tag: str, rows: list[dict[str, Any]],
+          families: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`families`: which cell to deploy per image family and level (release/advice.py)."""
+    return {"schema": SCHEMA, "tag": tag, "rows": rows, "advice": families or [],
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
@@ -214,19 +248,24 @@ def thresholds_for(job: Job, publish: Any) -> Thresholds:
 
 def gather(client: RegistryClient, jobs: tuple[Job, ...], publish: Any) -> dict[str, Any]:
     """The table of the jobs' release tag, from the registry."""
-    rows = []
+    rows, members = [], []
     for job in jobs:
-        repo = job.image.repository
+        repo, cell = job.image.repository, job.cell
         rels = list_releases(client, repo)
         mine = next((r for r in rels if r.tag == str(job.tag)), None)
         prev = previous_release(rels, job.tag)
         found = store.release_stored(client, repo, mine.tag) if mine else None
         base = store.release_results(client, repo, prev) if prev else None
-        rows.append(make_row(image=job.cell.image, cell=job.id, repo=repo,
-                             drafter=job.cell.method != NO_SPECULATION, rel=mine, bench=found,
+        rows.append(make_row(image=cell.image, cell=job.id, repo=repo,
+                             drafter=cell.method != NO_SPECULATION, rel=mine, bench=found,
                              baseline=base, baseline_tag=prev,
                              thresholds=thresholds_for(job, publish)))
-    return table(str(jobs[0].tag) if jobs else "", rows)
+        members.append(advice.Member(
+            image=cell.image, target=cell.target_name, engine=cell.engine_name,
+            model=cell.model_name, method=cell.method, doc=found[0] if found else None,
+            plain_baseline=bool(cell.target.bench and cell.target.bench.plain_baseline),
+            tie_margin=cell.target.bench.tie_margin if cell.target.bench else 0.0))
+    return table(str(jobs[0].tag) if jobs else "", rows, advice.advise(members))
 
 
 # ------------------------------------------------------------------ stored with the release
@@ -286,8 +325,11 @@ def table_of(client: RegistryClient, rel: Release) -> dict[str, Any] | None:
         manifest = json.loads(raw)
         if manifest.get("artifactType") != ARTIFACT_TYPE or not manifest.get("layers"):
             continue
-        return documents.compat_table(client.get_blob(repo, manifest["layers"][0]["digest"]),
-                                      client.host, f"compatibility table {repo}@{digest}")
+        doc = documents.compat_table(client.get_blob(repo, manifest["layers"][0]["digest"]),
+                                     client.host, f"compatibility table {repo}@{digest}")
+        for row in doc["rows"]:  # an older table's words read as today's
+            row["verdict"] = OLD_VERDICTS.get(row["verdict"], row["verdict"])
+        return doc
     return None
 
 
@@ -309,17 +351,24 @@ def _num(v: float | None, digits: int = 1) -> str:
 
 def _gate_cell(g: dict[str, Any], detail: str) -> str:
     s = g["status"]
-    head = {"pass": "pass", "fail": "**FAIL**", "untrusted": "untrusted",
+    head = {"pass": "passed", "fail": "**FAILED**", "untrusted": "untrusted",
             "not-applicable": "n/a", NOT_RUN: "not run"}.get(s, s)
     return head + (f" ({detail})" if detail and s in ("pass", "fail", "untrusted") else "")
 
 
 def _lossless(g: dict[str, Any]) -> str:
+    """The fresh requests' figures, then which conditions failed, which ran, which not."""
     if "compared_tokens" not in g:
         return _gate_cell(g, "")
     ties = g.get("ties", 0)
+    conds: dict[str, str] = g.get("conditions") or {}
+    said = [(what, [n for n, s in conds.items() if s in statuses]) for what, statuses in
+            (("failed", ("fail",)), ("untrusted", ("untrusted",)),
+             ("ran", ("pass", "fail", "untrusted")), ("not run", (NOT_RUN_CONDITION,)))]
     return _gate_cell(g, f"{g.get('requests', '?')} req, {g['compared_tokens']:,} tokens"
-                         + (f", {ties} ties" if ties else ""))
+                         + (f", {ties} ties" if ties else "")
+                         + "".join(f"; {what}: {', '.join(names)}" for what, names in said
+                                   if names))
 
 
 def _long(g: dict[str, Any]) -> str:
@@ -348,7 +397,7 @@ def markdown(doc: dict[str, Any]) -> str:
     for r in rows:
         tok = r["bench"]["tok_s"]
         mark = " (untrusted)" if r["bench"]["status"] == "untrusted" else ""
-        verdict_cell = {"fail": "**FAIL**", "incomplete": "**incomplete**"}.get(
+        verdict_cell = {"failed": "**FAILED**", "incomplete": "**incomplete**"}.get(
             r["verdict"], r["verdict"])
         out.append("| " + " | ".join([
             f"`{r['image']}`", r["smoke"], _lossless(r["lossless"]),
@@ -357,4 +406,6 @@ def markdown(doc: dict[str, Any]) -> str:
             verdict_cell]) + " |")
     why = [f"- `{r['image']}` {r['verdict']}: " + "; ".join(r["why"])
            for r in rows if r["why"]]
-    return "\n".join(out) + "\n" + ("\n" + "\n".join(why) + "\n" if why else "")
+    text = "\n".join(out) + "\n" + ("\n" + "\n".join(why) + "\n" if why else "")
+    section = advice.markdown(doc.get("advice") or [])
+    return text + ("\n" + section if section else "")

@@ -23,7 +23,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from imagebuild.bench import store
 from imagebuild.bench.gate import DEFAULT_ACCEPTANCE_THRESHOLD, check_promotion
@@ -65,6 +65,12 @@ class Move:
     dry_run: bool
     seconds: float = 0.0
     bytes: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        """One image's move as `rollback`/`promote --format json` print it."""
+        return {"repository": self.repo, "from": self.before_tag, "to": self.target,
+                "digest": self.target_digest, "moved": self.moved, "dry_run": self.dry_run,
+                "seconds": round(self.seconds, 3)}
 
     def line(self) -> str:
         # before_tag is latest's annotation: registry text, printed only through safe()
@@ -123,7 +129,7 @@ def refusal(mode: str, rel: Release, before: Release | None, rolled: dict[str, d
         if before is not None and _newer(before, rel):
             return (f"{rel.tag} is older than latest "
                     f"({_named(before)}); nothing moved. Use "
-                    f"`build.py rollback --to {rel.tag}` to go back on purpose")
+                    f"`build.py rollback --tag {rel.tag}` to go back on purpose")
         if rel.tag in rolled and not accept.rolled_back:
             return (f"{rel.tag} was rolled back (to {safe(rolled[rel.tag].get('to', '?'))} "
                     f"at {safe(rolled[rel.tag].get('at', '?'))}); a re-run does not undo a "
@@ -369,7 +375,7 @@ def set_latest_many(client: RegistryClient, repos: list[str], to: str, *,
             log(f"{repo}: left alone ({why}; not in a set with the images that move)")
     if split:
         have = ", ".join(r.repo for r in ready)
-        raise UserError(f"rollback --to {to} would split a set promoted together: "
+        raise UserError(f"rollback --tag {to} would split a set promoted together: "
                         f"{'; '.join(split)}; nothing moved",
                         fix=f"roll back only the images that have it on purpose with --image "
                             f"(have it: {have}), or pick a release every image of the set has "

@@ -283,7 +283,7 @@ def release_notes(lm: LoadedMatrix, jobs: tuple[Job, ...], facts: dict[str, Imag
         out += _gpu_code(job, f)
     out += ["## Rollback", ""]
     if previous:
-        out += ["```sh"] + [f"python build.py rollback --to {p}" for p in previous] + ["```"]
+        out += ["```sh"] + [f"python build.py rollback --tag {p}" for p in previous] + ["```"]
     elif not serving:
         out.append("_`latest` is not at this release: there is nothing of it to roll back_")
     else:

@@ -17,6 +17,7 @@ deleted by the digest the plan read, which no other tag shares, instead of distr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from imagebuild.bench import store
 from imagebuild.errors import OperationFailed, UserError
@@ -44,6 +45,13 @@ class PrunePlan:
     skipped: list[tuple[str, str]]  # (tag, why it could not go)
     digests: dict[str, str] = field(default_factory=dict)  # every tag -> its manifest
     latest: str | None = None  # the digest latest pointed at when planned
+
+    def as_json(self, dry_run: bool) -> dict[str, Any]:
+        """`prune --format json`: what stays and why, what goes (or would), what cannot."""
+        return {"repository": self.repo, "dry_run": dry_run,
+                "keep": [{"tag": t, "why": why} for t, why in self.keep],
+                "delete": list(self.delete),
+                "skipped": [{"tag": t, "why": why} for t, why in self.skipped]}
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Reads the release manifest behind the reference (its record in the annotations) and the
 referrers kept with it: SBOM, provenance, bench results, compatibility table. One line per
-check, `present`, `missing` or `disagrees`; any of the last two fails the command (exit 1).
+check, `agrees`, `missing` or `disagrees`, then a summary line (or all of it as JSON); any
+`missing` or `disagrees` fails the command (exit 1).
 Signatures are GitHub's artifact attestations: checked with `gh attestation verify` where
 `gh` is installed and the image is on ghcr.io; anywhere else the line says why not.
 """
@@ -36,8 +37,11 @@ from imagebuild.release.compat import table_of
 from imagebuild.safetext import safe
 from imagebuild.spec.tags import parse_release_tag
 
-PRESENT, MISSING, DISAGREES, SKIPPED = "present", "missing", "disagrees", "not checked"
+AGREES, MISSING, DISAGREES, SKIPPED = "agrees", "missing", "disagrees", "not checked"
 GITHUB_REGISTRY = "ghcr.io"
+# a gate's recorded status (gates/__init__.py) as every other output says it
+STATUS_WORDS = {"pass": "passed", "fail": "failed", "untrusted": "untrusted",
+                "not-applicable": "not applicable"}
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -61,22 +65,35 @@ def _record(rel: Release, asked_tag: str | None) -> list[Check]:
         out.append(Check(DISAGREES, "release record", f"tag {asked_tag} holds the record of "
                                                       f"{tag}"))
     else:
-        out.append(Check(PRESENT, "release record", f"tag {tag}"))
+        out.append(Check(AGREES, "release record", f"tag {tag}"))
     if a.get(A_IMAGE) != rel.image_id:
         out.append(Check(DISAGREES, "image id", f"the record says {a.get(A_IMAGE)}, the "
                                                 f"manifest holds {rel.image_id}"))
     else:
-        out.append(Check(PRESENT, "image id", rel.image_id))
+        out.append(Check(AGREES, "image id", rel.image_id))
     smoke = a.get(A_SMOKE)
-    out.append(Check(PRESENT if smoke == "passed" else DISAGREES, "smoke",
+    out.append(Check(AGREES if smoke == "passed" else DISAGREES, "smoke",
                      f"recorded {smoke or 'nothing'}"))
     inputs = a.get(A_INPUTS)
-    out.append(Check(PRESENT, "inputs digest", inputs) if inputs else
+    out.append(Check(AGREES, "inputs digest", inputs) if inputs else
                Check(MISSING, "inputs digest", "the record has none"))
     gates = a.get(A_GATES)
-    out.append(Check(PRESENT, "gates summary", gates) if gates else
+    out.append(Check(AGREES, "gates summary", _gates_text(gates)) if gates else
                Check(MISSING, "gates summary", "the record has none"))
     return out
+
+
+def _gates_text(recorded: str) -> str:
+    """The record's gates summary (a JSON object per gate) in words: each gate's status."""
+    try:
+        doc = json.loads(recorded)
+    except ValueError:
+        return "recorded, but not a JSON object"
+    if not isinstance(doc, dict):
+        return "recorded, but not a JSON object"
+    return ", ".join(f"{name.replace('_', ' ')} " + STATUS_WORDS.get(
+        str((g or {}).get("status") if isinstance(g, dict) else g), "?")
+                     for name, g in doc.items()) or "no gates"
 
 
 def _document(client: RegistryClient, repo: str, rel: Release,
@@ -111,7 +128,7 @@ def _sbom(client: RegistryClient, repo: str, rel: Release) -> Check:
         return Check(DISAGREES, "SBOM", f"{digest} describes {name or '?'} "
                                         f"{', '.join(map(str, hashes)) or 'no digest'}, not "
                                         f"{repo}@{rel.digest}")
-    return Check(PRESENT, "SBOM", f"{digest} names {name}@{rel.digest}")
+    return Check(AGREES, "SBOM", f"{digest} names {name}@{rel.digest}")
 
 
 def _provenance(client: RegistryClient, repo: str, rel: Release) -> list[Check]:
@@ -123,7 +140,7 @@ def _provenance(client: RegistryClient, repo: str, rel: Release) -> list[Check]:
     doc = doc or {}
     subjects = ["sha256:" + str((s.get("digest") or {}).get("sha256"))
                 for s in doc.get("subject") or [] if isinstance(s, dict)]
-    out = [Check(PRESENT, "provenance subject", f"{digest} names {rel.digest}")
+    out = [Check(AGREES, "provenance subject", f"{digest} names {rel.digest}")
            if rel.digest in subjects else
            Check(DISAGREES, "provenance subject", f"{digest} names "
                                                   f"{', '.join(subjects) or 'no subject'}, "
@@ -131,7 +148,7 @@ def _provenance(client: RegistryClient, repo: str, rel: Release) -> list[Check]:
     params = ((doc.get("predicate") or {}).get("buildDefinition") or {}).get(
         "externalParameters") or {}
     inputs, recorded = params.get("inputsDigest"), rel.annotations.get(A_INPUTS)
-    out.append(Check(PRESENT, "provenance inputs", f"inputs digest {inputs}")
+    out.append(Check(AGREES, "provenance inputs", f"inputs digest {inputs}")
                if inputs and inputs == recorded else
                Check(DISAGREES, "provenance inputs", f"inputs digest {inputs}, the record "
                                                      f"says {recorded}"))
@@ -147,7 +164,7 @@ def _bench(client: RegistryClient, repo: str, rel: Release, tag: str) -> Check:
     if measured and measured != rel.image_id:
         return Check(DISAGREES, "bench results", f"{found.digest} measured {measured}, the "
                                                  f"image is {rel.image_id}")
-    return Check(PRESENT, "bench results", found.digest)
+    return Check(AGREES, "bench results", found.digest)
 
 
 def _table(client: RegistryClient, rel: Release, tag: str) -> Check:
@@ -158,7 +175,7 @@ def _table(client: RegistryClient, rel: Release, tag: str) -> Check:
     mine = next((r for r in doc.get("rows") or [] if r.get("repository") == repo), None)
     if mine is None:
         return Check(DISAGREES, "compatibility table", f"{repo} is not in the table of {tag}")
-    return Check(PRESENT, "compatibility table", f"verdict {mine.get('verdict')}")
+    return Check(AGREES, "compatibility table", f"verdict {mine.get('verdict')}")
 
 
 Runner = Callable[[list[str]], tuple[int, str]]
@@ -180,7 +197,7 @@ def _signatures(registry: str, repo: str, digest: str, *, which: Callable[[str],
     ref = f"oci://{registry}/{repo}@{digest}"
     code, out = run(["gh", "attestation", "verify", ref, "--owner", repo.split("/", 1)[0]])
     last = out.splitlines()[-1] if out else ""
-    return Check(PRESENT if code == 0 else DISAGREES, "signatures",
+    return Check(AGREES if code == 0 else DISAGREES, "signatures",
                  f"gh attestation verify {ref}: " + ("verified" if code == 0 else
                                                      f"exit {code} {last[:200]}"))
 
@@ -215,3 +232,21 @@ def verify(text: str, *, client: RegistryClient | None = None,
 
 def failed(checks: list[Check]) -> bool:
     return any(c.status in (MISSING, DISAGREES) for c in checks)
+
+
+def counts(checks: list[Check]) -> dict[str, int]:
+    return {s: sum(c.status == s for c in checks) for s in (AGREES, MISSING, DISAGREES, SKIPPED)}
+
+
+def summary(checks: list[Check]) -> str:
+    """The last line: how many checks said what, and the answer."""
+    n = counts(checks)
+    return ", ".join(f"{status} {count}" for status, count in n.items()) + \
+        " -- verify " + ("FAILED" if failed(checks) else "passed")
+
+
+def as_json(text: str, checks: list[Check]) -> dict[str, Any]:
+    """`verify --format json`: {image, ok, counts, checks: [{status, what, detail}]}."""
+    return {"image": text, "ok": not failed(checks), "counts": counts(checks),
+            "checks": [{"status": c.status, "what": c.what, "detail": c.detail}
+                       for c in checks]}

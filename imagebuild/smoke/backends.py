@@ -4,25 +4,20 @@ compare with what the profile expects (`expect_backends:` in matrix.yaml).
 A release can pass every request-level check and still run the slow or wrong kernel (the
 FlashInfer NVFP4 GEMM and fused MoE vLLM 0.23.0 picks on sm_121 by itself, the latter
 sm_120 code and wrong on 12.1a, flashinfer#3294; preflight/kernels.py predicts them): the
-kernel choice is only visible in the boot log. Patterns are vLLM 0.23's own messages:
-- attention: platforms/cuda.py "Using X attention backend out of potential backends" (auto)
-  or "Using AttentionBackendEnum.X backend." (named); v1/attention/selector.py "Using HND
-  KV cache layout for X backend." (every platform whose backend needs a layout: CPU_ATTN);
-- NVFP4 GEMM: model_executor/kernels/linear "Using <Kernel>NvFp4LinearKernel for NVFP4 GEMM";
-- MoE: fused_moe/oracle "Using 'X' NvFp4 MoE backend out of potential backends" (quoted
-  for NvFp4/Mxfp4/MxFp8/WNA16), bare for Fp8/Int8/W4A8/"W4A8 Int8", and the Unquantized
-  oracle's labels (unquantized.py 32-41: "FlashInfer CUTLASS", "FlashInfer TRTLLM", "ROCm
-  AITER", TRITON...), named here as its enum does (FLASHINFER_CUTLASS...). `moe` is the
-  target's quantized experts' backend; its Unquantized line counts only for a model with no
-  quantized MoE;
+kernel choice is only visible in the boot log. The lines are read with the readers of the
+image's own vLLM version (facts/signals.py: each message as that version's recorded facts
+word it, in the file that logs it); a kind no message of the version carries is
+unreadable, and an expectation of it fails, never passes. What is read per kind:
+- attention: the platform's choice (cuda.py, cpu.py) or the layout line naming it (0.23's
+  selector.py); `moe` the target's quantized experts' oracle line, its Unquantized line
+  counting only for a model with no quantized MoE (labels named as its enum does:
+  FLASHINFER_CUTLASS...); `nvfp4_gemm` the kernel class (CUTLASS for
+  CutlassNvFp4LinearKernel); the sampler (the CPU platform logs none: unknown there);
 - the drafter: gpu_model_runner.py load_model logs "Loading drafter model..." between the
   target's model and the drafter's; a process's MoE and attention lines after it are the
   drafter's (`drafter_moe`, `drafter_attention`). vLLM logs each choice once per process
   (logger.info_once), so a drafter choice identical to the target's prints nothing: then
   the target's line stands for it;
-- sampler: v1/sample/ops/topk_topp_sampler.py "Using FlashInfer for top-p & top-k sampling"
-  or its "disabled"/"unavailable" lines (the PyTorch sampler: NATIVE); the CPU platform logs
-  nothing here, so the sampler is not known there;
 - speculative method: the engine's config line `speculative_config=SpeculativeConfig(
   method='X'` (or `speculative_config=None`), confirmed by /metrics' draft-token counter.
 """
@@ -32,34 +27,20 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from imagebuild.facts.signals import compile_readers, kind_unreadable, signals_in
 from imagebuild.smoke.probes import SPEC_DRAFT, metric_sum
 
 KINDS = ("attention", "nvfp4_gemm", "moe", "sampler", "speculative", "drafter_moe",
          "drafter_attention")
 
-_ATTENTION = (
-    re.compile(r"Using (\w+) attention backend out of potential backends"),
-    re.compile(r"Using AttentionBackendEnum\.(\w+) backend\."),
-    re.compile(r"Using \w+ KV cache layout for (\w+) backend\."),
-)
-_GEMM = re.compile(r"Using (\w+?)NvFp4LinearKernel for NVFP4 GEMM")
-# "Using 'VLLM_CUTLASS' NvFp4 MoE backend", "Using FlashInfer CUTLASS Unquantized MoE
-# backend", "Using CUTLASS W4A8 Int8 MoE backend"
-_MOE = re.compile(r"Using (?:'(?P<quoted>[^']+)' (?P<qkind>[\w ]+?)|(?P<bare>.+?) "
-                  r"(?P<kind>Unquantized|Fp8|Int8|W4A8 Int8|W4A8|WNA16)) MoE backend")
 # the Unquantized oracle's labels that are not its enum names (unquantized.py 32-41)
 UNQUANTIZED_LABELS = {"FlashInfer TRTLLM": "FLASHINFER_TRTLLM",
                       "FlashInfer CUTLASS": "FLASHINFER_CUTLASS", "ROCm AITER": "AITER"}
 UNQUANTIZED_MOE = "moe_unquantized"  # not a KIND: what `moe` falls back to
-DRAFTER_STARTS = "Loading drafter model..."
 # vLLM's process prefix: "(Worker_TP0 pid=123) INFO ..." (none in a single process)
 _PROCESS = re.compile(r"^\((?P<proc>[^)]*pid=\d+)\)")
-_SAMPLER = (
-    (re.compile(r"Using FlashInfer for top-p & top-k sampling"), "FLASHINFER"),
-    (re.compile(r"FlashInfer top-p/top-k sampling (?:disabled|unavailable)"), "NATIVE"),
-)
-_SPEC = re.compile(r"speculative_config=(?:SpeculativeConfig\(method='(\w+)'|(None))")
 
 
 def normal(name: str) -> str:
@@ -81,62 +62,69 @@ class Chosen:
     seen: dict[str, list[str]] = field(default_factory=dict)
     evidence: dict[str, str] = field(default_factory=dict)
 
-    def add(self, kind: str, name: str, line: str, m: re.Match[str] | None = None) -> None:
+    def add(self, kind: str, name: str, line: str, span: tuple[int, int] | None = None
+            ) -> None:
         names = self.seen.setdefault(kind, [])
         if name not in names:
             names.append(name)
             # the words around the match: vLLM's config line runs to thousands of characters
-            start, end = (m.start(), m.end()) if m else (0, len(line))
+            start, end = span or (0, len(line))
             self.evidence.setdefault(kind, line[max(0, start - 60):end + 60].strip())
 
     def as_dict(self) -> dict[str, list[str]]:
         return {k: list(v) for k, v in self.seen.items()}
 
 
-def _moe(m: re.Match[str]) -> tuple[str, bool]:
-    """(backend name, unquantized?) of a MoE oracle's line."""
-    if m.group("quoted"):
-        return normal(m.group("quoted")), False
-    label, kind = m.group("bare").strip(), m.group("kind")
-    return normal(UNQUANTIZED_LABELS.get(label, label).replace(" ", "_")), kind == "Unquantized"
+def _name(signal: str, value: str) -> str:
+    """A signal's value as expect_backends names it."""
+    if signal == "nvfp4_gemm":
+        return _gemm_name(value.removesuffix("NvFp4LinearKernel"))
+    if signal == "speculative":
+        return value.lower()
+    if signal in ("moe", UNQUANTIZED_MOE):
+        label = value.strip()
+        return normal(UNQUANTIZED_LABELS.get(label, label).replace(" ", "_"))
+    return normal(value)
 
 
-def read_log(lines: Iterable[str]) -> Chosen:
+def read_log(lines: Iterable[str], readers: Iterable[Mapping[str, Any]]) -> Chosen:
+    """What the log says vLLM chose, read with the image's vLLM version's `readers`
+    (expectations' `log_readers`: facts/signals.py readers())."""
+    compiled = compile_readers(readers)
     out = Chosen()
     drafting: set[str] = set()  # processes past their "Loading drafter model..."
     for line in lines:
         pm = _PROCESS.match(line)
         proc = pm.group("proc") if pm else ""
-        if DRAFTER_STARTS in line:
+        seen = list(signals_in(line, compiled))
+        if any(s.signal == "drafter_starts" for s in seen):
             drafting.add(proc)
             continue
         drafter = proc in drafting
-        for pattern in _ATTENTION:
-            if m := pattern.search(line):
-                out.add("drafter_attention" if drafter else "attention", normal(m.group(1)),
-                        line, m)
-        if m := _GEMM.search(line):
-            out.add("nvfp4_gemm", _gemm_name(m.group(1)), line, m)
-        elif "MoE backend" in line and (m := _MOE.search(line)):
-            name, unquantized = _moe(m)
-            kind = "drafter_moe" if drafter else (UNQUANTIZED_MOE if unquantized else "moe")
-            out.add(kind, name, line, m)
-        for pattern, sname in _SAMPLER:
-            if sm := pattern.search(line):
-                out.add("sampler", sname, line, sm)
-        if m := _SPEC.search(line):
-            out.add("speculative", (m.group(1) or "none").lower(), line, m)
+        for s in seen:
+            kind = s.signal
+            if kind in ("attention", "moe", UNQUANTIZED_MOE) and drafter:
+                kind = "drafter_attention" if kind == "attention" else "drafter_moe"
+            if kind == "weights_skipped":
+                continue  # test_serving.py's check reads those
+            out.add(kind, _name(s.signal, s.value), line, (s.start, s.end))
     return out
 
 
 def mismatches(expected: Mapping[str, str | None], chosen: Chosen,
-               metrics: str | None = None) -> list[str]:
+               metrics: str | None = None, unreadable: Mapping[str, str] | None = None
+               ) -> list[str]:
     """One line per expected kind vLLM did not choose: the expected value, what it chose
-    (or that its log never said), and the line it said it in."""
+    (or that its log never said, or that no line of this vLLM version says it:
+    `unreadable`, facts/signals.py), and the line it said it in."""
     bad = []
     for kind in KINDS:
         want = expected.get(kind)
         if want is None:
+            continue
+        why = kind_unreadable(kind, unreadable or {})
+        if why is not None:
+            bad.append(f"{kind}: expected {want}, but this vLLM's log cannot say it: {why}")
             continue
         got = chosen.seen.get(kind, [])
         evidence = chosen.evidence.get(kind, "")

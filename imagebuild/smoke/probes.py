@@ -9,8 +9,11 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
-SPEC_DRAFT = "vllm:spec_decode_num_draft_tokens_total"
-SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+from imagebuild.facts.signals import sample
+
+# the counters' samples; preflight checks the families against each version's metrics facts
+SPEC_DRAFT = sample("draft_tokens")
+SPEC_ACCEPTED = sample("accepted_tokens")
 METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 TOOL = {
     "type": "function",

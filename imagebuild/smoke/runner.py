@@ -191,7 +191,9 @@ def smoke_image(image_ref: str, expect: dict[str, Any], out_dir: Path, *,
               "boot_timeout_s": timeout_s, "stall_s": stall_s or default_stall_s(timeout_s)}
     if gates is not None:
         config["gates_capture"] = {"settings": gates, "path": str(out_dir / CAPTURE_FILE),
-                                   "what": "speculative" if speculates(info) else "plain"}
+                                   "what": "speculative" if speculates(info) else "plain",
+                                   "command": list((info.get("Config") or {}).get("Cmd")
+                                                   or [])}
     env = {**(env or {}), "IMAGEBUILD_PORT": str(port), "IMAGEBUILD_IMAGE": image_ref}
     console.print(f"smoke {image_ref}: compose project {project} on 127.0.0.1:{port}",
                   markup=False, highlight=False)
@@ -237,7 +239,7 @@ def smoke_ref(image_ref: str, *, out_dir: Path | None = None, matrix: Path | Non
 
 def smoke_jobs(lm: LoadedMatrix, jobs: tuple[Job, ...], *, out_root: Path, **kw: Any
                ) -> dict[str, dict[str, Any]]:
-    """`build.py smoke --tag T [--only GLOB]` and the whole job: each job's local image
+    """`build.py smoke --tag T [--image GLOB]` and the whole job: each job's local image
     (`job.release_ref`, as `build` tagged it) run from the cell's compose file, one
     container at a time."""
     verdicts = {}

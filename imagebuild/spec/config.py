@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from imagebuild.errors import UserError, validation_text
+from imagebuild.errors import UserError
 from imagebuild.spec import schemahint as sh
 from imagebuild.spec.gates import GateSettings
 from imagebuild.spec.names import (
@@ -34,8 +34,8 @@ from imagebuild.spec.names import (
     check_registry,
 )
 from imagebuild.spec.profiles import resolve_extends
-from imagebuild.spec.renames import renamed
 from imagebuild.spec.repopaths import RELATIVE_JSON, check_relative
+from imagebuild.spec.schemaerrors import invalid
 from imagebuild.spec.schemahint import Schema
 from imagebuild.spec.values import (
     BRANCH_JSON,
@@ -58,7 +58,7 @@ from imagebuild.spec.values import (
     package_name,
     pep440,
 )
-from imagebuild.spec.yamlpos import TAG, Located, explain, load_located, quote_fix, shorten
+from imagebuild.spec.yamlpos import Located, load_located
 
 HEX_PIN = re.compile(r"^[0-9a-f]{7,40}\Z")
 FULL_SHA = re.compile(r"^[0-9a-f]{40}\Z")
@@ -140,6 +140,13 @@ class BenchSettings(Strict):
     """Overrides publish.acceptance_threshold for this target: the relative drop in
     speculative acceptance (rate or mean accepted length, per concurrency level) that keeps
     a release from latest."""
+    plain_baseline: bool = True
+    """Also bench each speculating image without --speculative-config (one more boot per
+    cell), so the advice in the notes and the table can say whether its drafter beats
+    plain serving at each level."""
+    tie_margin: float = Field(default=0.05, ge=0, le=1)
+    """The advice calls a level's winner a tie when it beats the runner-up by less than
+    this fraction: how much back-to-back benches of one image differ on this target."""
 
 
 # What serves a speculative method needs, and the word for none (plain serving).
@@ -814,86 +821,6 @@ class Matrix(Strict):
     """Image families: name -> family; each expands into cells."""
 
 
-def _bad_value(err: Any) -> BadValue | None:
-    error = (err.get("ctx") or {}).get("error")
-    return error if isinstance(error, BadValue) else None
-
-
-def _string_expected(err: Any) -> bool:
-    """The schema wanted a string here (a Literal of strings counts)."""
-    if err["type"] == "literal_error":
-        return "'" in str((err.get("ctx") or {}).get("expected", ""))
-    return err["type"] in ("string_type", "string_pattern_mismatch", "enum")
-
-
-def _surprise(located: Located, err: Any) -> Any:
-    """The plain scalar YAML read as a non-string where this error sits, if any."""
-    if err["type"] in ("missing", "extra_forbidden"):
-        return None
-    loc = tuple(err["loc"])
-    for cut in range(len(loc), 0, -1):  # union errors add a member name to the path
-        found = located.surprise(loc[:cut])
-        if found is not None:
-            return found
-    return None
-
-
-def _fix_for(err: Any, located: Located) -> str:
-    kind = err["type"]
-    rename = renamed(tuple(err["loc"])) if kind == "extra_forbidden" else None
-    if rename is not None:
-        return (f"write `{rename.new}` instead (`python build.py migrate` rewrites the "
-                "file, comments kept)")
-    bad = _bad_value(err)
-    if bad is not None:
-        return bad.fix
-    surprise = _surprise(located, err)
-    if surprise is not None and _string_expected(err):
-        return quote_fix(surprise)
-    if kind == "extra_forbidden":
-        return ("remove the key or correct its spelling (docs/matrix-reference.md; "
-                "`python build.py schema` prints the JSON Schema)")
-    if kind == "missing":
-        return "add the field"
-    if kind in ("literal_error", "enum"):
-        return "use one of the allowed values"
-    if kind == "string_pattern_mismatch":
-        return "use lowercase letters, digits, '.', '_' or '-' (start with a letter or digit)"
-    if kind.endswith("_type") and surprise is not None and surprise.tag == TAG + "bool":
-        return "write the value itself (YAML turned the word into a boolean)"
-    if kind == "bool_type":
-        return "write true or false, unquoted"
-    if kind in ("int_type", "float_type") and isinstance(err.get("input"), str):
-        return "write the number unquoted"
-    return "correct the value"
-
-
-def _shown_path(err: Any, located: Located) -> str:
-    """The error's path as written in the file (pydantic adds union member names)."""
-    loc = tuple(err["loc"])
-    cut = next((n for n in range(len(loc), 0, -1) if loc[:n] in located.marks), len(loc))
-    if err["type"] in ("missing", "extra_forbidden"):
-        cut = len(loc)
-    return ".".join(str(p) for p in loc[:cut]) or "(top level)"
-
-
-def _describe(err: Any, located: Located) -> str:
-    loc = _shown_path(err, located)
-    rename = renamed(tuple(err["loc"])) if err["type"] == "extra_forbidden" else None
-    if rename is not None:
-        return f"{loc}: {rename.hint}"
-    bad = _bad_value(err)
-    if bad is not None:
-        return f"{loc}: {bad}"
-    found = err.get("input")
-    surprise = _surprise(located, err)
-    if surprise is not None:
-        return f"{loc}: {validation_text(err)}, but {explain(surprise)}"
-    shown = ("" if err["type"] == "missing" or isinstance(found, dict)
-             else f"; found {shorten(found)}")
-    return f"{loc}: {validation_text(err)}{shown}"
-
-
 def _check_version(located: Located) -> None:
     """A matrix of another schema version is answered before its fields are."""
     version = located.data.get("schema") if isinstance(located.data, dict) else None
@@ -912,17 +839,7 @@ def validate(located: Located) -> Matrix:
     try:
         return Matrix.model_validate(located.data)
     except ValidationError as exc:
-        # a misspelt key shows up as "extra" plus "missing": lead with the misspelling
-        errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden",
-                                                     e["type"] == "missing"))
-        first = errors[0]
-        loc = tuple(first["loc"])
-        lines = [f"{located.where(tuple(e['loc']))}: {_describe(e, located)}"
-                 for e in errors[1:6]]
-        more = "\n".join(["also:"] + lines) if lines else ""
-        message = _describe(first, located) + (f"\n{more}" if more else "")
-        raise UserError(message, fix=_fix_for(first, located),
-                        where=located.where(loc)) from None
+        raise invalid(exc, located, Matrix) from None
 
 
 def load_matrix(path: Path, display: str | None = None) -> tuple[Matrix, Located]:

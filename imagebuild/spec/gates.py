@@ -41,6 +41,40 @@ class LongGenerationGate(_Strict):
     """The tail's token distribution must keep this share of the reference's entropy."""
 
 
+class AcceptanceDecayGate(_Strict):
+    """Acceptance per draft position over a long generation, window by window (vLLM's
+    `vllm:spec_decode_num_accepted_tokens_per_pos`): DFlash with prefix caching was seen
+    to decay towards 0 while staying lossless."""
+
+    tokens: int = Field(default=4096, ge=32, le=1 << 20)
+    """Tokens generated in all, as `windows` requests each continuing the one before
+    (bounded by max-model-len)."""
+    windows: int = Field(default=4, ge=2, le=64)
+    """The generation's windows, first to last: one continuation request each."""
+    min_ratio: float = Field(default=0.25, gt=0, le=1)
+    """The last window's accepted tokens per draft must keep this share of the first's."""
+    min_drafts: int = Field(default=8, ge=1, le=1 << 20)
+    """Fewer drafts in a window is too little to judge (untrusted)."""
+
+
+class ConditionsGate(_Strict):
+    """Speculative decoding against plain decoding under the conditions that break it
+    (vllm#43559, vllm#54928): prefix-cache hits, shared prefixes, the profile's
+    concurrency, preemption, a prompt near max-model-len (docs/release-gates.md)."""
+
+    max_tokens: int = Field(default=32, ge=8, le=1 << 20)
+    """Tokens per request of the repeat, shared-prefix and concurrent loads."""
+    max_concurrency: int = Field(default=16, ge=2, le=1024)
+    """The concurrent and preemption loads send min(max-num-seqs, this) requests at once."""
+    max_prompt_tokens: int = Field(default=65536, ge=64, le=1 << 24)
+    """A condition whose load needs more prompt tokens than this is not run (and says
+    so): preempting a large KV pool, or a prompt near a long max-model-len."""
+    near_max_len_tokens: int = Field(default=16, ge=4, le=4096)
+    """Tokens the near-max-model-len request generates after a prompt filling the rest."""
+    acceptance_decay: AcceptanceDecayGate = Field(default_factory=AcceptanceDecayGate)
+    """Acceptance per draft position over the long generation."""
+
+
 class GateSettings(_Strict):
     """The thresholds of the release gates a target's cells must pass before publish."""
 
@@ -48,3 +82,5 @@ class GateSettings(_Strict):
     """Speculative decoding against plain decoding, token by token."""
     long_generation: LongGenerationGate = Field(default_factory=LongGenerationGate)
     """One long request: errors, equality, collapse."""
+    conditions: ConditionsGate = Field(default_factory=ConditionsGate)
+    """Losslessness under prefix-cache hits, concurrency, preemption, a long prompt."""

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import imagebuild
 from imagebuild import REPO_ROOT
 from imagebuild.errors import UserError
 from imagebuild.spec.config import (
@@ -97,7 +98,7 @@ def _err(located: Located, path: tuple, message: str, fix: str) -> UserError:
     return UserError(message, fix=fix, where=located.where(path))
 
 
-def _check_refs(lm: LoadedMatrix) -> None:
+def _check_refs(lm: LoadedMatrix, unwritten: frozenset[str] = frozenset()) -> None:
     m, loc = lm.matrix, lm.located
     seen_names: dict[str, str] = {}
     for mname, model in m.models.items():
@@ -144,9 +145,13 @@ def _check_refs(lm: LoadedMatrix) -> None:
             for i, patch in enumerate(real.patches):
                 _repo_file(lm, ("engines", ename, "realize", tname, "patches", i),
                            lm.root / "patches", patch, "patch")
-            if real.wheel:
+            # a requirement set is written by `lock --update ENGINE` (`unwritten`: that run)
+            if real.wheel and not (ename in unwritten
+                                   and not (lm.root / real.wheel.requirements).exists()):
                 _repo_file(lm, ("engines", ename, "realize", tname, "wheel", "requirements"),
-                           lm.root, real.wheel.requirements, "requirements file")
+                           lm.root, real.wheel.requirements, "requirements file",
+                           fix=f"write it: `python build.py lock --update {ename}` (the "
+                               "wheel's requirements, resolved by pip and hash-pinned)")
 
 
 def _check_parallel_args(loc: Located, pname: str, prof: Profile) -> None:
@@ -167,12 +172,15 @@ def _check_parallel_args(loc: Located, pname: str, prof: Profile) -> None:
                        "derives that flag for every node", fix)
 
 
-def _repo_file(lm: LoadedMatrix, path: tuple, folder: Path, rel: str, what: str) -> None:
-    """A file matrix.yaml names must exist inside the repository (symlinks included)."""
+def _repo_file(lm: LoadedMatrix, path: tuple, folder: Path, rel: str, what: str,
+               fix: str | None = None) -> None:
+    """A file matrix.yaml names must exist inside the repository (symlinks included);
+    `fix`: what writes it, when it is missing."""
     try:
         inside(lm.root, folder, rel, what)
     except BadValue as exc:
-        raise _err(lm.located, path, str(exc), exc.fix) from None
+        missing = fix is not None and not (folder / rel).exists()
+        raise _err(lm.located, path, str(exc), fix if missing and fix else exc.fix) from None
 
 
 # Environment overrides of `publish:` (plan.registry_for reads them), checked like the file
@@ -292,9 +300,10 @@ def _expand_family(lm: LoadedMatrix, fname: str, fam: ImageFamily) -> list[Cell]
     return cells
 
 
-def expand(lm: LoadedMatrix) -> list[Cell]:
-    """Every cell of every family, in matrix.yaml order; duplicate images are an error."""
-    _check_refs(lm)
+def expand(lm: LoadedMatrix, unwritten: frozenset[str] = frozenset()) -> list[Cell]:
+    """Every cell of every family, in matrix.yaml order; duplicate images are an error.
+    `unwritten`: engines whose requirement sets this run writes (`lock --update ENGINE`)."""
+    _check_refs(lm, unwritten)
     registry, namespace = publish_names(lm)
     cells: list[Cell] = []
     seen: dict[tuple[str, str], str] = {}
@@ -331,8 +340,10 @@ MATRIX_ENV = "IMAGEBUILD_MATRIX"
 
 
 def matrix_path(given: Path | None = None) -> Path:
-    """--matrix, else $IMAGEBUILD_MATRIX, else ./matrix.yaml, else the repository's (or,
-    installed, the package's own default)."""
+    """--matrix, else $IMAGEBUILD_MATRIX, else ./matrix.yaml, else a checkout's own (its
+    build.py and matrix.yaml are one project). An installed package has no project of its
+    own: the example it carries is read only when asked for (`init` copies it), never in
+    place of a matrix the user forgot (its rendered files would be site-packages')."""
     if given is not None:
         return given
     env = os.environ.get(MATRIX_ENV)
@@ -342,7 +353,14 @@ def matrix_path(given: Path | None = None) -> Path:
                             fix=f"point {MATRIX_ENV} at a matrix.yaml, or unset it")
         return Path(env)
     here = Path.cwd() / "matrix.yaml"
-    return here if here.is_file() else REPO_ROOT / "matrix.yaml"
+    if here.is_file():
+        return here
+    if not imagebuild.installed():
+        return REPO_ROOT / "matrix.yaml"
+    raise UserError(f"no matrix.yaml in {Path.cwd()}",
+                    fix="run where your matrix.yaml is, or give --matrix FILE (or "
+                        f"{MATRIX_ENV}); to start from the example the package carries: "
+                        "`python build.py init DIR`")
 
 
 def load(path: Path | None = None) -> LoadedMatrix:

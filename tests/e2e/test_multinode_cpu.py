@@ -29,6 +29,7 @@ from imagebuild.plan import load_plan
 from imagebuild.serving.nodes import cell_node_files
 from imagebuild.serving.runspec import SPEC_FLAG
 from imagebuild.smoke.runner import smoke_nodes
+from tests.support.leftovers import smoke_leftovers
 from tests.support.multinode import CPU_IMAGE, cpu_two_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -41,11 +42,8 @@ LOST_BOUND_S = 30
 
 
 def _leftovers(docker: str) -> list[str]:
-    out = subprocess.run([docker, "ps", "-a", "--format",
-                          '{{.Names}} {{.Label "' + PROJECT_LABEL + '"}}'],
-                         capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines()
-            if line.split()[1:2] and line.split()[1].startswith("imagebuild-smoke-")]
+    """Containers of smoke's compose projects still around, but another run's."""
+    return smoke_leftovers(docker)
 
 
 @pytest.fixture(scope="module")

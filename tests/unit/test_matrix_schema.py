@@ -88,16 +88,18 @@ def _schema_paths(error: jsonschema.ValidationError) -> list[tuple[Any, ...]]:
 # (id, text in the repository's matrix.yaml, its replacement, what the CLI says)
 MISTAKES = [
     ("unknown-field", "  namespace: vllm-spark\n", "  namespace: vllm-spark\n  colour: red\n",
-     "Extra inputs are not permitted"),
+     "publish.colour: unknown key"),
     ("wrong-type", "    boot_timeout_s: 300\n", '    boot_timeout_s: "300"\n',
-     "valid integer"),
-    ("missing-required", "  namespace: vllm-spark\n", "", "Field required"),
-    ("bad-enum", "    engine_from: wheel\n", "    engine_from: docker\n", "Input should be"),
-    ("bad-list-enum", "    methods: [ngram]\n", "    methods: [medusa]\n", "Input should be"),
+     "must be a whole number"),
+    ("missing-required", "  namespace: vllm-spark\n", "",
+     "publish.namespace: missing (it is required)"),
+    ("bad-enum", "    engine_from: wheel\n", "    engine_from: docker\n",
+     "must be 'source' or 'wheel'"),
+    ("bad-list-enum", "    methods: [ngram]\n", "    methods: [medusa]\n", "must be 'none', "),
     ("renamed-field", "    accelerator: cpu\n    # No registry",
      "    gpu: false\n    # No registry", "renamed to `accelerator`"),
     ("bad-name-key", "\n  cpu:\n    description: any x86-64",
-     "\n  Cpu:\n    description: any x86-64", "String should match pattern"),
+     "\n  Cpu:\n    description: any x86-64", "must match the pattern"),
     ("number-out-of-range", "    requests: 16\n", "    requests: 0\n", "greater than or equal"),
 ]
 

@@ -160,7 +160,6 @@ UNEXPLAINED_IN_FUNCTION = {
     "preflight/kernels.py": 2,
     "preflight/kvcache.py": 1,
     "preflight/run.py": 1,
-    "preflight/vllmfacts.py": 1,
     "release/repositories.py": 1,
     "smoke/probes.py": 2,
 }

@@ -48,7 +48,7 @@ def test_notes_per_image(matrix_dir):
     assert f"`{zlab.pins['drafter']['revision']}`" in text
     assert "91df0fad4dc98a67c7659d9dbd915245d5c43d96" in text
     assert "**PASSED** · all 9 checks passed" in text and "acceptance 0.81" in text
-    assert "python build.py rollback --to 2026-06-11-v0.23.0-pr41703" in text
+    assert "python build.py rollback --tag 2026-06-11-v0.23.0-pr41703" in text
     # a cell the registry has no digest for says so instead of inventing one
     other = jobs[1].cell.image
     section = text.split(f"## {other}")[1].split("## ")[0]

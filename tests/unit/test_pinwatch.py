@@ -82,8 +82,12 @@ def test_head_that_keeps_the_small_page_layout_passes(locked, hub_replay):
     assert "lock --update aeon" in aeon.markdown()
 
 
-def test_cli_json_and_issue_dir(locked, hub_replay, tmp_path, capsys):
+def test_cli_json_and_issue_dir(locked, hub_replay, tmp_path, capsys, monkeypatch):
     out = tmp_path / "pins"
+    # the engines' index: one on disk without newer releases (tests/unit/test_enginewatch.py)
+    from imagebuild import enginewatch
+
+    monkeypatch.setattr(enginewatch, "index_urls", lambda _: ((tmp_path / "index").as_uri(),))
     from imagebuild.cliparser import parser
 
     args = parser().parse_args(["pins", "watch", "--matrix", str(locked / "matrix.yaml"),

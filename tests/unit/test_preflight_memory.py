@@ -24,6 +24,14 @@ def admission(findings: list) -> list:
     return [f for f in of(findings, "memory-admission") if f.severity == "error"]
 
 
+OVERRIDE = "      num-gpu-blocks-override: 16\n"
+
+
+def kv_space_alone(root: Path) -> None:
+    """The cpu profile without its block override: the pool is VLLM_CPU_KVCACHE_SPACE."""
+    edit(root, OVERRIDE, "")
+
+
 def test_every_repository_cell_fits_and_prints_its_breakdown(locked: Path) -> None:
     findings = check(locked)
     assert not of(findings, "memory-admission")
@@ -31,8 +39,9 @@ def test_every_repository_cell_fits_and_prints_its_breakdown(locked: Path) -> No
     cells = {f.cell for f in findings if f.cell != "matrix"}
     assert set(shown) == cells
     cpu = shown["cpu/cpu-tiny-ngram@dflashfix"]
-    assert cpu.startswith("fits, 5.65 GiB spare: predicted peak 2.35 GiB"), cpu
-    assert "KV (VLLM_CPU_KVCACHE_SPACE) 1.00 GiB" in cpu and "budget memory_limit 8g" in cpu
+    # the profile's 16 blocks of 128 tokens x 2 layers x 32 KiB pages, not the 1 GiB space
+    assert cpu.startswith("fits, 6.67 GiB spare: predicted peak 1.33 GiB"), cpu
+    assert "KV (--num-gpu-blocks-override 16) 1.0 MiB" in cpu and "budget memory_limit 8g" in cpu
     # gb10: the locked safetensors sizes, the drafter's own files, the pool vLLM keeps
     zlab = shown["gb10/spark-heretic-zlab@dflashfix"]
     assert "weights 20.49 GiB + drafter 0.80 GiB" in zlab, zlab
@@ -43,31 +52,47 @@ def test_every_repository_cell_fits_and_prints_its_breakdown(locked: Path) -> No
 
 def test_a_cpu_kv_space_beyond_the_container_limit_is_refused(locked: Path) -> None:
     # measured: KV 7 GiB in the 8g container is OOM-killed at boot (docs/memory.md)
+    kv_space_alone(locked)
     edit(locked, 'VLLM_CPU_KVCACHE_SPACE: "1"', 'VLLM_CPU_KVCACHE_SPACE: "7"')
     found = admission(check(locked, target="cpu"))
     assert len(found) == 2, found  # both engines' cells
     f = found[0]
-    assert "does not fit: predicted peak 8.35 GiB" in f.message, f.message
+    assert "does not fit: predicted peak 8.33 GiB" in f.message, f.message
     assert "budget memory_limit 8g = 8.00 GiB" in f.message
     assert f.fix == "lower VLLM_CPU_KVCACHE_SPACE to 6 or raise the target's memory_limit"
     assert line_of(locked, 'VLLM_CPU_KVCACHE_SPACE: "7"') in (f.where or ""), f.where
 
 
 def test_the_largest_kv_space_that_fits_passes(locked: Path) -> None:
+    kv_space_alone(locked)
     edit(locked, 'VLLM_CPU_KVCACHE_SPACE: "1"', 'VLLM_CPU_KVCACHE_SPACE: "6"')
     findings = check(locked, target="cpu")
     assert not admission(findings)
-    assert all(f.message.startswith("fits, 0.65 GiB spare")
+    assert all(f.message.startswith("fits, 0.67 GiB spare")
                for f in of(findings, "memory-prediction"))
 
 
 def test_a_cpu_kv_space_that_cannot_hold_one_request_is_refused(locked: Path) -> None:
+    kv_space_alone(locked)
     edit(locked, 'VLLM_CPU_KVCACHE_SPACE: "1"', 'VLLM_CPU_KVCACHE_SPACE: "0"')
     found = admission(check(locked, target="cpu"))
     assert len(found) == 2, found
     assert "VLLM_CPU_KVCACHE_SPACE 0.0 MiB cannot hold one max-model-len request (0.2 MiB)" \
         in found[0].message, found[0].message
     assert found[0].fix == "raise VLLM_CPU_KVCACHE_SPACE or lower --max-model-len"
+
+
+def test_a_block_override_makes_the_pool_and_is_refused_below_one_request(
+        locked: Path) -> None:
+    # vLLM 0.23.0 replaces the available memory with N blocks before its admission check
+    edit(locked, OVERRIDE, "      num-gpu-blocks-override: 3\n")
+    found = admission(check(locked, target="cpu"))
+    assert len(found) == 2, found
+    # 3 blocks: 192 KiB; one 512-token request: 4 blocks, 256 KiB (both shown in MiB)
+    assert ("--num-gpu-blocks-override 3 0.2 MiB cannot hold one max-model-len request "
+            "(0.2 MiB)") in found[0].message, found[0].message
+    assert found[0].fix == "raise --num-gpu-blocks-override or lower --max-model-len"
+    assert line_of(locked, "num-gpu-blocks-override: 3") in (found[0].where or "")
 
 
 def test_a_cpu_cell_without_a_kv_space_is_warned(locked: Path) -> None:

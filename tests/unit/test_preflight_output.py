@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild.errors import UserError
-from imagebuild.preflight.findings import Finding, format_table, has_errors
+from imagebuild.preflight.findings import WIDTH, Finding, format_table, has_errors
 from imagebuild.preflight.run import render
 from tests.support.matrices import (
     blocking_rules,
@@ -36,8 +36,8 @@ def test_a_waived_rule_does_not_block_and_shows_its_reason(locked: Path) -> None
     waived = [f for f in findings if f.rule == "gpu-mem-util-unified"]
     assert len(waived) == 7 and all(f.waived == REASON for f in waived)
     table = render(findings)
-    assert "waived error    gpu-mem-util-unified" in table
-    assert f"-- waived: {REASON}" in table
+    assert "waived error gpu-mem-util-unified  gb10/" in table
+    assert f"waived: {REASON}" in table
     assert json.loads(render(findings, "json"))["counts"]["waived"] == 7
 
 
@@ -71,18 +71,39 @@ def test_a_waiver_needs_a_written_reason(locked: Path) -> None:
     assert "waivers" in exc.value.message
 
 
-def test_table_has_one_line_per_finding_with_cell_rule_severity_message_fix() -> None:
+def test_table_says_each_finding_once_with_its_cells_and_fits_the_width() -> None:
+    """Issue 38, item 12: one mistake was one line per cell it reached (once per engine),
+    lines up to 650 characters. Now a finding shared by cells is said once naming them,
+    and its text wraps under its header; the summary counts one per cell, as JSON does."""
+    long = "word " * 60
     findings = [
-        Finding("gb10/a", "rule-one", "error", "broken", fix="mend it", where="m.yaml:3:5"),
-        Finding("gb10/a-longer", "r2", "warning", "odd", fix=None),
+        Finding("gb10/a@one", "rule-one", "error", "broken", fix="mend it", where="m.yaml:3:5"),
+        Finding("gb10/a@two", "rule-one", "error", "broken", fix="mend it", where="m.yaml:3:5"),
+        Finding("gb10/a-longer", "r2", "warning", long.strip(), fix=None),
         Finding("matrix", "r3", "info", "fyi"),
+        *(Finding(f"gb10/c{i}", "r4", "warning", "shared", fix="x") for i in range(6)),
     ]
-    lines = format_table(findings).splitlines()
-    assert lines[0] == ("gb10/a         error           rule-one  broken [m.yaml:3:5] "
-                        "-- fix: mend it")
-    assert lines[1] == "gb10/a-longer  warning         r2        odd"
-    assert lines[3] == "1 error(s), 1 warning(s), 0 waived, 1 info -- check FAILED"
+    table = format_table(findings)
+    lines = table.splitlines()
+    assert lines[:4] == ["error    rule-one  gb10/a@one, gb10/a@two", "         broken",
+                         "         at m.yaml:3:5", "         fix: mend it"]
+    assert lines[4] == "warning  r2  gb10/a-longer"
+    assert all(len(line) <= WIDTH for line in lines), max(map(len, lines))
+    assert " ".join(x.strip() for x in lines[5:9]) == long.strip()
+    assert table.count("shared") == 1
+    assert "gb10/c0, gb10/c1, gb10/c2 and 3 more cells (--format json lists each)" in table
+    assert lines[-1] == "2 error(s), 7 warning(s), 0 waived, 1 info -- check FAILED"
     assert "fyi" not in format_table(findings, show_info=False)
+
+
+def test_one_typo_in_a_profile_is_said_once_for_every_engine(locked: Path) -> None:
+    edit(locked, "      max-num-seqs: 8\n", "      max-num-seq: 8\n")
+    findings = check(locked, target="cpu")
+    assert sum(f.rule == "serve-flag-unknown" for f in findings) == 2  # both engines' cells
+    table = render(findings)
+    assert table.count("--max-num-seq abbreviates") == 1, table
+    assert "error    serve-flag-unknown  cpu/cpu-tiny-ngram@dflashfix, " \
+           "cpu/cpu-tiny-ngram@pr41703" in table
 
 
 def test_json_lists_findings_counts_and_the_rules_used(locked: Path) -> None:
@@ -103,6 +124,8 @@ def test_json_lists_findings_counts_and_the_rules_used(locked: Path) -> None:
     assert set(first) == {"cell", "rule", "severity", "message", "fix", "where", "waived",
                           "facts"}
     # a rule that reads vLLM facts names the version and folder it read them from
-    assert first["facts"] is None  # attention-backend-flash-attn reads none
+    # attention-backend-flash-attn reads the flag through the version's parser
+    assert first["facts"] == "facts: vLLM 0.23.0 (imagebuild/facts/recorded/0.23.0)"
+    assert next(f for f in doc["findings"] if f["rule"] == "pin-unresolved")["facts"] is None
     kernels = next(f for f in doc["findings"] if f["rule"] == "kernels-expected")
     assert kernels["facts"] == "facts: vLLM 0.23.0 (imagebuild/facts/recorded/0.23.0)"

@@ -15,6 +15,7 @@ from imagebuild.gates import FAIL, NOT_APPLICABLE, PASS, UNTRUSTED
 from imagebuild.gates.client import Generation, parse_choice
 from imagebuild.gates.collapse import collapse_reason, entropy, tail_loop
 from imagebuild.gates.compare import MATCH, MISMATCH, TIE, compare
+from imagebuild.gates.conditions import CONDITIONS
 from imagebuild.gates.identity import Identity, changed
 from imagebuild.gates.run import Run, judge
 from imagebuild.gates.summary import failures, load_summary, passed, summary
@@ -24,32 +25,9 @@ from imagebuild.release.publish import gates_gate
 from imagebuild.serving.runspec import speculates
 from imagebuild.spec.gates import GateSettings, LongGenerationGate, LosslessGate
 from imagebuild.spec.tags import parse_release_tag
+from tests.support.gateruns import gen, runs, varied
 
 EPS = 0.05
-
-
-def gen(name: str, tokens: list[int], *, n: int | None = None, lp: float = -0.5,
-        alt: dict[int, float] | None = None, at: int | None = None,
-        error: str | None = None) -> Generation:
-    """A run's answer: each token with logprob `lp`; at position `at`, the top-k also
-    holds `alt` (the other run's candidate)."""
-    g = Generation(name, n if n is not None else len(tokens), error=error)
-    if error:
-        return g
-    g.tokens = list(tokens)
-    g.logprobs = [lp] * len(tokens)
-    g.top = [{t: lp, **(alt if i == at and alt else {})} for i, t in enumerate(tokens)]
-    g.finish_reason = "length"
-    return g
-
-
-def varied(n: int, seed: int = 1) -> list[int]:
-    """n tokens that do not loop (a linear congruential walk over 2,000 ids)."""
-    out, x = [], seed
-    for _ in range(n):
-        x = (x * 1103515245 + 12345) % 2**31
-        out.append(x % 2000)
-    return out
 
 
 # ------------------------------------------------------------------ comparison
@@ -257,7 +235,8 @@ def _doc(loss: str = PASS, lg: str = PASS) -> dict:
 def test_the_summary_has_exactly_the_shared_shape():
     s = summary(_doc())
     assert s == {"lossless": {"status": "pass", "reason": "r", "requests": 5,
-                              "compared_tokens": 700, "ties": 1, "tie_rate": 0.2},
+                              "compared_tokens": 700, "ties": 1, "tie_rate": 0.2,
+                              "conditions": {}},
                  "long_generation": {"status": "pass", "reason": "r2", "tokens": 448}}
     assert passed(s) and passed(summary(_doc(NOT_APPLICABLE)))
     assert not passed(summary(_doc(lg=UNTRUSTED)))
@@ -387,22 +366,23 @@ def test_gate_image_uses_smokes_record_and_boots_only_the_plain_server(
 
     st = GateSettings(lossless=LosslessGate(max_tokens=8, min_compared_tokens=8),
                       long_generation=LongGenerationGate(tokens=64))
-    reqs = gates_run.gate_requests(st)
-    gens = [gen(r.name, varied(r.max_tokens, i)) for i, r in enumerate(reqs)]
+    spec, plain = runs(st)
     info = {"Id": "sha256:abc", "Config": {"Cmd": ["vllm", "serve", "--speculative-config",
                                                    "{}"]}}
-    save_capture(tmp_path / CAPTURE_FILE, "sha256:abc", st, Run("speculative", gens=gens))
+    save_capture(tmp_path / CAPTURE_FILE, "sha256:abc", st, spec)
     booted = []
 
-    def fake_boot(image, info, expect, reqs, *, seed, what, drop_flags=(), log=print,
-                  serve=None):
-        booted.append((what, drop_flags))
-        return Run(what, gens=[gen(g.name, g.tokens) for g in gens])
+    def fake_boot(image, info, expect, settings, *, what, plan=None, drop_flags=(),
+                  log=print, serve=None):
+        booted.append((what, drop_flags, plan))
+        return plain
 
     monkeypatch.setattr(gates_run, "run_requests", fake_boot)
     doc = gates_run.gate_image("img:1", info, {}, st, tmp_path, log=lambda s: None)
-    assert booted == [("plain", ("--speculative-config",))]
+    # the plain server gets exactly the plan smoke's server was sent
+    assert booted == [("plain", ("--speculative-config",), spec.plan)]
     assert doc["passed"] and doc["runs"][0]["source"] == "smoke's server"
+    assert set(doc["summary"]["lossless"]["conditions"]) == set(CONDITIONS)
     assert json.loads((tmp_path / "gates.json").read_text())["summary"] == doc["summary"]
 
 
@@ -417,23 +397,27 @@ def test_the_smoke_check_records_what_the_runner_asked_for(monkeypatch: pytest.M
     st = GateSettings(lossless=LosslessGate(max_tokens=8),
                       long_generation=LongGenerationGate(tokens=64))
     sent = []
+    spec, _ = runs(st)
 
-    def fake_send(run, container, base_url, reqs, *, seed):
-        sent.append((container, base_url, [r.max_tokens for r in reqs], seed))
-        run.gens = [gen(r.name, varied(r.max_tokens)) for r in reqs]
+    def fake_send(run, container, base_url, settings, *, command=(), plan=None):
+        sent.append((container, base_url, settings, tuple(command), plan))
+        run.plan, run.gens = spec.plan, spec.gens
         return run
 
     monkeypatch.setattr(check, "send_all", fake_send)
     path = tmp_path / "gates-speculative.json"
+    cmd = ["vllm", "serve", "/model", "--speculative-config", "{}"]
     smoke = {"container": "c1", "base_url": "http://127.0.0.1:1", "image_id": "sha256:abc",
              "gates_capture": {"settings": st.model_dump(), "path": str(path),
-                               "what": "speculative"}}
+                               "what": "speculative", "command": cmd}}
     check.test_release_gate_requests_answered(smoke)
-    assert sent == [("c1", "http://127.0.0.1:1", [8, 8, 8, 8, 64], 0)]
-    assert load_capture(path, "sha256:abc", st).what == "speculative"
+    # the plan is cut on that server from the image's own command (send.py)
+    assert sent == [("c1", "http://127.0.0.1:1", st, tuple(cmd), None)]
+    back = load_capture(path, "sha256:abc", st)
+    assert back.what == "speculative" and back.plan == spec.plan
 
-    def short_send(run, container, base_url, reqs, *, seed):
-        run.gens = [gen(r.name, varied(3), n=r.max_tokens) for r in reqs]
+    def short_send(run, container, base_url, settings, *, command=(), plan=None):
+        run.gens = [gen(g.name, varied(3), n=g.max_tokens) for g in spec.gens]
         return run
 
     monkeypatch.setattr(check, "send_all", short_send)
@@ -441,3 +425,35 @@ def test_the_smoke_check_records_what_the_runner_asked_for(monkeypatch: pytest.M
         check.test_release_gate_requests_answered(smoke)
     with pytest.raises(pytest.skip.Exception):
         check.test_release_gate_requests_answered({})
+
+
+def test_the_thresholds_table_in_the_docs_is_the_schema_and_the_matrix():
+    """docs/release-gates.md's table: every field, its default and both targets' value."""
+    from imagebuild import REPO_ROOT
+    from imagebuild.plan import load_plan
+
+    plan = load_plan(None, "2026-06-18-dflashfix", "all", None)
+    gates = {j.cell.target_name: j.cell.target.gates.model_dump() for j in plan.jobs}
+    default = GateSettings().model_dump()
+
+    def at(d: dict, dotted: str) -> object:
+        for key in dotted.split("."):
+            d = d[key]
+        return d
+
+    rows = [ln.split("|")[1:5] for ln in
+            (REPO_ROOT / "docs/release-gates.md").read_text().splitlines()
+            if ln.startswith("| `lossless.") or ln.startswith("| `long_generation.")
+            or ln.startswith("| `conditions.")]
+    seen = set()
+    for field, dflt, gb10, cpu in rows:
+        name = field.strip().strip("`")
+        seen.add(name)
+        for want, got in ((at(default, name), dflt), (at(gates["gb10"], name), gb10),
+                          (at(gates["cpu"], name), cpu)):
+            assert float(got) == float(want), (name, got, want)  # type: ignore[arg-type]
+
+    def leaves(d: dict, pre: str = "") -> set[str]:
+        return set().union(*(leaves(v, f"{pre}{k}.") if isinstance(v, dict) else {pre + k}
+                             for k, v in d.items()))
+    assert seen == leaves(default)

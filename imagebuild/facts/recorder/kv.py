@@ -28,7 +28,14 @@ import sys
 from collections.abc import Callable
 from typing import Any, get_args
 
-from common import Context, header
+from common import Context, header, vllm_root
+
+
+def _said(exc: BaseException) -> str:
+    """An exception as facts record it: paths under site-packages as vllm/... (the venv the
+    recorder ran in is no fact of the version)."""
+    return f"{type(exc).__name__}: {exc}".replace(str(vllm_root().parent) + "/", "")
+
 
 SOURCE = ("vLLM's KV-cache spec classes, attention layers, backends and "
           "unify_kv_cache_spec_page_size, executed on probe specs")
@@ -172,9 +179,9 @@ def _per_token_head(kind: str, backend: Any, dtype: str, model_dtype: str, head:
     except AttributeError as exc:
         if "stand-in" in str(exc):
             raise
-        return {"raises": f"{type(exc).__name__}: {exc}"}
+        return {"raises": _said(exc)}
     except Exception as exc:  # noqa: BLE001 - a combination the version refuses
-        return {"raises": f"{type(exc).__name__}: {exc}"}
+        return {"raises": _said(exc)}
     base = pages[(16, 1)]
     if kind == "mla":  # one latent vector per token: no KV heads
         pages = {k: v for k, v in pages.items() if k[1] == 1}
@@ -256,7 +263,7 @@ def sliding_blocks(backends: dict[str, Any]) -> dict[str, Any]:
             except Exception as exc:  # noqa: BLE001
                 if "stand-in" in str(exc):
                     raise
-                row[str(block)] = {"raises": f"{type(exc).__name__}: {exc}"}
+                row[str(block)] = {"raises": _said(exc)}
         out[name] = row
     return out
 
@@ -265,12 +272,12 @@ def kernel_block_sizes(backends: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, backend in backends.items():
         if isinstance(backend, Exception):
-            out[name] = {"unavailable": f"{type(backend).__name__}: {backend}"}
+            out[name] = {"unavailable": _said(backend)}
             continue
         try:
             sizes = backend.get_supported_kernel_block_sizes()
         except Exception as exc:  # noqa: BLE001
-            out[name] = {"raises": f"{type(exc).__name__}: {exc}"}
+            out[name] = {"raises": _said(exc)}
             continue
         out[name] = {"sizes": [s if isinstance(s, int) else {"multiple_of": s.base}
                                for s in sizes]}

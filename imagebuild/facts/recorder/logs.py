@@ -1,10 +1,13 @@
 """Every message the installed vLLM can log at INFO or above, read from its source: each
 `logger.<level>(...)` (and `*_once`) call whose message is a literal, an f-string or a
-concatenation of them, and the f-strings of `__str__`/`__repr__` methods (vLLM logs its
-config through them: `speculative_config=SpeculativeConfig(method=...)`), each with its
-file and line. DEBUG calls are left out: a server at vLLM's default level never prints
-them. imagebuild/facts/logs.py finds the lines smoke reads in this catalogue; a pattern no
-message of a version can produce is a check smoke cannot make on that version.
+concatenation of them, or a call of a function of the same module that returns one (the
+MoE oracles log `logger.info_once(_make_log_backend(backend))`: each template the helper
+returns is recorded at the logger call's line), and the f-strings of `__str__`/`__repr__`
+methods (vLLM logs its config through them: `speculative_config=SpeculativeConfig(
+method=...)`), each with its file and line. DEBUG calls are left out: a server at vLLM's
+default level never prints them. imagebuild/facts/signals.py finds the lines smoke reads
+in this catalogue; a pattern no message of a version can produce is a check smoke cannot
+make on that version.
 
 Templates keep printf directives (`%s`) as written; an f-string's replacement fields are
 written as the unit separator U+001F; web addresses in messages (vLLM points at issues and
@@ -53,16 +56,37 @@ def _logger_call(node: ast.Call) -> str | None:
     return None
 
 
+def _helpers(tree: ast.AST) -> dict[str, list[str]]:
+    """Functions of a module (at any depth) -> the message templates they return."""
+    out: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found = [t for inner in ast.walk(node) if isinstance(inner, ast.Return)
+                     and inner.value is not None and (t := template(inner.value)) is not None]
+            if found:
+                out.setdefault(node.name, []).extend(found)
+    return out
+
+
+def _messages(arg: ast.AST, helpers: dict[str, list[str]]) -> list[str]:
+    """The templates a logger call's message argument can be."""
+    t = template(arg)
+    if t is not None:
+        return [t]
+    if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Name):
+        return helpers.get(arg.func.id, [])
+    return []
+
+
 def scan(text: str) -> list[tuple[int, str, str]]:
     out = []
     tree = ast.parse(text)
+    helpers = _helpers(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and node.args:
             level = _logger_call(node)
             if level is not None:
-                t = template(node.args[0])
-                if t is not None:
-                    out.append((node.lineno, level, t))
+                out += [(node.lineno, level, t) for t in _messages(node.args[0], helpers)]
         elif isinstance(node, ast.FunctionDef) and node.name in ("__str__", "__repr__"):
             for inner in ast.walk(node):
                 if isinstance(inner, ast.JoinedStr):

@@ -1,7 +1,9 @@
 """The release gates' requests on the image as it ships, while smoke has it up: greedy,
-with logprobs, one of them as long as the target's long generation. Recorded for the
-gates (imagebuild/gates/capture.py) so they need not boot this image a second time;
-the check itself: every request answered in full, on one unrestarted server."""
+with logprobs, one of them as long as the target's long generation, and the condition
+loads cut to this server (prefix-cache hits, concurrency, preemption, a prompt near
+max-model-len: imagebuild/gates/conditions.py). Recorded for the gates
+(imagebuild/gates/capture.py) so they need not boot this image a second time; the check
+itself: every request answered in full, on one unrestarted server."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from imagebuild.gates.capture import save_capture
-from imagebuild.gates.prompts import gate_requests
 from imagebuild.gates.runrecord import Run
 from imagebuild.gates.send import send_all
 from imagebuild.spec.gates import GateSettings
@@ -24,8 +25,8 @@ def test_release_gate_requests_answered(smoke):
                     "nothing to record for them")
     settings = GateSettings.model_validate(cap["settings"])
     t0 = time.monotonic()
-    run = send_all(Run(cap["what"]), smoke["container"], smoke["base_url"],
-                   gate_requests(settings), seed=settings.lossless.seed)
+    run = send_all(Run(cap["what"]), smoke["container"], smoke["base_url"], settings,
+                   command=cap.get("command") or ())
     run.seconds = time.monotonic() - t0
     save_capture(Path(cap["path"]), smoke["image_id"], settings, run)
     bad = [f"{g.name}: {g.error or f'{len(g.tokens)} of {g.max_tokens} tokens'}"

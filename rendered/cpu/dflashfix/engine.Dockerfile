@@ -74,10 +74,10 @@ COPY files/apply-patches.sh /usr/local/bin/apply-patches.sh
 COPY patches/ /opt/imagebuild/patches/
 # Each patch is checked before it is applied to the installed package; a failure names it.
 RUN sh /usr/local/bin/apply-patches.sh "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" /opt/imagebuild/patches/kv-page-size-pad-mamba.patch /opt/imagebuild/patches/cpu-ngram-fp64-gumbel.patch
-# The kernel check goes through the platform: it picks _C_AVX512 or _C_AVX2 for this CPU
-# (a bare `import vllm._C` dies with SIGILL on machines without AVX512).
-RUN python -c "from vllm.platforms import current_platform as p; p.import_kernels()" \
-    && python /opt/imagebuild/slim-torch-cuda.py check \
+# Native libraries resolve, pip check says only what is deliberate, and vLLM's kernels
+# load: through the platform, which picks _C_AVX512 or _C_AVX2 for this CPU (a bare
+# `import vllm._C` dies with SIGILL without AVX512) and only warns when that fails.
+RUN python /opt/imagebuild/slim-torch-cuda.py check \
         "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 # The CPU sampler wraps random sampling in torch.compile even under --enforce-eager; with
 # dynamo off it runs eagerly instead of needing g++ and Python headers in the image.
