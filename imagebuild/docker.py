@@ -166,8 +166,8 @@ class Engine:
             return None
 
     def pull_checked(self, ref: str, auth: Mapping[str, str] | None = None) -> str:
-        """Pull `ref` with these credentials (X-Registry-Auth, as push); the local image
-        id, or OperationFailed with the registry's reason."""
+        """Pull `ref` with these credentials (in the X-Registry-Auth header only); the
+        local image id, or OperationFailed with the registry's reason."""
         try:
             return str(self.client.images.pull(ref, auth_config=dict(auth) if auth else None).id)
         except ENGINE_ERRORS as exc:
