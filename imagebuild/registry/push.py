@@ -84,13 +84,7 @@ def push_image(client: RegistryClient, repo: str, tag: str, image_id: str, *,
     image = local_image(image_id)
     hints = _known_blobs(client, known)
     placed: dict[str, Placed] = {}
-    uploads: dict[str, str | None] = {}  # layer -> an upload the registry opened for it
-    for diff in dict.fromkeys(image.diff_ids):
-        found = _find(client, repo, diff, enc, hints)
-        if isinstance(found, Placed):
-            placed[diff] = found
-        else:
-            uploads[diff] = found
+    uploads = _place(client, repo, image.diff_ids, enc, hints, placed)
     if uploads:
         try:
             placed.update(_send_layers(client, repo, image, uploads, enc))
@@ -98,7 +92,10 @@ def push_image(client: RegistryClient, repo: str, tag: str, image_id: str, *,
             log(f"{repo}: Docker's store could not be read ({exc.message}); reading the "
                 "image export instead")
             image = from_export(image_id, image.diff_ids)
-            placed.update(_send_layers(client, repo, image, dict.fromkeys(uploads), enc))
+            # the layers sent before the store failed are found, not sent again
+            uploads = _place(client, repo, uploads, enc, hints, placed)
+            if uploads:
+                placed.update(_send_layers(client, repo, image, uploads, enc))
     config = _put_config(client, repo, image)
     manifest = {
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
@@ -107,8 +104,6 @@ def push_image(client: RegistryClient, repo: str, tag: str, image_id: str, *,
                     "size": placed[d].blob.size} for d in image.diff_ids],
     }
     digest = client.put_manifest(repo, tag, compact(manifest).encode(), OCI_MANIFEST)
-    for diff, where in placed.items():
-        remember(client.host, diff, _encoding_of(where.blob), where.blob, repo)
     counts = {how: sum(p.how == how for p in placed.values()) for how in ("sent", "mounted",
                                                                           "there")}
     log(f"{repo}: {len(placed)} layer(s) from {image.source}: {counts['sent']} sent "
@@ -117,8 +112,28 @@ def push_image(client: RegistryClient, repo: str, tag: str, image_id: str, *,
     return digest
 
 
-def _encoding_of(blob: Blob) -> str:
-    return "none" if blob.media_type == OCI_TAR else "gzip"
+def _place(client: RegistryClient, repo: str, diffs: Iterable[str], enc: str,
+           hints: dict[str, list[tuple[Blob, str]]], placed: dict[str, Placed]
+           ) -> dict[str, str | None]:
+    """Each layer the repository holds or can mount goes into `placed`; the others are
+    returned with the upload the registry opened for each (None: none yet)."""
+    uploads: dict[str, str | None] = {}
+    for diff in dict.fromkeys(diffs):
+        found = _find(client, repo, diff, enc, hints)
+        if isinstance(found, Placed):
+            placed[diff] = found
+            _remember(client, repo, diff, found)
+        else:
+            uploads[diff] = found
+    return uploads
+
+
+def _remember(client: RegistryClient, repo: str, diff: str, where: Placed) -> None:
+    """Recorded as soon as the layer is in the repository, not once the whole image is:
+    a push killed after some gzipped layers finds them on its re-run (their digests
+    cannot be known without compressing them again)."""
+    enc = "none" if where.blob.media_type == OCI_TAR else "gzip"
+    remember(client.host, diff, enc, where.blob, repo)
 
 
 def _known_blobs(client: RegistryClient, refs: Iterable[str]
@@ -203,6 +218,7 @@ def _send_layers(client: RegistryClient, repo: str, image: LocalImage,
                 return
             placed[diff] = where
             tally.done += 1
+        _remember(client, repo, diff, where)
 
     def every_layer() -> None:  # an export: one stream, in its order
         for layer in image.layers(set(uploads)):

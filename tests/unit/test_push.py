@@ -207,6 +207,32 @@ def test_a_failed_push_is_retried_whole_and_finds_what_arrived(image, monkeypatc
     assert len(runs) == 2 and image.read == list(image.diff_ids)  # read once, not twice
 
 
+def test_a_gzip_push_killed_midway_resumes_without_compressing_what_arrived(image,
+                                                                            monkeypatch):
+    """A gzipped layer's digest is known only by compressing it: the record of each
+    layer is written when it lands, so a re-run after a push killed on the third layer
+    finds the first one instead of reading and sending it again."""
+    reg = MemRegistry()
+    chunks = image._chunks
+
+    def killed_on_the_last(data: bytes):
+        if data is image.tars[2]:
+            raise OperationFailed("killed")
+        return chunks(data)
+
+    monkeypatch.setattr(image, "_chunks", killed_on_the_last)
+    with pytest.raises(OperationFailed, match="killed"):
+        push_image(reg.client(), REPO, "t1", image.image_id, encoding="gzip",
+                   log=lambda _: None)
+    assert "t1" not in reg.tags.get(REPO, {})
+    monkeypatch.setattr(image, "_chunks", chunks)
+    image.read.clear()
+    push_image(reg.client(), REPO, "t1", image.image_id, encoding="gzip", log=lambda _: None)
+    assert image.diff_ids[0] not in image.read and image.diff_ids[2] in image.read
+    assert gzip.decompress(reg.blobs[REPO][_manifest(reg, REPO, "t1")["layers"][0]["digest"]]
+                           ) == image.tars[0]
+
+
 def test_wrong_credentials_are_not_retried(image, monkeypatch):
     from imagebuild.registry.errors import AuthError
 
