@@ -113,22 +113,25 @@ _UNSENDABLE = (
 
 @dataclass
 class ByteCounter:
-    """Body bytes moved (request + response), in total and per kind of endpoint."""
+    """Body bytes moved (request + response), in total and per kind of endpoint; added
+    to from several threads at once (a push's layers)."""
 
     sent: int = 0
     received: int = 0
     requests: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def total(self) -> int:
         return self.sent + self.received
 
     def add(self, kind: str, sent: int, received: int) -> None:
-        self.sent += sent
-        self.received += received
-        self.requests += 1
-        self.by_kind[kind] = self.by_kind.get(kind, 0) + sent + received
+        with self._lock:
+            self.sent += sent
+            self.received += received
+            self.requests += 1
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + sent + received
 
     def reset(self) -> None:
         self.sent = self.received = self.requests = 0
