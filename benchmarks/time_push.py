@@ -8,11 +8,13 @@ move with it on a shared machine).
 
 --encoding gzip / --source export time the other ways (a registry elsewhere; an engine
 whose store this user may not read); --dockerd also times `docker push` of the same image
-to a fresh registry (benchmarks/time_cpu_image.py's), the way before.
+to a fresh registry (benchmarks/time_cpu_image.py's), the way before. --gzip-levels 1,6
+pushes nothing: it times zlib on one core, 4 MiB members, over the first 256 MB of the
+image's largest layer, per level (why streams.GZIP_LEVEL is what it is).
 
 Usage: flock -o /tmp/imagebuild-heavy.lock .venv/bin/python benchmarks/time_push.py
          [IMAGE] [--runs 3] [--encoding none|gzip] [--gzip-level N] [--source store|export]
-         [--dockerd] [--json FILE]
+         [--dockerd] [--gzip-levels 1,6] [--json FILE]
 IMAGE defaults to the newest local image of the cpu-tiny-ngram cell.
 """
 
@@ -98,6 +100,33 @@ def one_push(image_id: str) -> dict[str, Any]:
                 "registry_cpu_s": round(cpu_seconds(pid) - theirs, 1)}
 
 
+def gzip_levels(image_id: str, levels: list[int], sample: int = 256 << 20
+                ) -> list[dict[str, Any]]:
+    """zlib's speed on one core and the size it gives, per level, over the first
+    `sample` bytes of the largest layer, cut into streams.PIECE members as a push does."""
+    image = dockerstore.local_image(image_id)
+    sizes = {d: 0 for d in image.diff_ids}
+    for layer in image.layers(set(image.diff_ids)):  # sizes from the store's own bytes
+        sizes[layer.diff_id or ""] = sum(len(c) for c in layer.chunks)
+    largest = max(sizes, key=sizes.__getitem__)
+    data = bytearray()
+    for layer in image.layers({largest}):
+        for chunk in layer.chunks:
+            data += chunk
+            if len(data) >= sample:
+                break
+    out = []
+    for level in levels:
+        t0 = time.process_time()
+        packed = sum(len(m) for m in streams.gzip_members(iter([bytes(data)]), level=level,
+                                                           workers=1))
+        secs = time.process_time() - t0
+        out.append({"level": level, "sample_bytes": len(data),
+                    "mb_per_core_s": round(len(data) / secs / 1e6),
+                    "ratio": round(packed / len(data), 3)})
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("image", nargs="?")
@@ -108,10 +137,15 @@ def main() -> int:
                     help="store: dockerd's files (when readable); export: `docker save`")
     ap.add_argument("--gzip-level", type=int, default=streams.GZIP_LEVEL)
     ap.add_argument("--dockerd", action="store_true", help="also time `docker push`")
+    ap.add_argument("--gzip-levels", help="e.g. 1,6: time zlib per level, push nothing")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     image = args.image or newest_cell_image()
     image_id = docker("image", "inspect", "--format", "{{.Id}}", image).stdout.strip()
+    if args.gzip_levels:
+        levels = gzip_levels(image_id, [int(x) for x in args.gzip_levels.split(",")])
+        print(json.dumps({"image": image, "levels": levels}, indent=1))
+        return 0
     os.environ[streams.ENCODING_ENV] = args.encoding
     streams.GZIP_LEVEL = args.gzip_level
     if args.source == "export":
