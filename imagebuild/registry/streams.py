@@ -28,7 +28,7 @@ ENCODINGS = ("none", "gzip")
 OCI_TAR = "application/vnd.oci.image.layer.v1.tar"
 OCI_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 MEDIA = {"none": OCI_TAR, "gzip": OCI_GZIP}
-GZIP_LEVEL = 1  # measured (benchmarks/time_push.py): see docs/push.md
+GZIP_LEVEL = 1  # 2.7x level 6's speed for 12 % more bytes (docs/push.md, time_push.py)
 PIECE = 4 << 20  # uncompressed bytes per gzip member
 _END = object()
 
