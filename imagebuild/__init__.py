@@ -32,3 +32,9 @@ def work_root(matrix_root: Path) -> Path:
     """Where build/ and .cache/ go: beside the matrix, or the current directory when the
     matrix is the installed package's own default (site-packages is no place for them)."""
     return Path.cwd() if matrix_root.resolve() == BUNDLE_DIR else matrix_root
+
+
+def cache_dir(kind: str) -> Path:
+    """This machine's cache of one kind (GPU-code tables, pushed blobs, pinned vLLM
+    sources)."""
+    return machine_cache() / kind

@@ -277,7 +277,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     out = _build_dir(plan)
     client = registry_client(plan)
     publish_jobs(client, plan.jobs, load_verdicts(plan.jobs, out), dry_run=args.dry_run,
-                 gates=load_gates(plan.jobs, out))
+                 gates=load_gates(plan.jobs, out), out=out)
     if not args.dry_run:
         document_jobs(client, plan, out)
     if not args.no_latest:

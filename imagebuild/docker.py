@@ -1,13 +1,14 @@
 """The one seam to the Docker engine.
 
 Everything that touches images and containers goes through `Engine`, built on the Docker
-SDK (the `docker` package): inspect, tag, remove, list, history, push, pull, import,
+SDK (the `docker` package): inspect, tag, remove, list, history, export, pull, import,
 run, logs, stats, exec, and compose projects' clean-up. The Docker CLI is used in one
 place only, `Engine.buildkit_build`: BuildKit's secret and cache mounts are not reachable
 through the SDK's build API. What the rest of the package may ask of an engine is the
 Protocol `DockerEngine`; `engine()` hands one out and tests install theirs with
 `use_engine`: the one shared double, tests/support/memengine.py, which mypy checks against
-the Protocol (model: cog's single docker command interface, pkg/docker).
+the Protocol (model: cog's single docker command interface, pkg/docker). Beside it,
+dockerstore.py reads an image's layers for a push, from dockerd's files when it may.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Self
 
@@ -48,34 +48,24 @@ def run_labels(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**(extra or {}), OWNER_LABEL: "imagebuild", **owner_labels()}
 
 
-@dataclass(frozen=True)
-class PushEvent:
-    status: str
-    digest: str | None = None
-    error: str | None = None
-    layer: str = ""  # which layer a progress event is about
-    current: int = 0  # bytes of it sent so far
-    total: int = 0  # its size (0: not a progress event)
-
-
 class DockerEngine(Protocol):
     """What callers may ask of a Docker engine (`Engine` is the real one; the tests' double
     is tests/support/memengine.py). Methods raise OperationFailed/UserError, never the
     SDK's errors."""
 
     def info(self) -> dict[str, Any]: ...
+    def on_this_machine(self) -> bool: ...
 
     # images
     def inspect_image(self, ref: str) -> dict[str, Any] | None: ...
     def image_id(self, ref: str) -> str | None: ...
     def send_image(self, ref: str, to: Self) -> None: ...
+    def export_image(self, ref: str) -> Iterator[bytes]: ...
     def tag(self, image: str, repository: str, tag: str) -> None: ...
     def remove_image(self, ref: str, *, force: bool = False) -> bool: ...
     def images(self, *, label: str | None = None, reference: str | None = None
                ) -> list[dict[str, Any]]: ...
     def history(self, image_id: str) -> list[dict[str, Any]]: ...
-    def push(self, repository: str, tag: str, auth: Mapping[str, str] | None
-             ) -> Iterator[PushEvent]: ...
     def registry_digest(self, ref: str) -> str: ...
     def pull(self, ref: str, *, timeout: float = 120) -> str | None: ...
     def pull_checked(self, ref: str, auth: Mapping[str, str] | None = None) -> str: ...
@@ -137,6 +127,10 @@ class Engine:
         except ENGINE_ERRORS as exc:
             raise OperationFailed(f"no Docker engine answers ({exc})", fix=ENGINE_FIX) from None
 
+    def on_this_machine(self) -> bool:
+        """The engine answers on this machine's unix socket (its files are on this disk)."""
+        return str(self.api.base_url).startswith("http+docker://localhost")
+
     # -- images
 
     def inspect_image(self, ref: str) -> dict[str, Any] | None:
@@ -162,6 +156,14 @@ class Engine:
         except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot send {ref} to the Docker engine at "
                                   f"{to.api.base_url}: {exc}", fix=ENGINE_FIX) from None
+
+    def export_image(self, ref: str) -> Iterator[bytes]:
+        """`docker save REF`, streamed (dockerstore.py reads the layers from it)."""
+        try:
+            yield from self.api.get_image(ref, chunk_size=1 << 20)
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot export {ref} from the Docker engine: {exc}",
+                                  fix=ENGINE_FIX) from None
 
     def tag(self, image: str, repository: str, tag: str) -> None:
         try:
@@ -198,21 +200,6 @@ class Engine:
         except ENGINE_ERRORS as exc:
             raise OperationFailed(f"cannot read the history of {image_id}: {exc}") from None
 
-    def push(self, repository: str, tag: str, auth: Mapping[str, str] | None
-             ) -> Iterator[PushEvent]:
-        """Push through dockerd; credentials travel in the X-Registry-Auth header only."""
-        try:
-            for event in self.api.push(repository, tag=tag, stream=True, decode=True,
-                                       auth_config=dict(auth) if auth else None):
-                detail = event.get("progressDetail") or {}
-                yield PushEvent(status=str(event.get("status", "")),
-                                digest=(event.get("aux") or {}).get("Digest"),
-                                error=event.get("error"), layer=str(event.get("id", "")),
-                                current=int(detail.get("current") or 0),
-                                total=int(detail.get("total") or 0))
-        except docker.errors.APIError as exc:
-            yield PushEvent(status="error", error=str(exc.explanation or exc))
-
     def registry_digest(self, ref: str) -> str:
         """The digest `ref` has in its registry now (a multi-platform image: its index's),
         asked through the engine, which uses its own credentials, mirrors and proxy."""
@@ -234,8 +221,8 @@ class Engine:
             return None
 
     def pull_checked(self, ref: str, auth: Mapping[str, str] | None = None) -> str:
-        """Pull `ref` with these credentials (X-Registry-Auth, as push); the local image
-        id, or OperationFailed with the registry's reason."""
+        """Pull `ref` with these credentials (in the X-Registry-Auth header only); the
+        local image id, or OperationFailed with the registry's reason."""
         try:
             return str(self.client.images.pull(ref, auth_config=dict(auth) if auth else None).id)
         except ENGINE_ERRORS as exc:

@@ -35,6 +35,7 @@ from imagebuild.gates.run import run_gates
 from imagebuild.gates.summary import load_summary, passed
 from imagebuild.plan import Job, Plan, format_table, registry_client
 from imagebuild.registry.client import RegistryClient
+from imagebuild.registry.streams import encoding_for
 from imagebuild.release import compat
 from imagebuild.release.latest import promote_plan
 from imagebuild.release.publish import load_verdict, publish_job
@@ -93,13 +94,14 @@ def load_gates(jobs: tuple[Job, ...], out: Path) -> dict[str, dict[str, Any]]:
 
 
 def publish_jobs(client: RegistryClient, jobs: tuple[Job, ...], verdicts: dict[str, Any], *,
-                 dry_run: bool, gates: dict[str, dict[str, Any]] | None = None) -> None:
+                 dry_run: bool, gates: dict[str, dict[str, Any]] | None = None,
+                 out: Path | None = None) -> None:
     """Push and record every job (each gated on its own smoke verdict and release-gates
-    summary); `latest` stays."""
+    summary); `latest` stays. `out`: the build folder (an engine handoff's ref)."""
     for job in jobs:
         with progress.stage("publish", job.id):
             result = publish_job(client, job, verdicts[job.id], dry_run=dry_run,
-                                 gates=(gates or {}).get(job.id))
+                                 gates=(gates or {}).get(job.id), out=out)
         if dry_run:
             print(f"{job.id}: dry run, nothing written")
         else:
@@ -207,6 +209,7 @@ def gates_or_resume(plan: Plan, out: Path, decisions: dict[str, Any],
 def run_release(plan: Plan, opts: ReleaseOptions) -> int:
 
     refuse_unmeasured(plan, opts)
+    encoding_for(plan.destination.registry)  # IMAGEBUILD_PUSH_COMPRESSION: refused now
     buildable(plan)
     reaper.reap()  # what a SIGKILLed run on this host left: before this run starts its own
     print(format_table(plan.jobs, plan.header()))
@@ -234,7 +237,7 @@ def run_release(plan: Plan, opts: ReleaseOptions) -> int:
         publish_jobs(client, plan.jobs, verdicts, dry_run=True, gates=gates)
         print("dry run: no bench stored, latest not moved")
         return 0
-    publish_jobs(client, plan.jobs, verdicts, dry_run=False, gates=gates)
+    publish_jobs(client, plan.jobs, verdicts, dry_run=False, gates=gates, out=opts.out)
     document_jobs(client, plan, opts.out, skip)
     if opts.bench:
         bench_jobs(client, plan.jobs, bench_dir(opts.out), skip)

@@ -24,6 +24,7 @@ from imagebuild.host import probe_host
 from imagebuild.lock.lockfile import Lock, read_lock
 from imagebuild.lock.resolve import sha256_file
 from imagebuild.registry.client import RegistryClient
+from imagebuild.registry.streams import encoding_for
 from imagebuild.spec import hardware
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.hardware import Host, runner
@@ -156,7 +157,10 @@ class Plan:
 
 
 def registry_client(plan: Plan) -> RegistryClient:
-    """A client of the registry the plan's images are published to."""
+    """A client of the registry the plan's images are published to; a bad
+    IMAGEBUILD_PUSH_COMPRESSION is refused here too, before a command that may push asks it
+    anything."""
+    encoding_for(plan.destination.registry)
     return RegistryClient(plan.destination.registry)
 
 

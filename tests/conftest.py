@@ -169,10 +169,10 @@ def _session_registry(docker_engine: str, tmp_path_factory: pytest.TempPathFacto
 def shared_registry(_session_registry: RunningRegistry,
                     tmp_path_factory: pytest.TempPathFactory) -> RunningRegistry:
     """One registry for the modules that push the ~3 GB cpu engine and serve images, each
-    in a namespace of its own: Docker uploads a layer to a registry once and mounts it
-    into every later repository there ("Mounted from ..."), where a registry per module
-    made dockerd compress and upload the same engine layers again (2.5 min each time on
-    2 cores). Leases and locks of a module's runs still get a dir of their own."""
+    in a namespace of its own: a push uploads a layer to a registry once and mounts it
+    into every later repository there (the session's IMAGEBUILD_CACHE_DIR keeps where it
+    went: registry/pushrecords.py), where a registry per module sent the same engine
+    layers again. Leases and locks of a module's runs still get a dir of their own."""
     os.environ["IMAGEBUILD_LOCK_DIR"] = str(tmp_path_factory.mktemp("locks"))
     return _session_registry
 

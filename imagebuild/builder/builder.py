@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from imagebuild import buildfolder, machine_cache
+from imagebuild import buildfolder, cache_dir
 from imagebuild.builder import archtable, bootstrap, hygiene, timestamps
 from imagebuild.builder.aptsources import MIRROR_ENV
 from imagebuild.builder.buildjobs import choose_parallelism, host_resources
@@ -309,8 +309,8 @@ def layer_sizes(image_id: str) -> list[dict]:
 
 
 def _gpu_code_cache() -> Path:
-    """Where GPU-code tables of engine images are kept, by image id (the machine's cache)."""
-    return machine_cache() / "gpu-code"
+    """Where GPU-code tables of engine images are kept, by image id."""
+    return cache_dir("gpu-code")
 
 
 class Builder:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from imagebuild import buildfolder
 from imagebuild.builder.builder import Builder, BuildRecord
 from imagebuild.errors import OperationFailed, UserError
-from imagebuild.registry.client import RegistryClient, resolve_credentials
+from imagebuild.registry.client import RegistryClient
 from imagebuild.registry.push import push_with_retries, verify_pushed
 from imagebuild.spec.names import INPUTS_LABEL
 
@@ -60,8 +60,7 @@ def push_engine(client: RegistryClient, record: BuildRecord, image: ImageRef, *,
                 log: Log = print) -> str:
     """Push the built engine under its inputs tag, read it back, return REPO@digest."""
     tag = inputs_tag(record.inputs_digest)
-    creds = resolve_credentials(client.host)
-    pushed = push_with_retries(record.image_id, image.name, tag, creds, log=log)
+    pushed = push_with_retries(client, image.repository, tag, record.image_id, log=log)
     verify_pushed(client, image.repository, tag, record.image_id, pushed)
     return image.by_digest(pushed)
 

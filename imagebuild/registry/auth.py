@@ -108,11 +108,13 @@ class Auth:
                 fix="the registry's token auth is misconfigured",
             )
         # the challenge's scope is what the server wants; ours covers calls made before one
-        scopes = [s for s in {challenge.params.get("scope"), scope} if s]
+        # (a scope of several, space-separated, goes as one `scope` parameter each)
+        scopes = sorted({s for x in (challenge.params.get("scope"), scope) if x
+                         for s in x.split()})
         query: list[tuple[str, str]] = []
         if challenge.params.get("service"):
             query.append(("service", challenge.params["service"]))
-        query += [("scope", s) for s in sorted(scopes)]
+        query += [("scope", s) for s in scopes]
         creds = self.creds
         if creds and creds.identity_token:
             form = dict(query)

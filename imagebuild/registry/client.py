@@ -17,6 +17,7 @@ page, an upload `Location` or a redirect on another origin.
 
 from __future__ import annotations
 
+import copy
 import email.utils
 import functools
 import hashlib
@@ -87,6 +88,7 @@ _BODY_CAPS = {"manifest": documents.MAX_MANIFEST, "referrers": documents.MAX_MAN
               "tags": documents.MAX_TAG_PAGE, "catalog": documents.MAX_TAG_PAGE,
               "blob": documents.MAX_BLOB}
 _CHUNK = 65536
+_UNKNOWN_BLOB = ("MANIFEST_BLOB_UNKNOWN", "BLOB_UNKNOWN")
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 _TRANSIENT_ERRORS = (
     requests.ConnectionError,
@@ -111,22 +113,25 @@ _UNSENDABLE = (
 
 @dataclass
 class ByteCounter:
-    """Body bytes moved (request + response), in total and per kind of endpoint."""
+    """Body bytes moved (request + response), in total and per kind of endpoint; added
+    to from several threads at once (a push's layers)."""
 
     sent: int = 0
     received: int = 0
     requests: int = 0
     by_kind: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def total(self) -> int:
         return self.sent + self.received
 
     def add(self, kind: str, sent: int, received: int) -> None:
-        self.sent += sent
-        self.received += received
-        self.requests += 1
-        self.by_kind[kind] = self.by_kind.get(kind, 0) + sent + received
+        with self._lock:
+            self.sent += sent
+            self.received += received
+            self.requests += 1
+            self.by_kind[kind] = self.by_kind.get(kind, 0) + sent + received
 
     def reset(self) -> None:
         self.sent = self.received = self.requests = 0
@@ -184,8 +189,12 @@ def is_digest(ref: str) -> bool:
     return bool(_DIGEST_RE.match(ref))
 
 
+def is_repository(name: str) -> bool:
+    return bool(_REPO_RE.match(name)) and len(name) <= 255
+
+
 def _check_repo(repo: str) -> None:
-    if not _REPO_RE.match(repo) or len(repo) > 255:
+    if not is_repository(repo):
         raise UserError(
             f"invalid repository name {repo!r}",
             fix="use lower-case path components like 'imagebuild/vllm-gb10'",
@@ -235,7 +244,8 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """A registry on this machine (127.0.0.0/8, ::1, localhost): plain HTTP, no proxy."""
     name = urlsplit("//" + host).hostname or ""
     if name == "localhost":
         return True
@@ -249,7 +259,7 @@ def normalize_base_url(base_url: str) -> str:
     """Add a scheme (http for loopback, as dockerd does; https elsewhere), drop '/v2/'."""
     url = base_url.strip().rstrip("/")
     if "://" not in url:
-        url = ("http://" if _is_loopback(url.split("/")[0]) else "https://") + url
+        url = ("http://" if is_loopback(url.split("/")[0]) else "https://") + url
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UserError(f"invalid registry URL {base_url!r}", fix="use e.g. 127.0.0.1:5000")
@@ -332,7 +342,7 @@ class RegistryClient:
         self._session = session or requests.Session()
         self._session.headers.setdefault("User-Agent", "imagebuild-registry/0.1")
         # a proxy has no business between us and a loopback registry
-        self._proxies: Any = {"http": None, "https": None} if _is_loopback(self.host) else None
+        self._proxies: Any = {"http": None, "https": None} if is_loopback(self.host) else None
         self.auth = Auth(self.host,
                          credentials or resolve_credentials(self.host, username, password),
                          token, self._transport)
@@ -341,6 +351,12 @@ class RegistryClient:
 
     def __repr__(self) -> str:
         return f"RegistryClient({self.base_url!r}, credentials={self.auth.creds!r})"
+
+    def with_credentials(self, creds: Credentials) -> RegistryClient:
+        """This client (its session, deadline and byte counter) with other credentials."""
+        other = copy.copy(self)
+        other.auth = Auth(self.host, creds, None, other._transport)
+        return other
 
     def _mask(self, text: str) -> str:
         return self.auth.mask(text)
@@ -496,19 +512,7 @@ class RegistryClient:
                                           f"{self.deadline.seconds:g} s registry deadline "
                                           f"({type(exc).__name__})")
                     if not idempotent or attempt >= self.retries:
-                        said = (f"{_connection_failure(exc)} ({safe(self._mask(what), 200)}, "
-                                f"{attempt + 1} attempt(s))")
-                        if isinstance(exc, requests.ConnectionError):
-                            raise Unreachable(
-                                f"cannot reach the registry at {self.base_url}: {said}",
-                                fix=f"start the registry at {self.host} "
-                                "(scripts/start-registry.sh starts the local one), or point "
-                                "IMAGEBUILD_REGISTRY (or matrix.yaml publish.registry) at one "
-                                "that runs") from None
-                        raise OperationFailed(
-                            f"the registry at {self.base_url} failed mid-answer: {said}",
-                            fix=f"check that the registry at {self.base_url} is up and "
-                            "healthy (scripts/start-registry.sh starts the local one)") from None
+                        raise self._connection_fault(exc, what, attempt + 1) from None
                     delay = self.backoff * 2**attempt
                     log.info("registry %s: %s; retry %d of %d in %.1f s", safe(self.host, 100),
                              _connection_failure(exc), attempt + 1, self.retries, delay)
@@ -527,6 +531,20 @@ class RegistryClient:
                                       "registry deadline left no time for another attempt")
                 attempt += 1
                 self._sleep(delay)
+
+    def _connection_fault(self, exc: Exception, what: str, attempts: int) -> OperationFailed:
+        """What a connection that failed for good means, in one line."""
+        said = f"{_connection_failure(exc)} ({safe(self._mask(what), 200)}, {attempts} attempt(s))"
+        if isinstance(exc, requests.ConnectionError):
+            return Unreachable(
+                f"cannot reach the registry at {self.base_url}: {said}",
+                fix=f"start the registry at {self.host} (scripts/start-registry.sh starts "
+                "the local one), or point IMAGEBUILD_REGISTRY (or matrix.yaml "
+                "publish.registry) at one that runs")
+        return OperationFailed(
+            f"the registry at {self.base_url} failed mid-answer: {said}",
+            fix=f"check that the registry at {self.base_url} is up and healthy "
+            "(scripts/start-registry.sh starts the local one)")
 
     def _retry_delay(self, resp: requests.Response, attempt: int, what: str) -> float:
         """Retry-After honoured up to RETRY_AFTER_CAP and the deadline, and said."""
@@ -559,12 +577,14 @@ class RegistryClient:
         headers: Mapping[str, str] | None = None,
         data: bytes | None = None,
         url: str | None = None,
+        scope: str | None = None,
     ) -> requests.Response:
         """A registry request with the auth dance: at most one re-try per 401. A URL on
-        another origin (a `Link: next` page, an upload `Location`) gets no credentials."""
+        another origin (a `Link: next` page, an upload `Location`) gets no credentials.
+        `scope`: the token scope when the path alone does not say it (a mount)."""
         url = url or self.base_url + path
         path = urlsplit(url).path
-        scope = _scope_for(method, path)
+        scope = scope or _scope_for(method, path)
         kind = _kind_of(path)
         ours = self.own_origin(url)
         for _ in range(2):
@@ -757,6 +777,12 @@ class RegistryClient:
         resp = self._request(
             "PUT", f"/v2/{repo}/manifests/{ref}", data=body, headers={"Content-Type": media_type}
         )
+        unknown = [c for c, _ in _error_codes(resp) if c in _UNKNOWN_BLOB]
+        if resp.status_code == 400 and unknown:  # it said it held them, or took them
+            raise MissingBlob(self.host, f"HTTP 400 ({', '.join(unknown)})",
+                              f"PUT manifest {repo}:{ref}",
+                              fix="the registry lacks a blob it said it held or had just "
+                              "taken: check its storage, then re-run")
         if resp.status_code not in (200, 201):
             self._fail(resp, f"PUT manifest {repo}:{ref}", f"repository:{repo}:pull,push")
         returned = resp.headers.get("Docker-Content-Digest")
@@ -880,22 +906,115 @@ class RegistryClient:
 
     def put_blob(self, repo: str, data: bytes) -> str:
         """Upload a small blob in one request (monolithic upload); a no-op if it exists."""
-        _check_repo(repo)
         digest = sha256_digest(data)
-        resp = self._request("HEAD", f"/v2/{repo}/blobs/{digest}")
-        if resp.status_code == 200:
+        if self.head_blob(repo, digest) is not None:
             return digest
-        resp = self._request("POST", f"/v2/{repo}/blobs/uploads/")
+        url = self.start_upload(repo)
+        assert url is not None  # no mount asked for
+        return self._finish_upload(repo, url, digest, data)
+
+    def head_blob(self, repo: str, digest: str) -> int | None:
+        """The size of the blob repo holds under `digest`, or None when it holds none."""
+        _check_repo(repo)
+        what = f"HEAD blob {repo}@{digest}"
+        resp = self._request("HEAD", f"/v2/{repo}/blobs/{digest}")
+        if resp.status_code == 404:
+            return None
+        if resp.status_code != 200:
+            self._fail(resp, what, f"repository:{repo}:pull")
+        said = resp.headers.get("Docker-Content-Digest")
+        if said and said != digest:
+            raise RegistryFault(self.host, f"the digest {safe(said, 80)}", what)
+        length = resp.headers.get("Content-Length", "")
+        if not length.isdigit():
+            raise RegistryFault(self.host, "no size (Content-Length)", what)
+        return int(length)
+
+    def start_upload(self, repo: str, *, mount: str | None = None,
+                     source: str | None = None) -> str | None:
+        """Open a blob upload to repo and return its URL; with `mount` (a digest) and
+        `source` (a repository of this registry) ask for a cross-repository mount first:
+        None when the registry mounted it (201), else the upload it opened instead."""
+        _check_repo(repo)
+        what = f"blob upload to {repo}"
+        query, scope = "", f"repository:{repo}:pull,push"
+        if mount and source:
+            _check_repo(source)
+            query = "?" + urlencode({"mount": mount, "from": source})
+            scope += f" repository:{source}:pull"  # the token must let us read the source
+        resp = self._request("POST", f"/v2/{repo}/blobs/uploads/{query}", scope=scope)
+        if query and resp.status_code == 201:
+            said = resp.headers.get("Docker-Content-Digest")
+            if said and said != mount:
+                raise RegistryFault(self.host, f"the digest {safe(said, 80)} for a mount of "
+                                    f"{mount}", what)
+            return None
         if resp.status_code != 202 or not resp.headers.get("Location"):
-            self._fail(resp, f"blob upload to {repo}", f"repository:{repo}:pull,push")
-        url = followed_url(self.base_url + "/", resp.headers["Location"], self.host,
-                           f"blob upload to {repo}")
+            self._fail(resp, what, scope)
+        return followed_url(self.base_url + "/", resp.headers["Location"], self.host, what)
+
+    def send_blob(self, repo: str, url: str, body: Iterator[bytes],
+                  digest: Callable[[], str]) -> str:
+        """Stream `body` into the upload at `url` (one chunked PATCH), then close the
+        upload under `digest()`, known once the body is sent; returns that digest."""
+        what = f"blob upload to {repo}"
+        resp = self._stream("PATCH", url, body, what)
+        if resp.status_code != 202:
+            self._fail(resp, what, f"repository:{repo}:pull,push")
+        if resp.headers.get("Location"):
+            url = followed_url(url, resp.headers["Location"], self.host, what)
+        return self._finish_upload(repo, url, digest(), None)
+
+    def _finish_upload(self, repo: str, url: str, digest: str, data: bytes | None) -> str:
+        what = f"blob upload to {repo}"
         url += ("&" if "?" in url else "?") + urlencode({"digest": digest})
         resp = self._request("PUT", "", url=url, data=data,
                              headers={"Content-Type": "application/octet-stream"})
         if resp.status_code != 201:
-            self._fail(resp, f"blob upload to {repo}", f"repository:{repo}:pull,push")
+            self._fail(resp, what, f"repository:{repo}:pull,push")
+        said = resp.headers.get("Docker-Content-Digest")
+        if said and said != digest:
+            raise RegistryFault(self.host, f"the digest {safe(said, 80)} for a blob sent as "
+                                f"{digest}", what)
         return digest
+
+    def _stream(self, method: str, url: str, body: Iterator[bytes],
+                what: str) -> requests.Response:
+        """One request whose body is a stream, sent once: no retry, no redirect, no second
+        try after a 401 (the body is gone; the push retries whole). Bounded by progress,
+        not by the command's deadline, which bounds waiting on the registry, not sending
+        it gigabytes: each chunk within the socket timeout, the answer within it too."""
+        self._read_timeout(what)  # a spent deadline starts no stream
+        scope = _scope_for(method, urlsplit(url).path)
+        headers = {"Content-Type": "application/octet-stream"}
+        auth = self.auth.header_for(scope) if self.own_origin(url) else None
+        if auth:
+            headers["Authorization"] = auth
+        sent = 0
+
+        def counted() -> Iterator[bytes]:
+            nonlocal sent
+            for chunk in body:
+                sent += len(chunk)
+                yield chunk
+
+        try:
+            resp = self._session.request(method, url, headers=headers, data=counted(),
+                                         timeout=(self.timeout, self.timeout),
+                                         proxies=self._proxies, allow_redirects=False,
+                                         stream=True)
+            with self.deadline.running():
+                received = self._read_body(resp, method, "blob", what)
+        except _UNSENDABLE as exc:
+            raise RegistryFault(self.host, "a value that HTTP cannot carry in the next "
+                                f"request ({type(exc).__name__})", what) from None
+        except _TRANSIENT_ERRORS as exc:
+            raise self._connection_fault(exc, f"{method} {self._where(url)}", 1) from None
+        self.bytes.add("blob", sent, received)
+        if resp.status_code in _REDIRECTS:
+            raise RegistryFault(self.host, f"a redirect (HTTP {resp.status_code}) for a "
+                                "streamed upload", what)
+        return resp
 
     def image_manifest(
         self, repo: str, ref: str, *, platform: str | None = None

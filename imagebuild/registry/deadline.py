@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping
 
@@ -52,6 +53,7 @@ class Deadline:
         self._since: float | None = None
         self._depth = 0
         self._grace = 0.0
+        self._lock = threading.Lock()
 
     def remaining(self) -> float:
         running = self._clock() - self._since if self._since is not None else 0.0
@@ -75,13 +77,17 @@ class Deadline:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[Deadline]:
-        if self._depth == 0:
-            self._since = self._clock()
-        self._depth += 1
+        """Charge the time inside; requests of several threads at once (a push's layers)
+        are charged once, from the first one's start to the last one's end."""
+        with self._lock:
+            if self._depth == 0:
+                self._since = self._clock()
+            self._depth += 1
         try:
             yield self
         finally:
-            self._depth -= 1
-            if self._depth == 0 and self._since is not None:
-                self.spent += self._clock() - self._since
-                self._since = None
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0 and self._since is not None:
+                    self.spent += self._clock() - self._since
+                    self._since = None

@@ -3,7 +3,8 @@
 Order (push only what passed):
 1. the smoke verdict must say passed for exactly the local image id (nothing touches the
    registry before this, so a failed smoke leaves its tag list byte-for-byte unchanged);
-2. dockerd pushes the image under a staging tag `staging-<image id 12>`;
+2. the image is pushed under a staging tag `staging-<image id 12>` (registry/push.py:
+   layers the registry holds are found or mounted, the rest sent from the local image);
 3. the pushed manifest is read back and its config digest must equal the tested image id
    (the digest pushed is the digest tested, verified, not assumed);
 4. under the lease: the release tag gets the annotated manifest (records.py); the
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from imagebuild.buildfolder import engine_ref_path
 from imagebuild.docker import engine
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.gates.summary import failures
@@ -29,7 +31,6 @@ from imagebuild.registry.client import (
     Credentials,
     RegistryClient,
     Unsupported,
-    resolve_credentials,
 )
 from imagebuild.registry.push import push_with_retries, verify_pushed
 from imagebuild.registry.records import (
@@ -129,10 +130,13 @@ def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: R
             verdict: dict[str, Any], pins: dict[str, Any] | None = None,
             gates: dict[str, Any] | None = None, dry_run: bool = False,
             credentials: Credentials | None = None, log: Log = print,
-            settle: float | None = None, push_attempts: int = 3) -> PublishResult:
+            settle: float | None = None, push_attempts: int = 3,
+            known: tuple[str, ...] = ()) -> PublishResult:
     """Push the smoke-passed local image to repo (a path in client's registry, e.g.
     'vllm-spark/qwen36-cpu-tiny') and record it as release_tag. `gates`: the release
-    gates' summary (gates/summary.py), refused unless it passed, recorded with it."""
+    gates' summary (gates/summary.py), refused unless it passed, recorded with it.
+    `credentials`: the push's, when not the client's; `known`: images in the registry
+    whose layers it may share (the engine it was built on)."""
     start = time.monotonic()
     info = inspect_local(local_ref)
     image_id = info["Id"]
@@ -164,9 +168,9 @@ def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: R
              f"then tag {tag}")
         res.seconds = time.monotonic() - start
         return res
-    creds = credentials or resolve_credentials(client.host)
+    pusher = client.with_credentials(credentials) if credentials else client
     t0 = time.monotonic()
-    pushed = push_with_retries(image_id, f"{client.host}/{repo}", staging, creds,
+    pushed = push_with_retries(pusher, repo, staging, image_id, known=known,
                                attempts=push_attempts, log=log)
     manifest = verify_pushed(client, repo, staging, image_id, pushed)
     res.pushed = True
@@ -196,8 +200,12 @@ def publish(client: RegistryClient, repo: str, *, local_ref: str, release_tag: R
 
 def publish_job(client: RegistryClient, job: Job, verdict: dict[str, Any], *,
                 gates: dict[str, Any] | None = None, dry_run: bool = False,
-                log: Log = print) -> PublishResult:
-    """publish() for one planned job: its local image, repository, tag and pins."""
+                log: Log = print, out: Path | None = None) -> PublishResult:
+    """publish() for one planned job: its local image, repository, tag and pins; the
+    engine its serve layers were built on, when the engine handoff brought it (`out`'s
+    engines/<target>.ref), is where most of its layers are already."""
+    handoff = engine_ref_path(out, job.cell.target_name) if out is not None else None
+    known = (handoff.read_text().strip(),) if handoff is not None and handoff.is_file() else ()
     return publish(client, job.image.repository, local_ref=job.release_ref,
                    release_tag=job.tag, verdict=verdict, pins=dict(job.pins), gates=gates,
-                   dry_run=dry_run, log=log)
+                   dry_run=dry_run, log=log, known=known)

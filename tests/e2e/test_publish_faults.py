@@ -24,17 +24,18 @@ OLD, NEW = "2026-06-11-v0.23.0-pr41703", "2026-06-18-v0.23.0-dflashfix"
 
 def _hooked(proxy: FaultProxy, hook):
     """Run hook(handler) before FaultProxy handles each request; hook returns True when
-    it has dealt with the request itself (e.g. cut the connection mid-upload)."""
+    it has dealt with the request itself (e.g. cut the connection mid-upload). The
+    proxy's own handler class is changed, so connections a client keeps alive from
+    before get the hook too (the push reuses its session's connections)."""
     base = proxy._server.RequestHandlerClass
+    handle = base._handle
 
-    class Hooked(base):  # type: ignore[misc,valid-type]
-        def _handle(self):
-            if not hook(self):
-                super()._handle()
+    def hooked(self):
+        if not hook(self):
+            handle(self)
 
-        do_GET = do_HEAD = do_PUT = do_POST = do_PATCH = do_DELETE = _handle
-
-    proxy._server.RequestHandlerClass = Hooked
+    base.do_GET = base.do_HEAD = base.do_PUT = base.do_POST = base.do_PATCH = \
+        base.do_DELETE = hooked
     return proxy
 
 
@@ -128,9 +129,9 @@ def test_a_connection_cut_mid_upload(pub, proxy, direct):
 
     _hooked(proxy, cut)
     try:
-        pub.publish(NEW)  # dockerd retries uploads itself; if it gives up, we fail cleanly
+        pub.publish(NEW)  # the push is tried again whole; if every try is cut, it fails
     except OperationFailed as exc:
-        assert "docker push" in exc.message
+        assert proxy.host in exc.message  # cleanly, naming the registry
         _after_failure(pub, direct)
     assert proxy.count(path="/blobs/uploads/") and cuts["left"] < 3
     assert_safe(direct, pub.repo, pub.tested())
@@ -147,8 +148,8 @@ def test_registry_dies_mid_push(pub, proxy, direct):
         return False
 
     _hooked(proxy, die_on_upload)
-    with pytest.raises(OperationFailed, match="docker push"):
-        pub.publish(NEW, push_attempts=1)  # dockerd alone retries for ~30 s
+    with pytest.raises(OperationFailed, match=f"cannot reach the registry at .*{proxy.host}"):
+        pub.publish(NEW, push_attempts=1)
     assert proxy.dead
     _after_failure(pub, direct)
     _rerun_completes(pub, proxy, direct)
@@ -162,10 +163,10 @@ def test_wrong_credentials(registry, pub, proxy, direct):
         pub.publish(NEW)
     assert "wrong-pw-123" not in err.value.render() and registry.password not in err.value.render()
     assert [s.method for s in proxy.seen] == ["GET"] * len(proxy.seen)  # only the ping
-    # the API credentials work but dockerd's do not: the push fails, nothing moves
+    # the client's credentials work but the push's do not: the push fails, nothing moves
     pub.client, good_creds = good, pub.creds
     pub.creds = Credentials(registry.user, "wrong-pw-456")
-    with pytest.raises(OperationFailed, match="docker push") as err:
+    with pytest.raises(AuthError, match="rejected the credentials") as err:
         pub.publish(NEW)
     assert "wrong-pw-456" not in err.value.render()
     assert raw_tags(registry.url, pub.repo, registry.user, registry.password) == before

@@ -101,10 +101,20 @@ class FaultyRegistry:
             def log_message(self, *args: object) -> None:
                 pass
 
-            def _serve(self) -> None:
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    out = bytearray()  # a streamed upload: chunk size lines, then data
+                    while size := int(self.rfile.readline().split(b";")[0], 16):
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                    self.rfile.readline()
+                    return bytes(out)
                 n = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(n) if n else b""
+
+            def _serve(self) -> None:
                 req = Request(self.command, self.path, dict(self.headers.items()),
-                              self.rfile.read(n) if n else b"")
+                              self._body())
                 registry.requests.append(req)
                 answer: Answer | Hang | Drip = registry.healthy(req)
                 if registry.fault is not None:

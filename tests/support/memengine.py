@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from imagebuild.docker import ENGINE_FIX, PushEvent, run_labels, use_engine
+from imagebuild.docker import ENGINE_FIX, run_labels, use_engine
 from imagebuild.errors import OperationFailed, UserError
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class MemoryEngine:
         self.histories: dict[str, list[dict[str, Any]]] = {}
         self.pullable: dict[str, dict[str, Any]] = {}  # what a registry holds, by reference
         self.digests: dict[str, str] = {}  # registry_digest's answers
-        self.on_push: Callable[[str, str], str | None] | None = None  # -> the pushed digest
+        self.exports: dict[str, bytes] = {}  # image id -> its `docker save` tar
         self.containers: dict[str, Container] = {}
         self.objects: dict[str, dict[str, dict[str, str] | None]] = {"volume": {},
                                                                       "network": {}}
@@ -163,6 +163,16 @@ class MemoryEngine:
         self._call("send_image", ref, to)
         to.add_image(self.images_by_ref[ref], ref)
 
+    def on_this_machine(self) -> bool:
+        return False  # no dockerd files to read: a push takes the export path
+
+    def export_image(self, ref: str) -> Iterator[bytes]:
+        self._call("export_image", ref)
+        doc = self.images_by_ref.get(ref)
+        if doc is None or doc["Id"] not in self.exports:
+            raise OperationFailed(f"cannot export {ref}: no such image")
+        yield self.exports[doc["Id"]]
+
     def tag(self, image: str, repository: str, tag: str) -> None:
         self._call("tag", image, f"{repository}:{tag}")
         if image not in self.images_by_ref:
@@ -198,12 +208,6 @@ class MemoryEngine:
     def history(self, image_id: str) -> list[dict[str, Any]]:
         self._call("history", image_id)
         return list(self.histories.get(image_id, []))
-
-    def push(self, repository: str, tag: str, auth: Mapping[str, str] | None
-             ) -> Iterator[PushEvent]:
-        self._call("push", f"{repository}:{tag}")
-        digest = self.on_push(repository, tag) if self.on_push else None
-        yield PushEvent(status="pushed", digest=digest)
 
     def registry_digest(self, ref: str) -> str:
         self._call("registry_digest", ref)

@@ -1,7 +1,8 @@
 """An OCI distribution registry in memory, behind a requests.Session, for unit tests of
 the code that reads and writes releases (gates, records, notes) through the real
-RegistryClient: manifests by tag and digest, tags, monolithic blob uploads, deletes by
-digest, no referrers API (as distribution 2.8, the embedded registry). Every request is
+RegistryClient: manifests by tag and digest, tags, blob uploads (monolithic, streamed,
+mounted from another repository), deletes by digest, no referrers API (as distribution
+2.8, the embedded registry). Every request is
 recorded, so a test can assert that nothing was asked.
 
 For the release-state tests it also has a clock of its own (`now`, sent as `Date`, as
@@ -77,6 +78,9 @@ class MemRegistry(requests.Session):
         self.hide_latest = False
         self.lost_delete: set[str] = set()  # digests whose DELETE answer gets lost
         self.tick = 0.0  # seconds `now` moves on per request
+        self.uploads: dict[str, bytearray] = {}  # open blob uploads by id
+        self.phantom: dict[str, int] = {}  # digest -> size a HEAD claims though it is absent
+        self.check_blobs = False  # refuse an image manifest naming a blob it lacks
 
     def client(self) -> RegistryClient:
         return InMemoryClient("127.0.0.1:5999", session=self, retries=0,
@@ -113,19 +117,41 @@ class MemRegistry(requests.Session):
             return self._error(404, "NOT_FOUND")
         if kind == "blobs":
             blob = self.blobs.get(repo, {}).get(ref)
+            if blob is None and ref in self.phantom and method == "HEAD":
+                return self._answer(200, b"", {"Docker-Content-Digest": ref,
+                                               "Content-Length": str(self.phantom[ref])})
             if blob is None:
                 return self._error(404, "BLOB_UNKNOWN")
             return self._answer(200, b"" if method == "HEAD" else blob,
-                                {"Docker-Content-Digest": ref})
+                                {"Docker-Content-Digest": ref, "Content-Length": str(len(blob))})
         if kind == "uploads":
-            if method == "POST":
-                return self._answer(202, b"", {
-                    "Location": f"/v2/{repo}/blobs/uploads/{uuid.uuid4().hex}"})
-            digest = parse_qs(parts.query)["digest"][0]
-            assert _digest(data or b"") == digest
-            self.blobs.setdefault(repo, {})[digest] = data or b""
-            return self._answer(201, b"", {"Docker-Content-Digest": digest})
+            return self._upload(method, repo, ref, parse_qs(parts.query), data)
         return self._error(404, "NOT_FOUND")
+
+    def _upload(self, method, repo, ref, query, data):
+        """POST opens an upload (or mounts `mount` from `from`), PATCH appends a body
+        (streamed: an iterator), PUT closes it under `digest`, checked."""
+        if method == "POST":
+            source = self.blobs.get((query.get("from") or [""])[0], {})
+            mount = (query.get("mount") or [""])[0]
+            if mount in source:
+                self.blobs.setdefault(repo, {})[mount] = source[mount]
+                return self._answer(201, b"", {"Docker-Content-Digest": mount,
+                                               "Location": f"/v2/{repo}/blobs/{mount}"})
+            uid = uuid.uuid4().hex
+            self.uploads[uid] = bytearray()
+            return self._answer(202, b"", {"Location": f"/v2/{repo}/blobs/uploads/{uid}"})
+        if ref not in self.uploads:
+            return self._error(404, "BLOB_UPLOAD_UNKNOWN")
+        body = data if isinstance(data, bytes | type(None)) else b"".join(data)
+        self.uploads[ref] += body or b""
+        if method == "PATCH":
+            return self._answer(202, b"", {"Location": f"/v2/{repo}/blobs/uploads/{ref}"})
+        digest = query["digest"][0]
+        if _digest(bytes(self.uploads[ref])) != digest:
+            return self._error(400, "DIGEST_INVALID")
+        self.blobs.setdefault(repo, {})[digest] = bytes(self.uploads.pop(ref))
+        return self._answer(201, b"", {"Docker-Content-Digest": digest})
 
     @staticmethod
     def _split(path: str) -> tuple[str, str, str]:
@@ -144,6 +170,8 @@ class MemRegistry(requests.Session):
         if method == "PUT":
             body = bytes(data or b"")
             digest = _digest(body)
+            if self.check_blobs and self._lacks_blob(repo, body):
+                return self._error(400, "MANIFEST_BLOB_UNKNOWN")
             store[digest] = (body, headers.get("Content-Type", ""))
             if not ref.startswith("sha256:"):
                 tags[ref] = digest
@@ -167,6 +195,13 @@ class MemRegistry(requests.Session):
         return self._answer(200, b"" if method == "HEAD" else body,
                             {"Docker-Content-Digest": digest, "Content-Type": media,
                              "Content-Length": str(len(body))})
+
+    def _lacks_blob(self, repo: str, body: bytes) -> bool:
+        """An image manifest naming a blob this repository does not hold (distribution
+        checks every one on a PUT)."""
+        doc = json.loads(body)
+        named = [doc.get("config") or {}, *(doc.get("layers") or [])]
+        return any(d.get("digest") not in self.blobs.get(repo, {}) for d in named if d)
 
     @staticmethod
     def _plain(status: int, body: bytes, headers: dict | None = None) -> requests.Response:

@@ -23,12 +23,14 @@ from imagebuild.bench import store
 from imagebuild.cli import main
 from imagebuild.errors import OperationFailed, UserError
 from imagebuild.plan import load_plan
+from imagebuild.registry import push as push_mod
 from imagebuild.registry.credentials import Credentials
 from imagebuild.registry.records import read_release
 from imagebuild.release import publish as publish_mod
 from imagebuild.release.latest import promote_jobs
 from imagebuild.release.notes import gather, release_notes
 from imagebuild.spec.tags import parse_release_tag
+from tests.support.localimage import MemImage, tar_of
 from tests.support.memengine import image_doc
 from tests.support.memregistry import MemRegistry, latest_and_candidate
 
@@ -350,29 +352,22 @@ def test_the_whole_job_refuses_to_start_without_a_reason(matrix_dir, capsys, mem
 
 
 @pytest.fixture
-def pushing(memory_engine):
-    """(registry, engine double, image id) for publishing a fresh release: the Docker
-    seam's double has the image, and its push writes the image's manifest into the
-    in-memory registry as dockerd would."""
-    import json
-
+def pushing(memory_engine, monkeypatch, tmp_path):
+    """(registry, image ids whose layers were read for a push, image id) for publishing a
+    fresh release: the Docker seam's double holds the image, its layers come from an
+    in-memory image (what dockerstore.local_image reads from dockerd's store)."""
+    monkeypatch.setenv("IMAGEBUILD_CACHE_DIR", str(tmp_path / "cache"))
     reg = MemRegistry()
-    client = reg.client()
-    config = b'{"fresh":1}'
-    image_id = client.put_blob(REPO, config)
-    layer = client.put_blob(REPO, b"layer")
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-        "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
-                   "digest": image_id, "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
-                    "digest": layer, "size": 5}]}).encode()
-    memory_engine.add_image(image_doc(image_id), f"127.0.0.1:5999/{REPO}:{NEW}")
-    memory_engine.on_push = lambda repository, tag: reg.client().put_manifest(
-        repository.split("/", 1)[1], tag, manifest,
-        "application/vnd.docker.distribution.manifest.v2+json")
-    reg.calls.clear()
-    return reg, memory_engine, image_id
+    image = MemImage([tar_of({"layer": b"layer"})])
+    memory_engine.add_image(image_doc(image.image_id), f"127.0.0.1:5999/{REPO}:{NEW}")
+    pushed: list[str] = []
+
+    def local_image(image_id: str):
+        pushed.append(image_id)
+        return image.local_image(image_id)
+
+    monkeypatch.setattr(push_mod, "local_image", local_image)
+    return reg, pushed, image.image_id
 
 
 def _publish(reg: MemRegistry, verdict: dict[str, Any]):
@@ -389,19 +384,19 @@ def _publish(reg: MemRegistry, verdict: dict[str, Any]):
     {"passed": True, "image_id": "sha256:" + "9" * 64},  # another image was tested
 ], ids=["failed", "string-true", "empty", "other-image"])
 def test_nothing_is_pushed_or_asked_unless_smoke_passed_for_this_image(pushing, verdict):
-    reg, double, image_id = pushing
+    reg, pushed, image_id = pushing
     verdict = {"image_id": image_id, **verdict}
     with pytest.raises(OperationFailed) as info:
         _publish(reg, verdict)
     assert "nothing pushed" in info.value.message or "not the one tested" in info.value.message
-    assert reg.calls == [] and double.called("push") == []
+    assert reg.calls == [] and pushed == []
 
 
 def test_a_passed_verdict_for_this_image_is_pushed_and_recorded(pushing):
     """The control: the same double and registry do record a push when smoke passed."""
-    reg, double, image_id = pushing
+    reg, pushed, image_id = pushing
     res = _publish(reg, {"passed": True, "image_id": image_id, "checks": {}})
-    assert res.pushed and double.called("push")
+    assert res.pushed and pushed
     rel = read_release(reg.client(), REPO, NEW)
     assert rel.passed and rel.image_id == image_id
     assert "latest" not in reg.tags[REPO]  # publish never moves latest itself
