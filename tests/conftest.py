@@ -41,9 +41,13 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # the tool's own caches (GPU-code tables by image id) stay in this run, out of the user's
 # home: test doubles stamp made-up image ids
 if "IMAGEBUILD_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["IMAGEBUILD_CACHE_DIR"] = tempfile.mkdtemp(prefix="imagebuild-test-cache-")
+    # the process that made it removes it (the lanes inherit it): ~360 MB of pinned wheels
+    atexit.register(shutil.rmtree, os.environ["IMAGEBUILD_CACHE_DIR"], ignore_errors=True)
 
 # Ctrl-C as in a terminal: a suite started in the background by a non-interactive shell
 # (`cmd &`) inherits SIGINT ignored, in itself and in every build.py the interrupt tests
