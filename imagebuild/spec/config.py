@@ -686,6 +686,7 @@ class Parallel(Strict):
         return self.tensor_parallel_size // self.nodes
 
 
+# a serve flag's value in a profile's args (and a variant's, where null drops it)
 ArgValue = str | int | float | bool | list[str | int | float] | dict[str, Any]
 # what a profile variant may change; every other field is the profile's on every engine
 VARIANT_FIELDS = ("args", "env", "acceptance_floor", "reasoning", "tools", "expect_backends")
@@ -729,8 +730,7 @@ class Profile(Strict):
     """Speculative methods it serves; `none` is plain serving."""
     port: int = Field(default=8000, ge=1, le=65535)
     """Port the server listens on (loopback)."""
-    args: dict[str, str | int | float | bool | list[str | int | float] | dict[str, Any]] = \
-        Field(default_factory=dict)
+    args: dict[str, ArgValue] = Field(default_factory=dict)
     """vllm serve flags without the leading --, e.g. max-model-len: 4096; a flag taking
     several values as a list, e.g. cudagraph-capture-sizes: [1, 2, 4]."""
     env: dict[EnvName, str] = Field(default_factory=dict)
