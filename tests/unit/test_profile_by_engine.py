@@ -15,8 +15,10 @@ from imagebuild.cli import main
 from imagebuild.errors import UserError
 from imagebuild.spec import matrix as mx
 from imagebuild.spec.servecmd import serve_command
+from tests.support.matrices import before_vllm032
 
-# a second engine on a newer vLLM beside the repository's cpu engines (no build: the
+# a second engine on a newer vLLM beside the repository's 0.23 cpu engines (the matrix as
+# it was before its own vllm032) (no build: the
 # serve command and the expectations are all these tests read)
 ENGINE = """\
   newer:
@@ -33,6 +35,8 @@ ENGINE = """\
 
 
 def _matrix(root: Path, variant: str, engines: str = "dflashfix, pr41703, newer") -> Path:
+    if "\n  vllm032:\n" in (root / "matrix.yaml").read_text():
+        before_vllm032(root)
     path = root / "matrix.yaml"
     text = path.read_text().replace("\nengines:\n", "\nengines:\n" + ENGINE, 1)
     start = text.index("\n  cpu-ngram:\n") + 1

