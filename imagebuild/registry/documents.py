@@ -15,7 +15,15 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from imagebuild.errors import validation_text
 from imagebuild.registry.errors import RegistryFault
@@ -351,10 +359,27 @@ class _CompatRow(_Doc):
     acceptance: dict[StrictStr, Any]
 
 
+class _CompatEngine(_Doc):
+    engine: StrictStr
+    vllm: StrictStr
+    tag: StrictStr
+    this: StrictBool
+    verdict: StrictStr
+    tok_s: dict[StrictStr, Any]
+    acceptance: dict[StrictStr, Any]
+
+
+class _CompatEngines(_Doc):
+    image: StrictStr
+    repository: StrictStr
+    releases: list[_CompatEngine]
+
+
 class _CompatTable(_Doc):
     tag: StrictStr
     rows: list[_CompatRow]
     advice: list[dict[StrictStr, Any]] = []  # release/advice.py, one per image family
+    engines: list[_CompatEngines] = []  # each cell across engines (release/compat.py)
 
 
 def compat_table(body: bytes, host: str, what: str) -> dict[str, Any]:

@@ -12,8 +12,10 @@ Columns (docs/release-gates.md says what each proves):
   the release before it (the acceptance gate, bench/acceptance.py);
 - verdict: `fail` (a gate failed), `incomplete` (something not run or not trustworthy),
   `accepted` (passed only with a written reason), `pass`;
-and under the rows, per image family, which cell to deploy at each bench level
-(release/advice.py).
+under the rows, per image family, which cell to deploy at each bench level
+(release/advice.py); and, per cell, the newest release of every other engine the registry
+holds for it beside this one (`engines`: the same columns, so an upgrade of vLLM is
+compared cell by cell with the engine it replaces).
 
 The table is built from the registry alone (release records and stored results), goes
 into the release notes, and is stored with each cell's release as an OCI referrer of its
@@ -46,6 +48,7 @@ from imagebuild.release.latest import acceptance_threshold_for, threshold_for
 from imagebuild.release.notes import previous_release
 from imagebuild.safetext import safe
 from imagebuild.spec.config import NO_SPECULATION
+from imagebuild.spec.tags import parse_release_tag
 
 if TYPE_CHECKING:
     from imagebuild.plan import Job
@@ -235,10 +238,38 @@ def make_row(*, image: str, cell: str, repo: str, drafter: bool, rel: Release | 
 
 
 def table(tag: str, rows: list[dict[str, Any]],
-          families: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """`families`: which cell to deploy per image family and level (release/advice.py)."""
+          families: list[dict[str, Any]] | None = None,
+          engines: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`families`: which cell to deploy per image family and level (release/advice.py);
+    `engines`: each cell across engines (`across_engines`)."""
     return {"schema": SCHEMA, "tag": tag, "rows": rows, "advice": families or [],
+            "engines": engines or [],
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def engine_entry(row: dict[str, Any], tag: str, this: bool) -> dict[str, Any]:
+    """One engine's release of a cell, as the comparison shows it: the row's columns."""
+    rt = parse_release_tag(tag)
+    return {"engine": rt.name if rt else "?", "vllm": rt.vllm_version if rt else "?",
+            "tag": tag, "this": this, "smoke": row["smoke"], "verdict": row["verdict"],
+            "lossless": row["lossless"]["status"],
+            "long_generation": row["long_generation"]["status"],
+            "tok_s": row["bench"]["tok_s"], "acceptance": row["acceptance"].get("levels", {})}
+
+
+def newest_per_engine(rels: list[Release], tag: str) -> list[Release]:
+    """The newest recorded release of each engine other than `tag`'s (newest vLLM
+    first): what this release is compared with, cell by cell."""
+    mine = parse_release_tag(tag)
+    newest: dict[str, Release] = {}
+    for rel in rels:
+        rt = rel.release_tag
+        if rt is None or not rel.recorded or (mine is not None and rt.name == mine.name):
+            continue
+        if rt.name not in newest or rel.order_key() > newest[rt.name].order_key():
+            newest[rt.name] = rel
+    return sorted(newest.values(), key=lambda r: (r.release_tag.sort_key()  # type: ignore[union-attr]
+                                                  if r.release_tag else ()), reverse=True)
 
 
 def thresholds_for(job: Job, publish: Any) -> Thresholds:
@@ -248,7 +279,7 @@ def thresholds_for(job: Job, publish: Any) -> Thresholds:
 
 def gather(client: RegistryClient, jobs: tuple[Job, ...], publish: Any) -> dict[str, Any]:
     """The table of the jobs' release tag, from the registry."""
-    rows, members = [], []
+    rows, members, engines = [], [], []
     for job in jobs:
         repo, cell = job.image.repository, job.cell
         rels = list_releases(client, repo)
@@ -256,16 +287,24 @@ def gather(client: RegistryClient, jobs: tuple[Job, ...], publish: Any) -> dict[
         prev = previous_release(rels, job.tag)
         found = store.release_stored(client, repo, mine.tag) if mine else None
         base = store.release_results(client, repo, prev) if prev else None
-        rows.append(make_row(image=cell.image, cell=job.id, repo=repo,
-                             drafter=cell.method != NO_SPECULATION, rel=mine, bench=found,
-                             baseline=base, baseline_tag=prev,
+        drafter = cell.method != NO_SPECULATION
+        rows.append(make_row(image=cell.image, cell=job.id, repo=repo, drafter=drafter,
+                             rel=mine, bench=found, baseline=base, baseline_tag=prev,
                              thresholds=thresholds_for(job, publish)))
+        others = [engine_entry(make_row(
+            image=cell.image, cell=job.id, repo=repo, drafter=drafter, rel=other,
+            bench=store.release_stored(client, repo, other.tag), baseline=None,
+            baseline_tag=None, thresholds=thresholds_for(job, publish)), other.tag, False)
+            for other in newest_per_engine(rels, str(job.tag))]
+        if others:
+            engines.append({"image": cell.image, "repository": repo, "releases": [
+                engine_entry(rows[-1], str(job.tag), True), *others]})
         members.append(advice.Member(
             image=cell.image, target=cell.target_name, engine=cell.engine_name,
             model=cell.model_name, method=cell.method, doc=found[0] if found else None,
             plain_baseline=bool(cell.target.bench and cell.target.bench.plain_baseline),
             tie_margin=cell.target.bench.tie_margin if cell.target.bench else 0.0))
-    return table(str(jobs[0].tag) if jobs else "", rows, advice.advise(members))
+    return table(str(jobs[0].tag) if jobs else "", rows, advice.advise(members), engines)
 
 
 # ------------------------------------------------------------------ stored with the release
@@ -408,4 +447,41 @@ def markdown(doc: dict[str, Any]) -> str:
            for r in rows if r["why"]]
     text = "\n".join(out) + "\n" + ("\n" + "\n".join(why) + "\n" if why else "")
     section = advice.markdown(doc.get("advice") or [])
-    return text + ("\n" + section if section else "")
+    text += "\n" + section if section else ""
+    across = across_engines(doc.get("engines") or [])
+    return text + ("\n" + across if across else "")
+
+
+def _ratio(mine: float | None, theirs: float | None) -> str:
+    return "" if not mine or not theirs else f" ({(mine / theirs - 1) * 100:+.0f} %)"
+
+
+def across_engines(cells: list[dict[str, Any]]) -> str:
+    """Each cell on this release's engine beside the newest release of every other
+    engine: verdict, gates, tok/s (and how this release compares) and acceptance."""
+    if not cells:
+        return ""
+    levels = sorted({int(c) for cell in cells for e in cell["releases"] for c in e["tok_s"]})
+    top = levels[-1] if levels else None
+    head = ["image", "engine (vLLM)", "release", "verdict", "lossless", "long generation",
+            "tok/s c=1", f"tok/s c={top}" if top else "tok/s max c", "acceptance rate"]
+    out = ["Across engines: this release (in bold), then the newest release of each other "
+           "engine of the same cell; beside their tok/s, how this release's compares:", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cell in cells:
+        this = cell["releases"][0]["tok_s"]
+        for e in cell["releases"]:
+            tok = e["tok_s"]
+            rate = " · ".join(f"c={c} {v['rate']:.2f}" for c, v in
+                              sorted(e["acceptance"].items(), key=lambda kv: int(kv[0])))
+            cols = [f"`{cell['image']}`", f"{'**' if e['this'] else ''}{e['engine']}"
+                    f"{'**' if e['this'] else ''} ({e['vllm']})", f"`{e['tag']}`",
+                    e["verdict"], e["lossless"], e["long_generation"],
+                    _num(tok.get("1")) + ("" if e["this"] else
+                                          _ratio(this.get("1"), tok.get("1"))),
+                    (_num(tok.get(str(top))) + ("" if e["this"] else
+                                                _ratio(this.get(str(top)), tok.get(str(top)))))
+                    if top else "-", rate or "-"]
+            out.append("| " + " | ".join(cols) + " |")
+    return "\n".join(out) + "\n"
+

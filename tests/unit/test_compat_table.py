@@ -282,3 +282,54 @@ def test_the_notes_show_the_table_first(reg, job, matrix_dir, tmp_path):
     section = notes.split("## Compatibility\n", 1)[1].split("\n## ", 1)[0]
     assert "| `cpu-tiny-ngram` | passed | passed (8 req, 1,536 tokens, 1 ties) |" in section
     assert notes.index("## Compatibility") < notes.index("## cpu-tiny-ngram")
+
+
+# ------------------------------------------------------------------ across engines
+
+
+def test_each_cell_is_compared_with_the_newest_release_of_every_other_engine(
+        reg, job, matrix_dir):
+    """NEW (dflashfix, 0.23) beside pr41703's newest release (not its older one) and
+    vllm032's (0.32, listed first: newest vLLM first), from what the registry holds."""
+    client = reg.client()
+    older_same = "2026-06-01-v0.23.0-pr41703"  # OLD is pr41703's newer release
+    reg.add_release(REPO, older_same, config=b'{"older":1}', created=1.0)
+    v032 = "2026-06-20-v0.32.0-vllm032"
+    reg.add_release(REPO, v032, config=b'{"v032":1}', gates=PASSING)
+    _gated(reg, NEW, PASSING)
+    store.put_results(client, REPO, NEW, _doc(100.0))
+    store.put_results(client, REPO, OLD, _doc(80.0))
+    store.put_results(client, REPO, v032, _doc(125.0, accepted=150.0))
+    publish = load_plan(matrix_dir / "matrix.yaml", NEW, "cpu").lm.matrix.publish
+    doc = compat.gather(client, (job,), publish)
+    [cell] = doc["engines"]
+    releases = cell["releases"]
+    assert [(e["engine"], e["vllm"], e["tag"], e["this"]) for e in releases] == [
+        ("dflashfix", "0.23.0", NEW, True), ("vllm032", "0.32.0", v032, False),
+        ("pr41703", "0.23.0", OLD, False)]
+    assert [e["tok_s"]["4"] for e in releases] == [400.0, 500.0, 320.0]
+    assert releases[1]["lossless"] == "pass" and releases[2]["lossless"] == "not run"
+    # the other engines' verdicts are their own (no gates summary: incomplete)
+    assert [e["verdict"] for e in releases] == ["passed", "passed", "incomplete"]
+    assert releases[1]["acceptance"]["1"]["rate"] == pytest.approx(150.0 / 293.0)
+    md = compat.markdown(doc)
+    across = md.split("Across engines", 1)[1]
+    assert f"| `cpu-tiny-ngram` | **dflashfix** (0.23.0) | `{NEW}` | passed |" in across
+    # this release's 100 tok/s at c=1 is 20 % below vllm032's 125 and 25 % above pr41703's 80
+    assert "| 125.0 (-20 %) | 500.0 (-20 %) |" in across
+    assert "| 80.0 (+25 %) | 320.0 (+25 %) |" in across
+    # stored with the release and read back through the registry's document checks
+    compat.store_tables(client, (job,), doc, log=lambda _: None)
+    assert compat.stored_table(client, REPO, NEW)["engines"] == json.loads(
+        json.dumps(doc))["engines"]
+
+
+def test_a_cell_no_other_engine_released_has_no_comparison(job, matrix_dir):
+    from tests.support.memregistry import MemRegistry
+
+    reg = MemRegistry()
+    reg.add_release(REPO, NEW, config=b'{"new":1}')
+    reg.add_release(REPO, "2026-06-01-v0.23.0-dflashfix", config=b'{"older":1}', created=1.0)
+    publish = load_plan(matrix_dir / "matrix.yaml", NEW, "cpu").lm.matrix.publish
+    doc = compat.gather(reg.client(), (job,), publish)
+    assert doc["engines"] == [] and "Across engines" not in compat.markdown(doc)
