@@ -229,6 +229,25 @@ def test_the_plan_follows_what_the_kept_libraries_need(tmp_path, monkeypatch):
 
 
 @needs_gcc
+def test_a_product_whose_function_the_cpu_path_runs_on_this_torch_is_kept_real(
+        tmp_path, monkeypatch):
+    _, wheels, reqs = made_up_set(tmp_path, monkeypatch)
+    monkeypatch.setattr(slim, "RUNS_HERE", {"cuda_fn": {"2.0": "made-up: seen called"}})
+    plan = plan_of(wheels, reqs, tmp_path)  # torch 1.0: not seen called there
+    assert "torch/lib/libtorch_cuda.so" in plan.stubbed
+    monkeypatch.setattr(slim, "RUNS_HERE", {"cuda_fn": {"1.0": "made-up: seen called"}})
+    plan = plan_of(wheels, reqs, tmp_path)
+    assert "made-up: seen called" in plan.kept_real["torch/lib/libtorch_cuda.so"]["why"]
+    # what the real product links is now in the closure: stubbed from its wheels
+    assert plan.stubbed["nvidia/unused/lib/libgone.so"]["needed_by"] == [
+        "torch/lib/libtorch_cuda.so"]
+    assert plan.stubbed["torch/lib/libtorch_nvshmem.so"]["needed_by"] == [
+        "torch/lib/libtorch_cuda.so"]
+    assert "torch/lib/libtorch_cuda.so" not in plan.stubbed
+    assert plan.not_installed == ["nvidia-real", "nvidia-unused"]
+
+
+@needs_gcc
 def test_a_needed_library_nothing_provides_is_an_error_naming_who_needs_it(
         tmp_path, monkeypatch):
     build, wheels, reqs = made_up_set(tmp_path, monkeypatch)
@@ -390,10 +409,14 @@ def test_the_plan_of_the_real_pinned_sets(version, reqs, tmp_path):
     if version == "0.23.0":
         assert {"not_installed": set(plan.not_installed), "stubbed": set(plan.stubbed),
                 "pruned": set(plan.pruned)} == MAIN_0_23
-    else:  # torch 2.13: libtorch_python needs NCCL directly, torch/bin has no ptxas
+    else:  # torch 2.13: libtorch_python needs NCCL directly, torch/bin has no ptxas, and
+        # importing torch.distributed runs libtorch_cuda.so (RUNS_HERE): kept real
         assert plan.torch == "2.13.0"
-        assert plan.stubbed["nvidia/nccl/lib/libnccl.so.2"]["needed_by"] == [
-            "torch/lib/libtorch_python.so"]
+        assert "torch/lib/libtorch_python.so" in plan.stubbed[
+            "nvidia/nccl/lib/libnccl.so.2"]["needed_by"]
+        assert "torch/lib/libtorch_cuda.so" in plan.kept_real
+        assert plan.stubbed["nvidia/cu13/lib/libcublas.so.13"]["needed_by"] == [
+            "torch/lib/libtorch_cuda.so"]
         assert "torch/bin/ptxas" not in plan.pruned and "torch/bin/protoc" in plan.pruned
         assert not {"nvidia-cuda-runtime", "torch"} & set(plan.not_installed)
         assert "nvidia-nccl-cu13" in plan.not_installed

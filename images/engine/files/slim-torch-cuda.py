@@ -16,7 +16,9 @@ wheels (`stubs` writes it to plan.json beside the stubs, with why for every entr
   logits with its own C++ kernel.
 - KEPT_REAL: the CUDA runtime (libcudart.so.*): torch.cuda.is_available() asks it, and it
   answers "no device"; and torch's libc10_cuda.so, through which torch asks it. The GPU
-  distribution holding the runtime is installed.
+  distribution holding the runtime is installed. Also kept real: a torch CUDA product
+  defining a function the CPU path runs on this torch and no stub can answer (RUNS_HERE,
+  seen per torch version).
 - STUBBED: a library the loader must find by name (DT_NEEDED) but whose code the CPU
   engine never runs. The DT_NEEDED closure of what is kept (every native file of the
   installed distributions, less torch's CUDA products) is resolved: a needed soname that
