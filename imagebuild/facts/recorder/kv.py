@@ -367,7 +367,8 @@ def unify_facts(unify: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, 
     """What unify does with a layer whose page differs from the largest: `scale` (block
     size times the ratio), `pad` (page_size_padded up to the largest) or the exception."""
     out: dict[str, Any] = {}
-    probes = [(name, kind, small, large, None) for name, kind, small, large in UNIFY_PROBES]
+    probes: list[tuple[str, str, int, int, bool | None]] = [
+        (name, kind, small, large, None) for name, kind, small, large in UNIFY_PROBES]
     if _has_stride_field():
         probes += [(f"{name}_by_block_stride", kind, small, large, True)
                    for name, kind, small, large in UNIFY_PROBES if kind != "mamba"]
