@@ -16,8 +16,7 @@
   page that differs from the largest, by running it on probe specs: scale the block,
   pad the page, or raise (which exception). `--module vllm.v1.core.kv_cache_utils=FILE`
   runs a patched copy of that module instead, so a patch that changes unification is
-  recorded from its own code;
-  Where the version's AttentionSpec has `indexes_kv_by_block_stride` (0.28), an
+  recorded from its own code. Where the version's AttentionSpec has `indexes_kv_by_block_stride` (0.28), an
   attention page that does not divide the largest is padded only when that flag is set,
   so those probes are also run with it set (`<probe>_by_block_stride`), and each
   backend's answer is recorded (`block_stride_backends`: the backend's own
