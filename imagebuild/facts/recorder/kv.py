@@ -16,11 +16,12 @@
   page that differs from the largest, by running it on probe specs: scale the block,
   pad the page, or raise (which exception). `--module vllm.v1.core.kv_cache_utils=FILE`
   runs a patched copy of that module instead, so a patch that changes unification is
-  recorded from its own code. Where the version's AttentionSpec has `indexes_kv_by_block_stride` (0.28), an
-  attention page that does not divide the largest is padded only when that flag is set,
-  so those probes are also run with it set (`<probe>_by_block_stride`), and each
-  backend's answer is recorded (`block_stride_backends`: the backend's own
-  indexes_kv_by_block_stride(), as the model runner's get_kv_cache_spec sets it);
+  recorded from its own code. Where the version's AttentionSpec has
+  `indexes_kv_by_block_stride` (0.28), an attention page that does not divide the
+  largest is padded only when that flag is set, so those probes are also run with it set
+  (`<probe>_by_block_stride`), and each backend's answer is recorded
+  (`block_stride_backends`: the backend's own indexes_kv_by_block_stride(), as the model
+  runner's get_kv_cache_spec sets it);
 - the "one type of layer" shortcut of get_kv_cache_groups on probe specs.
 """
 
