@@ -53,6 +53,9 @@ class EngineReport:
     verdict: str  # current | passes | fails | no-facts | unreachable
     reason: str = ""
     sha256: str | None = None  # the newest wheel's, for the engine's `wheel:` pin
+    # every other release newer than the pin, newest first: an upgrade may take one of
+    # those (the community's images lag the newest), and its `wheel:` pin needs the sha256
+    between: tuple[Release, ...] = ()
     cells: tuple[str, ...] = ()
     findings: tuple[Finding, ...] = field(default=(), repr=False)
 
@@ -92,9 +95,16 @@ class EngineReport:
         return {"kind": "engines", "name": self.name, "target": self.target,
                 "package": self.package, "pinned": self.pinned, "newest": self.newest,
                 "sha256": self.sha256,
+                "between": [{"version": r.version, "sha256": r.sha256} for r in self.between],
                 "verdict": self.verdict, "reason": self.reason, "headline": self.headline,
                 "title": self.title, "cells": list(self.cells),
                 "findings": [f.to_dict() for f in self.findings]}
+
+    def between_lines(self) -> list[str]:
+        """One line per other newer release: its version and its wheel's sha256."""
+        return [f"{self.package} {r.version}"
+                + (f" (sha256 {r.sha256})" if r.sha256 else "")
+                for r in self.between]
 
     def markdown(self) -> str:
         out = [MARKER, f"**{self.headline}**", "",
@@ -105,6 +115,7 @@ class EngineReport:
                        "`lock --update ENGINE`, check, release)")
         if self.cells:
             out.append(f"- cells checked on {self.newest}: {', '.join(self.cells)}")
+        out += [f"- also newer than the pin: {line}" for line in self.between_lines()]
         return "\n".join(out + findings_table(self.findings))
 
 
@@ -185,7 +196,7 @@ def watch_engine(lm: LoadedMatrix, lock: Any, ename: str, tname: str,
     if not newer:
         return EngineReport(newest=pinned, verdict="current", **base)
     newest = newer[-1]
-    base["sha256"] = newest.sha256
+    base.update(sha256=newest.sha256, between=tuple(reversed(newer[:-1])))
     if facts_for(newest.version, [locked_dir(lm.root)]) is None:
         return EngineReport(newest=newest.version, verdict="no-facts",
                             reason=record_command(newest.version),

@@ -270,7 +270,9 @@ def render(reports: list[Report], fmt: str) -> str:
     if fmt == "markdown":
         return "\n".join(f"## {r.title}\n\n{r.markdown()}" for r in reports)
     return "\n".join(f"{r.label} ({r.repository}@{r.branch}): {r.verdict}: {r.headline}"
-                     if isinstance(r, PinReport) else f"{r.label}: {r.verdict}: {r.headline}"
+                     if isinstance(r, PinReport) else
+                     "\n  also newer: ".join([f"{r.label}: {r.verdict}: {r.headline}",
+                                             *r.between_lines()])
                      for r in reports)
 
 

@@ -284,7 +284,8 @@ def _finish(layout: ModelLayout, drafter: list[AttnLayer], al: Alignment, sizing
         specs = converted
     unify_needed = needs_unify(specs)
     if unify_needed:
-        outcome, message, finals = simulate_unify(specs, model.does)
+        outcome, message, finals = simulate_unify(
+            specs, lambda situation: model.does(situation, sizing.backend))
     else:
         outcome, message = "ok", ""
         finals = [FinalLayer(s.name, s.block_size, s.page_bytes) for s in specs]

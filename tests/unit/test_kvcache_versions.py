@@ -114,3 +114,54 @@ def test_check_on_a_032_engine_uses_032s_facts(locked):
     assert kv
     for f in kv:
         assert "0.32.0" in f.message and "0.23.0" not in f.message, f.message
+
+
+# vLLM 0.28.0's unify probes as `build.py facts record` writes them from its own
+# v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size (:1083-1095): an attention page
+# that does not divide the largest is padded only when the spec's
+# indexes_kv_by_block_stride is set (by the model runner from the layer's backend)
+NOT_IMPLEMENTED = {"does": "raise", "raises": "NotImplementedError",
+                   "message": "Layer <layer>: page size is not divisible by the maximum "
+                              "page size and cannot be padded."}
+PAD = {"does": "pad", "block_size": 16}
+UNIFY_028 = {"attention_divides": {"does": "scale"}, "attention_divides_by_block_stride":
+             {"does": "scale"}, "attention_not_dividing": NOT_IMPLEMENTED,
+             "attention_not_dividing_by_block_stride": PAD, "mla_not_dividing":
+             NOT_IMPLEMENTED, "mla_not_dividing_by_block_stride": PAD,
+             "mamba_divides": PAD, "mamba_not_dividing": PAD}
+
+
+def model_028(stride: dict[str, bool]) -> KVModel:
+    # 0.23's pages stand in for 0.28's (CPU_ATTN takes multiples of 16 in both)
+    return KVModel("0.28.0", {**facts_for("0.23.0").kv, "block_stride_backends": stride},
+                   UNIFY_028, "stock vLLM 0.28.0")
+
+
+def test_a_non_dividing_page_is_padded_where_the_backend_indexes_by_block_stride():
+    """0.28 pads or refuses by the layer's backend: its recorded answer picks the probe;
+    a backend without one cannot be predicted (never the other probe's answer)."""
+    model = model_028({"CPU_ATTN": False, "FLASH_ATTN": True})
+    big = LayerSpec("big", "target", "full", 16, "bfloat16", 4096)
+    small = LayerSpec("a", "drafter", "full", 16, "bfloat16", 3072)
+
+    def on(backend):
+        return simulate_unify([big, small], lambda s: model.does(s, backend))[0]
+
+    assert (on("flash_attn"), on("cpu_attn")) == ("ok", "NotImplementedError")
+    for unknown in (None, "flashinfer"):
+        with pytest.raises(CannotPredict, match="indexes KV pages by block stride"):
+            on(unknown)
+    state = LayerSpec("s", "target", "mamba", 16, "float32", 2048)
+    assert simulate_unify([big, state], lambda s: model.does(s, None))[0] == "ok"
+
+
+@pytest.mark.parametrize(("strided", "outcome"), [(False, "NotImplementedError"),
+                                                  (True, "ok")])
+def test_predict_asks_the_cells_backend_how_unify_treats_its_page(strided, outcome):
+    """predict hands the cell's backend to the recorded unification: 0.28's probes on
+    0.32's pages and hybrid alignment (0.28's alignment is not recorded: CannotPredict)."""
+    model = KVModel("0.32.0", {**facts_for("0.32.0").kv,
+                               "block_stride_backends": {"CPU_ATTN": strided}},
+                    UNIFY_028, "vLLM 0.28.0's unification")
+    p = predict(cfg("qwen36-35b-a3b"), narrow_drafter(), flags("0.32.0"), model=model)
+    assert p.outcome == outcome

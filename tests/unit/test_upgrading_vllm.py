@@ -60,6 +60,20 @@ def test_the_steps_are_watch_yaml_lock_facts_check_render_release():
     assert firsts == ["pins", "", "", "lock", "facts", "check", "render", "--tag"]
 
 
+def test_every_command_parses_as_written_and_under_its_current_names():
+    """What the steps show runs as shown: no option the parser refuses, none renamed (step
+    8 said `rollback --to`, which warns that it is now `--tag`)."""
+    from imagebuild.cli import _default_command
+    from imagebuild.cliparser import parser
+
+    commands = [c for s in _steps() for c in _commands(s) if c[:2] == PROGRAM]
+    assert len(commands) >= 9
+    for cmd in commands:  # a <placeholder> stands for a release's tag
+        words = shlex.split(re.sub(r"<[^>]*>", "2026-06-18-dflashfix", shlex.join(cmd)))
+        args = parser().parse_args(_default_command(words[2:]))
+        assert not getattr(args, "renamed_options", None), (cmd, args.renamed_options)
+
+
 def test_walk_the_steps(locked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                         capsys):
     matrix = before_vllm032(locked) / "matrix.yaml"  # the repository took these steps

@@ -16,7 +16,12 @@
   page that differs from the largest, by running it on probe specs: scale the block,
   pad the page, or raise (which exception). `--module vllm.v1.core.kv_cache_utils=FILE`
   runs a patched copy of that module instead, so a patch that changes unification is
-  recorded from its own code;
+  recorded from its own code. Where the version's AttentionSpec has
+  `indexes_kv_by_block_stride` (0.28), an attention page that does not divide the
+  largest is padded only when that flag is set, so those probes are also run with it set
+  (`<probe>_by_block_stride`), and each backend's answer is recorded
+  (`block_stride_backends`: the backend's own indexes_kv_by_block_stride(), as the model
+  runner's get_kv_cache_spec sets it);
 - the "one type of layer" shortcut of get_kv_cache_groups on probe specs.
 """
 
@@ -305,8 +310,12 @@ def _build(cls: type, **values: Any) -> Any:
     return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
 
-def _probe_spec(kind: str, page_units: int) -> Any:
-    """A spec whose page is page_units x 1 KiB at block size 16 (bf16, one KV head)."""
+STRIDE_FIELD = "indexes_kv_by_block_stride"  # 0.28's AttentionSpec: padding allowed
+
+
+def _probe_spec(kind: str, page_units: int, by_stride: bool | None = None) -> Any:
+    """A spec whose page is page_units x 1 KiB at block size 16 (bf16, one KV head);
+    by_stride: its indexes_kv_by_block_stride (where the spec has the field)."""
     import torch
     import vllm.v1.kv_cache_interface as kvi
 
@@ -314,12 +323,33 @@ def _probe_spec(kind: str, page_units: int) -> Any:
         return _build(kvi.MambaSpec, block_size=16, shapes=((page_units * 512,),),
                       dtypes=(torch.bfloat16,))
     head = page_units * 1024 // (16 * 2 * 2)  # K and V, 2 bytes each, 16 tokens
+    stride = {STRIDE_FIELD: by_stride}
     if kind == "mla":
         return _build(kvi.MLAAttentionSpec, block_size=16, num_kv_heads=1,
                       head_size=page_units * 1024 // (16 * 2), dtype=torch.bfloat16,
-                      cache_dtype_str="auto")
+                      cache_dtype_str="auto", **stride)
     return _build(kvi.FullAttentionSpec, block_size=16, num_kv_heads=1, head_size=head,
-                  head_size_v=head, dtype=torch.bfloat16)
+                  head_size_v=head, dtype=torch.bfloat16, **stride)
+
+
+def _has_stride_field() -> bool:
+    import vllm.v1.kv_cache_interface as kvi
+
+    return STRIDE_FIELD in {f.name for f in dataclasses.fields(kvi.AttentionSpec) if f.init}
+
+
+def block_stride_backends(backends: dict[str, Any]) -> dict[str, bool]:
+    """Each importable backend's indexes_kv_by_block_stride(), read under a default
+    config as v1/worker/gpu_model_runner.py get_kv_cache_spec reads it (0.28: the backend's
+    KV stride order with and without the layers dimension); empty where vLLM has none."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    out: dict[str, bool] = {}
+    with set_current_vllm_config(VllmConfig()):
+        for name, backend in backends.items():
+            if not isinstance(backend, Exception) and hasattr(backend, STRIDE_FIELD):
+                out[name] = bool(getattr(backend, STRIDE_FIELD)())
+    return out
 
 
 LAYER = "<layer>"
@@ -337,10 +367,16 @@ def unify_facts(unify: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, 
     """What unify does with a layer whose page differs from the largest: `scale` (block
     size times the ratio), `pad` (page_size_padded up to the largest) or the exception."""
     out: dict[str, Any] = {}
-    for name, kind, small, large in UNIFY_PROBES:
+    probes: list[tuple[str, str, int, int, bool | None]] = [
+        (name, kind, small, large, None) for name, kind, small, large in UNIFY_PROBES]
+    if _has_stride_field():
+        probes += [(f"{name}_by_block_stride", kind, small, large, True)
+                   for name, kind, small, large in UNIFY_PROBES if kind != "mamba"]
+    for name, kind, small, large, by_stride in probes:
         # the differing layer is named LAYER, so a message vLLM words with the layer's name
         # reads as a template (the predictor puts the real name in)
-        specs = {"largest": _probe_spec("full", large), LAYER: _probe_spec(kind, small)}
+        specs = {"largest": _probe_spec("full", large, by_stride),
+                 LAYER: _probe_spec(kind, small, by_stride)}
         entry: dict[str, Any] = {"layer": kind, "page": small * 1024, "largest": large * 1024}
         try:
             got = unify(specs)[LAYER]
@@ -390,7 +426,10 @@ def record(ctx: Context) -> dict[str, Any]:
         return {**header("kv", SOURCE + " (patched " + UNIFY_MODULE + ")"),
                 "unify": unify_facts(load_unify(patched))}
     backends = _backends(ctx)
+    stride = {"block_stride_backends": block_stride_backends(backends)} if (
+        _has_stride_field()) else {}
     return {**header("kv", SOURCE), **dtypes_facts(), "spec_classes": spec_classes(),
+            **stride,
             "customize_spec": _customize() is not None,
             "kernel_block_sizes": kernel_block_sizes(backends),
             "sliding_block_size": sliding_blocks(backends),

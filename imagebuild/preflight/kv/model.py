@@ -198,9 +198,24 @@ class KVModel:
         return min(s if isinstance(s, int) else s["multiple_of"] for s in sizes)
 
     # --- unification ------------------------------------------------------------------------
-    def does(self, situation: str) -> dict[str, Any]:
+    def does(self, situation: str, backend: str | None = None) -> dict[str, Any]:
+        """What unify does in `situation` (a recorded probe) for a layer on `backend`:
+        where the version pads an attention page only for a backend that indexes KV pages
+        by block stride (0.28: `<probe>_by_block_stride` recorded beside the probe), the
+        backend's recorded answer picks one."""
         found = self.unify.get(situation)
         if found is None:
             raise CannotPredict(f"how vLLM {self.version} unifies a {situation} page is not "
                                 "recorded")
-        return found
+        strided = self.unify.get(f"{situation}_by_block_stride")
+        if strided is None or strided.get("does") == found.get("does"):
+            return found
+        stride = (self.kv.get("block_stride_backends") or {}).get(_upper(backend) or "")
+        if stride is None:
+            raise CannotPredict(
+                f"vLLM {self.version} pads a {situation} page only when the attention "
+                "backend indexes KV pages by block stride, and whether "
+                f"{_upper(backend) or 'the backend it picks'} does is not recorded: name "
+                "one with --attention-backend (recorded: "
+                f"{', '.join(sorted(self.kv.get('block_stride_backends') or {}))})")
+        return strided if stride else found
