@@ -16,8 +16,9 @@ from imagebuild.facts.store import (
     facts_for,
     locked_dir,
     record_command,
+    stale_parts,
     versions,
 )
 
 __all__ = ["PARTS", "SHIPPED", "VllmFacts", "facts_for", "locked_dir", "patch_key",
-           "record_command", "record_facts", "versions"]
+           "record_command", "record_facts", "stale_parts", "versions"]

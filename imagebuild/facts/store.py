@@ -12,7 +12,9 @@ them (record_command), never answering from another version's facts.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +127,30 @@ class VllmFacts:
 
 
 _CACHE: dict[tuple[str, int], VllmFacts] = {}
+
+
+@functools.cache
+def _recorder_common() -> Any:
+    """The recorder's own common.py (stdlib only: it runs in vLLM's interpreter, so it is
+    not an imagebuild module), loaded once for its part_sha256."""
+    path = Path(__file__).resolve().parent / "recorder" / "common.py"
+    spec = importlib.util.spec_from_file_location("_imagebuild_recorder_common", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def stale_parts(facts: VllmFacts) -> list[str]:
+    """The recorded parts whose recorder differs from today's (its hash in meta.json): they
+    say what an older recorder understood of that version, which may no longer be what
+    the rules expect (a part re-recorded answers anew)."""
+    common = _recorder_common()
+    parts = facts.meta.get("parts") or {}
+    return [name for name, entry in sorted(parts.items())
+            if facts.has(name) and isinstance(entry, dict)
+            and entry.get("recorder_sha256") != common.part_sha256(name)]
 
 
 def _load(folder: Path) -> VllmFacts | None:

@@ -1,7 +1,8 @@
 """Rules about the recorded facts themselves: a cell whose vLLM version has none (every
 rule that reads facts then cannot answer for it, and none answers from another version's),
-a part that failed to record, environment variables the version does not know, and what
-smoke would read in a log or /metrics the version never prints (facts/signals.py).
+a part that failed to record or was recorded by another recorder than this imagebuild's,
+environment variables the version does not know, and what smoke would read in a log or
+/metrics the version never prints (facts/signals.py).
 
 The facts are imagebuild/facts (shipped) or `<matrix dir>/locked/vllm/<version>/`
 (written by `build.py facts record`).
@@ -13,7 +14,7 @@ import difflib
 import re
 
 from imagebuild.expectations import expected_backends
-from imagebuild.facts import PARTS, record_command
+from imagebuild.facts import PARTS, record_command, stale_parts
 from imagebuild.facts.signals import (
     SPECULATIVE_METRICS,
     kind_unreadable,
@@ -41,6 +42,12 @@ RULES = (
          "version; without them those rules cannot check the cell, and none answers with "
          "another version's facts",
          f"record them: {record_command()}"),
+    Rule("vllm-facts-stale", "warning",
+         "facts say what the recorder of their day understood of that vLLM version; a part "
+         "recorded by another recorder than this imagebuild's (meta.json's recorder_sha256) "
+         "may miss what today's rules ask of it (e.g. 0.28's KV padding per attention "
+         "backend, which older recorders did not probe)",
+         f"record them again: {record_command()}"),
     # refused, not warned: vLLM 0.23.0's envs.py `validate_environ` only logs "Unknown vLLM
     # environment variable detected" (unless --fail-on-environ-validation), so a misspelt
     # switch (a kernel disabled, a cache size) silently does nothing on the machine
@@ -79,6 +86,14 @@ def check_cell(v: CellView, *, building: bool = False) -> list[Finding]:
         why = "; ".join(v.facts.missing(p) for p in missing)
         out.append(rule.finding(v.label, f"{what} unchecked: {why}", fix=fix, where=where,
                                 severity=severity))
+    stale = stale_parts(v.facts)
+    if stale:
+        out.append(BY_ID["vllm-facts-stale"].finding(
+            v.label, f"vLLM {v.version}'s facts ({v.facts.where}): {', '.join(stale)} "
+                     "recorded by another recorder than this imagebuild's; the rules reading "
+                     "them may answer from what it did not record",
+            fix=f"record vLLM {v.version}'s facts again with this imagebuild: "
+                f"{record_command(v.version)}", where=where))
     return out + _unknown_env(BY_ID["vllm-env-unknown"], v) + _signals(v)
 
 
