@@ -142,15 +142,21 @@ def _recorder_common() -> Any:
     return module
 
 
+@functools.cache
+def _recorder_sha256(part: str) -> str:
+    """Today's recorder hash of one part: its files hashed once per process, not once per
+    cell `check` asks about."""
+    return str(_recorder_common().part_sha256(part))
+
+
 def stale_parts(facts: VllmFacts) -> list[str]:
     """The recorded parts whose recorder differs from today's (its hash in meta.json): they
     say what an older recorder understood of that version, which may no longer be what
     the rules expect (a part re-recorded answers anew)."""
-    common = _recorder_common()
     parts = facts.meta.get("parts") or {}
     return [name for name, entry in sorted(parts.items())
             if facts.has(name) and isinstance(entry, dict)
-            and entry.get("recorder_sha256") != common.part_sha256(name)]
+            and entry.get("recorder_sha256") != _recorder_sha256(name)]
 
 
 def _load(folder: Path) -> VllmFacts | None:
