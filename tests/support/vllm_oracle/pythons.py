@@ -1,8 +1,9 @@
 """Which interpreter runs each recorded vLLM version's own code for the oracle tests.
 
 One oracle venv per version with recorded facts. scripts/setup-tests.sh installs one per
-version in its ORACLES (0.23.0 into .venv-vllm, 0.32.0 into .venv-vllm-0.32.0: 6.3 GB, 100 s
-from the index here); a version it does not install skips its oracle tests, saying why,
+version in its ORACLES (0.23.0 into .venv-vllm, 0.32.0 into .venv-vllm-0.32.0, each by the
+cpu engine's recipe: scripts/install-vllm-cpu.sh); a version it does not install skips
+its oracle tests, saying why,
 where its venv is absent. Found, first match wins:
 - IMAGEBUILD_VLLM_PYTHON_<version with _ for .> (IMAGEBUILD_VLLM_PYTHON_0_32_0);
 - IMAGEBUILD_VLLM_PYTHON when the vLLM it runs is that version (the single-oracle setting);
