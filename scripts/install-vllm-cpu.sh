@@ -89,8 +89,6 @@ SLIM_KEEP_TORCH_CUDA=1 "$py" "$files/slim-torch-cuda.py" stubs "$reqs" "$work/wh
     > "$work/stubs.log" \
     || { cat "$work/stubs.log" >&2; exit 1; }
 tail -n 1 "$work/stubs.log"
-# and the engine image's own plan of this set, for the tests (tests/unit/test_slim_torch_cuda.py)
-"$py" "$files/slim-torch-cuda.py" plan "$reqs" "$work/wheels" "$work/engine-plan.json"
 export SLIM_RECORD="$venv/slim.json"
 # the installs read only these wheels: no index, and none of the machine's find-links or
 # constraints, from its pip configuration or environment (a local torch of the same
@@ -113,7 +111,8 @@ $off install --quiet --no-cache-dir --no-deps --no-index --find-links "$work/whe
 "$py" "$files/slim-torch-cuda.py" check "$site" > "$work/check.log" 2>&1 \
     || { cat "$work/check.log" >&2; exit 1; }
 tail -n 1 "$work/check.log"
-cp "$work/engine-plan.json" "$venv/engine-plan.json"
+# the engine image's own plan of these wheels, for tests/unit/test_slim_torch_cuda.py
+cp "$work/stubs/engine-plan.json" "$venv/engine-plan.json"
 rm -rf "$work"
 
 # Smoke: the CPU platform is picked. Importing vllm._C directly is wrong on hosts without

@@ -53,8 +53,8 @@ Subcommands (stdlib only; run by images/engine/Dockerfile.j2):
                                WHEELS/engine) and write it (OUT/plan.json) and the stubs
                                under OUT (needs gcc and readelf: a build stage of its own);
                                SLIM_KEEP_TORCH_CUDA=1 keeps torch's linked CUDA products
-                               real (the oracle venvs of scripts/install-vllm-cpu.sh)
-  plan REQS WHEELS OUT.json    the engine's plan alone, no stubs (an oracle venv keeps it)
+                               real (the oracle venvs of scripts/install-vllm-cpu.sh) and
+                               writes the engine's own plan to OUT/engine-plan.json
   finish SITE STUBS            copy the stubs in (each made from the very file it
                                replaces), delete the planned prunes, record the plan in
                                slim.json beside this script (or at $SLIM_RECORD)
@@ -173,6 +173,7 @@ sys.exit(0 if ops else "vLLM's kernels did not load: import_kernels() registered
 # where SLIM_RECORD says (an oracle venv slimmed by scripts/install-vllm-cpu.sh keeps its own)
 RECORD = Path(os.environ.get("SLIM_RECORD") or Path(__file__).resolve().parent / "slim.json")
 PLAN = "plan.json"  # in the stubs' folder: the derived plan, and what each stub was made from
+ENGINE_PLAN = "engine-plan.json"  # beside it, an oracle's: the engine's plan of the same wheels
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)")
 TORCH_LAYER = re.compile(r"^(torch|torchvision|torchaudio)$")
 PARTS = ("all", "torch", "rest", "download")  # `requirements`: torch and rest, one layer each
@@ -362,19 +363,15 @@ def kept_real(rel: str) -> bool:
 
 
 def derive(dists: list[Dist], work: Path, symbols: bool = True,
-           keep_torch_cuda: bool = False) -> Plan:
+           oracle_real: frozenset[str] = frozenset()) -> Plan:
     """The plan for the engine whose distributions (the pinned set and the engine wheel)
-    are DISTS; native files are read under WORK. KEEP_TORCH_CUDA (an oracle venv, not an
-    engine): the torch CUDA products the engine would stub (those its kept libraries link)
-    stay real, so torch answers a CUDA call as a GPU build on a host without a driver does
-    ("Found no NVIDIA driver"), where a stub would say the CUDA library was never loaded:
-    vLLM's selection code, driven on this host with its hardware probes patched, records
-    those answers. What nothing links (loaded lazily, and needing the driver itself:
-    libcaffe2_nvrtc.so links libcuda.so.1) is pruned as in the engine."""
-    linked: set[str] = set()
-    if keep_torch_cuda:
-        linked = {rel for rel in derive(dists, work, symbols=False).stubbed
-                  if TORCH_CUDA_PRODUCT.match(rel)}
+    are DISTS; native files are read under WORK. ORACLE_REAL (an oracle venv, not an
+    engine): torch CUDA products kept real, those the engine's plan stubs (the ones its
+    kept libraries link), so torch answers a CUDA call as a GPU build on a host without
+    a driver does ("Found no NVIDIA driver"), where a stub would say the CUDA library was
+    never loaded: vLLM's selection code, driven on this host with its hardware probes
+    patched, records those answers. What nothing links (loaded lazily, and needing the
+    driver itself: libcaffe2_nvrtc.so links libcuda.so.1) is pruned as in the engine."""
     torch = next((d.version for d in dists if d.name == "torch"), "")
     gpu = [d for d in dists if gpu_dist(d.name)]
     kept_real_files = {rel: d for d in dists for rel in d.files if kept_real(rel)
@@ -385,7 +382,7 @@ def derive(dists: list[Dist], work: Path, symbols: bool = True,
     products = {rel: d for d in installed for rel in d.files
                 if TORCH_CUDA_PRODUCT.match(rel) and rel not in kept_real_files}
     ran: dict[str, str] = {}  # product kept real -> why
-    for rel in sorted(linked & set(products)):
+    for rel in sorted(oracle_real & set(products)):
         ran[rel] = "an oracle venv keeps torch's linked CUDA code real (SLIM_KEEP_TORCH_CUDA)"
         kept_real_files[rel] = products.pop(rel)
     runs = {name: seen[torch] for name, seen in RUNS_HERE.items() if torch in seen}
@@ -588,8 +585,14 @@ def cmd_stubs(reqs: Path, wheels: Path, out: Path) -> None:
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        plan = derive(wheels_of(reqs, wheels), work,
-                      keep_torch_cuda=os.environ.get("SLIM_KEEP_TORCH_CUDA") == "1")
+        dists = wheels_of(reqs, wheels)
+        keep: frozenset[str] = frozenset()
+        if os.environ.get("SLIM_KEEP_TORCH_CUDA") == "1":  # an oracle: see derive()
+            engine = derive(dists, work, symbols=False)  # NEEDED only: ~5 s
+            (out / ENGINE_PLAN).write_text(json.dumps(engine.record(), indent=1,
+                                                      sort_keys=True) + "\n")
+            keep = frozenset(rel for rel in engine.stubbed if TORCH_CUDA_PRODUCT.match(rel))
+        plan = derive(dists, work, oracle_real=keep)
         imports = {n for e in plan.libraries for n in e.imports}
         elsewhere = {n for e in plan.libraries for n in e.defines}
         present = ({n for e in plan.libraries for n in (e.name, e.soname)}
@@ -613,14 +616,6 @@ def cmd_stubs(reqs: Path, wheels: Path, out: Path) -> None:
     print(f"plan for torch {plan.torch}: {len(plan.not_installed)} distributions left out, "
           f"{len(plan.stubbed)} libraries stubbed, {len(plan.pruned)} paths to prune, "
           f"{len(plan.unloadable)} unloadable here; in {time.monotonic() - start:.0f} s")
-
-
-def cmd_plan(reqs: Path, wheels: Path, out: Path) -> None:
-    """The engine's plan alone (no stubs, NEEDED only: ~5 s): what an oracle venv records
-    of the image made from the same wheels."""
-    with tempfile.TemporaryDirectory() as tmp:
-        plan = derive(wheels_of(reqs, wheels), Path(tmp), symbols=False)
-    out.write_text(json.dumps(plan.record(), indent=1, sort_keys=True) + "\n")
 
 
 def cmd_finish(site: Path, stubs: Path) -> None:
@@ -729,7 +724,7 @@ def cmd_check(site: Path) -> None:
 
 def main(argv: list[str]) -> None:
     cmds: dict[str, tuple[Callable[..., None], int]] = {
-        "requirements": (cmd_requirements, 1), "stubs": (cmd_stubs, 3), "plan": (cmd_plan, 3),
+        "requirements": (cmd_requirements, 1), "stubs": (cmd_stubs, 3),
         "finish": (cmd_finish, 2), "check": (cmd_check, 1)}
     if argv[:1] == ["requirements"] and len(argv) in (3, 4):  # PART [PLAN]
         cmd_requirements(Path(argv[1]), argv[2], Path(argv[3]) if len(argv) == 4 else None)
