@@ -95,6 +95,8 @@ class DockerEngine(Protocol):
     def buildkit_build(self, argv: list[str], env: Mapping[str, str]
                        ) -> subprocess.Popen[str]: ...
     def has_buildx(self) -> bool: ...
+    def build_cache(self) -> list[dict[str, Any]]: ...
+    def prune_build_cache(self, record_id: str) -> int: ...
 
 
 class Engine:
@@ -470,6 +472,27 @@ class Engine:
                                   timeout=30).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             return False
+
+
+    def build_cache(self) -> list[dict[str, Any]]:
+        """BuildKit's cache records (`docker system df -v`): ID, Description, Size, InUse,
+        Shared, Type, CreatedAt, LastUsedAt."""
+        try:
+            return list(self.api.df().get("BuildCache") or [])
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot list BuildKit's cache: {exc}",
+                                  fix=ENGINE_FIX) from None
+
+    def prune_build_cache(self, record_id: str) -> int:
+        """Remove that one BuildKit cache record (the engine matches the id as a prefix:
+        a full one names one record); the bytes it freed."""
+        try:
+            with held_interrupts():
+                out = self.api.prune_builds(filters={"id": record_id}, all=True)
+        except ENGINE_ERRORS as exc:
+            raise OperationFailed(f"cannot prune BuildKit's cache record {record_id}: {exc}",
+                                  fix=ENGINE_FIX) from None
+        return int((out or {}).get("SpaceReclaimed") or 0)
 
 
 _engine: DockerEngine | None = None

@@ -15,7 +15,9 @@
 #   oracle keeps torch's own CUDA code real (SLIM_KEEP_TORCH_CUDA=1): a CUDA call then
 #   fails as on a GPU host without a driver, which the recorded facts hold; and it
 #   installs, after the slimming, the GPU toolchains whose own choices the tests read:
-#   triton (its ptxas for sm_121a) and NVRTC (tests/conformance/test_recipe_scripts.py);
+#   triton (its ptxas for sm_121a) and NVRTC (tests/conformance/test_recipe_scripts.py),
+#   and keeps every build file: torch's headers, and those of the GPU wheels it leaves
+#   out (the gb10 rehearsal compiles vLLM's CUDA sources against them);
 # - the rest, then torch with the stubs, then the wheel (--no-deps, checked against its
 #   PyPI sha256) are installed from those wheels, and `check` binds every native library
 #   and loads vLLM's kernels. The plan is kept in VENV/slim.json, the engine image's plan of
@@ -101,6 +103,8 @@ for part in rest torch; do
         -r "$work/$part.txt"
 done
 "$py" "$files/slim-torch-cuda.py" finish "$site" "$work/stubs"
+# the left-out GPU wheels' headers (cublas_v2.h, ...): the gb10 rehearsal compiles with them
+"$py" "$files/slim-torch-cuda.py" headers "$reqs" "$work/wheels" "$work/stubs" "$site"
 # the GPU toolchains the tests run, real (outside the plan: triton bundles its own CUDA
 # libraries, cupti among them, which the plan would take for torch's)
 grep -E '^(triton|nvidia-cuda-nvrtc)==' "$reqs" > "$work/toolchains.txt"

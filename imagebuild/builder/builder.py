@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from imagebuild import buildfolder, cache_dir
-from imagebuild.builder import archtable, bootstrap, hygiene, timestamps
+from imagebuild.builder import archtable, bootstrap, downloads, hygiene, timestamps
 from imagebuild.builder.aptsources import MIRROR_ENV
 from imagebuild.builder.buildjobs import choose_parallelism, host_resources
 from imagebuild.builder.enginepull import pull_engine
@@ -473,6 +473,8 @@ class Builder:
         size = _image_size(image_id)
         self.log(f"[{kind}] built {ref} in {wall:.1f}s: {run} step(s) run, {cached} cached, "
                  f"{size / 1e6:.0f} MB")
+        if kind == "engine" and self._target == "wheel":
+            downloads.drop_download_stages(docker_engine(), self.log)
         return BuildRecord(kind, ref, digest, image_id, size, round(wall, 2), run, cached,
                            False, str(log_path), cell)
 

@@ -58,6 +58,9 @@ def released(docker_engine, env, registry):
         proc = _run(env, "--tag", tag, "--target", "cpu", *extra)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert registry.password not in proc.stdout + proc.stderr  # never printed
+        if "[engine] built imagebuild/engine-cpu-" in proc.stdout:  # built here (cold in
+            # CI): its ~3 GB download stage left BuildKit's cache (builder/downloads.py)
+            assert "dropped the wheel downloads" in proc.stdout, proc.stdout[-3000:]
     # the upgrade moved latest past the gates against 0.23 (a regression only with a reason)
     assert re.search(rf"moved latest {OLD} \(\w+\) -> {NEW} ", proc.stdout), proc.stdout[-3000:]
     return env

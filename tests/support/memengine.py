@@ -106,6 +106,7 @@ class MemoryEngine:
         self.build_output = BUILD_OUTPUT
         self.build_id: str | None = None  # every build's image id (None: from its argv)
         self.builds: list[Build] = []
+        self.build_records: list[dict[str, Any]] = []  # BuildKit's cache, as df lists it
         self.calls: list[Call] = []
 
     # -- what tests read and set
@@ -356,6 +357,16 @@ class MemoryEngine:
     def has_buildx(self) -> bool:
         self._call("has_buildx")
         return self.buildx
+
+    def build_cache(self) -> list[dict[str, Any]]:
+        self._call("build_cache")
+        return [dict(r) for r in self.build_records]
+
+    def prune_build_cache(self, record_id: str) -> int:
+        self._call("prune_build_cache", record_id)
+        gone = [r for r in self.build_records if r["ID"].startswith(record_id)]
+        self.build_records = [r for r in self.build_records if r not in gone]
+        return sum(int(r.get("Size", 0)) for r in gone)
 
 
 @contextmanager

