@@ -5,7 +5,8 @@ only here. Loaded by tests/conftest.py; `.ci/run` prints it at the end of every 
 Each module also gets one line on stderr as it ends (its seconds, its lane, and the time
 since the session began, and the disk left free), flushed: a run cut off by CI's time
 limit still shows where its time went. The summary names the lowest free disk seen and the
-modules running then: a CI machine's disk is not ours to choose (docs/design.md, "CI")."""
+modules running then: a CI machine's disk is not ours to choose (docs/design.md, "The test
+suite's disk is budgeted")."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 
 TOP = 20  # modules listed by name; the rest are one line
 # where the suite writes its GBs: the checkout (venvs, build/), /tmp and Docker's store,
-# on one file system on CI's machines; another one is sampled apart
+# on one file system on CI's machines; where they are apart, the least free one counts
 DISK_PATHS = ("/var/lib/docker", "/tmp")
 
 
