@@ -162,8 +162,10 @@ MUTANTS = (
     Mutant("f undo misses a landed PUT", "imagebuild/release/latest.py",
            (("                if before is None or before.digest != rel.digest:\n"
              "                    done.append((rel, before))\n"
-             "                move_latest(client, lease, rel, before.digest if before else None)\n",
-             "                move_latest(client, lease, rel, before.digest if before else None)\n"
+             "                move_latest(client, lease, rel, before.digest if before else None, "
+             "as_left)\n",
+             "                move_latest(client, lease, rel, before.digest if before else None, "
+             "as_left)\n"
              "                if before is None or before.digest != rel.digest:\n"
              "                    done.append((rel, before))\n"),),
            _fencing("test_a_landed_put_whose_read_back_failed_is_put_back"),
@@ -182,6 +184,18 @@ MUTANTS = (
            (("    except OperationFailed:\n        fresh = Lease(",
              "    except ImportError:\n        fresh = Lease("),),
            _fencing("test_a_run_paused_while_another_host_prunes_puts_its_half_move_back"),
+           invisible=BY_SEARCH),
+    Mutant("f a lapsed lease stops a half-moved first promotion", "imagebuild/release/latest.py",
+           (("before.digest if before else None, as_left)\n",
+             "before.digest if before else None)\n"),),
+           _fencing("test_a_first_promotion_whose_leases_lapse_mid_set_is_finished"),
+           invisible=BY_SEARCH),
+    Mutant("f a lapsed lease taken again without reading the set again",
+           "imagebuild/release/lease.py",
+           (("            self.acquire()\n            retake()\n",
+             "            self.acquire()\n"),),
+           _fencing("test_an_expired_lease_taken_again_finds_the_set_moved_and_stays_"
+                    "together"),
            invisible=BY_SEARCH),
     Mutant("b rollback --all splits a set", "imagebuild/release/latest.py",
            (("    if split:\n", "    if False:\n"),),

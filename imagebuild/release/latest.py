@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -154,15 +154,16 @@ def _measured(client: RegistryClient, rel: Release, accept: Accept) -> str | Non
 
 
 def move_latest(client: RegistryClient, lease: Lease, rel: Release,
-                expected: str | None) -> None:
-    """Point latest at rel, only if latest is still `expected` and the lease still ours."""
+                expected: str | None, retake: Callable[[], None] | None = None) -> None:
+    """Point latest at rel, only if latest is still `expected` and the lease still ours
+    (`retake`: see Lease.check)."""
     now = client.head_manifest(rel.repo, LATEST)
     now_digest = now[0] if now else None
     if now_digest not in (expected, rel.digest):
         raise OperationFailed(
             f"{rel.repo}: latest moved during this run ({short_digest(expected)} -> "
             f"{short_digest(now_digest)}); not moving it again", fix="check `build.py releases`")
-    lease.check()
+    lease.check(retake)
     if now_digest != rel.digest:
         client.put_manifest(rel.repo, LATEST, rel.body, rel.media_type)
     got = client.head_manifest(rel.repo, LATEST)
@@ -255,18 +256,37 @@ def _move_all(client: RegistryClient, plans: list[tuple[Release, Release | None]
         # every image whose latest this run may have written, from just before its PUT
         # (a PUT that landed but whose read-back failed is one of them)
         done: list[tuple[Release, Release | None]] = []
+        moving = [0]  # the index in `checked` of the image being moved
+
+        def as_left() -> None:
+            """A lapsed lease taken again (Lease.check): the set must be where this run
+            left it (moved before `moving`, not yet after it, either at it) and every
+            target still there, else another run took over meanwhile."""
+            for i, (rel, before) in enumerate(checked):
+                _reread(client, rel)
+                now = client.head_manifest(rel.repo, LATEST)
+                was = before.digest if before else None
+                left = {rel.digest} if i < moving[0] else {was} if i > moving[0] else {
+                    was, rel.digest}
+                if (now[0] if now else None) not in left:
+                    raise OperationFailed(
+                        f"{rel.repo}: latest moved while this run's lease had lapsed; "
+                        "this run stops here", fix="check `build.py releases`, then re-run")
+
         try:
-            for rel, before in checked:
+            for moving[0], (rel, before) in enumerate(checked):
                 lease = leases[rel.repo]
                 if mode == "rollback" and before is not None and before.digest != rel.digest:
                     rollbacks.record(client, rel.repo, str(before.annotations.get(A_TAG)),
                                      rel.tag, rel.config_descriptor, fence=lease.check)
                 if before is None or before.digest != rel.digest:
                     done.append((rel, before))
-                move_latest(client, lease, rel, before.digest if before else None)
-                if mode == "promote" and accept.rolled_back:
-                    rollbacks.forgive(client, rel.repo, rel.tag, rel.config_descriptor,
-                                      fence=lease.check)
+                move_latest(client, lease, rel, before.digest if before else None, as_left)
+            # after every move: an image without a latest before cannot be put back, so
+            # nothing that may stop the run comes between its move and the set's last
+            for rel, _ in checked if mode == "promote" and accept.rolled_back else ():
+                rollbacks.forgive(client, rel.repo, rel.tag, rel.config_descriptor,
+                                  fence=leases[rel.repo].check)
         except BaseException:
             _undo(client, done, [rel for rel, _ in checked], leases, log)
             raise

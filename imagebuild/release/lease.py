@@ -16,7 +16,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,8 @@ class Lease:
     honoured until they expire after `ttl`, by the registry's clock (`registry_time`).
     Long work calls `check()` before each write: it stops when the lease was lost and
     renews it (a new generation, a later expiry) once a third of the TTL has passed.
+    A lease that went unrenewed for most of its TTL is lost; a caller that can read again
+    everything it decided on passes `retake` to take the lease again instead (see check).
     """
 
     def __init__(self, client: RegistryClient, repo: str, config: dict[str, Any], *,
@@ -196,16 +198,28 @@ class Lease:
         self.check()
         return self
 
-    def check(self) -> None:
+    def check(self, retake: Callable[[], None] | None = None) -> None:
         """The fence every write of the release state passes right before it: raise
         unless the lease tag still points at our lease manifest (this owner, this
         generation), so a run paused past its TTL stops instead of writing over the run
         that took the lease over. Renews the lease when a third of its TTL has passed
-        since we wrote it (long work keeps it alive); the renewal is fenced the same way."""
+        since we wrote it (long work keeps it alive); the renewal is fenced the same way.
+        A lease not renewed for most of its TTL is lost whatever its tag says: by the
+        registry's clock it may have expired, been taken over and been released again,
+        and a renewal now would write over that run. Without `retake` the run stops
+        there. With it, the lease is acquired again as any run would take an expired
+        one (a live lease of another run refuses), then `retake()` reads again what the
+        caller decided on and raises if any of it moved: a slow run whose lease nobody
+        took goes on (a half-moved set that cannot be put back is finished), one that was
+        overtaken stops."""
+        elapsed = time.monotonic() - self.written
+        if retake is not None and elapsed >= self.ttl * LAPSED:
+            self.log(f"{self.repo}: this run's registry lease went {elapsed:.0f} s without "
+                     "renewal; taking it again and reading again what this run decided on")
+            self.acquire()
+            retake()
+            return
         self._fence()
-        # a lease not renewed for most of its TTL is lost whatever its tag says: by the
-        # registry's clock it may have expired, been taken over and been released again
-        # (then the tag is gone or a new one), and a renewal now would write over that run
         elapsed = time.monotonic() - self.written
         if elapsed >= self.ttl * LAPSED:
             raise OperationFailed(

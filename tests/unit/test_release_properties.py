@@ -26,8 +26,9 @@ next write instead of splitting a set (every write is fenced by a lease check ri
 before it; a pause between that check and its write is beyond a registry without
 conditional writes, so pauses fall before reads), also while recording a rollback (the
 record keeps the entry of the run that took over), and a run whose lease lapsed on a
-slow registry (nobody took it yet) does not renew it: another host may take it over
-between the check and the write (found here as a split set). Releases are recorded in
+slow registry (nobody took it yet) does not renew it in place: another host may take it
+over between the check and the write (found here as a split set); a set's move takes it
+again and reads the set again under it instead. Releases are recorded in
 publish order, some on the same day with names in reverse alphabetical order, some with a typo'd
 future date; some are benched for one image only (one just before the last release of
 the starting history, so a rollback can reach it); the registry may be slow (its clock
@@ -732,8 +733,9 @@ class ReleaseState(RuleBasedStateMachine):
         latest right before the fence) its leases are older than the TTL, though nobody
         took them yet. Right before its next write client 1 runs `b` (taking the expired
         leases). No time passes between client 0's check and that write, yet renewing
-        the expired lease would write over client 1's: client 0 stops instead, and no
-        set is split (the invariants)."""
+        the expired lease would write over client 1's: client 0 takes it again as any
+        run would and reads the set again, stopping when client 1 moved it, and no set
+        is split (the invariants)."""
         a = self._pinned(a)
         phase = ["reading"]
 

@@ -392,18 +392,18 @@ def test_forward_only_is_decided_under_the_lease(reg):
 # a lease that expired while its holder worked -------------------------------------------
 
 
-def test_an_expired_lease_is_not_renewed_and_the_set_stays_together(reg, tmp_path,
-                                                                    monkeypatch):
+def test_an_expired_lease_taken_again_finds_the_set_moved_and_stays_together(
+        reg, tmp_path, monkeypatch):
     """The interleaving the release property test found (a publish on a slow registry
     while another host publishes the next release). The promote of the set A -> B is
     slow: its leases are older than the TTL when it reaches its first move, though
     nobody has taken them yet, so the fence (the lease tag still names our manifest)
-    passes. Right after it, before the renewal's PUT, the other host takes the expired
-    leases over and promotes the set to C. Renewing the expired lease would overwrite
-    the other host's, then REPO moves to B, OTHER refuses (latest moved) and the undo
-    puts REPO back to A: the set split at (A, C). A lease not renewed for most of its
-    TTL is lost instead (lease.LAPSED): the run stops before any write and the set stays
-    together at C."""
+    passes. Right after it, before the PUT that takes the lease again, the other host
+    takes the expired leases over and promotes the set to C. Renewing the expired lease
+    and moving on would put REPO at B over C, then OTHER refuses (latest moved) and the
+    undo puts REPO back to A: the set split at (A, C). The lease is taken again like any
+    expired lease, and the set is read again under it (`retake`): latest moved, the run
+    stops before any move and the set stays together at C."""
     _set(reg, [A, B, C], latest_at=A)
     monkeypatch.setattr(lease, "time", SimpleNamespace(  # one clock: the slow registry's
         time=lambda: reg.now, monotonic=lambda: reg.now, sleep=lambda _s: None))
@@ -422,8 +422,64 @@ def test_an_expired_lease_is_not_renewed_and_the_set_stays_together(reg, tmp_pat
             reg.before = hook
 
     reg.before = hook
-    with pytest.raises(OperationFailed, match="without renewal"):
+    with pytest.raises(OperationFailed, match="latest moved while this run's lease had lapsed"):
         latest.promote_jobs(reg.client(), _jobs(B), default_threshold=0.05,
                             accept_regression=None, log=quiet)
     assert phase[0] == "done"
     assert (_at(reg, REPO), _at(reg, OTHER)) == (C, C)
+
+
+def _slow_after_first_move(reg, monkeypatch, then=lambda: None):
+    """A registry slow enough that the leases lapse right after the set's first move
+    (the e2e slice's 2 s TTL on a loaded host), `then()` run at that moment."""
+    monkeypatch.setattr(lease, "time", SimpleNamespace(
+        time=lambda: reg.now, monotonic=lambda: reg.now, sleep=lambda _s: None))
+    moved = [False]
+
+    def hook(method, path):
+        if not moved[0] and method == "PUT" and path.endswith(f"/manifests/{LATEST}"):
+            moved[0] = True
+            reg.now += lease.lease_ttl() + 1
+            reg.before = None
+            then()
+    reg.before = hook
+    return moved
+
+
+@pytest.mark.parametrize("accept_rolled_back", [False, True])
+def test_a_first_promotion_whose_leases_lapse_mid_set_is_finished(reg, monkeypatch,
+                                                                 accept_rolled_back):
+    """The split set the e2e slice found against distribution: the set had no latest, so
+    the image moved first cannot be put back, and the leases lapsed before the second
+    move (nobody took them). The run takes its lease again, finds the set where it left
+    it and finishes the move (and the rolled-back record's forgiving comes after every
+    move, so it cannot stop the set half-moved either)."""
+    for repo in (REPO, OTHER):
+        reg.add_release(repo, A, benched=True)
+    moved = _slow_after_first_move(reg, monkeypatch)
+    latest.promote_jobs(reg.client(), _jobs(A), default_threshold=0.05,
+                        accept_regression=None, log=quiet,
+                        accept_rolled_back="on purpose" if accept_rolled_back else None)
+    assert moved[0]
+    assert (_at(reg, REPO), _at(reg, OTHER)) == (A, A)
+
+
+def test_a_lapsed_lease_taken_by_another_live_run_stops_the_set(reg, tmp_path, monkeypatch):
+    """The same lapse, but another host took the expired lease and still holds it: the
+    run does not write under it (its live lease refuses the retake)."""
+    for repo in (REPO, OTHER):
+        reg.add_release(repo, A, benched=True)
+
+    def other_takes_the_lease():
+        with other_host(tmp_path):
+            for repo in (REPO, OTHER):
+                cfg = read_release(reg.client(), repo, A).config_descriptor
+                lease.Lease(reg.client(), repo, cfg, purpose="other", log=quiet).acquire()
+
+    _slow_after_first_move(reg, monkeypatch, other_takes_the_lease)
+    writes = len(reg.writes())
+    with pytest.raises(OperationFailed, match="holds the registry lease"):
+        latest.promote_jobs(reg.client(), _jobs(A), default_threshold=0.05,
+                            accept_regression=None, log=quiet)
+    assert _at(reg, OTHER) is None  # nothing written under the other run's lease
+    assert not [w for w in reg.writes()[writes:] if f"/{OTHER}/manifests/{LATEST}" in w[1]]
