@@ -46,23 +46,47 @@ def windows(readings: list[Counters]) -> list[Window]:
             for d in (b.minus(a) for a, b in zip(readings, readings[1:], strict=False))]
 
 
+def _span(n: int, at: str) -> str:
+    return f"the {at} of" if n == 1 else f"the {at} {n} of"
+
+
 def judge_decay(readings: list[Counters], s: AcceptanceDecayGate) -> GateResult:
+    """The last window against the first. A window holds one request's drafts; where the
+    first or the last holds fewer than `min_drafts` rounds (ngram drafts only where the
+    text repeats, which the same greedy request does sooner on one CPU's kernels than on
+    another's), it takes in its neighbours, from the start and from the end, until it
+    holds enough; only when the two would overlap is the generation too short to judge."""
     ws = windows(readings)
     detail: dict[str, Any] = {"windows": [w.as_json() for w in ws]}
     if len(ws) < 2:
         return GateResult(UNTRUSTED, f"{len(readings)} readings of vLLM's counters: too few "
                                      "for two windows", detail)
-    head, last = ws[0], ws[-1]
-    if min(head.drafts, last.drafts) < s.min_drafts:
-        return GateResult(UNTRUSTED, f"the first and last windows hold {int(head.drafts)} and "
-                                     f"{int(last.drafts)} draft rounds (min_drafts "
-                                     f"{s.min_drafts}): too few to judge", detail)
-    trend = (f"accepted tokens per draft {head.rate:.2f} in the first of {len(ws)} windows, "
-             f"{last.rate:.2f} in the last (position 0: {head.pos_rate(0):.2f} -> "
-             f"{last.pos_rate(0):.2f}; {int(sum(w.drafts for w in ws))} draft rounds)")
-    if head.rate == 0 and last.rate == 0:
+    n = len(readings) - 1
+    first = next((i for i in range(1, n + 1)
+                  if readings[i].minus(readings[0]).drafts >= s.min_drafts), n)
+    last = next((j for j in range(n - 1, -1, -1)
+                 if readings[n].minus(readings[j]).drafts >= s.min_drafts), 0)
+    total = int(sum(w.drafts for w in ws))
+    if first > last:
+        return GateResult(UNTRUSTED, f"the first and last windows hold {int(ws[0].drafts)} and "
+                                     f"{int(ws[-1].drafts)} draft rounds, {total} in all "
+                                     f"(min_drafts {s.min_drafts} in a first and a last part "
+                                     "apart): too few to judge", detail)
+    head = Window(*_delta(readings[first], readings[0]))
+    tail = Window(*_delta(readings[n], readings[last]))
+    detail.update(first_windows=first, last_windows=n - last)
+    trend = (f"accepted tokens per draft {head.rate:.2f} in {_span(first, 'first')} {len(ws)} "
+             f"windows, {tail.rate:.2f} in the last{'' if n - last == 1 else f' {n - last}'} "
+             f"(position 0: {head.pos_rate(0):.2f} -> {tail.pos_rate(0):.2f}; "
+             f"{total} draft rounds)")
+    if head.rate == 0 and tail.rate == 0:
         return GateResult(FAIL, f"no drafted token accepted: {trend}", detail)
-    if last.rate < s.min_ratio * head.rate:
+    if tail.rate < s.min_ratio * head.rate:
         return GateResult(FAIL, f"acceptance decayed towards 0: {trend}, below min_ratio "
                                 f"{s.min_ratio} x the first", detail)
     return GateResult(PASS, trend, detail)
+
+
+def _delta(b: Counters, a: Counters) -> tuple[float, tuple[float, ...]]:
+    d = b.minus(a)
+    return d.drafts, d.per_pos

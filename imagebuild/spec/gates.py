@@ -54,7 +54,9 @@ class AcceptanceDecayGate(_Strict):
     min_ratio: float = Field(default=0.25, gt=0, le=1)
     """The last window's accepted tokens per draft must keep this share of the first's."""
     min_drafts: int = Field(default=8, ge=1, le=1 << 20)
-    """Fewer drafts in a window is too little to judge (untrusted)."""
+    """Draft rounds the first and the last part must hold: a first (last) window with
+    fewer takes in the next (previous) until it does; parts that would overlap are too
+    little to judge (untrusted)."""
 
 
 class ConditionsGate(_Strict):

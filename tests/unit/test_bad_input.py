@@ -451,8 +451,8 @@ images:
 
 def _with_merges(root: Path, extra: str = "") -> None:
     sub("    methods: [ngram]\n    args:\n", "    methods: [ngram]\n    args: &cpu-args\n",
-        "    acceptance_floor: 0.3\n\nimages:\n",
-        "    acceptance_floor: 0.3\n  lean-args:\n    description: holds the lean anchor\n"
+        "    acceptance_floor: 0.15\n\nimages:\n",
+        "    acceptance_floor: 0.15\n  lean-args:\n    description: holds the lean anchor\n"
         "    target: cpu\n    methods: [ngram]\n    args: &lean {max-num-seqs: 2, "
         "max-model-len: 256" + extra + "}\n    acceptance_floor: 0.3\n" + MERGED_PROFILES)(root)
 

@@ -28,7 +28,7 @@ from imagebuild.gates.conditions import (
 )
 from imagebuild.gates.condverdict import combine, judge_conditions
 from imagebuild.gates.decay import judge_decay
-from imagebuild.gates.metrics import COUNTERS, parse
+from imagebuild.gates.metrics import COUNTERS, Counters, parse
 from imagebuild.gates.prompts import FRESH
 from imagebuild.gates.run import judge
 from imagebuild.gates.shape import prefix_caching_source, spec_tokens
@@ -248,6 +248,33 @@ def test_acceptance_decaying_towards_zero_fails_and_a_steady_one_passes():
     assert judge_decay(readings([0.0, 0.0]), s).status == FAIL
     assert judge_decay(readings([1.0, 1.0], drafts=3), s).status == UNTRUSTED
     assert judge_decay(readings([1.0]), s).status == UNTRUSTED
+
+
+def _uneven(drafts: list[int], rates: list[float]) -> list[Counters]:
+    """Counters of windows holding these many draft rounds at these rates."""
+    out, per = [Counters()], [0.0, 0.0, 0.0]
+    for n, rate in zip(drafts, rates, strict=True):
+        per = [p + n * rate * w for p, w in zip(per, (0.5, 0.3, 0.2), strict=True)]
+        out.append(Counters(drafts=out[-1].drafts + n, accepted=sum(per), per_pos=tuple(per)))
+    return out
+
+
+def test_a_first_or_last_window_with_too_few_drafts_takes_in_its_neighbours():
+    """ngram drafts only where the text repeats: on one CPU's kernels the greedy request's
+    first window held 7 draft rounds (min_drafts 8) and the gate was untrusted on a
+    healthy cell. The first part grows until it holds enough (and the last part from the
+    end); only a generation whose two parts would overlap is too short to judge."""
+    s = AcceptanceDecayGate(windows=4, min_ratio=0.25, min_drafts=8)
+    steady = judge_decay(_uneven([7, 12, 30, 23], [1.2, 1.2, 1.2, 1.2]), s)
+    assert steady.status == PASS, steady.reason
+    assert "in the first 2 of 4 windows, 1.20 in the last (" in steady.reason
+    assert (steady.detail["first_windows"], steady.detail["last_windows"]) == (2, 1)
+    decayed = judge_decay(_uneven([7, 12, 30, 5, 4], [1.5, 1.5, 1.0, 0.1, 0.1]), s)
+    assert decayed.status == FAIL and "in the last 3 " not in decayed.reason
+    assert "in the first 2 of 5 windows" in decayed.reason and "in the last 2 (" in decayed.reason
+    short = judge_decay(_uneven([3, 2, 2, 3], [1.0, 1.0, 1.0, 1.0]), s)
+    assert short.status == UNTRUSTED and "10 in all" in short.reason
+    assert judge_decay(_uneven([9, 9], [1.0, 1.0]), s).status == PASS  # parts side by side
 
 
 def test_the_decay_fails_the_lossless_gate_through_its_condition():

@@ -148,8 +148,7 @@ def test_none_is_reserved_for_plain_serving(matrix_dir: Path) -> None:
 
 def test_a_speculative_profile_without_acceptance_floor_is_refused(matrix_dir: Path,
                                                                    capsys) -> None:
-    edit(matrix_dir, "    # greedy requests on a repetitive prompt accept most ngram drafts\n"
-                     "    acceptance_floor: 0.3\n", "")
+    edit(matrix_dir, "    acceptance_floor: 0.15\n", "")
     code = main(["plan", "--matrix", str(matrix_dir / "matrix.yaml"), "--tag", TAG,
                  "--target", "cpu"])
     err = capsys.readouterr().err

@@ -55,7 +55,7 @@ def test_a_key_misspelt_in_an_extended_profile_is_one_error(tmp_path, capsys) ->
     ("  namespace: vllm-spark\n", "  namespace: vllm-spark\n  colour: red\n",
      "publish.colour: unknown key\n", "remove the key or correct its spelling (this "
      "section's keys: registry, namespace, regression_threshold, acceptance_threshold)"),
-    ("    acceptance_floor: 0.3\n", "    acceptance_floor: high\n",
+    ("    acceptance_floor: 0.15\n", "    acceptance_floor: high\n",
      "acceptance_floor: must be a number; found 'high'", "write a number, e.g. 0.3"),
 ])
 def test_unknown_keys_get_the_nearest_one(old, new, said, fix, tmp_path, capsys) -> None:

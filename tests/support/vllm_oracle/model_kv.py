@@ -37,6 +37,15 @@ sys.stdout = sys.stderr
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 import torch  # noqa: E402
+
+# The one hardware probe the CPU platform's config hook reads (vLLM 0.23
+# platforms/cpu.py check_and_update_config): on a host with AMX tiles it turns prefix
+# caching and chunked prefill off for any model with linear-attention layers, and asks
+# the model config for their count (which raises for some families). That is the test
+# host's CPU, not the layout the predictor describes: answered "no AMX" on every host,
+# so the oracle says the same on AVX2, AVX512 and AMX machines.
+torch.cpu._is_amx_tile_supported = lambda: False  # type: ignore[attr-defined]  # noqa: SLF001
+
 from transformers import AutoConfig, PretrainedConfig  # noqa: E402
 from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.config.vllm import get_layers_from_vllm_config  # noqa: E402
