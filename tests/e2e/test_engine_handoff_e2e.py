@@ -22,7 +22,10 @@ from imagebuild.registry.client import RegistryClient
 from tests.support.cpu_build import TAG
 from tests.support.registry import docker_login
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+# alone: runner B starts without the session's base and engine images (removed here), which
+# the other lane may be running a container of (tests/e2e/test_arch_table.py reads the
+# engine image inside it: `rmi -f` refused "image is being used by running container")
+pytestmark = [pytest.mark.slow, pytest.mark.alone, pytest.mark.timeout(2400)]
 DOCKER = "/usr/bin/docker"
 NS = "handoff"
 FAMILY = "handoff"  # the second runner's image family: its own serve image, same engine
