@@ -84,7 +84,10 @@ MUTANTS = (
            "        if ev.preemptions <= 0:", "        if False:",
            ("tests/unit/test_gates_conditions.py",)),
     Mutant("acceptance decaying towards 0 passes", "imagebuild/gates/decay.py",
-           "    if last.rate < s.min_ratio * head.rate:", "    if False:",
+           "    if tail.rate < s.min_ratio * head.rate:", "    if False:",
+           ("tests/unit/test_gates_conditions.py",)),
+    Mutant("a first window short of drafts never takes in the next", "imagebuild/gates/decay.py",
+           "    if first > last:", "    if first > 1 or last < n - 1:",
            ("tests/unit/test_gates_conditions.py",)),
     Mutant("the plain server gets another plan", "imagebuild/gates/run.py",
            "plan=spec.plan,", "plan=None,", ("tests/unit/test_release_gates_logic.py",)),
@@ -122,6 +125,9 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="run mutants whose name contains this")
     args = ap.parse_args()
     chosen = [m for m in MUTANTS if not args.only or args.only in m.name]
+    if not chosen:  # an empty selection would run every test as its "baseline"
+        print(f"no mutant's name contains {args.only!r}", file=sys.stderr)
+        return 2
     survived = 0
     with tempfile.TemporaryDirectory(prefix="imagebuild-mutants-") as tmp:
         tree = Path(tmp)

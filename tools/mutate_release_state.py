@@ -224,6 +224,9 @@ def main() -> int:
                     help="run the property test only")
     args = ap.parse_args()
     chosen = [m for m in MUTANTS if not args.only or args.only in m.name]
+    if not chosen:  # an empty selection would run every test as its "baseline"
+        print(f"no mutant's name contains {args.only!r}", file=sys.stderr)
+        return 2
     failed = 0
     with tempfile.TemporaryDirectory(prefix="imagebuild-release-mutants-") as tmp:
         tree = Path(tmp)
