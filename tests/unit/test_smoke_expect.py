@@ -32,7 +32,7 @@ def test_cpu_cell(cells):
     assert exp["served_names"] == ["tiny", "tiny-alias"]
     assert (exp["tools"], exp["tool_parser"]) == (True, "hermes")
     assert (exp["reasoning"], exp["reasoning_parser"]) == (True, "qwen3")
-    assert (exp["speculative_method"], exp["acceptance_floor"]) == ("ngram", 0.3)
+    assert (exp["speculative_method"], exp["acceptance_floor"]) == ("ngram", 0.15)
     assert (exp["concurrency"], exp["boot_timeout_s"], exp["memory_limit"]) == ([8], 300, "8g")
     assert exp["gpu"] is False and exp["multimodal"] is None
     assert exp["files"] == {"/model/config.json": {"size": 700, "sha256": "a" * 64},
