@@ -197,6 +197,19 @@ MUTANTS = (
            _fencing("test_an_expired_lease_taken_again_finds_the_set_moved_and_stays_"
                     "together"),
            invisible=BY_SEARCH),
+    Mutant("f forgiving a rolled-back release between the moves",
+           "imagebuild/release/latest.py",
+           (("            for rel, _ in checked if mode == \"promote\" and accept.rolled_back "
+             "else ():\n                rollbacks.forgive(client, rel.repo, rel.tag, "
+             "rel.config_descriptor,\n                                  fence=leases[rel.repo]"
+             ".check)\n", ""),
+            ("before.digest if before else None, as_left)\n",
+             "before.digest if before else None, as_left)\n"
+             "                if mode == \"promote\" and accept.rolled_back:\n"
+             "                    rollbacks.forgive(client, rel.repo, rel.tag, "
+             "rel.config_descriptor, fence=lease.check)\n")),
+           _fencing("test_a_first_promotion_whose_leases_lapse_mid_set_is_finished"),
+           invisible=BY_SEARCH),
     Mutant("b rollback --all splits a set", "imagebuild/release/latest.py",
            (("    if split:\n", "    if False:\n"),),
            _fencing("test_rollback_all_refuses_when_an_image_lacks_the_release"),
