@@ -473,7 +473,6 @@ class Engine:
         except (OSError, subprocess.TimeoutExpired):
             return False
 
-
     def build_cache(self) -> list[dict[str, Any]]:
         """BuildKit's cache records (`docker system df -v`): ID, Description, Size, InUse,
         Shared, Type, CreatedAt, LastUsedAt."""

@@ -40,10 +40,15 @@ class Window:
                 "per_position": [round(self.pos_rate(i), 3) for i in range(len(self.per_pos))]}
 
 
+def between(a: Counters, b: Counters) -> Window:
+    """The window from reading `a` to reading `b`."""
+    d = b.minus(a)
+    return Window(d.drafts, d.per_pos)
+
+
 def windows(readings: list[Counters]) -> list[Window]:
     """One window between each two consecutive readings."""
-    return [Window(d.drafts, d.per_pos)
-            for d in (b.minus(a) for a, b in zip(readings, readings[1:], strict=False))]
+    return [between(a, b) for a, b in zip(readings, readings[1:], strict=False)]
 
 
 def _span(n: int, at: str) -> str:
@@ -63,17 +68,16 @@ def judge_decay(readings: list[Counters], s: AcceptanceDecayGate) -> GateResult:
                                      "for two windows", detail)
     n = len(readings) - 1
     first = next((i for i in range(1, n + 1)
-                  if readings[i].minus(readings[0]).drafts >= s.min_drafts), n)
+                  if between(readings[0], readings[i]).drafts >= s.min_drafts), n)
     last = next((j for j in range(n - 1, -1, -1)
-                 if readings[n].minus(readings[j]).drafts >= s.min_drafts), 0)
+                 if between(readings[j], readings[n]).drafts >= s.min_drafts), 0)
     total = int(sum(w.drafts for w in ws))
     if first > last:
         return GateResult(UNTRUSTED, f"the first and last windows hold {int(ws[0].drafts)} and "
                                      f"{int(ws[-1].drafts)} draft rounds, {total} in all "
                                      f"(min_drafts {s.min_drafts} in a first and a last part "
                                      "apart): too few to judge", detail)
-    head = Window(*_delta(readings[first], readings[0]))
-    tail = Window(*_delta(readings[n], readings[last]))
+    head, tail = between(readings[0], readings[first]), between(readings[last], readings[n])
     detail.update(first_windows=first, last_windows=n - last)
     trend = (f"accepted tokens per draft {head.rate:.2f} in {_span(first, 'first')} {len(ws)} "
              f"windows, {tail.rate:.2f} in the last{'' if n - last == 1 else f' {n - last}'} "
@@ -85,8 +89,3 @@ def judge_decay(readings: list[Counters], s: AcceptanceDecayGate) -> GateResult:
         return GateResult(FAIL, f"acceptance decayed towards 0: {trend}, below min_ratio "
                                 f"{s.min_ratio} x the first", detail)
     return GateResult(PASS, trend, detail)
-
-
-def _delta(b: Counters, a: Counters) -> tuple[float, tuple[float, ...]]:
-    d = b.minus(a)
-    return d.drafts, d.per_pos

@@ -65,9 +65,8 @@ def released(docker_engine, env, registry):
         # (builder/downloads.py): dropped by this run, or by a wheel engine build of the
         # other lane (each drops every one not in use), or never run (every later step
         # cached); a build of the other lane may hold its own in use
-        left = [r["ID"][:12] for r in docker_engine_api().build_cache()
-                if downloads.MARK in (r.get("Description") or "")
-                and wheel in r["Description"] and not r.get("InUse")]
+        left = [r["ID"][:12] for r in downloads.download_records(docker_engine_api())
+                if wheel in r["Description"]]
         assert not left, (left, proc.stdout[-3000:])
     # the upgrade moved latest past the gates against 0.23 (a regression only with a reason)
     assert re.search(rf"moved latest {OLD} \(\w+\) -> {NEW} ", proc.stdout), proc.stdout[-3000:]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from imagebuild import REPO_ROOT
-from imagebuild.builder import bootstrap, builder, enginepull, engineship
+from imagebuild.builder import bootstrap, builder, downloads, enginepull, engineship
 from imagebuild.cli import main
 from imagebuild.errors import UserError
 from imagebuild.lock.lockfile import read_lock
@@ -165,8 +165,6 @@ def test_a_wheel_engine_build_drops_its_download_stage_and_nothing_else(seam, tm
     """After the cpu (wheel) engine is built, BuildKit's records of its ~3 GB download step
     go (found by the download script the step runs); the install layers, another
     engine's steps, and a record a running build uses stay (imagebuild/builder/downloads.py)."""
-    from imagebuild.builder import downloads
-
     def rec(rid, what, size, in_use=False):
         return {"ID": rid, "Description": f"mount / from exec /bin/sh -c {what}",
                 "Size": size, "InUse": in_use, "Shared": False, "Type": "regular"}
@@ -191,8 +189,6 @@ def test_a_wheel_engine_build_drops_its_download_stage_and_nothing_else(seam, tm
 def test_the_engine_template_runs_the_download_script_in_its_wheels_stage_only():
     """downloads.MARK is how the records are found: the rendered cpu engines' wheels stage
     runs it, and no later stage's step names it (those are the install layers)."""
-    from imagebuild.builder import downloads
-
     for engine in ("dflashfix", "vllm032"):
         text = (REPO_ROOT / "rendered" / "cpu" / engine / "engine.Dockerfile").read_text()
         stages = text.split("\nFROM ")

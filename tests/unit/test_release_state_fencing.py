@@ -434,14 +434,9 @@ def _slow_after_first_move(reg, monkeypatch, then=lambda: None):
     (the e2e slice's 2 s TTL on a loaded host), `then()` run at that moment."""
     monkeypatch.setattr(lease, "time", SimpleNamespace(
         time=lambda: reg.now, monotonic=lambda: reg.now, sleep=lambda _s: None))
-    moved = [False]
-
-    def hook(method, path):
-        if not moved[0] and method == "PUT" and path.endswith(f"/manifests/{LATEST}"):
-            moved[0] = True
-            reg.now += lease.lease_ttl() + 1
-            reg.before = None
-            then()
+    hook, moved = _pause_before(
+        reg, lambda method, path: method == "PUT" and path.endswith(f"/manifests/{LATEST}"),
+        then)
     reg.before = hook
     return moved
 

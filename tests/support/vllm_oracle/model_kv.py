@@ -44,6 +44,9 @@ import torch  # noqa: E402
 # the model config for their count (which raises for some families). That is the test
 # host's CPU, not the layout the predictor describes: answered "no AMX" on every host,
 # so the oracle says the same on AVX2, AVX512 and AMX machines.
+# a torch without the probe would leave the hook reading something else: say so
+assert callable(getattr(torch.cpu, "_is_amx_tile_supported", None)), \
+    "torch.cpu._is_amx_tile_supported is gone: read the CPU platform's config hook again"
 torch.cpu._is_amx_tile_supported = lambda: False  # type: ignore[attr-defined]  # noqa: SLF001
 
 from transformers import AutoConfig, PretrainedConfig  # noqa: E402
